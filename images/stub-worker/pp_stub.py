@@ -1,0 +1,320 @@
+#!/usr/bin/env python3
+"""The built-in stage of pp-launch (contract §11).
+
+Modes (STUB_MODE):
+  demo    a tiny deterministic model split across the stages generates MAX_TOKENS tokens around the ring
+          0 -> 1 -> ... -> N-1 -> 0 over loopback TCP; stage 0 checks the tokens against a single-process
+          run of the same model and prints `PP_DEMO_RESULT tokens=[...] match=true|false`.
+  hold    announce, connect to the peers, run until signalled.
+  worker  speak the worker-control wire (contract §8) on stdin/stdout.
+
+Knobs: STUB_IGNORE_SIGTERM, STUB_ANNOUNCE_DELAY, STUB_NO_ANNOUNCE, STUB_ANNOUNCE_LINE, STUB_EXIT_AFTER,
+STUB_EXIT_CODE, STUB_LOG_RATE. With PP_LIFELINE=stdin the stage exits as soon as its stdin closes: the
+engine closes it when the launcher that attached it dies, whatever signals the stage ignores.
+
+Standard library plus numpy only: it runs on the Debian base image, which has nothing else.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import socket
+import struct
+import sys
+import threading
+import time
+
+ENV = os.environ
+STAGE = int(ENV.get("STAGE", "0"))
+NUM_STAGES = int(ENV.get("NUM_STAGES", "1"))
+_stop = threading.Event()
+
+
+def log(msg: str) -> None:
+    print(f"stub[{STAGE}/{NUM_STAGES}] {msg}", flush=True)
+
+
+def fail(msg: str, code: int = 1) -> None:
+    print(f"stub[{STAGE}/{NUM_STAGES}] error: {msg}", file=sys.stderr, flush=True)
+    os._exit(code)
+
+
+# ---------------------------------------------------------------------------------------------- model
+VOCAB, DIM, LAYERS, SEED = 64, 32, 16, 20240611
+
+
+def model_weights():  # type: ignore[no-untyped-def]
+    import numpy as np
+
+    rng = np.random.default_rng(SEED)
+    emb = rng.standard_normal((VOCAB, DIM))
+    pos = rng.standard_normal((1024, DIM))
+    layers = [(rng.standard_normal((DIM, DIM)) / np.sqrt(DIM), rng.standard_normal(DIM) * 0.1) for _ in range(LAYERS)]
+    head = rng.standard_normal((VOCAB, DIM))
+    return emb, pos, layers, head
+
+
+def my_layers(stage: int, num_stages: int) -> list[int]:
+    """Layers split as evenly as possible, earlier stages taking the remainder."""
+    base, extra = divmod(LAYERS, num_stages)
+    start = stage * base + min(stage, extra)
+    return list(range(start, start + base + (1 if stage < extra else 0)))
+
+
+def apply_layers(h, layers, indices):  # type: ignore[no-untyped-def]
+    import numpy as np
+
+    for i in indices:
+        w, b = layers[i]
+        h = np.tanh(w @ h + b) + h
+    return h
+
+
+def reference_tokens(max_tokens: int) -> list[int]:
+    """The same model in one process: what the ring must produce."""
+    import numpy as np
+
+    emb, pos, layers, head = model_weights()
+    tok, out = 1, []
+    for t in range(max_tokens):
+        h = apply_layers(emb[tok] + pos[t % len(pos)], layers, range(LAYERS))
+        tok = int(np.argmax(head @ h))
+        out.append(tok)
+    return out
+
+
+# ------------------------------------------------------------------------------------------ framing
+HIDDEN, TOKEN, STOP = b"H", b"T", b"S"
+
+
+def send(sock: socket.socket, kind: bytes, payload: bytes = b"") -> None:
+    sock.sendall(struct.pack("!cI", kind, len(payload)) + payload)
+
+
+def recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            raise ConnectionError("peer closed the connection")
+        buf += chunk
+    return bytes(buf)
+
+
+def recv(sock: socket.socket) -> tuple[bytes, bytes]:
+    kind, size = struct.unpack("!cI", recv_exact(sock, 5))
+    return kind, recv_exact(sock, size)
+
+
+def first_addr(direct: str) -> tuple[str, int]:
+    host, _, port = direct.split(",")[0].rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def dial(direct: str, hello: bytes) -> socket.socket:
+    addr = first_addr(direct)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            sock = socket.create_connection(addr, timeout=30)
+            sock.settimeout(None)
+            sock.sendall(hello)
+            return sock
+        except OSError as exc:
+            if time.monotonic() > deadline:
+                fail(f"cannot reach peer at {direct}: {exc}")
+            time.sleep(0.05)
+
+
+class Listener:
+    """Accepts the successor (hello NEXT) and, on stage 0, the last stage's feedback edge (hello FEED)."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", int(ENV.get("STUB_PORT", "0"))))
+        self.sock.listen(8)
+        self.port = self.sock.getsockname()[1]
+        self.peers: dict[bytes, socket.socket] = {}
+        self._ready = threading.Condition()
+        threading.Thread(target=self._accept_loop, daemon=True).start()
+
+    def _accept_loop(self) -> None:
+        while True:
+            conn, _ = self.sock.accept()
+            hello = recv_exact(conn, 4)
+            with self._ready:
+                self.peers[hello] = conn
+                self._ready.notify_all()
+
+    def wait_for(self, hello: bytes) -> socket.socket:
+        with self._ready:
+            while hello not in self.peers:
+                self._ready.wait(0.2)
+            return self.peers[hello]
+
+
+# ------------------------------------------------------------------------------------------- stages
+def announce(listener: Listener) -> None:
+    delay = float(ENV.get("STUB_ANNOUNCE_DELAY", "0") or 0)
+    if delay:
+        time.sleep(delay)
+    if ENV.get("STUB_NO_ANNOUNCE") == "1":
+        log("STUB_NO_ANNOUNCE=1: not announcing")
+        return
+    line = ENV.get("STUB_ANNOUNCE_LINE")
+    if line is None:
+        seed = f"{socket.gethostname()}-{STAGE}-{os.getpid()}-{time.time_ns()}-{os.urandom(8).hex()}"
+        node_id = hashlib.sha256(seed.encode()).hexdigest()
+        line = f"PP_GPU_NODE_ADDR {node_id} 127.0.0.1:{listener.port}"
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def connect_ring(listener: Listener) -> tuple[socket.socket | None, socket.socket | None]:
+    """(from predecessor, feedback to stage 0): stage k dials k-1; the last stage also dials stage 0."""
+    upstream = dial(ENV["PEER_DIRECT"], b"NEXT") if STAGE > 0 else None
+    feedback_out = None
+    if NUM_STAGES > 1 and STAGE == NUM_STAGES - 1:
+        feedback_out = dial(ENV["FIRST_PEER_DIRECT"], b"FEED")
+    return upstream, feedback_out
+
+
+def run_demo(listener: Listener) -> int:
+    import numpy as np
+
+    max_tokens = int(ENV.get("MAX_TOKENS", "16") or 16)
+    emb, pos, layers, head = model_weights()
+    mine = my_layers(STAGE, NUM_STAGES)
+    upstream, feedback_out = connect_ring(listener)
+    downstream = listener.wait_for(b"NEXT") if STAGE < NUM_STAGES - 1 else None
+    feedback_in = listener.wait_for(b"FEED") if STAGE == 0 and NUM_STAGES > 1 else None
+    log(f"ring connected; layers {mine[0] if mine else '-'}..{mine[-1] if mine else '-'} of {LAYERS}")
+
+    if STAGE == 0:
+        tok, tokens = 1, []
+        for t in range(max_tokens):
+            h = apply_layers(emb[tok] + pos[t % len(pos)], layers, mine)
+            if downstream is None:  # a single stage holds the whole model
+                tok = int(np.argmax(head @ h))
+            else:
+                send(downstream, HIDDEN, h.astype("<f8").tobytes())
+                assert feedback_in is not None
+                kind, payload = recv(feedback_in)
+                if kind != TOKEN:
+                    fail(f"expected a token from stage {NUM_STAGES - 1}, got {kind!r}")
+                tok = struct.unpack("!q", payload)[0]
+            tokens.append(tok)
+        if downstream is not None:
+            send(downstream, STOP)
+            assert feedback_in is not None
+            recv(feedback_in)  # the STOP coming back round the ring: every stage has finished
+        match = tokens == reference_tokens(max_tokens)
+        print(f"PP_DEMO_RESULT tokens={tokens} match={'true' if match else 'false'}", flush=True)
+        return 0 if match else 1
+
+    assert upstream is not None
+    steps = 0
+    while True:
+        kind, payload = recv(upstream)
+        if kind == STOP:
+            if downstream is not None:
+                send(downstream, STOP)
+            elif feedback_out is not None:
+                send(feedback_out, STOP)
+            log(f"done after {steps} steps")
+            return 0
+        h = apply_layers(np.frombuffer(payload, dtype="<f8").copy(), layers, mine)
+        steps += 1
+        if downstream is not None:
+            send(downstream, HIDDEN, h.astype("<f8").tobytes())
+        else:
+            assert feedback_out is not None
+            send(feedback_out, TOKEN, struct.pack("!q", int(np.argmax(head @ h))))
+
+
+def run_hold(listener: Listener) -> int:
+    connect_ring(listener)
+    log("holding; stop me with a signal")
+    while not _stop.wait(0.5):
+        pass
+    log("stopping on request")
+    return 0
+
+
+# -------------------------------------------------------------------------------------------- knobs
+def start_knobs() -> None:
+    if ENV.get("STUB_IGNORE_SIGTERM") == "1":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    else:
+        signal.signal(signal.SIGTERM, lambda *_: on_stop_signal())
+    signal.signal(signal.SIGINT, lambda *_: on_stop_signal())
+
+    exit_after = ENV.get("STUB_EXIT_AFTER")
+    if exit_after:
+        code = int(ENV.get("STUB_EXIT_CODE", "0") or 0)
+
+        def exit_later() -> None:
+            time.sleep(float(exit_after))
+            log(f"STUB_EXIT_AFTER={exit_after}: exiting with {code}")
+            sys.stdout.flush()
+            os._exit(code)
+
+        threading.Thread(target=exit_later, daemon=True).start()
+
+    rate = float(ENV.get("STUB_LOG_RATE", "0") or 0)
+    if rate > 0:
+
+        def chatter() -> None:
+            i, start = 0, time.monotonic()
+            while True:
+                i += 1
+                sys.stdout.write(f"stub[{STAGE}/{NUM_STAGES}] log line {i}\n")
+                if i % 50 == 0:
+                    sys.stdout.flush()
+                delay = start + i / rate - time.monotonic()
+                if delay > 0:
+                    sys.stdout.flush()
+                    time.sleep(delay)
+
+        threading.Thread(target=chatter, daemon=True).start()
+
+    if ENV.get("PP_LIFELINE") == "stdin":
+
+        def lifeline() -> None:
+            while os.read(0, 4096):
+                pass
+            print(f"stub[{STAGE}/{NUM_STAGES}] lifeline closed: launcher gone, exiting", file=sys.stderr, flush=True)
+            os._exit(137)
+
+        threading.Thread(target=lifeline, daemon=True).start()
+
+
+def on_stop_signal() -> None:
+    if _stop.is_set():
+        return
+    _stop.set()
+    if ENV.get("STUB_MODE", "demo") != "hold":
+        log("stop signal: exiting")
+        sys.stdout.flush()
+        os._exit(0)
+
+
+def main() -> int:
+    mode = ENV.get("STUB_MODE", "demo")
+    if mode == "worker":
+        from pp_stub_worker import serve  # type: ignore[import-not-found]
+
+        return int(serve())
+    if mode not in ("demo", "hold"):
+        fail(f"unknown STUB_MODE {mode!r}; use demo, hold or worker", 2)
+    start_knobs()
+    listener = Listener()
+    announce(listener)
+    return run_demo(listener) if mode == "demo" else run_hold(listener)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,283 @@
+"""The command line: parse, build a spec, call the library, map errors to exit codes (contract §5).
+
+Signal handlers are installed here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import click
+
+from . import __version__, errors, images, labels, launch
+from .chain.plan import BUILTIN_IMAGE, ChainRequest
+from .chain.scope import ChainScope
+from .docker_engine import connect
+from .gpu import select as gpu_select
+from .report import JsonReporter, LiveReporter, PlainReporter
+from .stage_env import parse_assignment
+
+F = TypeVar("F", bound=Callable[..., Any])
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def fail(exc: errors.PpLaunchError) -> None:
+    click.echo(f"pp-launch: error: {exc}", err=True)
+    sys.exit(exc.exit_code)
+
+
+@contextlib.contextmanager
+def mapped_errors() -> Iterator[None]:
+    """Our own errors become one plain message and their exit code; no traceback."""
+    try:
+        yield
+    except errors.PpLaunchError as exc:
+        fail(exc)
+
+
+@contextlib.contextmanager
+def forwarded_signals(handler: Callable[[int], None]) -> Iterator[None]:
+    previous = {s: signal.signal(s, lambda signum, _frame: handler(signum)) for s in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def gpu_options(f: F) -> F:
+    """The GPU selection flags shared by chain and compose."""
+    decorators = [
+        click.option("--gpus", "gpus", default="auto", show_default=True, metavar="auto|none|all|LIST",
+                     help="GPUs for the stages: auto (NVML picks free ones), none (CPU stages), all (every GPU "
+                          "to every stage) or a comma-separated list of indices/UUIDs used in stage order."),
+        click.option("--gpus-per-stage", type=click.IntRange(min=1), default=1, show_default=True,
+                     help="GPUs each stage gets with --gpus auto or a list."),
+        click.option("--gpu-inventory", type=click.Path(dir_okay=False), envvar=gpu_select.INVENTORY_ENV,
+                     help="Read the GPU inventory from this file (contract §7) instead of NVML."),
+        click.option("--gpu-attach", type=click.Choice(gpu_select.ATTACH_MODES), default="request",
+                     show_default=True,
+                     help="request: engine device requests; cdi: CDI device names; env: only "
+                          "NVIDIA_VISIBLE_DEVICES (NVIDIA default runtime, or CPU-only test hosts)."),
+        click.option("--allow-shared", is_flag=True, help="Also use GPUs that other processes or runs are using."),
+        click.option("--min-free-mem", type=click.IntRange(min=0), metavar="MIB",
+                     help="Only GPUs with at least this much free memory (MiB)."),
+    ]
+    for d in reversed(decorators):
+        f = d(f)
+    return f
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.version_option(__version__, prog_name="pp-launch")
+@click.option("-v", "--verbose", count=True, help="Say more (repeatable).")
+@click.option("-q", "--quiet", is_flag=True, help="Only errors and the final result; no stage lines.")
+@click.pass_context
+def main(ctx: click.Context, verbose: int, quiet: bool) -> None:
+    """Launch pipeline-parallel inference stages as GPU containers, and never leave one behind.
+
+    \b
+    Examples:
+      pp-launch chain                      # the 2-stage demo on the built-in image
+      pp-launch chain --stages 4 --json    # 4 stages, events as JSON lines
+      pp-launch gpus                       # what NVML sees, and who holds what
+    """
+    ctx.obj = {"verbosity": -1 if quiet else verbose}
+
+
+def _parse_env(values: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    out = []
+    for v in values:
+        try:
+            out.append(parse_assignment(v))
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--env") from None
+    return tuple(out)
+
+
+def _parse_stage_env(values: tuple[str, ...], stages: int) -> tuple[tuple[int, str, str], ...]:
+    out = []
+    for v in values:
+        k, sep, assignment = v.partition(":")
+        if not sep or not k.isdigit():
+            raise click.BadParameter(f"{v!r} is not K:NAME=VALUE", param_hint="--stage-env")
+        if int(k) >= stages:
+            raise click.BadParameter(f"{v!r}: stage {k} does not exist (--stages {stages})", param_hint="--stage-env")
+        try:
+            name, value = parse_assignment(assignment)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--stage-env") from None
+        out.append((int(k), name, value))
+    return tuple(out)
+
+
+@main.command()
+@click.option("--stages", type=click.IntRange(min=1, max=64), default=2, show_default=True,
+              help="Number of stages (containers).")
+@click.option("--image", default=BUILTIN_IMAGE, show_default=True,
+              help="Stage image; must be present locally (pp-launch never pulls). The built-in one is built "
+                   "on first use.")
+@gpu_options
+@click.option("--network", default="host", show_default=True, help="Network mode of every stage container.")
+@click.option("--name", "name_prefix", metavar="PREFIX", help="Containers are named PREFIX-K [default: pp-RUNID].")
+@click.option("--env", "env", multiple=True, metavar="NAME=VALUE", help="Set a variable in every stage.")
+@click.option("--stage-env", multiple=True, metavar="K:NAME=VALUE", help="Set a variable in stage K only.")
+@click.option("--addr-timeout", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True,
+              metavar="S", help="Seconds each stage has to announce its address.")
+@click.option("--grace", type=click.FloatRange(min=0), default=5.0, show_default=True, metavar="S",
+              help="Each stage's budget between SIGTERM and SIGKILL at teardown (all stages at once).")
+@click.option("--json", "as_json", is_flag=True, help="Events as JSON lines on stdout; stage lines on stderr.")
+@click.option("--dry-run", is_flag=True, help="Print the plan (GPUs, env, labels) and start nothing.")
+@click.option("--detach", is_flag=True, help="Bring the chain up, print the roster, exit 0; 'pp-launch down' ends it.")
+@click.pass_context
+def chain(ctx: click.Context, stages: int, image: str, gpus: str, gpus_per_stage: int, gpu_inventory: str | None,
+          gpu_attach: str, allow_shared: bool, min_free_mem: int | None, network: str, name_prefix: str | None,
+          env: tuple[str, ...], stage_env: tuple[str, ...], addr_timeout: float, grace: float, as_json: bool,
+          dry_run: bool, detach: bool) -> None:
+    """Start STAGES stages one after another and supervise them until they end.
+
+    Each stage is a container with tini as init and daemon-side auto-remove. Stage k >= 1 receives stage
+    k-1's announcement (PEER_*) and stage 0's (FIRST_PEER_*). Exit: 0 when every stage exits 0, 1 when one
+    fails, 2 on bad configuration, 128+N after signal N. Nothing is left behind either way.
+
+    \b
+    Examples:
+      pp-launch chain --stages 4
+      pp-launch chain --stages 8 --gpus auto --gpus-per-stage 1 --json
+      pp-launch chain --stages 2 --dry-run --json --gpu-inventory inventory.json
+    """
+    verbosity = ctx.obj["verbosity"]
+    request = ChainRequest(
+        stages=stages, image=image, network=network, name_prefix=name_prefix, env=_parse_env(env),
+        stage_env=_parse_stage_env(stage_env, stages), addr_timeout=addr_timeout, grace=grace, lifeline=not detach,
+    )
+    gpu = launch.GpuOptions(gpus, gpus_per_stage, gpu_attach, gpu_inventory, allow_shared, min_free_mem)
+    with mapped_errors():
+        if dry_run:
+            _dry_run(request, gpu, as_json)
+            return
+        engine = connect()
+        say = (lambda t: click.echo(f"pp-launch: {t}", err=True)) if verbosity >= 0 or as_json else (lambda t: None)
+        launch.ensure_image(engine, image, say)
+        owner = labels.OWNER_DETACHED if detach else None
+        plan, note = launch.plan_chain(request, gpu, engine, owner=owner)
+    if note:
+        click.echo(f"pp-launch: {note}", err=True)
+    if as_json:
+        reporter: Any = JsonReporter(plan.run_id)
+    elif sys.stdout.isatty() and verbosity >= 0:
+        reporter = LiveReporter(plan.run_id, stages, verbosity)
+    else:
+        reporter = PlainReporter(plan.run_id, verbosity)
+    holder: list[ChainScope] = []
+    with forwarded_signals(lambda signum: holder[0].request_stop(signum) if holder else None):
+        try:
+            outcome = launch.run_chain(plan, engine, reporter, holder.append, detach=detach)
+        finally:
+            reporter.close()
+    if outcome.reason == "detached":
+        click.echo(plan.run_id)
+        click.echo(f"pp-launch: {outcome.message}; stop it with 'pp-launch down {plan.run_id}'", err=True)
+    elif outcome.exit_code != 0:
+        click.echo(f"pp-launch: {'error: ' if outcome.reason != 'signal' else ''}{outcome.message}", err=True)
+    sys.exit(outcome.exit_code)
+
+
+def _dry_run(request: ChainRequest, gpu: launch.GpuOptions, as_json: bool) -> None:
+    try:
+        engine = connect(timeout=5)
+    except errors.EngineUnavailable:
+        engine = None
+    plan, note = launch.plan_chain(request, gpu, engine, reserve=False)
+    doc = plan.to_json()
+    if note:
+        doc["note"] = note
+    if engine is None:
+        doc["warning"] = "no Docker engine answered: GPUs held by running containers were not checked"
+    if as_json:
+        click.echo(json.dumps(doc, indent=2))
+        return
+    click.echo(f"run {plan.run_id}: {len(plan.stages)} stages (nothing started: dry run)")
+    for s in plan.stages:
+        click.echo(f"  stage {s.index}: {s.name}  image {s.image}  GPUs {','.join(s.gpus) or 'none'}")
+        for k, v in sorted(doc["stages"][s.index]["env"].items()):
+            click.echo(f"      {k}={v}")
+    for hop in doc.get("hops", []):
+        click.echo(f"  hop {hop['from']} -> {hop['to']}: topology level {hop['topology_level']}")
+    for extra in ("note", "warning"):
+        if extra in doc:
+            click.echo(f"  {extra}: {doc[extra]}")
+
+
+@main.group("images")
+def images_group() -> None:
+    """Build the images pp-launch needs, with no registry."""
+
+
+@images_group.command("build")
+@click.option("--base", metavar="IMAGE",
+              help="Build the stage image on this local image (needs python3 and numpy) instead of importing a "
+                   "Debian root filesystem made with debootstrap.")
+@click.pass_context
+def images_build(ctx: click.Context, base: str | None) -> None:
+    """Build the base image (debootstrap + docker import) and pp-launch/stub-worker:latest on it.
+
+    Each image records a hash of its inputs; a second call with unchanged inputs rebuilds nothing.
+
+    \b
+    Example:
+      pp-launch images build
+    """
+    quiet = ctx.obj["verbosity"] < 0
+    with mapped_errors():
+        engine = connect()
+        results = images.build_all(engine, (lambda t: None) if quiet else _progress_printer(), base)
+    for r in results:
+        click.echo(f"{r.image}: {'built' if r.built else 'up to date'}")
+
+
+def _progress_printer() -> Callable[[str], None]:
+    if sys.stderr.isatty():
+        from rich.console import Console
+
+        console = Console(stderr=True, highlight=False)
+        return lambda text: console.print(f"[dim]images:[/] {text}", markup=True, soft_wrap=True)
+    return lambda text: click.echo(f"images: {text}", err=True)
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="The inventory as JSON (contract §7) on stdout.")
+@click.option("--gpu-inventory", type=click.Path(dir_okay=False), envvar=gpu_select.INVENTORY_ENV,
+              help="Read this inventory file instead of NVML.")
+@click.option("--record", type=click.Path(dir_okay=False), metavar="FILE", help="Write the inventory to FILE.")
+def gpus(as_json: bool, gpu_inventory: str | None, record: str | None) -> None:
+    """Show the GPUs NVML sees: memory, utilization, processes, and which pp-launch run holds each.
+
+    \b
+    Examples:
+      pp-launch gpus
+      pp-launch gpus --record inventory.json
+    """
+    from .gpu.table import holders_by_uuid, render_table
+
+    with mapped_errors():
+        inventory = gpu_select.load_inventory(gpu_inventory)
+        if record:
+            inventory.save(record)
+        try:
+            held = holders_by_uuid(launch.live_gpu_labels(connect(timeout=5)))
+        except errors.EngineUnavailable:
+            held = {}
+    if inventory.note:
+        click.echo(inventory.note, err=True)
+    if as_json:
+        click.echo(json.dumps(inventory.to_json(), indent=2))
+    elif inventory.gpus:
+        click.echo(render_table(inventory, held))
+    if record:
+        click.echo(f"recorded {len(inventory.gpus)} GPUs to {record}", err=True)

@@ -1,0 +1,56 @@
+"""One base error, a few typed subclasses, and the exit code each maps to (contract §5).
+
+The CLI maps these to exit codes and messages in one place; library code raises them with a message
+a user can act on (which stage, which container, what to do).
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+
+
+def exit_code_for_signal(signum: int) -> int:
+    """128+N: stopped by signal N after a clean teardown."""
+    return 128 + signum
+
+
+class PpLaunchError(Exception):
+    """Base of every error pp-launch raises on purpose."""
+
+    exit_code = EXIT_FAILURE
+
+
+class ConfigError(PpLaunchError):
+    """Bad flag, bad value, bad image name: found before any container starts."""
+
+    exit_code = EXIT_USAGE
+
+
+class EngineUnavailable(ConfigError):
+    """The Docker engine does not answer."""
+
+
+class ImageMissing(ConfigError):
+    """A user image is not present locally (pp-launch never pulls)."""
+
+
+class NotEnoughGpus(ConfigError):
+    """The machine cannot fit the requested GPUs; the message says why each GPU was passed over."""
+
+
+class NameInUse(ConfigError):
+    """A container name is taken by a live owner: never killed, reported."""
+
+
+class StageFailed(PpLaunchError):
+    """A stage failed, timed out, announced garbage or died early."""
+
+    def __init__(self, stage: int, message: str) -> None:
+        super().__init__(message)
+        self.stage = stage
+
+
+class EngineError(PpLaunchError):
+    """The engine refused an operation we could not do without (create, start)."""

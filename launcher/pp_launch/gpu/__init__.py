@@ -1,0 +1,1 @@
+"""GPU selection: the inventory (from NVML or a file), the pure allocator, and the host-wide reservation."""

@@ -1,0 +1,72 @@
+"""The stage environment (contract §2): every name defined once, and how each stage's env is built."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from .announce import StageAnnouncement
+
+STAGE = "STAGE"
+NUM_STAGES = "NUM_STAGES"
+PEER_NODE_ID = "PEER_NODE_ID"
+PEER_DIRECT = "PEER_DIRECT"
+FIRST_PEER_NODE_ID = "FIRST_PEER_NODE_ID"
+FIRST_PEER_DIRECT = "FIRST_PEER_DIRECT"
+NVIDIA_VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
+NO_GPU = "void"
+LIFELINE = "PP_LIFELINE"  # tells a stage entry that understands it that stdin is the launcher's lifeline
+
+FORWARDED = (
+    "SEED_ADDR",
+    "SEED_DIRECT",
+    "MAX_TOKENS",
+    "MODEL",
+    "WORKER_CMD",
+    "WORKER_SCRIPT",
+    "PP_WORKER_STUB",
+    "PP_BOOT_DELAY_STAGE",
+    "PP_BOOT_DELAY_SECS",
+    "PP_FLEET_SINK",
+    "PP_STAGE_DASHBOARD",
+    "PP_STAGE_DASHBOARD_PORT_BASE",
+)
+FORWARDED_PREFIX = "SWACTOR_DIAG_"
+
+# Set by the launcher alone: a user value would break the hand-off or the GPU pinning.
+RESERVED = frozenset(
+    {STAGE, NUM_STAGES, PEER_NODE_ID, PEER_DIRECT, FIRST_PEER_NODE_ID, FIRST_PEER_DIRECT, NVIDIA_VISIBLE_DEVICES}
+)
+
+
+def forwarded(environ: Mapping[str, str], extra: tuple[str, ...] = ()) -> dict[str, str]:
+    """The launcher's variables that every stage receives when they are set."""
+    names = [*FORWARDED, *sorted(n for n in environ if n.startswith(FORWARDED_PREFIX)), *extra]
+    return {name: environ[name] for name in names if name in environ}
+
+
+def peer_env(prev: StageAnnouncement, first: StageAnnouncement) -> dict[str, str]:
+    """Stage k >= 1: stage k-1's announcement, and stage 0's (the feedback edge last -> first)."""
+    return {
+        PEER_NODE_ID: prev.node_id_hex,
+        PEER_DIRECT: prev.direct,
+        FIRST_PEER_NODE_ID: first.node_id_hex,
+        FIRST_PEER_DIRECT: first.direct,
+    }
+
+
+def peer_placeholders(stage: int) -> dict[str, str]:
+    """What a dry run shows for values only known once the earlier stages announce."""
+    prev, first = f"<from stage {stage - 1}>", "<from stage 0>"
+    return {PEER_NODE_ID: prev, PEER_DIRECT: prev, FIRST_PEER_NODE_ID: first, FIRST_PEER_DIRECT: first}
+
+
+def parse_assignment(text: str) -> tuple[str, str]:
+    """NAME=VALUE, NAME a valid variable name; ValueError with a message otherwise."""
+    name, sep, value = text.partition("=")
+    if not sep or not name or not (name[0].isalpha() or name[0] == "_") or not name.replace("_", "a").isalnum():
+        raise ValueError(f"{text!r} is not NAME=VALUE")
+    if not name.isascii():
+        raise ValueError(f"{name!r} is not an ASCII variable name")
+    if name in RESERVED:
+        raise ValueError(f"{name} is set by pp-launch itself and cannot be overridden")
+    return name, value

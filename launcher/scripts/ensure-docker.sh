@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Make sure a Docker engine answers. Leaves a running engine alone; as root on Debian with none
+# running, installs Debian's docker.io and starts dockerd in the background; anywhere else it stops
+# with a message saying what to install. It never pulls an image.
+set -euo pipefail
+
+log=${PP_DOCKERD_LOG:-/var/log/pp-launch-dockerd.log}
+say() { printf 'ensure-docker: %s\n' "$*" >&2; }
+
+engine_answers() { command -v docker >/dev/null 2>&1 && timeout 10 docker info >/dev/null 2>&1; }
+
+if engine_answers; then
+  say "Docker engine already running ($(docker info --format '{{.ServerVersion}}' 2>/dev/null)); leaving it alone."
+  exit 0
+fi
+
+if [ "$(id -u)" != 0 ] || [ ! -f /etc/debian_version ]; then
+  say "no Docker engine answers on ${DOCKER_HOST:-unix:///var/run/docker.sock}."
+  say "Install and start Docker (Debian/Ubuntu: 'sudo apt-get install docker.io && sudo systemctl start docker'),"
+  say "make sure your user may use it ('docker info' must work), then run this again."
+  exit 1
+fi
+
+if ! command -v dockerd >/dev/null 2>&1 || ! command -v docker-init >/dev/null 2>&1; then
+  say "installing Debian's docker.io (engine, CLI, tini as docker-init)..."
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq docker.io >/dev/null
+fi
+
+if pgrep -x dockerd >/dev/null 2>&1; then
+  say "dockerd is running but does not answer yet; waiting for it."
+else
+  say "starting dockerd in the background; its log is $log"
+  # setsid: the engine must outlive this script and the shell that called it.
+  setsid nohup dockerd >>"$log" 2>&1 </dev/null &
+fi
+
+for _ in $(seq 1 120); do
+  if engine_answers; then
+    say "Docker engine is up ($(docker info --format '{{.ServerVersion}}')); log: $log"
+    exit 0
+  fi
+  sleep 0.5
+done
+say "dockerd did not answer within 60 s; see $log"
+tail -n 20 "$log" >&2 || true
+exit 1

@@ -1,0 +1,145 @@
+"""Fakes at the I/O boundary of the chain core: a scripted backend, a clock, an inbox that advances it."""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import signal
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pp_launch.chain.plan import StageSpec
+from pp_launch.chain.ports import ChainEvent, Sink, StageGone, StageOutput
+from pp_launch.errors import EngineError
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class FakeInbox:
+    """Events are delivered in order; waiting on an empty inbox advances the fake clock by the timeout."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        self.clock = clock
+        self.q: collections.deque[ChainEvent] = collections.deque()
+        self.scheduled: list[tuple[float, ChainEvent]] = []
+
+    def put(self, event: ChainEvent) -> None:
+        self.q.append(event)
+
+    def at(self, when: float, event: ChainEvent) -> None:
+        self.scheduled.append((when, event))
+
+    def get(self, timeout: float) -> ChainEvent | None:
+        if not self.q:
+            due = sorted((t, i) for i, (t, _) in enumerate(self.scheduled) if t <= self.clock.now + timeout)
+            if due:
+                t, i = due[0]
+                self.clock.now = max(self.clock.now, t)
+                return self.scheduled.pop(i)[1]
+            self.clock.now += max(timeout, 0.0)
+            return None
+        return self.q.popleft()
+
+
+def node_id(k: int) -> str:
+    return hashlib.sha256(f"stage-{k}".encode()).hexdigest()
+
+
+@dataclass
+class StageScript:
+    announce: bool = True
+    line: str | None = None  # printed in place of the real announcement
+    fail_create: bool = False
+    fail_start: bool = False
+    ignore_sigterm: bool = False
+    exit_code_on_start: int | None = None  # exits right after starting (after its announcement, if any)
+    exit_at: tuple[float, int] | None = None  # (fake time, code): exits then, and the engine removes it
+
+
+@dataclass
+class FakeBackend:
+    scripts: Mapping[int, StageScript] = field(default_factory=dict)
+    calls: list[tuple[Any, ...]] = field(default_factory=list)
+    envs: dict[int, dict[str, str]] = field(default_factory=dict)
+    existing: dict[str, int] = field(default_factory=dict)  # ref -> stage, what the "engine" holds
+    sinks: dict[str, tuple[int, Sink]] = field(default_factory=dict)
+    inbox: FakeInbox | None = None
+
+    def script(self, k: int) -> StageScript:
+        return self.scripts.get(k, StageScript())
+
+    def create(self, spec: StageSpec, env: Mapping[str, str]) -> str:
+        self.calls.append(("create", spec.index))
+        if self.script(spec.index).fail_create:
+            raise EngineError(f"create refused for {spec.name}")
+        self.envs[spec.index] = dict(env)
+        self.existing[spec.name] = spec.index
+        return spec.name
+
+    def start(self, ref: str, stage: int, sink: Sink) -> None:
+        self.calls.append(("start", stage))
+        s = self.script(stage)
+        if s.fail_start:
+            raise EngineError("could not select device driver \"\" with capabilities: [[gpu]]")
+        self.sinks[ref] = (stage, sink)
+        sink(StageOutput(stage, "stdout", f"stage {stage} booting".encode()))
+        if s.line is not None:
+            sink(StageOutput(stage, "stdout", s.line.encode()))
+        elif s.announce:
+            sink(StageOutput(stage, "stdout", f"PP_GPU_NODE_ADDR {node_id(stage)} 127.0.0.1:{7000 + stage}".encode()))
+        if s.exit_code_on_start is not None:
+            self._gone(ref, s.exit_code_on_start)
+        if s.exit_at is not None and self.inbox is not None:
+            when, code = s.exit_at
+            del self.existing[ref]
+            self.inbox.at(when, StageGone(stage, code))
+
+    def _gone(self, ref: str, code: int) -> None:
+        if ref in self.existing:
+            del self.existing[ref]
+            stage, sink = self.sinks[ref]
+            sink(StageGone(stage, code))
+
+    def signal(self, ref: str, signum: int) -> None:
+        self.calls.append(("signal", self.sinks.get(ref, (None,))[0], signum))
+        if ref in self.sinks and not self.script(self.sinks[ref][0]).ignore_sigterm:
+            self._gone(ref, 0)
+
+    def kill(self, ref: str) -> None:
+        self.calls.append(("kill", self.sinks.get(ref, (None,))[0]))
+        self._gone(ref, 128 + signal.SIGKILL)
+
+    def remove(self, ref: str) -> None:
+        self.calls.append(("remove", ref))
+        if ref in self.sinks:
+            self._gone(ref, 137)
+        self.existing.pop(ref, None)
+
+    def leftovers(self, run_id: str) -> list[str]:
+        return sorted(self.existing)
+
+
+@dataclass
+class RecordingReporter:
+    events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    lines: list[tuple[int, str, str]] = field(default_factory=list)
+    states: list[tuple[int, str]] = field(default_factory=list)
+
+    def event(self, name: str, fields: Mapping[str, Any]) -> None:
+        self.events.append((name, dict(fields)))
+
+    def stage_line(self, stage: int, stream: str, text: str) -> None:
+        self.lines.append((stage, stream, text))
+
+    def stage_state(self, stage: int, state: str, detail: str = "") -> None:
+        self.states.append((stage, state))
+
+    def named(self, name: str) -> list[dict[str, Any]]:
+        return [f for (n, f) in self.events if n == name]

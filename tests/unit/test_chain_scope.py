@@ -1,0 +1,168 @@
+"""The chain core against a fake backend: the seed's spawn_chain / ChainGuard test table, ported."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from pp_launch.chain.plan import ChainRequest, build_plan
+from pp_launch.chain.ports import StopRequested
+from pp_launch.chain.scope import ChainScope, RosterIncomplete, resolve_roster
+
+from .fakes import FakeBackend, FakeClock, FakeInbox, RecordingReporter, StageScript, node_id
+
+
+def make(n: int, scripts: dict[int, StageScript] | None = None, **req: object):
+    plan = build_plan(
+        ChainRequest(stages=n, addr_timeout=5.0, grace=2.0, **req),  # type: ignore[arg-type]
+        environ={"MAX_TOKENS": "7", "UNRELATED": "x", "SWACTOR_DIAG_LEVEL": "3"},
+        owner="host:1:2",
+        stage_gpus=[()] * n,
+        device_requests=[()] * n,
+        run_id="abcdef012345",
+    )
+    clock = FakeClock()
+    inbox = FakeInbox(clock)
+    backend = FakeBackend(scripts=scripts or {}, inbox=inbox)
+    reporter = RecordingReporter()
+    scope = ChainScope(plan, backend, inbox, reporter, clock=clock)
+    return scope, backend, reporter, clock
+
+
+@pytest.mark.parametrize("n", range(2, 9))
+def test_stages_start_in_order_and_get_their_peers(n: int) -> None:
+    scope, backend, reporter, _ = make(n)
+    scope.inbox.at(2000.0, StopRequested(signal.SIGTERM))
+    outcome = scope.run()
+    assert [c[1] for c in backend.calls if c[0] == "create"] == list(range(n))
+    assert [c[1] for c in backend.calls if c[0] == "start"] == list(range(n))
+    for k in range(n):
+        env = backend.envs[k]
+        assert env["STAGE"] == str(k) and env["NUM_STAGES"] == str(n)
+        assert env["NVIDIA_VISIBLE_DEVICES"] == "void"
+        assert env["MAX_TOKENS"] == "7" and env["SWACTOR_DIAG_LEVEL"] == "3" and "UNRELATED" not in env
+        if k == 0:
+            assert not any(name.startswith(("PEER_", "FIRST_PEER_")) for name in env)
+        else:
+            assert env["PEER_NODE_ID"] == node_id(k - 1)
+            assert env["PEER_DIRECT"] == f"127.0.0.1:{7000 + k - 1}"
+            assert env["FIRST_PEER_NODE_ID"] == node_id(0)
+            assert env["FIRST_PEER_DIRECT"] == "127.0.0.1:7000"
+    roster = reporter.named("pp_stage_roster")
+    assert len(roster) == 1
+    assert [e["stage_index"] for e in roster[0]["stages"]] == list(range(n))
+    assert [e["node_id_short"] for e in roster[0]["stages"]] == [node_id(k)[:8] for k in range(n)]
+    assert outcome.exit_code == 128 + signal.SIGTERM and outcome.reason == "signal"
+    assert backend.existing == {}
+
+
+@pytest.mark.parametrize("k", [0, 1, 3])
+def test_create_failure_at_stage_k_removes_every_started_stage(k: int) -> None:
+    scope, backend, reporter, _ = make(5, {k: StageScript(fail_create=True)})
+    outcome = scope.run()
+    assert outcome.exit_code == 1 and outcome.failed_stage == k
+    assert f"stage {k} (pp-abcdef012345-{k}) could not start" in outcome.message
+    assert [c[1] for c in backend.calls if c[0] == "create"] == list(range(k + 1))
+    assert backend.existing == {}
+    assert reporter.named("chain_stopped")[0]["orphans"] == []
+    assert reporter.named("chain_stopped")[0]["removed"] == [f"pp-abcdef012345-{i}" for i in range(k + 1)]
+
+
+def test_start_failure_removes_the_never_started_container() -> None:
+    scope, backend, _, _ = make(3, {1: StageScript(fail_start=True)})
+    outcome = scope.run()
+    assert outcome.exit_code == 1 and "could not select device driver" in outcome.message
+    assert ("remove", "pp-abcdef012345-1") in backend.calls
+    assert backend.existing == {}
+
+
+def test_address_timeout_removes_stages_and_names_the_missing_ones_ascending() -> None:
+    scope, backend, _, clock = make(5, {2: StageScript(announce=False)})
+    t0 = clock.now
+    outcome = scope.run()
+    assert outcome.exit_code == 1 and outcome.failed_stage == 2
+    assert "did not announce its address within 5 s" in outcome.message
+    assert "stages not announced: 2, 3, 4" in outcome.message
+    assert "[stage 2] stage 2 booting" in outcome.message  # the last lines come with the error
+    assert clock.now - t0 >= 5.0
+    assert [c[1] for c in backend.calls if c[0] == "create"] == [0, 1, 2]
+    assert backend.existing == {}
+
+
+def test_malformed_announcement_fails_the_stage_and_is_never_passed_on() -> None:
+    bad = "PP_GPU_NODE_ADDR " + "a" * 64 + " 127.0.0.1:1;touch /tmp/x"
+    scope, backend, _, _ = make(4, {1: StageScript(line=bad)})
+    outcome = scope.run()
+    assert outcome.exit_code == 1 and outcome.failed_stage == 1
+    assert "stage 1 (pp-abcdef012345-1): malformed announcement" in outcome.message
+    assert "'PP_GPU_NODE_ADDR" in outcome.message  # shell-escaped
+    assert 2 not in backend.envs
+    assert all("touch" not in v for env in backend.envs.values() for v in env.values())
+
+
+def test_stage_exiting_nonzero_fails_the_chain_with_its_code() -> None:
+    scope, backend, reporter, _ = make(3, {1: StageScript(exit_at=(1500.0, 3))})
+    outcome = scope.run()
+    assert outcome.exit_code == 1 and outcome.failed_stage == 1
+    assert "stage 1 (pp-abcdef012345-1) exited with code 3" in outcome.message
+    assert {"stage": 1, "exit_code": 3, "reason": "failed"} in reporter.named("stage_exited")
+    assert backend.existing == {}
+    # every other stage got SIGTERM; the dead one was not asked about again
+    assert sorted(c[1] for c in backend.calls if c[0] == "signal") == [0, 2]
+    assert not [c for c in backend.calls if c[0] == "remove"]
+
+
+def test_every_stage_exiting_zero_is_success() -> None:
+    scope, _, reporter, _ = make(3, {k: StageScript(exit_code_on_start=0) for k in range(3)})
+    outcome = scope.run()
+    assert outcome.exit_code == 0 and outcome.reason == "completed"
+    assert [f["reason"] for f in reporter.named("stage_exited")] == ["exited"] * 3
+
+
+def test_exit_zero_before_announcing_is_an_early_death() -> None:
+    scope, _, _, _ = make(3, {1: StageScript(announce=False, exit_code_on_start=0)})
+    outcome = scope.run()
+    assert outcome.exit_code == 1 and "exited with code 0 before announcing" in outcome.message
+
+
+def test_teardown_kills_sigterm_ignorers_after_one_shared_grace() -> None:
+    scripts = {k: StageScript(ignore_sigterm=True) for k in range(6)}
+    scope, backend, reporter, clock = make(6, scripts)
+    scope.inbox.at(1100.0, StopRequested(signal.SIGTERM))
+    outcome = scope.run()
+    assert outcome.exit_code == 143
+    assert sorted(c[1] for c in backend.calls if c[0] == "kill") == list(range(6))
+    # one grace for all six stages, not six graces
+    assert 1100.0 + 2.0 <= clock.now < 1100.0 + 2.0 + 1.0
+    assert reporter.named("chain_stopped")[0]["orphans"] == []
+
+
+def test_second_signal_during_teardown_escalates_to_kill_now() -> None:
+    scope, backend, _, clock = make(2, {0: StageScript(ignore_sigterm=True), 1: StageScript(ignore_sigterm=True)})
+    scope.inbox.at(1100.0, StopRequested(signal.SIGINT))
+    scope.inbox.at(1100.5, StopRequested(signal.SIGINT))
+    outcome = scope.run()
+    assert outcome.exit_code == 130
+    assert clock.now < 1101.0
+    assert len([c for c in backend.calls if c[0] == "kill"]) == 2
+
+
+def test_roster_lists_missing_stages_in_ascending_order() -> None:
+    with pytest.raises(RosterIncomplete) as exc:
+        resolve_roster({0: None, 3: None, 1: None}, 4)
+    assert exc.value.missing == [0, 1, 2, 3]
+    assert str(exc.value) == "stages not announced: 0, 1, 2, 3"
+
+
+def test_events_carry_contract_fields() -> None:
+    scope, _, reporter, _ = make(2, {k: StageScript(exit_code_on_start=0) for k in range(2)})
+    scope.run()
+    started = reporter.named("stage_started")
+    assert started[0] == {"stage": 0, "container": "pp-abcdef012345-0", "image": "pp-launch/stub-worker:latest",
+                          "gpus": []}
+    announced = reporter.named("stage_announced")
+    assert set(announced[1]) == {"stage", "node_id_hex", "direct", "elapsed_s"}
+    stopped = reporter.named("chain_stopped")[0]
+    assert stopped == {"reason": "completed", "exit_code": 0, "removed": ["pp-abcdef012345-0", "pp-abcdef012345-1"],
+                       "orphans": []}
