@@ -79,7 +79,9 @@ def parse_line(line: str) -> StageAnnouncement | None:
         return None
     parts = text.split(" ")
     if len(parts) != 3 or parts[0] != PREFIX:
-        raise AnnouncementError(f"malformed announcement {escape(text)}: expected '{PREFIX} <node_id> <direct>'")
+        raise AnnouncementError(
+            f"malformed announcement {escape(text)}: expected '{PREFIX} <node_id> <direct>'"
+        )
     try:
         return StageAnnouncement(node_id_hex=parts[1], direct=parts[2])
     except AnnouncementError as exc:

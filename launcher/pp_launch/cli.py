@@ -53,20 +53,45 @@ def forwarded_signals(handler: Callable[[int], None]) -> Iterator[None]:
 def gpu_options(f: F) -> F:
     """The GPU selection flags shared by chain and compose."""
     decorators = [
-        click.option("--gpus", "gpus", default="auto", show_default=True, metavar="auto|none|all|LIST",
-                     help="GPUs for the stages: auto (NVML picks free ones), none (CPU stages), all (every GPU "
-                          "to every stage) or a comma-separated list of indices/UUIDs used in stage order."),
-        click.option("--gpus-per-stage", type=click.IntRange(min=1), default=1, show_default=True,
-                     help="GPUs each stage gets with --gpus auto or a list."),
-        click.option("--gpu-inventory", type=click.Path(dir_okay=False), envvar=gpu_select.INVENTORY_ENV,
-                     help="Read the GPU inventory from this file (contract §7) instead of NVML."),
-        click.option("--gpu-attach", type=click.Choice(gpu_select.ATTACH_MODES), default="request",
-                     show_default=True,
-                     help="request: engine device requests; cdi: CDI device names; env: only "
-                          "NVIDIA_VISIBLE_DEVICES (NVIDIA default runtime, or CPU-only test hosts)."),
-        click.option("--allow-shared", is_flag=True, help="Also use GPUs that other processes or runs are using."),
-        click.option("--min-free-mem", type=click.IntRange(min=0), metavar="MIB",
-                     help="Only GPUs with at least this much free memory (MiB)."),
+        click.option(
+            "--gpus",
+            "gpus",
+            default="auto",
+            show_default=True,
+            metavar="auto|none|all|LIST",
+            help="GPUs for the stages: auto (NVML picks free ones), none (CPU stages), all (every GPU "
+            "to every stage) or a comma-separated list of indices/UUIDs used in stage order.",
+        ),
+        click.option(
+            "--gpus-per-stage",
+            type=click.IntRange(min=1),
+            default=1,
+            show_default=True,
+            help="GPUs each stage gets with --gpus auto or a list.",
+        ),
+        click.option(
+            "--gpu-inventory",
+            type=click.Path(dir_okay=False),
+            envvar=gpu_select.INVENTORY_ENV,
+            help="Read the GPU inventory from this file (contract §7) instead of NVML.",
+        ),
+        click.option(
+            "--gpu-attach",
+            type=click.Choice(gpu_select.ATTACH_MODES),
+            default="request",
+            show_default=True,
+            help="request: engine device requests; cdi: CDI device names; env: only "
+            "NVIDIA_VISIBLE_DEVICES (NVIDIA default runtime, or CPU-only test hosts).",
+        ),
+        click.option(
+            "--allow-shared", is_flag=True, help="Also use GPUs that other processes or runs are using."
+        ),
+        click.option(
+            "--min-free-mem",
+            type=click.IntRange(min=0),
+            metavar="MIB",
+            help="Only GPUs with at least this much free memory (MiB).",
+        ),
     ]
     for d in reversed(decorators):
         f = d(f)
@@ -107,7 +132,9 @@ def _parse_stage_env(values: tuple[str, ...], stages: int) -> tuple[tuple[int, s
         if not sep or not k.isdigit():
             raise click.BadParameter(f"{v!r} is not K:NAME=VALUE", param_hint="--stage-env")
         if int(k) >= stages:
-            raise click.BadParameter(f"{v!r}: stage {k} does not exist (--stages {stages})", param_hint="--stage-env")
+            raise click.BadParameter(
+                f"{v!r}: stage {k} does not exist (--stages {stages})", param_hint="--stage-env"
+            )
         try:
             name, value = parse_assignment(assignment)
         except ValueError as exc:
@@ -117,28 +144,71 @@ def _parse_stage_env(values: tuple[str, ...], stages: int) -> tuple[tuple[int, s
 
 
 @main.command()
-@click.option("--stages", type=click.IntRange(min=1, max=64), default=2, show_default=True,
-              help="Number of stages (containers).")
-@click.option("--image", default=BUILTIN_IMAGE, show_default=True,
-              help="Stage image; must be present locally (pp-launch never pulls). The built-in one is built "
-                   "on first use.")
+@click.option(
+    "--stages",
+    type=click.IntRange(min=1, max=64),
+    default=2,
+    show_default=True,
+    help="Number of stages (containers).",
+)
+@click.option(
+    "--image",
+    default=BUILTIN_IMAGE,
+    show_default=True,
+    help="Stage image; must be present locally (pp-launch never pulls). The built-in one is built "
+    "on first use.",
+)
 @gpu_options
 @click.option("--network", default="host", show_default=True, help="Network mode of every stage container.")
-@click.option("--name", "name_prefix", metavar="PREFIX", help="Containers are named PREFIX-K [default: pp-RUNID].")
+@click.option(
+    "--name", "name_prefix", metavar="PREFIX", help="Containers are named PREFIX-K [default: pp-RUNID]."
+)
 @click.option("--env", "env", multiple=True, metavar="NAME=VALUE", help="Set a variable in every stage.")
 @click.option("--stage-env", multiple=True, metavar="K:NAME=VALUE", help="Set a variable in stage K only.")
-@click.option("--addr-timeout", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True,
-              metavar="S", help="Seconds each stage has to announce its address.")
-@click.option("--grace", type=click.FloatRange(min=0), default=5.0, show_default=True, metavar="S",
-              help="Each stage's budget between SIGTERM and SIGKILL at teardown (all stages at once).")
-@click.option("--json", "as_json", is_flag=True, help="Events as JSON lines on stdout; stage lines on stderr.")
+@click.option(
+    "--addr-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=60.0,
+    show_default=True,
+    metavar="S",
+    help="Seconds each stage has to announce its address.",
+)
+@click.option(
+    "--grace",
+    type=click.FloatRange(min=0),
+    default=5.0,
+    show_default=True,
+    metavar="S",
+    help="Each stage's budget between SIGTERM and SIGKILL at teardown (all stages at once).",
+)
+@click.option(
+    "--json", "as_json", is_flag=True, help="Events as JSON lines on stdout; stage lines on stderr."
+)
 @click.option("--dry-run", is_flag=True, help="Print the plan (GPUs, env, labels) and start nothing.")
-@click.option("--detach", is_flag=True, help="Bring the chain up, print the roster, exit 0; 'pp-launch down' ends it.")
+@click.option(
+    "--detach", is_flag=True, help="Bring the chain up, print the roster, exit 0; 'pp-launch down' ends it."
+)
 @click.pass_context
-def chain(ctx: click.Context, stages: int, image: str, gpus: str, gpus_per_stage: int, gpu_inventory: str | None,
-          gpu_attach: str, allow_shared: bool, min_free_mem: int | None, network: str, name_prefix: str | None,
-          env: tuple[str, ...], stage_env: tuple[str, ...], addr_timeout: float, grace: float, as_json: bool,
-          dry_run: bool, detach: bool) -> None:
+def chain(
+    ctx: click.Context,
+    stages: int,
+    image: str,
+    gpus: str,
+    gpus_per_stage: int,
+    gpu_inventory: str | None,
+    gpu_attach: str,
+    allow_shared: bool,
+    min_free_mem: int | None,
+    network: str,
+    name_prefix: str | None,
+    env: tuple[str, ...],
+    stage_env: tuple[str, ...],
+    addr_timeout: float,
+    grace: float,
+    as_json: bool,
+    dry_run: bool,
+    detach: bool,
+) -> None:
     """Start STAGES stages one after another and supervise them until they end.
 
     Each stage is a container with tini as init and daemon-side auto-remove. Stage k >= 1 receives stage
@@ -153,8 +223,15 @@ def chain(ctx: click.Context, stages: int, image: str, gpus: str, gpus_per_stage
     """
     verbosity = ctx.obj["verbosity"]
     request = ChainRequest(
-        stages=stages, image=image, network=network, name_prefix=name_prefix, env=_parse_env(env),
-        stage_env=_parse_stage_env(stage_env, stages), addr_timeout=addr_timeout, grace=grace, lifeline=not detach,
+        stages=stages,
+        image=image,
+        network=network,
+        name_prefix=name_prefix,
+        env=_parse_env(env),
+        stage_env=_parse_stage_env(stage_env, stages),
+        addr_timeout=addr_timeout,
+        grace=grace,
+        lifeline=not detach,
     )
     gpu = launch.GpuOptions(gpus, gpus_per_stage, gpu_attach, gpu_inventory, allow_shared, min_free_mem)
     with mapped_errors():
@@ -162,7 +239,11 @@ def chain(ctx: click.Context, stages: int, image: str, gpus: str, gpus_per_stage
             _dry_run(request, gpu, as_json)
             return
         engine = connect()
-        say = (lambda t: click.echo(f"pp-launch: {t}", err=True)) if verbosity >= 0 or as_json else (lambda t: None)
+        say = (
+            (lambda t: click.echo(f"pp-launch: {t}", err=True))
+            if verbosity >= 0 or as_json
+            else (lambda t: None)
+        )
         launch.ensure_image(engine, image, say)
         owner = labels.OWNER_DETACHED if detach else None
         plan, note = launch.plan_chain(request, gpu, engine, owner=owner)
@@ -220,9 +301,12 @@ def images_group() -> None:
 
 
 @images_group.command("build")
-@click.option("--base", metavar="IMAGE",
-              help="Build the stage image on this local image (needs python3 and numpy) instead of importing a "
-                   "Debian root filesystem made with debootstrap.")
+@click.option(
+    "--base",
+    metavar="IMAGE",
+    help="Build the stage image on this local image (needs python3 and numpy) instead of importing a "
+    "Debian root filesystem made with debootstrap.",
+)
 @click.pass_context
 def images_build(ctx: click.Context, base: str | None) -> None:
     """Build the base image (debootstrap + docker import) and pp-launch/stub-worker:latest on it.
@@ -252,9 +336,15 @@ def _progress_printer() -> Callable[[str], None]:
 
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="The inventory as JSON (contract §7) on stdout.")
-@click.option("--gpu-inventory", type=click.Path(dir_okay=False), envvar=gpu_select.INVENTORY_ENV,
-              help="Read this inventory file instead of NVML.")
-@click.option("--record", type=click.Path(dir_okay=False), metavar="FILE", help="Write the inventory to FILE.")
+@click.option(
+    "--gpu-inventory",
+    type=click.Path(dir_okay=False),
+    envvar=gpu_select.INVENTORY_ENV,
+    help="Read this inventory file instead of NVML.",
+)
+@click.option(
+    "--record", type=click.Path(dir_okay=False), metavar="FILE", help="Write the inventory to FILE."
+)
 def gpus(as_json: bool, gpu_inventory: str | None, record: str | None) -> None:
     """Show the GPUs NVML sees: memory, utilization, processes, and which pp-launch run holds each.
 

@@ -8,6 +8,7 @@ moment after it exits, so "no such container" always means "already removed", ne
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal as _signal
@@ -96,14 +97,24 @@ class Engine:
             raise errors.EngineError(f"docker import of {repository}:{tag} failed: {_reason(exc)}") from None
 
     def build(
-        self, context: str, tag: str, buildargs: Mapping[str, str], labels: Mapping[str, str],
+        self,
+        context: str,
+        tag: str,
+        buildargs: Mapping[str, str],
+        labels: Mapping[str, str],
         progress: Callable[[str], None],
     ) -> None:
         """Build from a local context; never pulls (the FROM image must be local)."""
         try:
             for chunk in self.api.build(
-                path=context, tag=tag, buildargs=dict(buildargs), labels=dict(labels), pull=False, rm=True,
-                forcerm=True, decode=True,
+                path=context,
+                tag=tag,
+                buildargs=dict(buildargs),
+                labels=dict(labels),
+                pull=False,
+                rm=True,
+                forcerm=True,
+                decode=True,
             ):
                 if "error" in chunk:
                     raise errors.EngineError(f"building {tag} failed: {chunk['error'].strip()}")
@@ -113,10 +124,8 @@ class Engine:
             raise errors.EngineError(f"building {tag} failed: {_reason(exc)}") from None
 
     def remove_image(self, name: str) -> None:
-        try:
+        with contextlib.suppress(docker.errors.NotFound):
             self.api.remove_image(name, force=True)
-        except docker.errors.NotFound:
-            pass
 
     # ------------------------------------------------------------------------------ containers
     def containers(self, label_filters: list[str]) -> list[ContainerInfo]:
@@ -183,7 +192,9 @@ class DockerStageBackend:
             init=True,
             auto_remove=True,
             network_mode=spec.network,
-            device_requests=[docker.types.DeviceRequest(**_device_request_kwargs(r)) for r in spec.device_requests]
+            device_requests=[
+                docker.types.DeviceRequest(**_device_request_kwargs(r)) for r in spec.device_requests
+            ]
             or None,
         )
         config = self.api.create_container_config(
@@ -221,7 +232,9 @@ class DockerStageBackend:
             raw = getattr(sock, "_sock", sock)
             raw.settimeout(None)  # a quiet stage must not time the stream out
             wait = self.api.post(
-                self.api._url("/containers/{0}/wait", ref), params={"condition": "removed"}, stream=True,
+                self.api._url("/containers/{0}/wait", ref),
+                params={"condition": "removed"},
+                stream=True,
                 timeout=None,
             )
             self.api._raise_for_status(wait)
@@ -232,7 +245,10 @@ class DockerStageBackend:
         )
         reader.start()
         threading.Thread(
-            target=self._wait_removed, args=(wait, reader, stage, sink), daemon=True, name=f"stage-{stage}-wait"
+            target=self._wait_removed,
+            args=(wait, reader, stage, sink),
+            daemon=True,
+            name=f"stage-{stage}-wait",
         ).start()
         try:
             self.api.start(ref)

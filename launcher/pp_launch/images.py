@@ -73,7 +73,8 @@ def build_base(engine: Engine, progress: Progress, recipe: BaseRecipe | None = N
         return BuildResult(BASE_IMAGE, False)
     if os.geteuid() != 0 or shutil.which("debootstrap") is None:
         raise errors.ConfigError(
-            f"building {BASE_IMAGE} needs debootstrap run as root ('apt-get install debootstrap'), or name an "
+            f"building {BASE_IMAGE} needs debootstrap run as root ('apt-get install debootstrap'), "
+            "or name an "
             "existing image with python3 and numpy: pp-launch images build --base IMAGE"
         )
     workdir = Path(tempfile.mkdtemp(prefix="pp-launch-rootfs-"))
@@ -81,12 +82,24 @@ def build_base(engine: Engine, progress: Progress, recipe: BaseRecipe | None = N
         root = workdir / "root"
         progress(f"debootstrap {recipe.suite} (minbase + {', '.join(recipe.packages)}) from {recipe.mirror}")
         _run_streaming(
-            ["debootstrap", "--variant=minbase", f"--include={','.join(recipe.packages)}", recipe.suite,
-             str(root), recipe.mirror],
+            [
+                "debootstrap",
+                "--variant=minbase",
+                f"--include={','.join(recipe.packages)}",
+                recipe.suite,
+                str(root),
+                recipe.mirror,
+            ],
             progress,
         )
-        for junk in ("var/cache/apt/archives", "var/lib/apt/lists", "usr/share/doc", "usr/share/man",
-                     "usr/share/locale", "usr/share/info"):
+        for junk in (
+            "var/cache/apt/archives",
+            "var/lib/apt/lists",
+            "usr/share/doc",
+            "usr/share/man",
+            "usr/share/locale",
+            "usr/share/info",
+        ):
             shutil.rmtree(root / junk, ignore_errors=True)
         tar = workdir / "rootfs.tar"
         progress("packing the root filesystem")
@@ -94,12 +107,19 @@ def build_base(engine: Engine, progress: Progress, recipe: BaseRecipe | None = N
         progress(f"docker import -> {BASE_IMAGE}")
         repository, _, tag = BASE_IMAGE.partition(":")
         engine.import_rootfs(
-            str(tar), repository, tag,
-            changes=[f"LABEL {HASH_LABEL}={digest}", 'CMD ["/bin/bash"]',
-                     "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8"],
+            str(tar),
+            repository,
+            tag,
+            changes=[
+                f"LABEL {HASH_LABEL}={digest}",
+                'CMD ["/bin/bash"]',
+                "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8",
+            ],
         )
     except subprocess.CalledProcessError as exc:
-        raise errors.EngineError(f"{exc.cmd[0]} failed with exit code {exc.returncode}; see the lines above") from None
+        raise errors.EngineError(
+            f"{exc.cmd[0]} failed with exit code {exc.returncode}; see the lines above"
+        ) from None
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     return BuildResult(BASE_IMAGE, True)

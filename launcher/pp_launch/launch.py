@@ -33,7 +33,9 @@ def check_image_name(image: str) -> None:
 
 def check_name_prefix(prefix: str) -> None:
     if not _NAME_PREFIX.fullmatch(prefix):
-        raise errors.ConfigError(f"--name {prefix!r} is not a valid container name prefix ([a-zA-Z0-9][a-zA-Z0-9_.-]*)")
+        raise errors.ConfigError(
+            f"--name {prefix!r} is not a valid container name prefix ([a-zA-Z0-9][a-zA-Z0-9_.-]*)"
+        )
 
 
 @dataclass(frozen=True)
@@ -49,7 +51,9 @@ class GpuOptions:
 def live_gpu_labels(engine: Engine) -> list[Mapping[str, str]]:
     """Labels of every existing pp-launch container that holds GPUs (exited ones hold nothing)."""
     return [
-        c.labels for c in engine.containers([labels.GPUS]) if c.state not in ("exited", "dead") and c.labels.get(labels.GPUS)
+        c.labels
+        for c in engine.containers([labels.GPUS])
+        if c.state not in ("exited", "dead") and c.labels.get(labels.GPUS)
     ]
 
 

@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Mapping
 from datetime import datetime, timezone
-from typing import Any, TextIO
+from typing import Any, ClassVar, TextIO
 
 EVENT_NAMES = ("stage_started", "stage_announced", "pp_stage_roster", "stage_exited", "chain_stopped")
 
@@ -59,7 +59,9 @@ class JsonReporter:
 class PlainReporter:
     """Line-oriented output for logs and pipes. verbosity: -1 quiet (no stage lines), 0 normal, 1 verbose."""
 
-    def __init__(self, run_id: str, verbosity: int = 0, out: TextIO | None = None, err: TextIO | None = None) -> None:
+    def __init__(
+        self, run_id: str, verbosity: int = 0, out: TextIO | None = None, err: TextIO | None = None
+    ) -> None:
         self.run_id = run_id
         self.verbosity = verbosity
         self.out = out or sys.stdout
@@ -81,7 +83,9 @@ class PlainReporter:
             gpus = ",".join(fields["gpus"]) or "no GPU"
             self._say(f"stage {fields['stage']} started: {fields['container']} ({fields['image']}, {gpus})")
         elif name == "stage_announced":
-            self._say(f"stage {fields['stage']} announced {fields['direct']} after {fields['elapsed_s']:.2f} s")
+            self._say(
+                f"stage {fields['stage']} announced {fields['direct']} after {fields['elapsed_s']:.2f} s"
+            )
         elif name == "pp_stage_roster":
             roster = " ".join(f"{e['stage_index']}:{e['node_id_short']}" for e in fields["stages"])
             self._say(f"roster of run {self.run_id}: {roster}")
@@ -111,7 +115,13 @@ class LiveReporter(PlainReporter):
     """A live table of stages (starting, announced with address and seconds, running, stopping, gone)
     above which stage lines scroll. Only on a terminal."""
 
-    STYLES = {"starting": "yellow", "announced": "cyan", "running": "green", "stopping": "magenta", "gone": "dim"}
+    STYLES: ClassVar[dict[str, str]] = {
+        "starting": "yellow",
+        "announced": "cyan",
+        "running": "green",
+        "stopping": "magenta",
+        "gone": "dim",
+    }
 
     def __init__(self, run_id: str, num_stages: int, verbosity: int = 0) -> None:
         super().__init__(run_id, verbosity)

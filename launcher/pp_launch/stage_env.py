@@ -34,7 +34,15 @@ FORWARDED_PREFIX = "SWACTOR_DIAG_"
 
 # Set by the launcher alone: a user value would break the hand-off or the GPU pinning.
 RESERVED = frozenset(
-    {STAGE, NUM_STAGES, PEER_NODE_ID, PEER_DIRECT, FIRST_PEER_NODE_ID, FIRST_PEER_DIRECT, NVIDIA_VISIBLE_DEVICES}
+    {
+        STAGE,
+        NUM_STAGES,
+        PEER_NODE_ID,
+        PEER_DIRECT,
+        FIRST_PEER_NODE_ID,
+        FIRST_PEER_DIRECT,
+        NVIDIA_VISIBLE_DEVICES,
+    }
 )
 
 
@@ -63,7 +71,12 @@ def peer_placeholders(stage: int) -> dict[str, str]:
 def parse_assignment(text: str) -> tuple[str, str]:
     """NAME=VALUE, NAME a valid variable name; ValueError with a message otherwise."""
     name, sep, value = text.partition("=")
-    if not sep or not name or not (name[0].isalpha() or name[0] == "_") or not name.replace("_", "a").isalnum():
+    if (
+        not sep
+        or not name
+        or not (name[0].isalpha() or name[0] == "_")
+        or not name.replace("_", "a").isalnum()
+    ):
         raise ValueError(f"{text!r} is not NAME=VALUE")
     if not name.isascii():
         raise ValueError(f"{name!r} is not an ASCII variable name")

@@ -87,13 +87,17 @@ class FakeBackend:
         self.calls.append(("start", stage))
         s = self.script(stage)
         if s.fail_start:
-            raise EngineError("could not select device driver \"\" with capabilities: [[gpu]]")
+            raise EngineError('could not select device driver "" with capabilities: [[gpu]]')
         self.sinks[ref] = (stage, sink)
         sink(StageOutput(stage, "stdout", f"stage {stage} booting".encode()))
         if s.line is not None:
             sink(StageOutput(stage, "stdout", s.line.encode()))
         elif s.announce:
-            sink(StageOutput(stage, "stdout", f"PP_GPU_NODE_ADDR {node_id(stage)} 127.0.0.1:{7000 + stage}".encode()))
+            sink(
+                StageOutput(
+                    stage, "stdout", f"PP_GPU_NODE_ADDR {node_id(stage)} 127.0.0.1:{7000 + stage}".encode()
+                )
+            )
         if s.exit_code_on_start is not None:
             self._gone(ref, s.exit_code_on_start)
         if s.exit_at is not None and self.inbox is not None:

@@ -139,7 +139,9 @@ def test_teardown_kills_sigterm_ignorers_after_one_shared_grace() -> None:
 
 
 def test_second_signal_during_teardown_escalates_to_kill_now() -> None:
-    scope, backend, _, clock = make(2, {0: StageScript(ignore_sigterm=True), 1: StageScript(ignore_sigterm=True)})
+    scope, backend, _, clock = make(
+        2, {0: StageScript(ignore_sigterm=True), 1: StageScript(ignore_sigterm=True)}
+    )
     scope.inbox.at(1100.0, StopRequested(signal.SIGINT))
     scope.inbox.at(1100.5, StopRequested(signal.SIGINT))
     outcome = scope.run()
@@ -159,10 +161,18 @@ def test_events_carry_contract_fields() -> None:
     scope, _, reporter, _ = make(2, {k: StageScript(exit_code_on_start=0) for k in range(2)})
     scope.run()
     started = reporter.named("stage_started")
-    assert started[0] == {"stage": 0, "container": "pp-abcdef012345-0", "image": "pp-launch/stub-worker:latest",
-                          "gpus": []}
+    assert started[0] == {
+        "stage": 0,
+        "container": "pp-abcdef012345-0",
+        "image": "pp-launch/stub-worker:latest",
+        "gpus": [],
+    }
     announced = reporter.named("stage_announced")
     assert set(announced[1]) == {"stage", "node_id_hex", "direct", "elapsed_s"}
     stopped = reporter.named("chain_stopped")[0]
-    assert stopped == {"reason": "completed", "exit_code": 0, "removed": ["pp-abcdef012345-0", "pp-abcdef012345-1"],
-                       "orphans": []}
+    assert stopped == {
+        "reason": "completed",
+        "exit_code": 0,
+        "removed": ["pp-abcdef012345-0", "pp-abcdef012345-1"],
+        "orphans": [],
+    }

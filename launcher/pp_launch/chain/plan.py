@@ -35,7 +35,9 @@ class StageSpec:
         env = dict(self.env)
         if self.index > 0:
             if prev is None or first is None:
-                raise ValueError(f"stage {self.index} needs stage {self.index - 1}'s and stage 0's announcements")
+                raise ValueError(
+                    f"stage {self.index} needs stage {self.index - 1}'s and stage 0's announcements"
+                )
             env.update(stage_env.peer_env(prev, first))
         return env
 
@@ -46,7 +48,9 @@ class ChainPlan:
     stages: tuple[StageSpec, ...]
     addr_timeout: float = 60.0
     grace: float = 5.0
-    hop_levels: tuple[int | None, ...] = field(default=())  # topology level of each hop k -> k+1 and last -> 0
+    hop_levels: tuple[int | None, ...] = field(
+        default=()
+    )  # topology level of each hop k -> k+1 and last -> 0
 
     def to_json(self) -> dict[str, Any]:
         """The dry-run document (contract §10)."""

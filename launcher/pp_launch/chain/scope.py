@@ -52,7 +52,9 @@ class RosterEntry:
         return self.node_id_hex[:8]
 
 
-def resolve_roster(announcements: Mapping[int, StageAnnouncement | None], num_stages: int) -> list[RosterEntry]:
+def resolve_roster(
+    announcements: Mapping[int, StageAnnouncement | None], num_stages: int
+) -> list[RosterEntry]:
     """Every stage's announcement in stage order; RosterIncomplete lists the missing stages, ascending."""
     missing = [k for k in range(num_stages) if announcements.get(k) is None]
     if missing:
@@ -134,7 +136,9 @@ class ChainScope:
             return ChainOutcome(0, "detached", end.message, roster=tuple(self._roster))
         removed, orphans = self._teardown(end.reason, end.exit_code)
         exit_code = end.exit_code if not orphans else errors.EXIT_FAILURE
-        return ChainOutcome(exit_code, end.reason, end.message, end.stage, removed, orphans, tuple(self._roster))
+        return ChainOutcome(
+            exit_code, end.reason, end.message, end.stage, removed, orphans, tuple(self._roster)
+        )
 
     # -------------------------------------------------------------------------------- bring-up
     def _bring_up(self) -> _End | None:
@@ -152,7 +156,11 @@ class ChainScope:
             {
                 "drive_seq": 1,
                 "stages": [
-                    {"stage_index": e.stage_index, "node_id_hex": e.node_id_hex, "node_id_short": e.node_id_short}
+                    {
+                        "stage_index": e.stage_index,
+                        "node_id_hex": e.node_id_hex,
+                        "node_id_short": e.node_id_short,
+                    }
                     for e in self._roster
                 ],
             },
@@ -177,9 +185,12 @@ class ChainScope:
             self.backend.start(st.ref, k, self.inbox.put)
             st.started = True
         except errors.PpLaunchError as exc:
-            return _End(errors.EXIT_FAILURE, "stage_failed", f"stage {k} ({spec.name}) could not start: {exc}", k)
+            return _End(
+                errors.EXIT_FAILURE, "stage_failed", f"stage {k} ({spec.name}) could not start: {exc}", k
+            )
         self.reporter.event(
-            "stage_started", {"stage": k, "container": spec.name, "image": spec.image, "gpus": list(spec.gpus)}
+            "stage_started",
+            {"stage": k, "container": spec.name, "image": spec.image, "gpus": list(spec.gpus)},
         )
         deadline = st.started_at + self.plan.addr_timeout
         end = self._pump(lambda: st.announcement is not None, deadline)
@@ -283,7 +294,9 @@ class ChainScope:
             msg = f"stage {k} ({st.spec.name}) exited with code {code}{detail}" + self._tail(st)
             return _End(errors.EXIT_FAILURE, "stage_failed", msg, k)
         if reason == "died_early":
-            msg = f"stage {k} ({st.spec.name}) exited with code 0 before announcing its address" + self._tail(st)
+            msg = f"stage {k} ({st.spec.name}) exited with code 0 before announcing its address" + self._tail(
+                st
+            )
             return _End(errors.EXIT_FAILURE, "stage_failed", msg, k)
         return None
 

@@ -68,10 +68,13 @@ def units(inventory: GpuInventory) -> list[Unit]:
                 free = None
                 if mig.memory_total_mib is not None and mig.memory_used_mib is not None:
                     free = mig.memory_total_mib - mig.memory_used_mib
-                out.append(Unit(mig.uuid, pos, f"GPU {gpu.index} MIG {m_index}", gpu.pci_bus_id, free,
-                                mig.processes))
+                out.append(
+                    Unit(mig.uuid, pos, f"GPU {gpu.index} MIG {m_index}", gpu.pci_bus_id, free, mig.processes)
+                )
         else:
-            out.append(Unit(gpu.uuid, pos, f"GPU {gpu.index}", gpu.pci_bus_id, gpu.memory_free_mib, gpu.processes))
+            out.append(
+                Unit(gpu.uuid, pos, f"GPU {gpu.index}", gpu.pci_bus_id, gpu.memory_free_mib, gpu.processes)
+            )
     return out
 
 
@@ -102,7 +105,8 @@ def _matches(token: str, unit: Unit, inventory: GpuInventory) -> bool:
 def allocate(
     inventory: GpuInventory, request: AllocationRequest, holdings: Mapping[str, Holding]
 ) -> Placement:
-    """Raise NotEnoughGpus, naming how many were needed, how many were free, and why each other was passed over."""
+    """Raise NotEnoughGpus naming how many were needed, how many were free, and why each other one was
+    passed over."""
     need = request.stages * request.per_stage
     all_units = units(inventory)
     passed_over: list[str] = []
@@ -126,8 +130,11 @@ def allocate(
     for s in range(request.stages):
         t = (s + 1) % request.stages
         a, b = chosen[s * k : (s + 1) * k], chosen[t * k : (t + 1) * k]
-        hops.append(max(distance(inventory, x, y) for x in a for y in b) if inventory.topology or inventory.nvlink
-                    else None)
+        hops.append(
+            max(distance(inventory, x, y) for x in a for y in b)
+            if inventory.topology or inventory.nvlink
+            else None
+        )
     return Placement(stage_gpus, tuple(hops) if request.stages > 1 else ())
 
 
@@ -145,7 +152,8 @@ def _why_not(
     foreign = [p for p in unit.processes or () if p.pid not in request.own_pids]
     if foreign:
         procs = ", ".join(
-            f"pid {p.pid}" + ("" if p.used_memory_mib is None else f" using {p.used_memory_mib} MiB") for p in foreign
+            f"pid {p.pid}" + ("" if p.used_memory_mib is None else f" using {p.used_memory_mib} MiB")
+            for p in foreign
         )
         return f"busy: {procs}"
     if request.min_free_mib is not None and (unit.free_mib is None or unit.free_mib < request.min_free_mib):
@@ -193,10 +201,14 @@ def _not_enough(
 def _ring_cost(inventory: GpuInventory, order: Sequence[Unit], per_stage: int) -> tuple[int, int]:
     """(sum of hop distances round the ring between stage groups, sum within groups)."""
     groups = [order[i : i + per_stage] for i in range(0, len(order), per_stage)]
-    hops = sum(
-        max(distance(inventory, a, b) for a in groups[i] for b in groups[(i + 1) % len(groups)])
-        for i in range(len(groups))
-    ) if len(groups) > 1 else 0
+    hops = (
+        sum(
+            max(distance(inventory, a, b) for a in groups[i] for b in groups[(i + 1) % len(groups)])
+            for i in range(len(groups))
+        )
+        if len(groups) > 1
+        else 0
+    )
     within = sum(distance(inventory, a, b) for g in groups for a, b in itertools.combinations(g, 2))
     return hops, within
 
@@ -206,7 +218,7 @@ def _closest_ring(inventory: GpuInventory, free: list[Unit], need: int, per_stag
     subset = _closest_subset(inventory, pool, need)
     if len(subset) <= BRUTE_FORCE_MAX:
         best: tuple[tuple[int, int], list[Unit]] | None = None
-        # Fix the first unit (a ring has no start); permutations come in bus-id order, so the first best wins ties.
+        # Fix the first unit (a ring has no start). Permutations come in bus-id order: first best wins.
         for rest in itertools.permutations(subset[1:]):
             order = [subset[0], *rest]
             cost = _ring_cost(inventory, order, per_stage)
@@ -217,7 +229,9 @@ def _closest_ring(inventory: GpuInventory, free: list[Unit], need: int, per_stag
     order = [subset[0]]
     left = subset[1:]
     while left:
-        nxt = min(left, key=lambda u: distance(inventory, order[-1], u))  # min keeps the first (lowest bus id)
+        nxt = min(
+            left, key=lambda u: distance(inventory, order[-1], u)
+        )  # min keeps the first (lowest bus id)
         order.append(nxt)
         left.remove(nxt)
     return order

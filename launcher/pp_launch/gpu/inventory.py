@@ -80,7 +80,9 @@ class GpuInventory:
             nvlink = _matrix(doc.get("nvlink"), len(gpus), "nvlink")
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
             raise errors.ConfigError(f"{source} is not a GPU inventory (contract §7): {exc}") from None
-        return cls(gpus, _opt_str(doc.get("driver_version")), _opt_str(doc.get("cuda_version")), topology, nvlink)
+        return cls(
+            gpus, _opt_str(doc.get("driver_version")), _opt_str(doc.get("cuda_version")), topology, nvlink
+        )
 
     @classmethod
     def load(cls, path: str | Path) -> GpuInventory:
@@ -122,8 +124,12 @@ def _gpu_from(g: Any) -> Gpu:
         processes=_procs(g.get("processes")),
         mig_enabled=None if g.get("mig_enabled") is None else bool(g["mig_enabled"]),
         mig_devices=tuple(
-            MigDevice(str(m["uuid"]), _opt_int(m.get("memory_total_mib")), _opt_int(m.get("memory_used_mib")),
-                      _procs(m.get("processes")))
+            MigDevice(
+                str(m["uuid"]),
+                _opt_int(m.get("memory_total_mib")),
+                _opt_int(m.get("memory_used_mib")),
+                _procs(m.get("processes")),
+            )
             for m in g.get("mig_devices") or []
         ),
     )
@@ -131,25 +137,37 @@ def _gpu_from(g: Any) -> Gpu:
 
 def _gpu_json(g: Gpu) -> dict[str, Any]:
     doc: dict[str, Any] = {
-        "index": g.index, "uuid": g.uuid, "name": g.name, "pci_bus_id": g.pci_bus_id,
-        "memory_total_mib": g.memory_total_mib, "memory_used_mib": g.memory_used_mib,
+        "index": g.index,
+        "uuid": g.uuid,
+        "name": g.name,
+        "pci_bus_id": g.pci_bus_id,
+        "memory_total_mib": g.memory_total_mib,
+        "memory_used_mib": g.memory_used_mib,
         "utilization_gpu_pct": g.utilization_gpu_pct,
         "processes": None if g.processes is None else [_proc_json(p) for p in g.processes],
         "mig_enabled": g.mig_enabled,
     }
     if g.mig_devices:
         doc["mig_devices"] = [
-            {k: v for k, v in {
-                "uuid": m.uuid, "memory_total_mib": m.memory_total_mib, "memory_used_mib": m.memory_used_mib,
-                "processes": None if m.processes is None else [_proc_json(p) for p in m.processes],
-            }.items() if v is not None}
+            {
+                k: v
+                for k, v in {
+                    "uuid": m.uuid,
+                    "memory_total_mib": m.memory_total_mib,
+                    "memory_used_mib": m.memory_used_mib,
+                    "processes": None if m.processes is None else [_proc_json(p) for p in m.processes],
+                }.items()
+                if v is not None
+            }
             for m in g.mig_devices
         ]
     return {k: v for k, v in doc.items() if v is not None}
 
 
 def _proc_json(p: GpuProcess) -> dict[str, Any]:
-    return {"pid": p.pid} if p.used_memory_mib is None else {"pid": p.pid, "used_memory_mib": p.used_memory_mib}
+    return (
+        {"pid": p.pid} if p.used_memory_mib is None else {"pid": p.pid, "used_memory_mib": p.used_memory_mib}
+    )
 
 
 def _matrix(v: Any, n: int, what: str) -> tuple[tuple[int, ...], ...] | None:

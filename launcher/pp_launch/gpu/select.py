@@ -52,8 +52,15 @@ def device_requests(gpus: tuple[str, ...], attach: str) -> tuple[Mapping[str, An
     if not gpus or attach == "env":
         return ()
     if attach == "cdi":
-        return ({"Driver": "cdi", "Count": 0, "DeviceIDs": [f"nvidia.com/gpu={u}" for u in gpus],
-                 "Capabilities": [], "Options": {}},)
+        return (
+            {
+                "Driver": "cdi",
+                "Count": 0,
+                "DeviceIDs": [f"nvidia.com/gpu={u}" for u in gpus],
+                "Capabilities": [],
+                "Options": {},
+            },
+        )
     return ({"Driver": "", "Count": 0, "DeviceIDs": list(gpus), "Capabilities": [["gpu"]], "Options": {}},)
 
 
@@ -136,7 +143,9 @@ def select(
     if not inventory.gpus:
         why = inventory.note or "the GPU inventory lists no GPU"
         if mode == "auto":
-            return GpuSelection(cpu.stage_gpus, cpu.device_requests, (), f"no GPU found ({why}): stages run on CPU")
+            return GpuSelection(
+                cpu.stage_gpus, cpu.device_requests, (), f"no GPU found ({why}): stages run on CPU"
+            )
         raise errors.NotEnoughGpus(f"--gpus {mode} asks for GPUs, but {why}")
     if mode == "all":
         every = tuple(g.uuid for g in inventory.gpus)

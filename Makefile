@@ -1,0 +1,12 @@
+# Each target does all the set-up it needs (venv, package, Docker engine, images) by itself.
+.PHONY: demo test bench setup lint
+demo:
+	bash launcher/scripts/dev.sh demo
+test:
+	bash launcher/scripts/dev.sh test
+bench:
+	bash launcher/scripts/dev.sh bench
+setup:
+	bash launcher/scripts/dev.sh setup
+lint:
+	.venv/bin/ruff check launcher tests bench && .venv/bin/mypy

@@ -1,0 +1,70 @@
+"""Shared fixtures. Docker tests fail (never skip) under CI=true when no engine answers, and the session
+fails if anything of ours is left: a container labelled pp-launch.run, a testcontainers container of this
+session, or a launcher process a test started."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")  # Ryuk cannot be pulled here; we reap by label
+
+import pytest
+
+from .helpers import LEFTOVER_LABELS, live_launchers
+
+IN_CI = os.environ.get("CI") == "true"
+
+
+@pytest.fixture(scope="session")
+def engine():  # type: ignore[no-untyped-def]
+    from pp_launch.docker_engine import connect
+    from pp_launch.errors import EngineUnavailable
+
+    try:
+        return connect(timeout=10)
+    except EngineUnavailable as exc:
+        if IN_CI:
+            pytest.fail(f"CI=true and the Docker tests cannot run: {exc}", pytrace=False)
+        pytest.skip(f"no Docker engine: {exc}")
+
+
+@pytest.fixture(scope="session")
+def stub_image(engine) -> str:  # type: ignore[no-untyped-def]
+    from pp_launch import images
+
+    images.build_all(engine, lambda text: None)
+    return images.BUILTIN_IMAGE
+
+
+_skipped: list[str] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.skipped:
+        _skipped.append(report.nodeid)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    problems = []
+    if IN_CI and _skipped:
+        problems.append(f"CI=true and {len(_skipped)} tests were skipped: " + ", ".join(_skipped[:5]))
+    for proc in live_launchers():
+        proc.kill()
+        problems.append(f"launcher process {proc.pid} ({' '.join(proc.args[3:6])}...) was still running")
+    try:
+        from pp_launch.docker_engine import connect
+
+        engine = connect(timeout=5)
+    except Exception:
+        engine = None
+    if engine is not None:
+        for label in LEFTOVER_LABELS:
+            for c in engine.containers([label]):
+                problems.append(f"container {c.name} ({label}, {c.state}) was left behind")
+                engine.remove(c.id)
+    if problems:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        text = "FAILING THE SUITE:\n  " + "\n  ".join(problems)
+        if reporter is not None:
+            reporter.write_line(text, red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -1,0 +1,120 @@
+"""Test helpers: run the real launcher as a child process and follow its JSON events."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from typing import Any
+
+from testcontainers.core.labels import SESSION_ID
+
+LEFTOVER_LABELS = ("pp-launch.run", f"org.testcontainers.session-id={SESSION_ID}")
+_launchers: list[subprocess.Popen[bytes]] = []
+
+
+def live_launchers() -> list[subprocess.Popen[bytes]]:
+    return [p for p in _launchers if p.poll() is None]
+
+
+def unique(prefix: str = "t") -> str:
+    return f"{prefix}{uuid.uuid4().hex[:8]}"
+
+
+class Launcher:
+    """`python -m pp_launch ARGS` with its stdout JSON events and stderr lines collected as they come."""
+
+    def __init__(self, *args: str, env: dict[str, str] | None = None, new_session: bool = False) -> None:
+        full_env = dict(os.environ)
+        full_env.update(env or {})
+        self.args = args
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "pp_launch", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            env=full_env,
+            start_new_session=new_session,
+        )
+        _launchers.append(self.proc)
+        self.events: list[dict[str, Any]] = []
+        self.stdout_lines: list[str] = []
+        self.stderr_lines: list[str] = []
+        self._cond = threading.Condition()
+        threading.Thread(target=self._read_stdout, daemon=True).start()
+        threading.Thread(target=self._read_stderr, daemon=True).start()
+
+    def _read_stdout(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            line = raw.decode("utf-8", "backslashreplace").rstrip("\n")
+            with self._cond:
+                self.stdout_lines.append(line)
+                if line.startswith("{"):
+                    self.events.append(json.loads(line))
+                self._cond.notify_all()
+
+    def _read_stderr(self) -> None:
+        assert self.proc.stderr is not None
+        for raw in self.proc.stderr:
+            with self._cond:
+                self.stderr_lines.append(raw.decode("utf-8", "backslashreplace").rstrip("\n"))
+                self._cond.notify_all()
+
+    def wait_event(self, name: str, timeout: float = 60.0, **match: Any) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                for e in self.events:
+                    if e["event"] == name and all(e.get(k) == v for k, v in match.items()):
+                        return e
+                left = deadline - time.monotonic()
+                if left <= 0 or (self.proc.poll() is not None and not self._cond.wait(0.2)):
+                    raise AssertionError(
+                        f"no {name} {match} within {timeout}s; stderr:\n" + self.stderr_text()
+                    )
+                self._cond.wait(min(left, 0.2))
+
+    def events_named(self, name: str) -> list[dict[str, Any]]:
+        with self._cond:
+            return [e for e in self.events if e["event"] == name]
+
+    @property
+    def run_id(self) -> str:
+        return str(self.wait_event("stage_started", timeout=60)["run"])
+
+    def signal(self, signum: int = signal.SIGTERM) -> None:
+        self.proc.send_signal(signum)
+
+    def wait(self, timeout: float = 60.0) -> int:
+        try:
+            rc = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise AssertionError(
+                f"launcher still running after {timeout}s; stderr:\n" + self.stderr_text()
+            ) from None
+        time.sleep(0.05)  # let the reader threads drain the pipes
+        return rc
+
+    def stderr_text(self) -> str:
+        with self._cond:
+            return "\n".join(self.stderr_lines)
+
+
+def run_containers(engine: Any, run_id: str) -> list[str]:
+    return [c.name for c in engine.containers([f"pp-launch.run={run_id}"])]
+
+
+def wait_until(predicate: Any, timeout: float, interval: float = 0.1) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return bool(predicate())
