@@ -10,7 +10,7 @@ os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")  # Ryuk cannot be 
 
 import pytest
 
-from .helpers import LEFTOVER_LABELS, live_launchers
+from .helpers import TESTCONTAINERS_LABEL, live_launchers, ours
 
 IN_CI = os.environ.get("CI") == "true"
 
@@ -58,10 +58,11 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     except Exception:
         engine = None
     if engine is not None:
-        for label in LEFTOVER_LABELS:
-            for c in engine.containers([label]):
-                problems.append(f"container {c.name} ({label}, {c.state}) was left behind")
-                engine.remove(c.id)
+        leftovers = [c for c in engine.containers(["pp-launch.run"]) if ours(dict(c.labels))]
+        leftovers += engine.containers([TESTCONTAINERS_LABEL])
+        for c in leftovers:
+            problems.append(f"container {c.name} ({c.state}, labels {dict(c.labels)}) was left behind")
+            engine.remove(c.id)
     if problems:
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         text = "FAILING THE SUITE:\n  " + "\n  ".join(problems)

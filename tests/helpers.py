@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -14,12 +15,29 @@ from typing import Any
 
 from testcontainers.core.labels import SESSION_ID
 
-LEFTOVER_LABELS = ("pp-launch.run", f"org.testcontainers.session-id={SESSION_ID}")
+TESTCONTAINERS_LABEL = f"org.testcontainers.session-id={SESSION_ID}"
 _launchers: list[subprocess.Popen[bytes]] = []
+_runs: set[str] = set()  # runs whose owner is not one of our processes (detached, compose)
 
 
 def live_launchers() -> list[subprocess.Popen[bytes]]:
     return [p for p in _launchers if p.poll() is None]
+
+
+def remember_run(run_id: str) -> None:
+    _runs.add(run_id)
+
+
+def ours(labels: dict[str, str]) -> bool:
+    """A pp-launch container this test session made: owned by pytest itself or by a launcher process a test
+    started, or of a run a test recorded. Never anyone else's: the suite may run beside real chains."""
+    if labels.get("pp-launch.run") in _runs:
+        return True
+    owner = labels.get("pp-launch.owner", "")
+    host, _, rest = owner.partition(":")
+    pid = rest.partition(":")[0]
+    pids = {os.getpid(), *(p.pid for p in _launchers)}
+    return host == socket.gethostname() and pid.isdigit() and int(pid) in pids
 
 
 def unique(prefix: str = "t") -> str:

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Any, ClassVar, TextIO
 
-EVENT_NAMES = ("stage_started", "stage_announced", "pp_stage_roster", "stage_exited", "chain_stopped")
+from . import events
 
 
 def rfc3339_now() -> str:
@@ -77,21 +77,21 @@ class PlainReporter:
         self._say(text)
 
     def event(self, name: str, fields: Mapping[str, Any]) -> None:
-        if self.verbosity < 0 and name != "chain_stopped":
+        if self.verbosity < 0 and name != events.CHAIN_STOPPED:
             return
-        if name == "stage_started":
+        if name == events.STAGE_STARTED:
             gpus = ",".join(fields["gpus"]) or "no GPU"
             self._say(f"stage {fields['stage']} started: {fields['container']} ({fields['image']}, {gpus})")
-        elif name == "stage_announced":
+        elif name == events.STAGE_ANNOUNCED:
             self._say(
                 f"stage {fields['stage']} announced {fields['direct']} after {fields['elapsed_s']:.2f} s"
             )
-        elif name == "pp_stage_roster":
+        elif name == events.ROSTER:
             roster = " ".join(f"{e['stage_index']}:{e['node_id_short']}" for e in fields["stages"])
             self._say(f"roster of run {self.run_id}: {roster}")
-        elif name == "stage_exited" and self.verbosity > 0:
+        elif name == events.STAGE_EXITED and self.verbosity > 0:
             self._say(f"stage {fields['stage']} exited with code {fields['exit_code']} ({fields['reason']})")
-        elif name == "chain_stopped":
+        elif name == events.CHAIN_STOPPED:
             removed = len(fields["removed"])
             orphans = fields["orphans"]
             tail = f"; LEFT BEHIND: {', '.join(orphans)}" if orphans else "; nothing left behind"
@@ -157,7 +157,7 @@ class LiveReporter(PlainReporter):
             self.live.update(self._table())
 
     def event(self, name: str, fields: Mapping[str, Any]) -> None:
-        if name == "stage_started":
+        if name == events.STAGE_STARTED:
             self.stage_state(fields["stage"], "starting", fields["container"])
             return
         super().event(name, fields)

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from .. import errors
+from .. import errors, events
 from ..announce import AnnouncementError, StageAnnouncement, parse_line
 from ..lines import display
 from .plan import ChainPlan, StageSpec
@@ -142,6 +142,8 @@ class ChainScope:
 
     # -------------------------------------------------------------------------------- bring-up
     def _bring_up(self) -> _End | None:
+        image = self.plan.stages[0].image if self.stages else ""
+        self.reporter.event(events.CHAIN_STARTING, {"stages": len(self.stages), "image": image})
         first: StageAnnouncement | None = None
         prev: StageAnnouncement | None = None
         for st in self.stages:
@@ -152,7 +154,7 @@ class ChainScope:
             first = first or prev
         self._roster = resolve_roster({s.spec.index: s.announcement for s in self.stages}, len(self.stages))
         self.reporter.event(
-            "pp_stage_roster",
+            events.ROSTER,
             {
                 "drive_seq": 1,
                 "stages": [
@@ -189,7 +191,7 @@ class ChainScope:
                 errors.EXIT_FAILURE, "stage_failed", f"stage {k} ({spec.name}) could not start: {exc}", k
             )
         self.reporter.event(
-            "stage_started",
+            events.STAGE_STARTED,
             {"stage": k, "container": spec.name, "image": spec.image, "gpus": list(spec.gpus)},
         )
         deadline = st.started_at + self.plan.addr_timeout
@@ -259,7 +261,7 @@ class ChainScope:
             st.announcement = announcement
             elapsed = round(self.clock() - st.started_at, 3)
             self.reporter.event(
-                "stage_announced",
+                events.STAGE_ANNOUNCED,
                 {
                     "stage": st.spec.index,
                     "node_id_hex": announcement.node_id_hex,
@@ -286,7 +288,7 @@ class ChainScope:
         fields: dict[str, Any] = {"stage": k, "exit_code": event.exit_code, "reason": reason}
         if event.detail:
             fields["detail"] = event.detail
-        self.reporter.event("stage_exited", fields)
+        self.reporter.event(events.STAGE_EXITED, fields)
         self.reporter.stage_state(k, "gone", f"exit {event.exit_code}")
         if reason == "failed":
             code = "unknown" if event.exit_code is None else str(event.exit_code)
@@ -336,7 +338,7 @@ class ChainScope:
             orphans = self.backend.leftovers(self.plan.run_id)
         removed = tuple(s.spec.name for s in self.stages if s.attempted)
         self.reporter.event(
-            "chain_stopped",
+            events.CHAIN_STOPPED,
             {"reason": reason, "exit_code": exit_code, "removed": list(removed), "orphans": list(orphans)},
         )
         return removed, tuple(orphans)

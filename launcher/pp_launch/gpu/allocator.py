@@ -119,7 +119,7 @@ def allocate(
             passed_over.append(f"{unit.label} ({unit.uuid}) {why}")
 
     if request.explicit:
-        chosen = _explicit(inventory, all_units, free, request, need)
+        chosen = _explicit(inventory, all_units, free, request, holdings, need)
     else:
         if len(free) < need:
             raise _not_enough(need, request, free, passed_over, inventory)
@@ -130,19 +130,19 @@ def allocate(
     for s in range(request.stages):
         t = (s + 1) % request.stages
         a, b = chosen[s * k : (s + 1) * k], chosen[t * k : (t + 1) * k]
-        hops.append(
-            max(distance(inventory, x, y) for x in a for y in b)
-            if inventory.topology or inventory.nvlink
-            else None
-        )
+        hops.append(_hop(inventory, a, b) if inventory.topology or inventory.nvlink else None)
     return Placement(stage_gpus, tuple(hops) if request.stages > 1 else ())
 
 
 def _why_not(
     unit: Unit, inventory: GpuInventory, request: AllocationRequest, holdings: Mapping[str, Holding]
 ) -> str | None:
+    """Why a unit is passed over, or None. Sharing lifts only "held" and "busy", never the filters."""
     if request.visible is not None and not any(_matches(t, unit, inventory) for t in request.visible):
         return "filtered out by CUDA_VISIBLE_DEVICES"
+    if request.min_free_mib is not None and (unit.free_mib is None or unit.free_mib < request.min_free_mib):
+        have = "unknown" if unit.free_mib is None else f"{unit.free_mib} MiB"
+        return f"filtered out by --min-free-mem: {have} free, {request.min_free_mib} MiB asked"
     if request.allow_shared:
         return None
     held = holdings.get(unit.uuid) or holdings.get(inventory.gpus[unit.gpu_pos].uuid)
@@ -152,18 +152,19 @@ def _why_not(
     foreign = [p for p in unit.processes or () if p.pid not in request.own_pids]
     if foreign:
         procs = ", ".join(
-            f"pid {p.pid}" + ("" if p.used_memory_mib is None else f" using {p.used_memory_mib} MiB")
-            for p in foreign
+            f"pid {p.pid}" + ("" if p.used_memory_mib is None else f" using {p.used_memory_mib} MiB") for p in foreign
         )
         return f"busy: {procs}"
-    if request.min_free_mib is not None and (unit.free_mib is None or unit.free_mib < request.min_free_mib):
-        have = "unknown" if unit.free_mib is None else f"{unit.free_mib} MiB"
-        return f"filtered out by --min-free-mem: {have} free, {request.min_free_mib} MiB asked"
     return None
 
 
 def _explicit(
-    inventory: GpuInventory, all_units: list[Unit], free: list[Unit], request: AllocationRequest, need: int
+    inventory: GpuInventory,
+    all_units: list[Unit],
+    free: list[Unit],
+    request: AllocationRequest,
+    holdings: Mapping[str, Holding],
+    need: int,
 ) -> list[Unit]:
     if len(request.explicit) != need:
         raise errors.ConfigError(
@@ -177,11 +178,11 @@ def _explicit(
             raise errors.ConfigError(f"--gpus names {token!r}, which is no GPU on this host")
         unit = next((u for u in matches if u in free and u not in chosen), None)
         if unit is None:
-            why = _why_not(matches[0], inventory, request, {}) or "listed twice"
-            held_why = "not free"
-            if matches[0] not in chosen:
-                held_why = why
-            raise errors.NotEnoughGpus(f"--gpus names {token!r} ({matches[0].label}), which is {held_why}")
+            first = matches[0]
+            why = "listed twice" if first in chosen else _why_not(first, inventory, request, holdings)
+            raise errors.NotEnoughGpus(
+                f"--gpus names {token!r} ({first.label}, {first.uuid}), which is {why}"
+            )
         chosen.append(unit)
     return chosen
 
@@ -198,19 +199,22 @@ def _not_enough(
     return errors.NotEnoughGpus("\n".join(lines))
 
 
+def _hop(inventory: GpuInventory, a: Sequence[Unit], b: Sequence[Unit]) -> int:
+    """Between two stages, the closest pair of their units: the link their traffic can take."""
+    return min(distance(inventory, x, y) for x in a for y in b)
+
+
 def _ring_cost(inventory: GpuInventory, order: Sequence[Unit], per_stage: int) -> tuple[int, int]:
-    """(sum of hop distances round the ring between stage groups, sum within groups)."""
+    """(sum of distances within each stage, sum of hop distances round the ring). Within a stage first:
+    a stage's own GPUs exchange the most (tensor parallelism), the ring hops carry one activation."""
     groups = [order[i : i + per_stage] for i in range(0, len(order), per_stage)]
     hops = (
-        sum(
-            max(distance(inventory, a, b) for a in groups[i] for b in groups[(i + 1) % len(groups)])
-            for i in range(len(groups))
-        )
+        sum(_hop(inventory, groups[i], groups[(i + 1) % len(groups)]) for i in range(len(groups)))
         if len(groups) > 1
         else 0
     )
     within = sum(distance(inventory, a, b) for g in groups for a, b in itertools.combinations(g, 2))
-    return hops, within
+    return within, hops
 
 
 def _closest_ring(inventory: GpuInventory, free: list[Unit], need: int, per_stage: int) -> list[Unit]:

@@ -1,0 +1,228 @@
+"""The allocator on inventory files that model real machines (tests/data), and a property test."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pp_launch import errors
+from pp_launch.gpu.allocator import AllocationRequest, Holding, allocate, parse_visible, units
+from pp_launch.gpu.inventory import Gpu, GpuInventory, GpuProcess
+
+DATA = Path(__file__).parent.parent / "data"
+
+
+def load(name: str) -> GpuInventory:
+    return GpuInventory.load(DATA / name)
+
+
+def indices(inv: GpuInventory, stage_gpus: tuple[tuple[str, ...], ...]) -> list[list[int | str]]:
+    by_uuid = {g.uuid: g.index for g in inv.gpus}
+    return [[by_uuid.get(u, u) for u in s] for s in stage_gpus]
+
+
+# ---------------------------------------------------------------- 8-GPU NVLink board (hybrid cube mesh)
+def test_nvlink_board_four_stages_stay_inside_one_nvlink_quad() -> None:
+    inv = load("nvlink-8gpu.json")
+    p = allocate(inv, AllocationRequest(stages=4), {})
+    assert indices(inv, p.stage_gpus) == [[0], [1], [2], [3]]
+    assert p.hop_levels == (7, 7, 7, 7)  # every hop, the feedback edge included, on 2 NVLinks
+
+
+def test_nvlink_board_eight_stages_cross_quads_only_over_nvlink() -> None:
+    inv = load("nvlink-8gpu.json")
+    p = allocate(inv, AllocationRequest(stages=8), {})
+    assert indices(inv, p.stage_gpus) == [[0], [1], [2], [3], [7], [5], [6], [4]]
+    assert 50 not in p.hop_levels  # never across sockets over PCIe
+    assert p.hop_levels.count(8) == 2  # the two crossings use the single-link pairs 3-7 and 4-0
+
+
+def test_nvlink_board_avoids_gpus_held_by_another_run() -> None:
+    inv = load("nvlink-8gpu.json")
+    held = {inv.gpus[0].uuid: Holding("aaaa00000000", 0), inv.gpus[1].uuid: Holding("aaaa00000000", 1)}
+    assert indices(inv, allocate(inv, AllocationRequest(stages=4), held).stage_gpus) == [[4], [5], [6], [7]]
+    assert indices(inv, allocate(inv, AllocationRequest(stages=2), held).stage_gpus) == [[2], [3]]
+
+
+def test_nvlink_board_two_stages_of_four_gpus_are_the_two_quads() -> None:
+    inv = load("nvlink-8gpu.json")
+    p = allocate(inv, AllocationRequest(stages=2, per_stage=4), {})
+    assert indices(inv, p.stage_gpus) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert p.hop_levels == (8, 8)  # the closest pair between the quads: one NVLink
+
+
+# ---------------------------------------------------------------- two-socket PCIe box, GPU 0 busy
+def test_pcie_box_keeps_both_stages_on_one_socket_around_a_busy_gpu() -> None:
+    inv = load("pcie-2socket-4gpu.json")
+    p = allocate(inv, AllocationRequest(stages=2), {})
+    assert indices(inv, p.stage_gpus) == [[2], [3]]  # not [1], [2]: that would cross the sockets
+    assert p.hop_levels == (10, 10)
+
+
+def test_pcie_box_allow_shared_uses_the_busy_gpu() -> None:
+    inv = load("pcie-2socket-4gpu.json")
+    p = allocate(inv, AllocationRequest(stages=2, allow_shared=True), {})
+    assert indices(inv, p.stage_gpus) == [[0], [1]]
+
+
+def test_pcie_box_too_few_gpus_names_need_free_and_why() -> None:
+    inv = load("pcie-2socket-4gpu.json")
+    held = {inv.gpus[3].uuid: Holding("bbbb00000000", 1)}
+    with pytest.raises(errors.NotEnoughGpus) as exc:
+        allocate(inv, AllocationRequest(stages=2, per_stage=2), held)
+    assert str(exc.value) == (
+        "not enough GPUs: 2 stages x 2 need 4, 2 free of 4\n"
+        f"  GPU 0 ({inv.gpus[0].uuid}) busy: pid 4242 using 1024 MiB\n"
+        f"  GPU 3 ({inv.gpus[3].uuid}) held by pp-launch run bbbb00000000 stage 1\n"
+        "Free GPUs, use --allow-shared, or run with --gpus none for CPU stages."
+    )
+    assert exc.value.exit_code == 2
+
+
+def test_min_free_memory_filters_with_its_reason() -> None:
+    inv = load("pcie-2socket-4gpu.json")
+    with pytest.raises(errors.NotEnoughGpus) as exc:
+        allocate(inv, AllocationRequest(stages=4, allow_shared=True, min_free_mib=45000), {})
+    assert "GPU 0 (" in str(exc.value)
+    assert "filtered out by --min-free-mem: 44532 MiB free, 45000 MiB asked" in str(exc.value)
+
+
+# ---------------------------------------------------------------- MIG
+def test_mig_devices_are_units_of_their_own_and_busy_ones_are_skipped() -> None:
+    inv = load("mig-2gpu.json")
+    assert [u.label for u in units(inv)] == ["GPU 0 MIG 0", "GPU 0 MIG 1", "GPU 0 MIG 2", "GPU 1"]
+    p = allocate(inv, AllocationRequest(stages=3), {})
+    assert p.stage_gpus == (
+        ("MIG-aaaaaaaa-0000-4000-8000-000000000001",),
+        ("MIG-aaaaaaaa-0000-4000-8000-000000000003",),
+        (inv.gpus[1].uuid,),
+    )
+    assert p.hop_levels == (0, 30, 30)
+
+
+def test_mig_explicit_index_picks_a_free_mig_device_of_that_gpu() -> None:
+    inv = load("mig-2gpu.json")
+    p = allocate(inv, AllocationRequest(stages=2, explicit=("1", "0")), {})
+    assert p.stage_gpus == ((inv.gpus[1].uuid,), ("MIG-aaaaaaaa-0000-4000-8000-000000000001",))
+
+
+# ---------------------------------------------------------------- CUDA_VISIBLE_DEVICES and explicit lists
+def test_cuda_visible_devices_as_indices() -> None:
+    inv = load("pcie-2socket-4gpu.json")
+    p = allocate(inv, AllocationRequest(stages=2, visible=parse_visible("1,2")), {})
+    assert indices(inv, p.stage_gpus) == [[1], [2]]
+    assert p.hop_levels == (50, 50)
+
+
+def test_cuda_visible_devices_as_uuids_and_the_filter_reason() -> None:
+    inv = load("pcie-2socket-4gpu.json")
+    visible = parse_visible(f"{inv.gpus[1].uuid},{inv.gpus[3].uuid}")
+    assert indices(inv, allocate(inv, AllocationRequest(stages=2, visible=visible), {}).stage_gpus) == [[1], [3]]
+    with pytest.raises(errors.NotEnoughGpus) as exc:
+        allocate(inv, AllocationRequest(stages=3, visible=visible), {})
+    assert f"GPU 2 ({inv.gpus[2].uuid}) filtered out by CUDA_VISIBLE_DEVICES" in str(exc.value)
+
+
+def test_empty_cuda_visible_devices_means_none() -> None:
+    assert parse_visible("") == ()
+    assert parse_visible(None) is None
+    inv = load("plain-4gpu.json")
+    with pytest.raises(errors.NotEnoughGpus):
+        allocate(inv, AllocationRequest(stages=1, visible=()), {})
+
+
+def test_explicit_list_is_used_in_stage_order() -> None:
+    inv = load("plain-4gpu.json")
+    p = allocate(inv, AllocationRequest(stages=2, per_stage=2, explicit=("3", inv.gpus[0].uuid, "2", "1")), {})
+    assert indices(inv, p.stage_gpus) == [[3, 0], [2, 1]]
+
+
+@pytest.mark.parametrize(
+    ("explicit", "message"),
+    [
+        (("0",), "--gpus lists 1 GPUs but 2 stages x 1 need 2"),
+        (("2", "9"), "--gpus names '9', which is no GPU on this host"),
+        (("1", "1"), "which is listed twice"),
+        (("0", "1"), "(GPU 0, GPU-00000000-0000-4000-8000-00000002c779), which is busy: pid 4242 using 1024 MiB"),
+    ],
+)
+def test_explicit_list_errors(explicit: tuple[str, ...], message: str) -> None:
+    inv = load("pcie-2socket-4gpu.json")
+    with pytest.raises(errors.ConfigError) as exc:
+        allocate(inv, AllocationRequest(stages=2, explicit=explicit), {})
+    assert message in str(exc.value)
+
+
+def test_no_topology_means_bus_id_order() -> None:
+    gpus = tuple(Gpu(index=i, uuid=f"GPU-{i}", pci_bus_id=f"00000000:{0x40 - i:02X}:00.0") for i in range(4))
+    p = allocate(GpuInventory(gpus=gpus), AllocationRequest(stages=2), {})
+    assert p.stage_gpus == (("GPU-3",), ("GPU-2",))  # lowest bus ids
+    assert p.hop_levels == (None, None)
+
+
+# ---------------------------------------------------------------- property test
+@st.composite
+def scenarios(draw: st.DrawFn) -> tuple[GpuInventory, AllocationRequest, dict[str, Holding]]:
+    n = draw(st.integers(1, 8))
+    levels = st.sampled_from([10, 20, 30, 40, 50])
+    topo = [[0] * n for _ in range(n)]
+    for i in range(n):
+        for j in range(i + 1, n):
+            topo[i][j] = topo[j][i] = draw(levels)
+    gpus = []
+    for i in range(n):
+        busy = draw(st.booleans())
+        gpus.append(
+            Gpu(
+                index=i,
+                uuid=f"GPU-{i:04d}",
+                pci_bus_id=f"00000000:{draw(st.integers(0, 255)):02X}:{i:02X}.0",
+                memory_total_mib=1000,
+                memory_used_mib=draw(st.integers(0, 1000)),
+                processes=(GpuProcess(1000 + i, 10),) if busy else (),
+            )
+        )
+    inv = GpuInventory(gpus=tuple(gpus), topology=tuple(tuple(r) for r in topo))
+    held = {f"GPU-{i:04d}": Holding("r", i) for i in range(n) if draw(st.booleans()) and draw(st.booleans())}
+    visible = draw(st.none() | st.lists(st.integers(0, n - 1), unique=True).map(lambda xs: tuple(map(str, xs))))
+    request = AllocationRequest(
+        stages=draw(st.integers(1, 4)),
+        per_stage=draw(st.integers(1, 2)),
+        visible=visible,
+        allow_shared=draw(st.booleans()),
+        min_free_mib=draw(st.none() | st.integers(0, 1000)),
+    )
+    return inv, request, held
+
+
+def _excluded(inv: GpuInventory, req: AllocationRequest, held: dict[str, Holding], gpu: Gpu) -> bool:
+    """The rule, stated independently: filters always apply; sharing lifts only "held" and "busy"."""
+    if req.visible is not None and str(gpu.index) not in req.visible:
+        return True
+    free = gpu.memory_free_mib
+    if req.min_free_mib is not None and (free is None or free < req.min_free_mib):
+        return True
+    return not req.allow_shared and (gpu.uuid in held or bool(gpu.processes))
+
+
+@settings(max_examples=300, deadline=None)
+@given(scenarios())
+def test_no_gpu_twice_no_excluded_gpu_and_the_same_plan_every_time(
+    scenario: tuple[GpuInventory, AllocationRequest, dict[str, Holding]],
+) -> None:
+    inv, req, held = scenario
+    allowed = [g for g in inv.gpus if not _excluded(inv, req, held, g)]
+    need = req.stages * req.per_stage
+    if len(allowed) < need:
+        with pytest.raises(errors.NotEnoughGpus):
+            allocate(inv, req, held)
+        return
+    p = allocate(inv, req, held)
+    given_out = [u for s in p.stage_gpus for u in s]
+    assert len(given_out) == need == len(set(given_out))
+    assert all(len(s) == req.per_stage for s in p.stage_gpus)
+    assert set(given_out) <= {g.uuid for g in allowed}
+    assert allocate(inv, req, held) == p
