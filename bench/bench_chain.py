@@ -10,13 +10,14 @@ run`. pp-launch's time from spawning the launcher process (interpreter start and
 reported too. Teardown: from SIGTERM to the launcher's exit, which comes only after the engine confirmed
 every container gone.
 
-Usage: python bench/bench_chain.py [--stages 1,4,8,16] [--grace 2] [--repeats 3] [--out bench/results/chain.md]
+Usage: python bench/bench_chain.py [--stages 1,4,8,16] [--grace 2] [--repeats 3] [--out FILE.md]
 Only loopback traffic; stops by itself; removes whatever the baseline leaves behind after counting it.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -48,10 +49,8 @@ def leftovers(client: docker.DockerClient, run: str) -> list[str]:
 
 def reap(client: docker.DockerClient, run: str) -> None:
     for c in client.containers.list(all=True, filters={"label": f"pp-launch.run={run}"}):
-        try:
+        with contextlib.suppress(docker.errors.NotFound):
             c.remove(force=True)
-        except docker.errors.NotFound:
-            pass
 
 
 def wait_gone(client: docker.DockerClient, run: str, timeout: float) -> None:
@@ -74,9 +73,24 @@ def baseline(client: docker.DockerClient, n: int, grace: float, ignore: bool) ->
             env += ["-e", f"PEER_NODE_ID={prev[0]}", "-e", f"PEER_DIRECT={prev[1]}"]
             env += ["-e", f"FIRST_PEER_NODE_ID={first[0]}", "-e", f"FIRST_PEER_DIRECT={first[1]}"]
         child = subprocess.Popen(
-            ["docker", "run", "--rm", "--init", "--network", "host", "--label", f"pp-launch.run={run}",
-             "--label", "pp-launch.owner=bench-baseline", *env, IMAGE],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, text=True,
+            [
+                "docker",
+                "run",
+                "--rm",
+                "--init",
+                "--network",
+                "host",
+                "--label",
+                f"pp-launch.run={run}",
+                "--label",
+                "pp-launch.owner=bench-baseline",
+                *env,
+                IMAGE,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL,
+            text=True,
         )
         children.append(child)
         assert child.stdout is not None
@@ -104,13 +118,27 @@ def baseline(client: docker.DockerClient, n: int, grace: float, ignore: bool) ->
 
 
 def ours(client: docker.DockerClient, n: int, grace: float, ignore: bool) -> Sample:
-    args = [sys.executable, "-m", "pp_launch", "chain", "--stages", str(n), "--json", "--gpus", "none",
-            "--grace", str(grace), "--env", "STUB_MODE=hold"]
+    args = [
+        sys.executable,
+        "-m",
+        "pp_launch",
+        "chain",
+        "--stages",
+        str(n),
+        "--json",
+        "--gpus",
+        "none",
+        "--grace",
+        str(grace),
+        "--env",
+        "STUB_MODE=hold",
+    ]
     if ignore:
         args += ["--env", "STUB_IGNORE_SIGTERM=1"]
     t0 = time.monotonic()
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
-                            text=True)
+    proc = subprocess.Popen(
+        args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, text=True
+    )
     assert proc.stdout is not None
     run = None
     first_request = roster = 0.0
@@ -160,12 +188,25 @@ def main() -> int:
                 "ours_left": max(s.left for s in o),
             }
             rows.append(row)
-            print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
-    header = (
-        "| stages | SIGTERM | bring-up baseline s | bring-up pp-launch s | ratio | pp-launch incl. start-up s "
-        "| ratio | teardown baseline s | teardown pp-launch s | ratio | left: baseline | left: pp-launch |\n"
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
-    )
+            print(
+                json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}),
+                flush=True,
+            )
+    columns = [
+        "stages",
+        "SIGTERM",
+        "bring-up baseline s",
+        "bring-up pp-launch s",
+        "ratio",
+        "pp-launch incl. start-up s",
+        "ratio",
+        "teardown baseline s",
+        "teardown pp-launch s",
+        "ratio",
+        "left: baseline",
+        "left: pp-launch",
+    ]
+    header = "| " + " | ".join(columns) + " |\n|---:|---|" + "---:|" * (len(columns) - 2)
     lines = [header]
     for r in rows:
         lines.append(

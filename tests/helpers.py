@@ -73,7 +73,7 @@ class Launcher:
             line = raw.decode("utf-8", "backslashreplace").rstrip("\n")
             with self._cond:
                 self.stdout_lines.append(line)
-                if line.startswith("{"):
+                if line.startswith("{") and line.endswith("}"):
                     self.events.append(json.loads(line))
                 self._cond.notify_all()
 

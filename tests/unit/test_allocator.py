@@ -120,7 +120,10 @@ def test_cuda_visible_devices_as_indices() -> None:
 def test_cuda_visible_devices_as_uuids_and_the_filter_reason() -> None:
     inv = load("pcie-2socket-4gpu.json")
     visible = parse_visible(f"{inv.gpus[1].uuid},{inv.gpus[3].uuid}")
-    assert indices(inv, allocate(inv, AllocationRequest(stages=2, visible=visible), {}).stage_gpus) == [[1], [3]]
+    assert indices(inv, allocate(inv, AllocationRequest(stages=2, visible=visible), {}).stage_gpus) == [
+        [1],
+        [3],
+    ]
     with pytest.raises(errors.NotEnoughGpus) as exc:
         allocate(inv, AllocationRequest(stages=3, visible=visible), {})
     assert f"GPU 2 ({inv.gpus[2].uuid}) filtered out by CUDA_VISIBLE_DEVICES" in str(exc.value)
@@ -136,7 +139,9 @@ def test_empty_cuda_visible_devices_means_none() -> None:
 
 def test_explicit_list_is_used_in_stage_order() -> None:
     inv = load("plain-4gpu.json")
-    p = allocate(inv, AllocationRequest(stages=2, per_stage=2, explicit=("3", inv.gpus[0].uuid, "2", "1")), {})
+    p = allocate(
+        inv, AllocationRequest(stages=2, per_stage=2, explicit=("3", inv.gpus[0].uuid, "2", "1")), {}
+    )
     assert indices(inv, p.stage_gpus) == [[3, 0], [2, 1]]
 
 
@@ -146,7 +151,10 @@ def test_explicit_list_is_used_in_stage_order() -> None:
         (("0",), "--gpus lists 1 GPUs but 2 stages x 1 need 2"),
         (("2", "9"), "--gpus names '9', which is no GPU on this host"),
         (("1", "1"), "which is listed twice"),
-        (("0", "1"), "(GPU 0, GPU-00000000-0000-4000-8000-00000002c779), which is busy: pid 4242 using 1024 MiB"),
+        (
+            ("0", "1"),
+            "(GPU 0, GPU-00000000-0000-4000-8000-00000002c779), which is busy: pid 4242 using 1024 MiB",
+        ),
     ],
 )
 def test_explicit_list_errors(explicit: tuple[str, ...], message: str) -> None:
@@ -187,7 +195,9 @@ def scenarios(draw: st.DrawFn) -> tuple[GpuInventory, AllocationRequest, dict[st
         )
     inv = GpuInventory(gpus=tuple(gpus), topology=tuple(tuple(r) for r in topo))
     held = {f"GPU-{i:04d}": Holding("r", i) for i in range(n) if draw(st.booleans()) and draw(st.booleans())}
-    visible = draw(st.none() | st.lists(st.integers(0, n - 1), unique=True).map(lambda xs: tuple(map(str, xs))))
+    visible = draw(
+        st.none() | st.lists(st.integers(0, n - 1), unique=True).map(lambda xs: tuple(map(str, xs)))
+    )
     request = AllocationRequest(
         stages=draw(st.integers(1, 4)),
         per_stage=draw(st.integers(1, 2)),

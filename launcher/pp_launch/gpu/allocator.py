@@ -152,7 +152,8 @@ def _why_not(
     foreign = [p for p in unit.processes or () if p.pid not in request.own_pids]
     if foreign:
         procs = ", ".join(
-            f"pid {p.pid}" + ("" if p.used_memory_mib is None else f" using {p.used_memory_mib} MiB") for p in foreign
+            f"pid {p.pid}" + ("" if p.used_memory_mib is None else f" using {p.used_memory_mib} MiB")
+            for p in foreign
         )
         return f"busy: {procs}"
     return None

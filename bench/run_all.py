@@ -1,0 +1,21 @@
+"""Run every benchmark under bench/, one after another, and fail if any of them fails."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+BENCHES = ["bench_chain.py"]
+
+
+def main() -> int:
+    here = Path(__file__).parent
+    failed = [b for b in BENCHES if subprocess.call([sys.executable, str(here / b), *sys.argv[1:]]) != 0]
+    if failed:
+        print(f"failed: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,192 @@
+"""The CLI through CliRunner: help everywhere, flag errors, gpus and dry runs on inventory files.
+
+No Docker needed: dry runs and `gpus` work without an engine (and say so)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from pp_launch.cli import main
+
+DATA = Path(__file__).parent.parent / "data"
+NO_ENGINE = {"DOCKER_HOST": "unix:///nonexistent/docker.sock", "PP_LAUNCH_GPU_INVENTORY": ""}
+
+
+def run(*args: str, env: dict[str, str] | None = None) -> click.testing.Result:
+    return CliRunner().invoke(main, list(args), env={**NO_ENGINE, **(env or {})}, catch_exceptions=False)
+
+
+def all_commands(group: click.Group, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    out = [path]
+    for name, cmd in group.commands.items():
+        out += all_commands(cmd, (*path, name)) if isinstance(cmd, click.Group) else [(*path, name)]
+    return out
+
+
+@pytest.mark.parametrize("path", all_commands(main))
+def test_every_command_has_help_with_an_example(path: tuple[str, ...]) -> None:
+    result = run(*path, "--help")
+    assert result.exit_code == 0
+    command = main
+    for name in path:
+        command = command.commands[name]  # type: ignore[attr-defined]
+    if not isinstance(command, click.Group) or command is main:
+        assert "Example" in result.output
+    assert len(result.output.splitlines()) > 3
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--stages", "0"), "Invalid value for '--stages'"),
+        (("--grace", "-1"), "Invalid value for '--grace'"),
+        (("--gpu-attach", "magic"), "Invalid value for '--gpu-attach'"),
+        (("--env", "1BAD=x"), "'1BAD=x' is not NAME=VALUE"),
+        (("--env", "STAGE=3"), "STAGE is set by pp-launch itself"),
+        (("--stage-env", "5:A=b"), "stage 5 does not exist (--stages 2)"),
+        (("--stage-env", "A=b"), "'A=b' is not K:NAME=VALUE"),
+    ],
+)
+def test_bad_flags_are_usage_errors(args: tuple[str, ...], message: str) -> None:
+    result = run("chain", *args, "--dry-run")
+    assert result.exit_code == 2
+    assert message in result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--image", "Bad Image!"), "--image 'Bad Image!' is not a valid image reference"),
+        (("--name", "-x"), "--name '-x' is not a valid container name prefix"),
+        (("--gpus", "all"), "--gpus all asks for GPUs, but NVML not found: no NVIDIA driver on this host"),
+    ],
+)
+def test_configuration_errors_are_exit_2_with_one_plain_message(args: tuple[str, ...], message: str) -> None:
+    result = run("chain", *args, "--dry-run")
+    assert result.exit_code == 2
+    assert result.output.startswith(f"pp-launch: error: {message}")
+    assert len(result.output.strip().splitlines()) == 1
+
+
+def test_dry_run_json_is_the_whole_plan_with_placeholders() -> None:
+    result = run(
+        "chain",
+        "--stages",
+        "3",
+        "--dry-run",
+        "--json",
+        "--gpu-inventory",
+        str(DATA / "pcie-2socket-4gpu.json"),
+        "--env",
+        "MAX_TOKENS=9",
+        "--stage-env",
+        "1:EXTRA=yes",
+        env={"SWACTOR_DIAG_X": "1"},
+    )
+    assert result.exit_code == 0
+    doc = json.loads(result.output)
+    assert len(doc["run"]) == 12
+    s0, s1, s2 = doc["stages"]
+    assert s0["gpus"] == ["GPU-00000001-0000-4000-8000-00000002e668"]  # GPU 0 is busy
+    assert s0["env"]["NVIDIA_VISIBLE_DEVICES"] == s0["gpus"][0]
+    assert s0["device_requests"] == [
+        {"Driver": "", "Count": 0, "DeviceIDs": s0["gpus"], "Capabilities": [["gpu"]], "Options": {}}
+    ]
+    assert s0["labels"] == {
+        "pp-launch.run": doc["run"],
+        "pp-launch.stage": "0",
+        "pp-launch.owner": s0["labels"]["pp-launch.owner"],
+        "pp-launch.gpus": s0["gpus"][0],
+    }
+    assert (
+        "PEER_DIRECT" not in s0["env"]
+        and s0["env"]["SWACTOR_DIAG_X"] == "1"
+        and s0["env"]["MAX_TOKENS"] == "9"
+    )
+    assert s1["env"]["PEER_NODE_ID"] == "<from stage 0>" and s2["env"]["PEER_DIRECT"] == "<from stage 1>"
+    assert s2["env"]["FIRST_PEER_DIRECT"] == "<from stage 0>"
+    assert s1["env"]["EXTRA"] == "yes" and "EXTRA" not in s2["env"]
+    assert [h["topology_level"] for h in doc["hops"]] == [
+        50,
+        10,
+        50,
+    ]  # 1 -> 2 -> 3 -> 1: socket 1's pair adjacent
+    assert "warning" in doc  # no engine: running containers' GPUs were not checked
+
+
+@pytest.mark.parametrize(
+    ("attach", "requests"),
+    [
+        (
+            "cdi",
+            [
+                {
+                    "Driver": "cdi",
+                    "Count": 0,
+                    "DeviceIDs": ["nvidia.com/gpu=GPU-00000000-0000-4000-8000-000000001eef"],
+                    "Capabilities": [],
+                    "Options": {},
+                }
+            ],
+        ),
+        ("env", []),
+    ],
+)
+def test_gpu_attach_modes(attach: str, requests: list[object]) -> None:
+    result = run(
+        "chain",
+        "--stages",
+        "1",
+        "--dry-run",
+        "--json",
+        "--gpu-attach",
+        attach,
+        "--gpu-inventory",
+        str(DATA / "plain-4gpu.json"),
+    )
+    stage = json.loads(result.output)["stages"][0]
+    assert stage["device_requests"] == requests
+    assert stage["env"]["NVIDIA_VISIBLE_DEVICES"] == "GPU-00000000-0000-4000-8000-000000001eef"
+
+
+def test_no_driver_means_cpu_stages_said_plainly() -> None:
+    result = run("chain", "--dry-run", "--json")
+    doc = json.loads(result.output)
+    assert [s["env"]["NVIDIA_VISIBLE_DEVICES"] for s in doc["stages"]] == ["void", "void"]
+    assert [s["labels"]["pp-launch.gpus"] for s in doc["stages"]] == ["", ""]
+    assert doc["note"] == "no GPU found (NVML not found: no NVIDIA driver on this host): stages run on CPU"
+
+
+def test_not_enough_gpus_is_exit_2_naming_each_gpu() -> None:
+    result = run(
+        "chain", "--stages", "4", "--dry-run", "--gpu-inventory", str(DATA / "pcie-2socket-4gpu.json")
+    )
+    assert result.exit_code == 2
+    assert "not enough GPUs: 4 stages x 1 need 4, 3 free of 4" in result.output
+    assert "busy: pid 4242 using 1024 MiB" in result.output
+
+
+def test_gpus_without_a_driver_is_one_line_and_exit_0() -> None:
+    result = run("gpus")
+    assert result.exit_code == 0
+    assert result.output.strip() == "NVML not found: no NVIDIA driver on this host"
+
+
+def test_gpus_table_json_and_record(tmp_path: Path) -> None:
+    inv = str(DATA / "pcie-2socket-4gpu.json")
+    table = run("gpus", "--gpu-inventory", inv)
+    assert table.exit_code == 0
+    lines = table.output.splitlines()
+    assert lines[0].split()[:3] == ["idx", "uuid", "name"]
+    assert "4242(1024 MiB)" in lines[1] and "1536/46068" in lines[1]
+    assert lines[-1] == "driver 580.159.03, CUDA 13.0"
+    as_json = json.loads(run("gpus", "--json", "--gpu-inventory", inv).output)
+    assert as_json == json.loads(Path(inv).read_text())
+    out = tmp_path / "rec.json"
+    assert run("gpus", "--gpu-inventory", inv, "--record", str(out)).exit_code == 0
+    assert json.loads(out.read_text()) == as_json
