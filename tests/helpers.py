@@ -93,9 +93,7 @@ class Launcher:
                         return e
                 left = deadline - time.monotonic()
                 if left <= 0 or (self.proc.poll() is not None and not self._cond.wait(0.2)):
-                    raise AssertionError(
-                        f"no {name} {match} within {timeout}s; stderr:\n" + self.stderr_text()
-                    )
+                    raise AssertionError(f"no {name} {match} within {timeout}s; stderr:\n" + self.stderr_text())
                 self._cond.wait(min(left, 0.2))
 
     def events_named(self, name: str) -> list[dict[str, Any]]:
@@ -114,9 +112,7 @@ class Launcher:
             rc = self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-            raise AssertionError(
-                f"launcher still running after {timeout}s; stderr:\n" + self.stderr_text()
-            ) from None
+            raise AssertionError(f"launcher still running after {timeout}s; stderr:\n" + self.stderr_text()) from None
         time.sleep(0.05)  # let the reader threads drain the pipes
         return rc
 

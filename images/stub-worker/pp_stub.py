@@ -175,10 +175,16 @@ def announce(listener: Listener) -> None:
 
 def connect_ring(listener: Listener) -> tuple[socket.socket | None, socket.socket | None]:
     """(from predecessor, feedback to stage 0): stage k dials k-1; the last stage also dials stage 0."""
-    upstream = dial(ENV["PEER_DIRECT"], b"NEXT") if STAGE > 0 else None
+    peer, first = ENV.get("PEER_DIRECT"), ENV.get("FIRST_PEER_DIRECT")
+    if STAGE > 0 and (peer is None or first is None):
+        if ENV.get("STUB_MODE", "demo") == "hold":
+            log("no PEER_DIRECT/FIRST_PEER_DIRECT: holding without peers")
+            return None, None
+        fail(f"stage {STAGE} needs PEER_DIRECT and FIRST_PEER_DIRECT (set by pp-launch chain)", 2)
+    upstream = dial(peer, b"NEXT") if STAGE > 0 and peer else None
     feedback_out = None
-    if NUM_STAGES > 1 and STAGE == NUM_STAGES - 1:
-        feedback_out = dial(ENV["FIRST_PEER_DIRECT"], b"FEED")
+    if NUM_STAGES > 1 and STAGE == NUM_STAGES - 1 and first:
+        feedback_out = dial(first, b"FEED")
     return upstream, feedback_out
 
 

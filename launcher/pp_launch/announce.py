@@ -56,9 +56,7 @@ class StageAnnouncement:
             raise AnnouncementError(f"node id {shlex.quote(self.node_id_hex)} is not 64 lowercase hex digits")
         items = self.direct.split(",")
         if not all(_valid_hostport(item) for item in items):
-            raise AnnouncementError(
-                f"direct addresses {shlex.quote(self.direct)} are not host:port[,host:port...]"
-            )
+            raise AnnouncementError(f"direct addresses {shlex.quote(self.direct)} are not host:port[,host:port...]")
 
     @property
     def node_id_short(self) -> str:
@@ -79,9 +77,7 @@ def parse_line(line: str) -> StageAnnouncement | None:
         return None
     parts = text.split(" ")
     if len(parts) != 3 or parts[0] != PREFIX:
-        raise AnnouncementError(
-            f"malformed announcement {escape(text)}: expected '{PREFIX} <node_id> <direct>'"
-        )
+        raise AnnouncementError(f"malformed announcement {escape(text)}: expected '{PREFIX} <node_id> <direct>'")
     try:
         return StageAnnouncement(node_id_hex=parts[1], direct=parts[2])
     except AnnouncementError as exc:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 import sys
 from collections.abc import Callable, Iterator
@@ -14,8 +15,9 @@ from typing import Any, TypeVar
 
 import click
 
-from . import __version__, errors, images, labels, launch
+from . import __version__, errors, images, labels, launch, sweep
 from .chain.plan import BUILTIN_IMAGE, ChainRequest
+from .chain.ports import QueueInbox, StopRequested
 from .chain.scope import ChainScope
 from .docker_engine import connect
 from .gpu import select as gpu_select
@@ -83,9 +85,7 @@ def gpu_options(f: F) -> F:
             help="request: engine device requests; cdi: CDI device names; env: only "
             "NVIDIA_VISIBLE_DEVICES (NVIDIA default runtime, or CPU-only test hosts).",
         ),
-        click.option(
-            "--allow-shared", is_flag=True, help="Also use GPUs that other processes or runs are using."
-        ),
+        click.option("--allow-shared", is_flag=True, help="Also use GPUs that other processes or runs are using."),
         click.option(
             "--min-free-mem",
             type=click.IntRange(min=0),
@@ -132,9 +132,7 @@ def _parse_stage_env(values: tuple[str, ...], stages: int) -> tuple[tuple[int, s
         if not sep or not k.isdigit():
             raise click.BadParameter(f"{v!r} is not K:NAME=VALUE", param_hint="--stage-env")
         if int(k) >= stages:
-            raise click.BadParameter(
-                f"{v!r}: stage {k} does not exist (--stages {stages})", param_hint="--stage-env"
-            )
+            raise click.BadParameter(f"{v!r}: stage {k} does not exist (--stages {stages})", param_hint="--stage-env")
         try:
             name, value = parse_assignment(assignment)
         except ValueError as exc:
@@ -155,14 +153,11 @@ def _parse_stage_env(values: tuple[str, ...], stages: int) -> tuple[tuple[int, s
     "--image",
     default=BUILTIN_IMAGE,
     show_default=True,
-    help="Stage image; must be present locally (pp-launch never pulls). The built-in one is built "
-    "on first use.",
+    help="Stage image; must be present locally (pp-launch never pulls). The built-in one is built on first use.",
 )
 @gpu_options
 @click.option("--network", default="host", show_default=True, help="Network mode of every stage container.")
-@click.option(
-    "--name", "name_prefix", metavar="PREFIX", help="Containers are named PREFIX-K [default: pp-RUNID]."
-)
+@click.option("--name", "name_prefix", metavar="PREFIX", help="Containers are named PREFIX-K [default: pp-RUNID].")
 @click.option("--env", "env", multiple=True, metavar="NAME=VALUE", help="Set a variable in every stage.")
 @click.option("--stage-env", multiple=True, metavar="K:NAME=VALUE", help="Set a variable in stage K only.")
 @click.option(
@@ -181,12 +176,15 @@ def _parse_stage_env(values: tuple[str, ...], stages: int) -> tuple[tuple[int, s
     metavar="S",
     help="Each stage's budget between SIGTERM and SIGKILL at teardown (all stages at once).",
 )
-@click.option(
-    "--json", "as_json", is_flag=True, help="Events as JSON lines on stdout; stage lines on stderr."
-)
+@click.option("--json", "as_json", is_flag=True, help="Events as JSON lines on stdout; stage lines on stderr.")
 @click.option("--dry-run", is_flag=True, help="Print the plan (GPUs, env, labels) and start nothing.")
+@click.option("--detach", is_flag=True, help="Bring the chain up, print the roster, exit 0; 'pp-launch down' ends it.")
 @click.option(
-    "--detach", is_flag=True, help="Bring the chain up, print the roster, exit 0; 'pp-launch down' ends it."
+    "--gpu-node",
+    type=click.Path(exists=True, dir_okay=False),
+    metavar="PATH",
+    help="Run each stage as the child process PATH (pp-gpu-node, or wrappers/docker-gpu-node.sh) instead of "
+    "creating its container directly.",
 )
 @click.pass_context
 def chain(
@@ -208,6 +206,7 @@ def chain(
     as_json: bool,
     dry_run: bool,
     detach: bool,
+    gpu_node: str | None,
 ) -> None:
     """Start STAGES stages one after another and supervise them until they end.
 
@@ -233,18 +232,17 @@ def chain(
         grace=grace,
         lifeline=not detach,
     )
+    if detach and gpu_node:
+        raise click.UsageError("--detach and --gpu-node do not go together: child processes end with the launcher")
     gpu = launch.GpuOptions(gpus, gpus_per_stage, gpu_attach, gpu_inventory, allow_shared, min_free_mem)
     with mapped_errors():
         if dry_run:
             _dry_run(request, gpu, as_json)
             return
         engine = connect()
-        say = (
-            (lambda t: click.echo(f"pp-launch: {t}", err=True))
-            if verbosity >= 0 or as_json
-            else (lambda t: None)
-        )
+        say = (lambda t: click.echo(f"pp-launch: {t}", err=True)) if verbosity >= 0 or as_json else (lambda t: None)
         launch.ensure_image(engine, image, say)
+        launch.sweep_dead_owners(engine, say)
         owner = labels.OWNER_DETACHED if detach else None
         plan, note = launch.plan_chain(request, gpu, engine, owner=owner)
     if note:
@@ -258,7 +256,7 @@ def chain(
     holder: list[ChainScope] = []
     with forwarded_signals(lambda signum: holder[0].request_stop(signum) if holder else None):
         try:
-            outcome = launch.run_chain(plan, engine, reporter, holder.append, detach=detach)
+            outcome = launch.run_chain(plan, engine, reporter, holder.append, detach=detach, gpu_node=gpu_node)
         finally:
             reporter.close()
     if outcome.reason == "detached":
@@ -342,9 +340,7 @@ def _progress_printer() -> Callable[[str], None]:
     envvar=gpu_select.INVENTORY_ENV,
     help="Read this inventory file instead of NVML.",
 )
-@click.option(
-    "--record", type=click.Path(dir_okay=False), metavar="FILE", help="Write the inventory to FILE."
-)
+@click.option("--record", type=click.Path(dir_okay=False), metavar="FILE", help="Write the inventory to FILE.")
 def gpus(as_json: bool, gpu_inventory: str | None, record: str | None) -> None:
     """Show the GPUs NVML sees: memory, utilization, processes, and which pp-launch run holds each.
 
@@ -371,3 +367,119 @@ def gpus(as_json: bool, gpu_inventory: str | None, record: str | None) -> None:
         click.echo(render_table(inventory, held))
     if record:
         click.echo(f"recorded {len(inventory.gpus)} GPUs to {record}", err=True)
+
+
+@main.command("node", context_settings={"ignore_unknown_options": True})
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def node_command(args: tuple[str, ...]) -> None:
+    """Run one stage container in the foreground: the same as `pp-gpu-node`.
+
+    A drop-in for docker-gpu-node.sh, configured by the environment: STAGE (required), PP_IMAGE,
+    PP_CONTAINER_PREFIX, PP_DEV, PP_CACHE_DIR, PP_STAGE_NETWORK, PP_GPUS (all, N, device=0,2, device=GPU-...,
+    auto), PP_MODEL_CACHE_DIR, PP_ENTRYPOINT, PP_FORWARD_ENV, PP_STOP_GRACE. Output passes through unchanged;
+    the exit code is the container's (128+N after signal N). The container cannot outlive this process.
+    ARGS, if any, are the container's command, as docker-gpu-node.sh passed "$@".
+
+    \b
+    Example:
+      STAGE=0 NUM_STAGES=2 PP_IMAGE=pp-launch/stub-worker:latest pp-launch node
+    """
+    sys.exit(_run_node(args))
+
+
+def _run_node(args: tuple[str, ...]) -> int:
+    inbox = QueueInbox()
+    signals = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+    previous = {s: signal.signal(s, lambda signum, _f: inbox.put(StopRequested(signum))) for s in signals}
+    try:
+        return launch.run_node(os.environ, args, inbox, lambda text: click.echo(f"pp-gpu-node: {text}", err=True))
+    except errors.PpLaunchError as exc:
+        click.echo(f"pp-gpu-node: error: {exc}", err=True)
+        return exc.exit_code
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def gpu_node_main() -> None:
+    """The `pp-gpu-node` console script: environment as contract §9, arguments as the container's command."""
+    sys.exit(_run_node(tuple(sys.argv[1:])))
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per container.")
+def ps(as_json: bool) -> None:
+    """List pp-launch runs and their stages: run, stage, container, image, GPUs, owner, alive or gone, age.
+
+    \b
+    Example:
+      pp-launch ps
+    """
+    from .ps import list_stages, render
+
+    with mapped_errors():
+        rows = list_stages(connect())
+    if as_json:
+        for row in rows:
+            click.echo(json.dumps(row))
+    else:
+        click.echo(render(rows))
+
+
+@main.command()
+@click.argument("run_id", required=False)
+@click.option("--all", "all_runs", is_flag=True, help="Every pp-launch container, whatever its owner.")
+@click.option(
+    "--grace",
+    type=click.FloatRange(min=0),
+    default=5.0,
+    show_default=True,
+    metavar="S",
+    help="Budget between SIGTERM and SIGKILL, for all containers at once.",
+)
+def down(run_id: str | None, all_runs: bool, grace: float) -> None:
+    """Stop a run (or --all) with the chain's guarantees: SIGTERM, one grace, SIGKILL, removal confirmed.
+
+    Acts on containers with pp-launch labels only, of any owner (detached and compose runs included).
+
+    \b
+    Examples:
+      pp-launch down 3f2a9c1b7d00
+      pp-launch down --all --grace 2
+    """
+    if bool(run_id) == all_runs:
+        raise click.UsageError("name one RUN_ID, or --all")
+    selector = [labels.RUN] if all_runs else [f"{labels.RUN}={run_id}"]
+    with mapped_errors():
+        engine = connect()
+        targets = engine.containers(selector)
+        if not targets:
+            what = "no pp-launch containers" if all_runs else f"no containers of run {run_id}"
+            click.echo(f"pp-launch: nothing to stop ({what})", err=True)
+            return
+        names = ", ".join(c.name for c in targets)
+        click.echo(f"pp-launch: stopping {len(targets)} containers: {names}", err=True)
+        left = launch.teardown_containers(engine, selector, grace)
+    if left:
+        click.echo(f"pp-launch: error: still present after teardown: {', '.join(left)}", err=True)
+        sys.exit(errors.EXIT_FAILURE)
+    click.echo(f"pp-launch: stopped and removed {len(targets)} containers", err=True)
+
+
+@main.command()
+def gc() -> None:
+    """Remove containers whose launcher is gone (a process on this host that no longer runs).
+
+    Never touches detached or compose runs, runs of another host, or containers without pp-launch labels.
+    Every `chain` and `pp-gpu-node` does this by itself before it starts.
+
+    \b
+    Example:
+      pp-launch gc
+    """
+    with mapped_errors():
+        removed = sweep.gc(connect())
+    for c in removed:
+        click.echo(f"removed {c.name} (run {c.labels.get(labels.RUN)}; its owner {c.labels.get(labels.OWNER)} is gone)")
+    if not removed:
+        click.echo("nothing to collect", err=True)

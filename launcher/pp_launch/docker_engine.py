@@ -21,7 +21,6 @@ from typing import Any
 
 import docker
 import docker.errors
-import docker.types
 
 from . import errors, labels
 from .chain.plan import StageSpec
@@ -181,10 +180,12 @@ class Engine:
 class DockerStageBackend:
     """The chain's StageBackend on a Docker engine: tini as init, daemon-side auto-remove, host labels."""
 
-    def __init__(self, engine: Engine, max_line: int = 64 * 1024) -> None:
+    def __init__(self, engine: Engine, max_line: int = 64 * 1024, split_lines: bool = True) -> None:
+        """split_lines=False passes output on as it comes (pp-gpu-node: byte for byte, any line length)."""
         self.engine = engine
         self.api = engine.api
         self.max_line = max_line
+        self.split_lines = split_lines
 
     def create(self, spec: StageSpec, env: Mapping[str, str]) -> str:
         lifeline = env.get(LIFELINE) == "stdin"
@@ -192,11 +193,11 @@ class DockerStageBackend:
             init=True,
             auto_remove=True,
             network_mode=spec.network,
-            device_requests=[
-                docker.types.DeviceRequest(**_device_request_kwargs(r)) for r in spec.device_requests
-            ]
-            or None,
+            binds={m.host: {"bind": m.container, "mode": "ro" if m.read_only else "rw"} for m in spec.mounts} or None,
         )
+        if spec.device_requests:
+            # The engine's own JSON, as the docker CLI sends it (docker-py's DeviceRequest turns null into []).
+            host_config["DeviceRequests"] = [dict(r) for r in spec.device_requests]
         config = self.api.create_container_config(
             image=spec.image,
             command=list(spec.command) if spec.command else None,
@@ -262,6 +263,9 @@ class DockerStageBackend:
         splitters = {1: LineSplitter(self.max_line), 2: LineSplitter(self.max_line)}
         try:
             for stream, data in _frames(raw):
+                if not self.split_lines:
+                    sink(StageOutput(stage, _STREAMS[stream], data))  # type: ignore[arg-type]
+                    continue
                 for line in splitters[stream].feed(data):
                     sink(StageOutput(stage, _STREAMS[stream], line.data, continued=line.continued))  # type: ignore[arg-type]
         except OSError:
@@ -296,17 +300,6 @@ class DockerStageBackend:
 
     def leftovers(self, run_id: str) -> list[str]:
         return sorted(c.name for c in self.engine.containers([f"{labels.RUN}={run_id}"]))
-
-
-def _device_request_kwargs(request: Mapping[str, Any]) -> dict[str, Any]:
-    """Engine JSON shape (Driver, Count, DeviceIDs, Capabilities, Options) -> docker-py's keyword names."""
-    return {
-        "driver": request.get("Driver", ""),
-        "count": request.get("Count", 0),
-        "device_ids": list(request.get("DeviceIDs") or []),
-        "capabilities": [list(c) for c in request.get("Capabilities") or []],
-        "options": dict(request.get("Options") or {}),
-    }
 
 
 def _recv_exact(raw: socket.socket, n: int) -> bytes | None:

@@ -117,9 +117,7 @@ def build_base(engine: Engine, progress: Progress, recipe: BaseRecipe | None = N
             ],
         )
     except subprocess.CalledProcessError as exc:
-        raise errors.EngineError(
-            f"{exc.cmd[0]} failed with exit code {exc.returncode}; see the lines above"
-        ) from None
+        raise errors.EngineError(f"{exc.cmd[0]} failed with exit code {exc.returncode}; see the lines above") from None
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     return BuildResult(BASE_IMAGE, True)

@@ -5,18 +5,22 @@ The CLI parses and maps errors to exit codes; everything a program embedding pp-
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
+import signal
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from . import errors, images, labels
+from . import errors, images, labels, node, sweep, watchdog
 from .chain.plan import BUILTIN_IMAGE, ChainPlan, ChainRequest, build_plan, new_run_id
-from .chain.ports import QueueInbox
+from .chain.ports import QueueInbox, StageBackend
 from .chain.scope import ChainOutcome, ChainScope, Reporter
 from .docker_engine import DockerStageBackend, Engine
 from .gpu import select as gpu_select
 from .gpu.inventory import GpuInventory
+from .process_backend import ProcessStageBackend
 
 # docker's reference grammar, simplified: [host[:port]/]path[:tag][@sha256:digest], lowercase path
 _IMAGE_REF = re.compile(
@@ -33,9 +37,7 @@ def check_image_name(image: str) -> None:
 
 def check_name_prefix(prefix: str) -> None:
     if not _NAME_PREFIX.fullmatch(prefix):
-        raise errors.ConfigError(
-            f"--name {prefix!r} is not a valid container name prefix ([a-zA-Z0-9][a-zA-Z0-9_.-]*)"
-        )
+        raise errors.ConfigError(f"--name {prefix!r} is not a valid container name prefix ([a-zA-Z0-9][a-zA-Z0-9_.-]*)")
 
 
 @dataclass(frozen=True)
@@ -109,18 +111,150 @@ def ensure_image(engine: Engine, image: str, say: Callable[[str], None]) -> None
     images.build_all(engine, say)
 
 
+def sweep_dead_owners(engine: Engine, say: Callable[[str], None]) -> None:
+    """Before starting anything: remove what launchers that died on this host left behind, and say so."""
+    for c in sweep.gc(engine):
+        say(
+            f"removed {c.name} (run {c.labels.get(labels.RUN)}), left behind by {c.labels.get(labels.OWNER)}, "
+            "a launcher that is gone"
+        )
+
+
 def run_chain(
     plan: ChainPlan,
     engine: Engine,
     reporter: Reporter,
     on_scope: Callable[[ChainScope], None] = lambda scope: None,
     detach: bool = False,
+    gpu_node: str | None = None,
 ) -> ChainOutcome:
     """Run the chain to its end. `on_scope` receives the scope before anything starts (the CLI installs its
-    signal handlers there). The GPU reservation is released whatever happens."""
-    scope = ChainScope(plan, DockerStageBackend(engine), QueueInbox(), reporter, detach=detach)
+    signal handlers there). A watchdog removes the run's containers if this process dies; the GPU
+    reservation is released whatever happens."""
+    backend: StageBackend
+    if gpu_node is not None:
+        backend = ProcessStageBackend(
+            gpu_node,
+            plan.run_id,
+            plan.grace,
+            lambda run: [c.name for c in engine.containers([f"{labels.RUN}={run}"])],
+        )
+    else:
+        backend = DockerStageBackend(engine)
+    scope = ChainScope(plan, backend, QueueInbox(), reporter, detach=detach)
     on_scope(scope)
+    guard = None if detach else watchdog.spawn(plan.run_id, plan.grace)
     try:
         return scope.run()
     finally:
         gpu_select.Reservations(gpu_select.state_dir()).release(plan.run_id)
+        if guard is not None:
+            guard.stdin.close()  # type: ignore[union-attr]  # a clean end: the watchdog finds nothing and exits
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        try:
+            n = os.write(fd, view)
+        except BrokenPipeError:
+            return  # our reader is gone; the stage runs on until stopped (the lifeline covers our death)
+        view = view[n:]
+
+
+def run_node(environ: Mapping[str, str], args: tuple[str, ...], inbox: QueueInbox, say: Callable[[str], None]) -> int:
+    """pp-gpu-node: one stage container in the foreground; `args` become its command. Stop signals must
+    already be arriving in `inbox`."""
+    config = node.NodeConfig.from_env(environ, args)
+    from .docker_engine import connect
+
+    engine = connect()
+    if engine.image_labels(config.image) is None:
+        if config.image != BUILTIN_IMAGE:
+            raise errors.ImageMissing(
+                f"image {config.image} (PP_IMAGE) is not present on this engine, and pp-gpu-node never pulls. "
+                "Build it or load it ('docker load -i FILE') first."
+            )
+        ensure_image(engine, config.image, say)
+    sweep_dead_owners(engine, say)
+    _free_name(engine, config.name, say)
+    owner = labels.Owner.current().label()
+    gpus = config.gpus
+    run_id = config.run_id or new_run_id()
+    if gpus.auto:
+        choice = gpu_select.select(
+            mode="auto",
+            stages=1,
+            per_stage=1,
+            attach="request",
+            inventory=gpu_select.load_inventory(None),
+            engine_labels=lambda: live_gpu_labels(engine),
+            run_id=run_id,
+            owner=owner,
+            environ=environ,
+        )
+        uuids = choice.stage_gpus[0]
+        gpus = node.GpuRequest(choice.device_requests[0], ",".join(uuids) or "void", uuids)
+        if choice.note:
+            say(choice.note)
+    spec = dataclasses.replace(config, run_id=run_id).spec(environ, owner, gpus)
+    for m in spec.mounts:
+        os.makedirs(m.host, exist_ok=True)
+    guard = watchdog.spawn(run_id, config.grace)  # before the container exists: no moment is uncovered
+    backend = DockerStageBackend(engine, split_lines=False)
+    try:
+        ref = backend.create(spec, spec.env)
+        streams = {"stdout": 1, "stderr": 2}
+        supervisor = node.NodeSupervisor(
+            backend, inbox, lambda stream, data: _write_all(streams[stream], data), config.grace
+        )
+        return supervisor.run(ref, config.stage)
+    finally:
+        gpu_select.Reservations(gpu_select.state_dir()).release(run_id)
+        guard.stdin.close()  # type: ignore[union-attr]
+
+
+def _free_name(engine: Engine, name: str, say: Callable[[str], None]) -> None:
+    """A same-named container of a dead owner is removed; anyone else's is an error, never touched."""
+    owner = engine.container_owner(name)
+    if owner is None:
+        return
+    if owner == "":
+        raise errors.NameInUse(
+            f"container {name} exists and was not made by pp-launch; remove it yourself if it is stale "
+            f"(docker rm -f {name}) or choose another PP_CONTAINER_PREFIX"
+        )
+    if labels.owner_is_gone(owner):
+        engine.remove(name)
+        say(f"removed stale container {name}: its owner {owner} is gone")
+        return
+    raise errors.NameInUse(
+        f"container {name} is in use by a live owner ({owner}); it was left untouched. Stop that run first "
+        "or choose another PP_CONTAINER_PREFIX"
+    )
+
+
+def teardown_containers(engine: Engine, selector: list[str], grace: float, kill_wait: float = 15.0) -> list[str]:
+    """`pp-launch down`: the chain's guarantees for containers found by label. SIGTERM to all at once, one
+    shared grace, SIGKILL through the engine, removal confirmed by the engine. Returns what is left."""
+    targets = engine.containers(selector)
+    for c in targets:
+        if c.state == "running":
+            engine.signal(c.id, signal.SIGTERM)
+
+    def running() -> list[str]:
+        return [c.id for c in engine.containers(selector) if c.state == "running"]
+
+    deadline = time.monotonic() + grace
+    while running() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for ref in running():
+        engine.signal(ref, signal.SIGKILL)
+    deadline = time.monotonic() + kill_wait
+    while engine.containers(selector) and time.monotonic() < deadline:
+        left = engine.containers(selector)
+        if all(c.state in ("exited", "created", "dead") for c in left):
+            for c in left:  # not auto-removed (never started, or made without it): remove by force
+                engine.remove(c.id)
+        time.sleep(0.1)
+    return [c.name for c in engine.containers(selector)]

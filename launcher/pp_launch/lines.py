@@ -60,6 +60,4 @@ def display(data: bytes) -> str:
     text = data.decode("utf-8", errors="backslashreplace").rstrip("\r")
     if text.isprintable() or all(c == "\t" or c.isprintable() for c in text):
         return text
-    return "".join(
-        c if c == "\t" or c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text
-    )
+    return "".join(c if c == "\t" or c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)

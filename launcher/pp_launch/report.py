@@ -59,9 +59,7 @@ class JsonReporter:
 class PlainReporter:
     """Line-oriented output for logs and pipes. verbosity: -1 quiet (no stage lines), 0 normal, 1 verbose."""
 
-    def __init__(
-        self, run_id: str, verbosity: int = 0, out: TextIO | None = None, err: TextIO | None = None
-    ) -> None:
+    def __init__(self, run_id: str, verbosity: int = 0, out: TextIO | None = None, err: TextIO | None = None) -> None:
         self.run_id = run_id
         self.verbosity = verbosity
         self.out = out or sys.stdout
@@ -83,9 +81,7 @@ class PlainReporter:
             gpus = ",".join(fields["gpus"]) or "no GPU"
             self._say(f"stage {fields['stage']} started: {fields['container']} ({fields['image']}, {gpus})")
         elif name == events.STAGE_ANNOUNCED:
-            self._say(
-                f"stage {fields['stage']} announced {fields['direct']} after {fields['elapsed_s']:.2f} s"
-            )
+            self._say(f"stage {fields['stage']} announced {fields['direct']} after {fields['elapsed_s']:.2f} s")
         elif name == events.ROSTER:
             roster = " ".join(f"{e['stage_index']}:{e['node_id_short']}" for e in fields["stages"])
             self._say(f"roster of run {self.run_id}: {roster}")

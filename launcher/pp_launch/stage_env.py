@@ -71,12 +71,7 @@ def peer_placeholders(stage: int) -> dict[str, str]:
 def parse_assignment(text: str) -> tuple[str, str]:
     """NAME=VALUE, NAME a valid variable name; ValueError with a message otherwise."""
     name, sep, value = text.partition("=")
-    if (
-        not sep
-        or not name
-        or not (name[0].isalpha() or name[0] == "_")
-        or not name.replace("_", "a").isalnum()
-    ):
+    if not sep or not name or not (name[0].isalpha() or name[0] == "_") or not name.replace("_", "a").isalnum():
         raise ValueError(f"{text!r} is not NAME=VALUE")
     if not name.isascii():
         raise ValueError(f"{name!r} is not an ASCII variable name")

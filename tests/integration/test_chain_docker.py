@@ -126,10 +126,7 @@ def test_address_timeout_removes_started_stages(engine, stub_image) -> None:
     assert started == [0, 1, 2]
     stopped = launcher.wait_event("chain_stopped")
     assert len(stopped["removed"]) == 3 and stopped["orphans"] == []
-    assert (
-        "stage 2" in launcher.stderr_text()
-        and "did not announce its address within 3 s" in launcher.stderr_text()
-    )
+    assert "stage 2" in launcher.stderr_text() and "did not announce its address within 3 s" in launcher.stderr_text()
     assert run_containers(engine, launcher.run_id) == []
 
 

@@ -73,12 +73,7 @@ def test_concurrent_chains_get_disjoint_gpus_and_a_third_gets_exit_2(engine, stu
     try:
         for launcher in (first, second):
             launcher.wait_event("pp_stage_roster", timeout=60)
-        held = [
-            g
-            for launcher in (first, second)
-            for e in launcher.events_named("stage_started")
-            for g in e["gpus"]
-        ]
+        held = [g for launcher in (first, second) for e in launcher.events_named("stage_started") for g in e["gpus"]]
         assert sorted(held) == sorted(UUIDS)  # four stages, four different GPUs
         for launcher in (first, second):
             for c in engine.containers([f"pp-launch.run={launcher.run_id}"]):
@@ -89,9 +84,7 @@ def test_concurrent_chains_get_disjoint_gpus_and_a_third_gets_exit_2(engine, stu
         assert third.wait(30) == 2
         err = third.stderr_text()
         assert "not enough GPUs: 2 stages x 1 need 2, 0 free of 4" in err
-        assert (
-            f"held by pp-launch run {first.run_id}" in err and f"held by pp-launch run {second.run_id}" in err
-        )
+        assert f"held by pp-launch run {first.run_id}" in err and f"held by pp-launch run {second.run_id}" in err
         assert third.events == []
     finally:
         for launcher in (first, second):

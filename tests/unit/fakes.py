@@ -93,11 +93,7 @@ class FakeBackend:
         if s.line is not None:
             sink(StageOutput(stage, "stdout", s.line.encode()))
         elif s.announce:
-            sink(
-                StageOutput(
-                    stage, "stdout", f"PP_GPU_NODE_ADDR {node_id(stage)} 127.0.0.1:{7000 + stage}".encode()
-                )
-            )
+            sink(StageOutput(stage, "stdout", f"PP_GPU_NODE_ADDR {node_id(stage)} 127.0.0.1:{7000 + stage}".encode()))
         if s.exit_code_on_start is not None:
             self._gone(ref, s.exit_code_on_start)
         if s.exit_at is not None and self.inbox is not None:

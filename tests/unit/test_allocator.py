@@ -139,9 +139,7 @@ def test_empty_cuda_visible_devices_means_none() -> None:
 
 def test_explicit_list_is_used_in_stage_order() -> None:
     inv = load("plain-4gpu.json")
-    p = allocate(
-        inv, AllocationRequest(stages=2, per_stage=2, explicit=("3", inv.gpus[0].uuid, "2", "1")), {}
-    )
+    p = allocate(inv, AllocationRequest(stages=2, per_stage=2, explicit=("3", inv.gpus[0].uuid, "2", "1")), {})
     assert indices(inv, p.stage_gpus) == [[3, 0], [2, 1]]
 
 
@@ -195,9 +193,7 @@ def scenarios(draw: st.DrawFn) -> tuple[GpuInventory, AllocationRequest, dict[st
         )
     inv = GpuInventory(gpus=tuple(gpus), topology=tuple(tuple(r) for r in topo))
     held = {f"GPU-{i:04d}": Holding("r", i) for i in range(n) if draw(st.booleans()) and draw(st.booleans())}
-    visible = draw(
-        st.none() | st.lists(st.integers(0, n - 1), unique=True).map(lambda xs: tuple(map(str, xs)))
-    )
+    visible = draw(st.none() | st.lists(st.integers(0, n - 1), unique=True).map(lambda xs: tuple(map(str, xs))))
     request = AllocationRequest(
         stages=draw(st.integers(1, 4)),
         per_stage=draw(st.integers(1, 2)),

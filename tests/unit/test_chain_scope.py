@@ -139,9 +139,7 @@ def test_teardown_kills_sigterm_ignorers_after_one_shared_grace() -> None:
 
 
 def test_second_signal_during_teardown_escalates_to_kill_now() -> None:
-    scope, backend, _, clock = make(
-        2, {0: StageScript(ignore_sigterm=True), 1: StageScript(ignore_sigterm=True)}
-    )
+    scope, backend, _, clock = make(2, {0: StageScript(ignore_sigterm=True), 1: StageScript(ignore_sigterm=True)})
     scope.inbox.at(1100.0, StopRequested(signal.SIGINT))
     scope.inbox.at(1100.5, StopRequested(signal.SIGINT))
     outcome = scope.run()

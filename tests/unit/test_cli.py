@@ -103,11 +103,7 @@ def test_dry_run_json_is_the_whole_plan_with_placeholders() -> None:
         "pp-launch.owner": s0["labels"]["pp-launch.owner"],
         "pp-launch.gpus": s0["gpus"][0],
     }
-    assert (
-        "PEER_DIRECT" not in s0["env"]
-        and s0["env"]["SWACTOR_DIAG_X"] == "1"
-        and s0["env"]["MAX_TOKENS"] == "9"
-    )
+    assert "PEER_DIRECT" not in s0["env"] and s0["env"]["SWACTOR_DIAG_X"] == "1" and s0["env"]["MAX_TOKENS"] == "9"
     assert s1["env"]["PEER_NODE_ID"] == "<from stage 0>" and s2["env"]["PEER_DIRECT"] == "<from stage 1>"
     assert s2["env"]["FIRST_PEER_DIRECT"] == "<from stage 0>"
     assert s1["env"]["EXTRA"] == "yes" and "EXTRA" not in s2["env"]
@@ -163,9 +159,7 @@ def test_no_driver_means_cpu_stages_said_plainly() -> None:
 
 
 def test_not_enough_gpus_is_exit_2_naming_each_gpu() -> None:
-    result = run(
-        "chain", "--stages", "4", "--dry-run", "--gpu-inventory", str(DATA / "pcie-2socket-4gpu.json")
-    )
+    result = run("chain", "--stages", "4", "--dry-run", "--gpu-inventory", str(DATA / "pcie-2socket-4gpu.json"))
     assert result.exit_code == 2
     assert "not enough GPUs: 4 stages x 1 need 4, 3 free of 4" in result.output
     assert "busy: pid 4242 using 1024 MiB" in result.output

@@ -19,6 +19,13 @@ def new_run_id() -> str:
 
 
 @dataclass(frozen=True)
+class Mount:
+    host: str
+    container: str
+    read_only: bool = False
+
+
+@dataclass(frozen=True)
 class StageSpec:
     index: int
     name: str
@@ -30,14 +37,13 @@ class StageSpec:
     network: str = "host"
     command: tuple[str, ...] | None = None
     entrypoint: tuple[str, ...] | None = None  # None: the image's own
+    mounts: tuple[Mount, ...] = ()
 
     def launch_env(self, prev: StageAnnouncement | None, first: StageAnnouncement | None) -> dict[str, str]:
         env = dict(self.env)
         if self.index > 0:
             if prev is None or first is None:
-                raise ValueError(
-                    f"stage {self.index} needs stage {self.index - 1}'s and stage 0's announcements"
-                )
+                raise ValueError(f"stage {self.index} needs stage {self.index - 1}'s and stage 0's announcements")
             env.update(stage_env.peer_env(prev, first))
         return env
 
@@ -48,9 +54,7 @@ class ChainPlan:
     stages: tuple[StageSpec, ...]
     addr_timeout: float = 60.0
     grace: float = 5.0
-    hop_levels: tuple[int | None, ...] = field(
-        default=()
-    )  # topology level of each hop k -> k+1 and last -> 0
+    hop_levels: tuple[int | None, ...] = field(default=())  # topology level of each hop k -> k+1 and last -> 0
 
     def to_json(self) -> dict[str, Any]:
         """The dry-run document (contract §10)."""

@@ -52,9 +52,7 @@ class RosterEntry:
         return self.node_id_hex[:8]
 
 
-def resolve_roster(
-    announcements: Mapping[int, StageAnnouncement | None], num_stages: int
-) -> list[RosterEntry]:
+def resolve_roster(announcements: Mapping[int, StageAnnouncement | None], num_stages: int) -> list[RosterEntry]:
     """Every stage's announcement in stage order; RosterIncomplete lists the missing stages, ascending."""
     missing = [k for k in range(num_stages) if announcements.get(k) is None]
     if missing:
@@ -136,9 +134,7 @@ class ChainScope:
             return ChainOutcome(0, "detached", end.message, roster=tuple(self._roster))
         removed, orphans = self._teardown(end.reason, end.exit_code)
         exit_code = end.exit_code if not orphans else errors.EXIT_FAILURE
-        return ChainOutcome(
-            exit_code, end.reason, end.message, end.stage, removed, orphans, tuple(self._roster)
-        )
+        return ChainOutcome(exit_code, end.reason, end.message, end.stage, removed, orphans, tuple(self._roster))
 
     # -------------------------------------------------------------------------------- bring-up
     def _bring_up(self) -> _End | None:
@@ -174,9 +170,7 @@ class ChainScope:
             return _End(0, "detached", f"run {self.plan.run_id} is up with {len(self.stages)} stages")
         return None
 
-    def _start_stage(
-        self, st: _Stage, prev: StageAnnouncement | None, first: StageAnnouncement | None
-    ) -> _End | None:
+    def _start_stage(self, st: _Stage, prev: StageAnnouncement | None, first: StageAnnouncement | None) -> _End | None:
         spec, k = st.spec, st.spec.index
         self.reporter.stage_state(k, "starting")
         env = spec.launch_env(prev, first)
@@ -187,9 +181,7 @@ class ChainScope:
             self.backend.start(st.ref, k, self.inbox.put)
             st.started = True
         except errors.PpLaunchError as exc:
-            return _End(
-                errors.EXIT_FAILURE, "stage_failed", f"stage {k} ({spec.name}) could not start: {exc}", k
-            )
+            return _End(errors.EXIT_FAILURE, "stage_failed", f"stage {k} ({spec.name}) could not start: {exc}", k)
         self.reporter.event(
             events.STAGE_STARTED,
             {"stage": k, "container": spec.name, "image": spec.image, "gpus": list(spec.gpus)},
@@ -296,9 +288,7 @@ class ChainScope:
             msg = f"stage {k} ({st.spec.name}) exited with code {code}{detail}" + self._tail(st)
             return _End(errors.EXIT_FAILURE, "stage_failed", msg, k)
         if reason == "died_early":
-            msg = f"stage {k} ({st.spec.name}) exited with code 0 before announcing its address" + self._tail(
-                st
-            )
+            msg = f"stage {k} ({st.spec.name}) exited with code 0 before announcing its address" + self._tail(st)
             return _End(errors.EXIT_FAILURE, "stage_failed", msg, k)
         return None
 

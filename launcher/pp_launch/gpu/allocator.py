@@ -68,13 +68,9 @@ def units(inventory: GpuInventory) -> list[Unit]:
                 free = None
                 if mig.memory_total_mib is not None and mig.memory_used_mib is not None:
                     free = mig.memory_total_mib - mig.memory_used_mib
-                out.append(
-                    Unit(mig.uuid, pos, f"GPU {gpu.index} MIG {m_index}", gpu.pci_bus_id, free, mig.processes)
-                )
+                out.append(Unit(mig.uuid, pos, f"GPU {gpu.index} MIG {m_index}", gpu.pci_bus_id, free, mig.processes))
         else:
-            out.append(
-                Unit(gpu.uuid, pos, f"GPU {gpu.index}", gpu.pci_bus_id, gpu.memory_free_mib, gpu.processes)
-            )
+            out.append(Unit(gpu.uuid, pos, f"GPU {gpu.index}", gpu.pci_bus_id, gpu.memory_free_mib, gpu.processes))
     return out
 
 
@@ -102,9 +98,7 @@ def _matches(token: str, unit: Unit, inventory: GpuInventory) -> bool:
     return unit.uuid == token or (token.startswith("GPU-") and inventory.gpus[unit.gpu_pos].uuid == token)
 
 
-def allocate(
-    inventory: GpuInventory, request: AllocationRequest, holdings: Mapping[str, Holding]
-) -> Placement:
+def allocate(inventory: GpuInventory, request: AllocationRequest, holdings: Mapping[str, Holding]) -> Placement:
     """Raise NotEnoughGpus naming how many were needed, how many were free, and why each other one was
     passed over."""
     need = request.stages * request.per_stage
@@ -152,8 +146,7 @@ def _why_not(
     foreign = [p for p in unit.processes or () if p.pid not in request.own_pids]
     if foreign:
         procs = ", ".join(
-            f"pid {p.pid}" + ("" if p.used_memory_mib is None else f" using {p.used_memory_mib} MiB")
-            for p in foreign
+            f"pid {p.pid}" + ("" if p.used_memory_mib is None else f" using {p.used_memory_mib} MiB") for p in foreign
         )
         return f"busy: {procs}"
     return None
@@ -169,8 +162,7 @@ def _explicit(
 ) -> list[Unit]:
     if len(request.explicit) != need:
         raise errors.ConfigError(
-            f"--gpus lists {len(request.explicit)} GPUs but {request.stages} stages x {request.per_stage} "
-            f"need {need}"
+            f"--gpus lists {len(request.explicit)} GPUs but {request.stages} stages x {request.per_stage} need {need}"
         )
     chosen: list[Unit] = []
     for token in request.explicit:
@@ -181,9 +173,7 @@ def _explicit(
         if unit is None:
             first = matches[0]
             why = "listed twice" if first in chosen else _why_not(first, inventory, request, holdings)
-            raise errors.NotEnoughGpus(
-                f"--gpus names {token!r} ({first.label}, {first.uuid}), which is {why}"
-            )
+            raise errors.NotEnoughGpus(f"--gpus names {token!r} ({first.label}, {first.uuid}), which is {why}")
         chosen.append(unit)
     return chosen
 
@@ -234,9 +224,7 @@ def _closest_ring(inventory: GpuInventory, free: list[Unit], need: int, per_stag
     order = [subset[0]]
     left = subset[1:]
     while left:
-        nxt = min(
-            left, key=lambda u: distance(inventory, order[-1], u)
-        )  # min keeps the first (lowest bus id)
+        nxt = min(left, key=lambda u: distance(inventory, order[-1], u))  # min keeps the first (lowest bus id)
         order.append(nxt)
         left.remove(nxt)
     return order

@@ -80,9 +80,7 @@ class GpuInventory:
             nvlink = _matrix(doc.get("nvlink"), len(gpus), "nvlink")
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
             raise errors.ConfigError(f"{source} is not a GPU inventory (contract §7): {exc}") from None
-        return cls(
-            gpus, _opt_str(doc.get("driver_version")), _opt_str(doc.get("cuda_version")), topology, nvlink
-        )
+        return cls(gpus, _opt_str(doc.get("driver_version")), _opt_str(doc.get("cuda_version")), topology, nvlink)
 
     @classmethod
     def load(cls, path: str | Path) -> GpuInventory:
@@ -165,9 +163,7 @@ def _gpu_json(g: Gpu) -> dict[str, Any]:
 
 
 def _proc_json(p: GpuProcess) -> dict[str, Any]:
-    return (
-        {"pid": p.pid} if p.used_memory_mib is None else {"pid": p.pid, "used_memory_mib": p.used_memory_mib}
-    )
+    return {"pid": p.pid} if p.used_memory_mib is None else {"pid": p.pid, "used_memory_mib": p.used_memory_mib}
 
 
 def _matrix(v: Any, n: int, what: str) -> tuple[tuple[int, ...], ...] | None:

@@ -44,10 +44,7 @@ def _init_error(nvml: ModuleType, exc: Any) -> str:
     if code == getattr(nvml, "NVML_ERROR_LIBRARY_NOT_FOUND", object()):
         return NO_DRIVER
     if code == getattr(nvml, "NVML_ERROR_DRIVER_NOT_LOADED", object()):
-        return (
-            "NVML found, but the NVIDIA kernel driver is not loaded "
-            "(check 'nvidia-smi' and 'lsmod | grep nvidia')"
-        )
+        return "NVML found, but the NVIDIA kernel driver is not loaded (check 'nvidia-smi' and 'lsmod | grep nvidia')"
     return f"NVML could not start: {exc}"
 
 

@@ -143,9 +143,7 @@ def select(
     if not inventory.gpus:
         why = inventory.note or "the GPU inventory lists no GPU"
         if mode == "auto":
-            return GpuSelection(
-                cpu.stage_gpus, cpu.device_requests, (), f"no GPU found ({why}): stages run on CPU"
-            )
+            return GpuSelection(cpu.stage_gpus, cpu.device_requests, (), f"no GPU found ({why}): stages run on CPU")
         raise errors.NotEnoughGpus(f"--gpus {mode} asks for GPUs, but {why}")
     if mode == "all":
         every = tuple(g.uuid for g in inventory.gpus)

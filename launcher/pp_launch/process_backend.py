@@ -1,0 +1,118 @@
+"""Stages as child processes (`pp-launch chain --gpu-node PATH`), as the seed's orchestrator ran them.
+
+Each stage is PATH with the stage environment, in its own process group; its stdout carries the
+announcement. Stop signals go to the whole group; a kill is SIGKILL to the group. When PATH is
+pp-gpu-node (or the docker-gpu-node.sh shim), each child's container joins the chain's run
+(PP_LAUNCH_RUN), so the chain's final check asks the engine about them too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Literal
+
+from . import errors
+from .chain.plan import StageSpec
+from .chain.ports import Sink, StageGone, StageOutput
+from .lines import LineSplitter
+from .node import RUN_ENV
+
+
+class ProcessStageBackend:
+    def __init__(
+        self,
+        path: str,
+        run_id: str,
+        grace: float,
+        engine_leftovers: Callable[[str], list[str]] | None = None,
+        settle: float = 10.0,
+    ) -> None:
+        """engine_leftovers: asks the engine for the run's containers (None: PATH runs no containers we know of).
+        settle: how long to wait for the children's own watchdogs to remove their containers."""
+        self.path = path
+        self.run_id = run_id
+        self.grace = grace
+        self.engine_leftovers = engine_leftovers
+        self.settle = settle
+        self._pending: dict[str, tuple[StageSpec, dict[str, str]]] = {}
+        self._procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def create(self, spec: StageSpec, env: Mapping[str, str]) -> str:
+        full = dict(os.environ)
+        full.update(env)
+        full[RUN_ENV] = self.run_id
+        full.setdefault("PP_IMAGE", spec.image)
+        full.setdefault("PP_CONTAINER_PREFIX", spec.name.rsplit("-", 1)[0])
+        full.setdefault("PP_STOP_GRACE", f"{self.grace:g}")
+        full.setdefault("PP_STAGE_NETWORK", spec.network)
+        if spec.gpus:
+            full["PP_GPUS"] = "device=" + ",".join(spec.gpus)
+        self._pending[spec.name] = (spec, full)
+        return spec.name
+
+    def start(self, ref: str, stage: int, sink: Sink) -> None:
+        _spec, env = self._pending.pop(ref)
+        try:
+            proc = subprocess.Popen(
+                [self.path],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            raise errors.EngineError(f"cannot run --gpu-node {self.path}: {exc.strerror}") from None
+        self._procs[ref] = proc
+        readers = [
+            threading.Thread(target=self._read, args=(proc.stdout, "stdout", stage, sink), daemon=True),
+            threading.Thread(target=self._read, args=(proc.stderr, "stderr", stage, sink), daemon=True),
+        ]
+        for r in readers:
+            r.start()
+        threading.Thread(target=self._wait, args=(proc, readers, stage, sink), daemon=True).start()
+
+    @staticmethod
+    def _read(pipe: object, stream: Literal["stdout", "stderr"], stage: int, sink: Sink) -> None:
+        splitter = LineSplitter()
+        fd = pipe.fileno()  # type: ignore[attr-defined]
+        while chunk := os.read(fd, 65536):
+            for line in splitter.feed(chunk):
+                sink(StageOutput(stage, stream, line.data, continued=line.continued))
+        for line in splitter.close():
+            sink(StageOutput(stage, stream, line.data, continued=line.continued))
+
+    @staticmethod
+    def _wait(proc: subprocess.Popen[bytes], readers: list[threading.Thread], stage: int, sink: Sink) -> None:
+        code = proc.wait()
+        for r in readers:
+            r.join(timeout=5.0)
+        sink(StageGone(stage, 128 - code if code < 0 else code))
+
+    def signal(self, ref: str, signum: int) -> None:
+        proc = self._procs.get(ref)
+        if proc is not None and proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signum)
+
+    def kill(self, ref: str) -> None:
+        self.signal(ref, signal.SIGKILL)
+
+    def remove(self, ref: str) -> None:
+        self._pending.pop(ref, None)
+        self.kill(ref)
+
+    def leftovers(self, run_id: str) -> list[str]:
+        alive = [ref for ref, p in self._procs.items() if p.poll() is None]
+        if self.engine_leftovers is None:
+            return alive
+        deadline = time.monotonic() + self.settle
+        while (left := self.engine_leftovers(run_id)) and time.monotonic() < deadline:
+            time.sleep(0.2)  # a killed pp-gpu-node's watchdog is removing its container
+        return alive + left

@@ -1,0 +1,68 @@
+"""The watchdog: removes a run's containers when its launcher dies, however it dies.
+
+The launcher starts `python -m pp_launch.watchdog RUN_ID GRACE` in its own process session (so a signal to
+the launcher's process group does not reach it) with a pipe as stdin, and never writes to it. When the
+launcher exits, by SIGKILL included, the kernel closes the pipe; the watchdog reads EOF, sends SIGTERM to
+every container labelled with the run, waits up to GRACE seconds, then removes what is left by force.
+After a clean exit there is nothing left to remove and the watchdog simply ends.
+
+What it does not cover: the watchdog itself being killed (a kill of the whole session, a reboot, a host
+that loses power). `pp-launch gc` and the sweep at every start cover those.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+MAX_GRACE = 5.0  # the launcher's promise: gone within 10 s of its death
+
+
+def spawn(run_id: str, grace: float) -> subprocess.Popen[bytes]:
+    """Start the watchdog for `run_id`; keep the returned Popen (its stdin is the lifeline) until exit."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "pp_launch.watchdog", run_id, str(grace)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        close_fds=True,
+    )
+
+
+def sweep(run_id: str, grace: float) -> list[str]:
+    """SIGTERM every container of the run, wait up to `grace`, remove the rest. Returns what it removed."""
+    import signal
+
+    from . import labels
+    from .docker_engine import connect
+
+    engine = connect(timeout=10)
+    selector = [f"{labels.RUN}={run_id}"]
+    found = engine.containers(selector)
+    for c in found:
+        if c.state == "running":
+            engine.signal(c.id, signal.SIGTERM)
+    deadline = time.monotonic() + min(grace, MAX_GRACE)
+    while time.monotonic() < deadline and any(c.state == "running" for c in engine.containers(selector)):
+        time.sleep(0.2)
+    for c in engine.containers(selector):
+        engine.remove(c.id)
+    return [c.name for c in found]
+
+
+def main(argv: list[str]) -> int:
+    run_id, grace = argv[0], float(argv[1]) if len(argv) > 1 else MAX_GRACE
+    while os.read(0, 4096):  # the launcher never writes; EOF means it is gone
+        pass
+    try:
+        sweep(run_id, grace)
+    except Exception:  # an engine that is gone, too: gc covers what is left
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
