@@ -24,6 +24,14 @@ def live_launchers() -> list[subprocess.Popen[bytes]]:
     return [p for p in _launchers if p.poll() is None]
 
 
+def spawn(argv: list[str], env: dict[str, str], **kwargs: Any) -> subprocess.Popen[bytes]:
+    """Every process a test starts goes through here, so the end of the suite can check it is gone and
+    recognise the containers it owned."""
+    proc = subprocess.Popen(argv, env=env, **kwargs)
+    _launchers.append(proc)
+    return proc
+
+
 def remember_run(run_id: str) -> None:
     _runs.add(run_id)
 
@@ -51,7 +59,7 @@ class Launcher:
         full_env = dict(os.environ)
         full_env.update(env or {})
         self.args = args
-        self.proc = subprocess.Popen(
+        self.proc = spawn(
             [sys.executable, "-m", "pp_launch", *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -59,7 +67,6 @@ class Launcher:
             env=full_env,
             start_new_session=new_session,
         )
-        _launchers.append(self.proc)
         self.events: list[dict[str, Any]] = []
         self.stdout_lines: list[str] = []
         self.stderr_lines: list[str] = []

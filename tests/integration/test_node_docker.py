@@ -17,7 +17,7 @@ from pp_launch import labels
 from pp_launch.docker_engine import DockerStageBackend
 from pp_launch.node import NodeConfig
 
-from ..helpers import Launcher, unique, wait_until
+from ..helpers import Launcher, spawn, unique, wait_until
 
 pytestmark = pytest.mark.docker
 ROOT = Path(__file__).resolve().parents[2]
@@ -170,7 +170,7 @@ def test_seed_teardown_loop_leaves_nothing_with_sigterm_ignoring_stages(engine, 
     for k in range(3):
         env = {**os.environ, **node_env(prefix, stub_image, **HOLD, STUB_IGNORE_SIGTERM="1", STAGE=str(k))}
         argv = [SHIM] if entry == "shim" else [sys.executable, "-m", "pp_launch", "node"]
-        children.append(subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        children.append(spawn(argv, env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
     for k in range(3):
         info = wait_running(engine, f"{prefix}-{k}")
         if entry == "shim":
