@@ -9,7 +9,9 @@ Modes (STUB_MODE):
   worker  speak the worker-control wire (contract §8) on stdin/stdout.
 
 Knobs: STUB_IGNORE_SIGTERM, STUB_ANNOUNCE_DELAY, STUB_NO_ANNOUNCE, STUB_ANNOUNCE_LINE, STUB_EXIT_AFTER,
-STUB_EXIT_CODE, STUB_LOG_RATE. With PP_LIFELINE=stdin the stage exits as soon as its stdin closes: the
+STUB_EXIT_CODE, STUB_LOG_RATE (contract §11); for tests of the no-orphan layers and of bad output also
+STUB_IGNORE_LIFELINE=1 (behave like an image that never reads stdin) and STUB_FLOOD=endless|random with
+STUB_FLOOD_MB (one endless line, or random bytes, after announcing). With PP_LIFELINE=stdin the stage exits as soon as its stdin closes: the
 engine closes it when the launcher that attached it dies, whatever signals the stage ignores.
 
 Standard library plus numpy only: it runs on the Debian base image, which has nothing else.
@@ -287,7 +289,7 @@ def start_knobs() -> None:
 
         threading.Thread(target=chatter, daemon=True).start()
 
-    if ENV.get("PP_LIFELINE") == "stdin":
+    if ENV.get("PP_LIFELINE") == "stdin" and ENV.get("STUB_IGNORE_LIFELINE") != "1":
 
         def lifeline() -> None:
             while os.read(0, 4096):
@@ -296,6 +298,17 @@ def start_knobs() -> None:
             os._exit(137)
 
         threading.Thread(target=lifeline, daemon=True).start()
+
+
+def run_flood(kind: str, megabytes: int) -> None:
+    """STUB_FLOOD=endless: one line of STUB_FLOOD_MB MB with no newline; random: that many random bytes."""
+    out = sys.stdout.buffer
+    chunk = 1 << 20
+    rng = __import__("random").Random(STAGE)
+    for _ in range(megabytes):
+        out.write(b"x" * chunk if kind == "endless" else rng.randbytes(chunk))
+    out.flush()
+    print(f"stub[{STAGE}/{NUM_STAGES}] flood of {megabytes} MB done", file=sys.stderr, flush=True)
 
 
 def on_stop_signal() -> None:
@@ -319,6 +332,9 @@ def main() -> int:
     start_knobs()
     listener = Listener()
     announce(listener)
+    if flood := ENV.get("STUB_FLOOD"):
+        megabytes = int(ENV.get("STUB_FLOOD_MB", "100") or 100)
+        threading.Thread(target=run_flood, args=(flood, megabytes), daemon=True).start()
     return run_demo(listener) if mode == "demo" else run_hold(listener)
 
 

@@ -8,24 +8,21 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import click
 
-from . import __version__, errors, images, labels, launch, sweep
+from . import __version__, errors, images, labels, launch, signals, sweep
 from .chain.plan import BUILTIN_IMAGE, ChainRequest
 from .chain.ports import QueueInbox, StopRequested
-from .chain.scope import ChainScope
 from .docker_engine import connect
 from .gpu import select as gpu_select
 from .report import JsonReporter, LiveReporter, PlainReporter
 from .stage_env import parse_assignment
 
 F = TypeVar("F", bound=Callable[..., Any])
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def fail(exc: errors.PpLaunchError) -> None:
@@ -40,16 +37,6 @@ def mapped_errors() -> Iterator[None]:
         yield
     except errors.PpLaunchError as exc:
         fail(exc)
-
-
-@contextlib.contextmanager
-def forwarded_signals(handler: Callable[[int], None]) -> Iterator[None]:
-    previous = {s: signal.signal(s, lambda signum, _frame: handler(signum)) for s in STOP_SIGNALS}
-    try:
-        yield
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
 
 
 def gpu_options(f: F) -> F:
@@ -113,6 +100,8 @@ def main(ctx: click.Context, verbose: int, quiet: bool) -> None:
       pp-launch gpus                       # what NVML sees, and who holds what
     """
     ctx.obj = {"verbosity": -1 if quiet else verbose}
+    if ctx.invoked_subcommand not in ("chain", "node"):
+        signals.release()  # nothing of theirs needs a teardown: Ctrl-C interrupts them as usual
 
 
 def _parse_env(values: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
@@ -253,12 +242,16 @@ def chain(
         reporter = LiveReporter(plan.run_id, stages, verbosity)
     else:
         reporter = PlainReporter(plan.run_id, verbosity)
-    holder: list[ChainScope] = []
-    with forwarded_signals(lambda signum: holder[0].request_stop(signum) if holder else None):
-        try:
-            outcome = launch.run_chain(plan, engine, reporter, holder.append, detach=detach, gpu_node=gpu_node)
-        finally:
-            reporter.close()
+    signals.install()  # already done by the console entry; here for programs that call main() directly
+    if (held := signals.pending()) is not None:  # stopped while planning: nothing was started
+        gpu_select.Reservations(gpu_select.state_dir()).release(plan.run_id)
+        sys.exit(errors.exit_code_for_signal(held))
+    try:
+        outcome = launch.run_chain(
+            plan, engine, reporter, lambda scope: signals.route_to(scope.request_stop), detach=detach, gpu_node=gpu_node
+        )
+    finally:
+        reporter.close()
     if outcome.reason == "detached":
         click.echo(plan.run_id)
         click.echo(f"pp-launch: {outcome.message}; stop it with 'pp-launch down {plan.run_id}'", err=True)
@@ -389,16 +382,13 @@ def node_command(args: tuple[str, ...]) -> None:
 
 def _run_node(args: tuple[str, ...]) -> int:
     inbox = QueueInbox()
-    signals = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
-    previous = {s: signal.signal(s, lambda signum, _f: inbox.put(StopRequested(signum))) for s in signals}
+    signals.install()  # idempotent; also covers `pp-launch node` and direct calls
+    signals.route_to(lambda signum: inbox.put(StopRequested(signum)))
     try:
         return launch.run_node(os.environ, args, inbox, lambda text: click.echo(f"pp-gpu-node: {text}", err=True))
     except errors.PpLaunchError as exc:
         click.echo(f"pp-gpu-node: error: {exc}", err=True)
         return exc.exit_code
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
 
 
 def gpu_node_main() -> None:
@@ -457,7 +447,7 @@ def down(run_id: str | None, all_runs: bool, grace: float) -> None:
             what = "no pp-launch containers" if all_runs else f"no containers of run {run_id}"
             click.echo(f"pp-launch: nothing to stop ({what})", err=True)
             return
-        names = ", ".join(c.name for c in targets)
+        names = ", ".join(sorted(c.name for c in targets))
         click.echo(f"pp-launch: stopping {len(targets)} containers: {names}", err=True)
         left = launch.teardown_containers(engine, selector, grace)
     if left:

@@ -8,6 +8,7 @@ must be safe to call from a signal handler (queue.SimpleQueue is).
 from __future__ import annotations
 
 import queue
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal, Protocol
@@ -50,19 +51,37 @@ class Inbox(Protocol):
 
 
 class QueueInbox:
-    """The real inbox. SimpleQueue.put is reentrant, so a signal handler may call it."""
+    """The real inbox. SimpleQueue.put is reentrant, so a signal handler may call it.
 
-    def __init__(self) -> None:
+    Output is bounded: a reader thread that has more than `max_output` bytes waiting blocks until the
+    consumer catches up (the engine then holds back the stage, as a pipe would), so a stage printing
+    100 MB cannot grow the launcher by 100 MB. Exits and stop requests never wait.
+    """
+
+    def __init__(self, max_output: int = 1 << 20) -> None:
         self._q: queue.SimpleQueue[ChainEvent] = queue.SimpleQueue()
+        self._max_output = max_output
+        self._pending_output = 0
+        self._room = threading.Condition()
 
     def put(self, event: ChainEvent) -> None:
+        if isinstance(event, StageOutput):
+            with self._room:
+                while self._pending_output > self._max_output:
+                    self._room.wait(0.5)
+                self._pending_output += len(event.data)
         self._q.put(event)
 
     def get(self, timeout: float) -> ChainEvent | None:
         try:
-            return self._q.get(timeout=max(timeout, 0.0))
+            event = self._q.get(timeout=max(timeout, 0.0))
         except queue.Empty:
             return None
+        if isinstance(event, StageOutput):
+            with self._room:
+                self._pending_output -= len(event.data)
+                self._room.notify_all()
+        return event
 
 
 class StageBackend(Protocol):

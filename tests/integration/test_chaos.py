@@ -1,0 +1,260 @@
+"""The chaos suite (issue 5): try to make the launcher leave something behind, and fail if it does.
+
+Each no-orphan layer is tested on its own; then every stop signal at every phase; then random kills;
+then ps/down/gc/detach acting on our containers alone; then stages that print garbage.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from testcontainers.core.container import DockerContainer
+from testcontainers.core.wait_strategies import LogMessageWaitStrategy
+
+from pp_launch import labels
+
+from ..chaos import Case, matrix, random_kill, run_case
+from ..helpers import Launcher, remember_run, run_containers, spawn, unique, wait_until
+
+pytestmark = pytest.mark.docker
+HOLD = ["--json", "--gpus", "none", "--env", "STUB_MODE=hold"]
+
+
+def watchdog_pid(run: str) -> int:
+    out = subprocess.run(["pgrep", "-f", f"pp_launch.watchdog {run}"], capture_output=True, text=True).stdout
+    return int(out.split()[0])
+
+
+# ------------------------------------------------------------------------------------------- the layers
+def test_layer_lifeline_alone(engine, stub_image) -> None:
+    """Launcher and watchdog killed together: stages that read their stdin lifeline still exit at once."""
+    launcher = Launcher("chain", "--stages", "3", *HOLD, "--env", "STUB_IGNORE_SIGTERM=1")
+    launcher.wait_event("pp_stage_roster")
+    run = launcher.run_id
+    os.kill(watchdog_pid(run), signal.SIGKILL)
+    launcher.signal(signal.SIGKILL)
+    t0 = time.monotonic()
+    assert wait_until(lambda: run_containers(engine, run) == [], 10)
+    assert time.monotonic() - t0 < 3
+
+
+def test_layer_watchdog_alone(engine, stub_image) -> None:
+    """Stages that never read stdin and ignore SIGTERM: only the watchdog can remove them."""
+    launcher = Launcher(
+        "chain", "--stages", "3", *HOLD, "--env", "STUB_IGNORE_SIGTERM=1", "--env", "STUB_IGNORE_LIFELINE=1"
+    )
+    launcher.wait_event("pp_stage_roster")
+    launcher.signal(signal.SIGKILL)
+    assert wait_until(lambda: run_containers(engine, launcher.run_id) == [], 10)
+
+
+@pytest.mark.parametrize("sweeper", ["gc", "chain"])
+def test_layer_sweep_alone(engine, stub_image, sweeper: str) -> None:
+    """Launcher and watchdog both killed, stages deaf to both: left behind, until the next gc or chain."""
+    launcher = Launcher(
+        "chain", "--stages", "2", *HOLD, "--env", "STUB_IGNORE_SIGTERM=1", "--env", "STUB_IGNORE_LIFELINE=1"
+    )
+    launcher.wait_event("pp_stage_roster")
+    run = launcher.run_id
+    os.kill(watchdog_pid(run), signal.SIGKILL)
+    launcher.signal(signal.SIGKILL)
+    launcher.wait(10)
+    time.sleep(1.0)
+    assert len(run_containers(engine, run)) == 2  # nothing else removes them
+    if sweeper == "gc":
+        gc = Launcher("gc")
+        assert gc.wait(30) == 0
+        said = "\n".join(gc.stdout_lines)
+    else:
+        nxt = Launcher("chain", "--stages", "2", "--json", "--gpus", "none")
+        assert nxt.wait(60) == 0
+        said = nxt.stderr_text()
+    assert run_containers(engine, run) == []
+    assert said.count(f"run {run}") == 2 and "gone" in said
+
+
+# ------------------------------------------------------------------------------------------- the matrix
+@pytest.mark.parametrize("case", matrix(), ids=lambda c: c.name)
+def test_stop_signal_at_every_phase(engine, stub_image, case: Case) -> None:
+    result = run_case(engine, case)
+    assert result.left == [], result.detail
+    assert result.exit_code == result.expected_exit, result.detail
+    if case.signum != signal.SIGKILL:
+        assert result.teardown_s < 1.0 + 3.0  # one grace (1 s) and the engine's removals
+
+
+def test_thirty_chains_killed_at_random(engine, stub_image) -> None:
+    seed = int(os.environ.get("PP_CHAOS_SEED", time.time_ns() % 100000))
+    rng = random.Random(seed)
+    failures = []
+    for i in range(30):
+        r = random_kill(engine, rng)
+        if not r.ok:
+            failures.append(f"#{i} {r.case.name}: exit {r.exit_code} (expected {r.expected_exit}), left {r.left}")
+    assert failures == [], f"PP_CHAOS_SEED={seed}\n" + "\n".join(failures)
+
+
+# ------------------------------------------------------------------------------------------- only our own
+def test_detach_then_ps_gc_and_down(engine, stub_image) -> None:
+    up = Launcher("chain", "--stages", "2", "--gpus", "none", "--env", "STUB_MODE=hold", "--detach")
+    assert up.wait(60) == 0, up.stderr_text()
+    run = up.stdout_lines[-1].strip()
+    remember_run(run)
+    assert len(run) == 12 and f"pp-launch down {run}" in up.stderr_text()
+    time.sleep(1.0)
+    assert len(run_containers(engine, run)) == 2  # the launcher is gone; the chain is not
+    assert all(c.labels[labels.OWNER] == "detached" for c in engine.containers([f"{labels.RUN}={run}"]))
+    assert Launcher("gc").wait(30) == 0
+    assert len(run_containers(engine, run)) == 2  # gc never touches detached runs
+    ps = Launcher("ps", "--json")
+    assert ps.wait(30) == 0
+    rows = [r for r in ps.events if r["run"] == run]
+    assert [(r["stage"], r["owner_status"], r["state"]) for r in rows] == [
+        (0, "detached", "running"),
+        (1, "detached", "running"),
+    ]
+    down = Launcher("down", run, "--grace", "2")
+    assert down.wait(30) == 0
+    assert f"stopping 2 containers: pp-{run}-0, pp-{run}-1" in down.stderr_text()
+    assert run_containers(engine, run) == []
+
+
+def test_down_of_one_run_leaves_the_other(engine, stub_image) -> None:
+    a, b = Launcher("chain", "--stages", "2", *HOLD), Launcher("chain", "--stages", "2", *HOLD)
+    a.wait_event("pp_stage_roster")
+    b.wait_event("pp_stage_roster")
+    assert Launcher("down", a.run_id, "--grace", "1").wait(30) == 0
+    assert a.wait(30) == 0  # its stages exited 0 on the SIGTERM of down: every stage exited 0
+    assert run_containers(engine, a.run_id) == []
+    assert len(run_containers(engine, b.run_id)) == 2
+    b.signal(signal.SIGINT)
+    assert b.wait(30) == 130
+
+
+def test_gc_and_down_all_touch_only_our_containers(engine, stub_image) -> None:
+    others = [c.name for c in engine.containers([labels.RUN]) if not _test_made(c.labels)]
+    if others:  # down --all stops every pp-launch container on the host: never those of a real user
+        pytest.fail(f"refusing to run 'down --all' beside pp-launch containers this suite did not make: {others}")
+    me = labels.Owner.current().label()
+    decoys = [
+        DockerContainer(stub_image, name="pp-stage-3", network_mode="host").with_env("STUB_MODE", "hold"),
+        DockerContainer(stub_image, name=unique("decoy"), network_mode="host").with_env("STUB_MODE", "hold"),
+    ]
+    live_owner = DockerContainer(
+        stub_image,
+        network_mode="host",
+        labels={labels.RUN: unique("live"), labels.STAGE: "0", labels.OWNER: me, labels.GPUS: ""},
+    ).with_env("STUB_MODE", "hold")
+    other_host = DockerContainer(
+        stub_image,
+        network_mode="host",
+        labels={
+            labels.RUN: unique("far"),
+            labels.STAGE: "0",
+            labels.OWNER: f"elsewhere-{socket.gethostname()}:1:1",
+            labels.GPUS: "",
+        },
+    ).with_env("STUB_MODE", "hold")
+    remember_run(other_host._kwargs["labels"][labels.RUN])
+    started = []
+    try:
+        for c in (*decoys, live_owner, other_host):
+            c.waiting_for(LogMessageWaitStrategy("holding")).start()
+            started.append(c)
+        assert Launcher("gc").wait(30) == 0
+        for c in started:
+            assert engine.inspect(c.get_container_id())["State"]["Running"]
+        down = Launcher("down", "--all", "--grace", "1")
+        assert down.wait(30) == 0
+        for c in decoys:
+            assert engine.inspect(c.get_container_id())["State"]["Running"]  # no labels: never touched
+        for c in (live_owner, other_host):
+            assert engine.inspect(c.get_container_id()) is None
+    finally:
+        for c in started:
+            if engine.inspect(c.get_container_id()) is not None:
+                c.stop()
+
+
+def _test_made(container_labels: dict[str, str]) -> bool:
+    from ..helpers import ours
+
+    return ours(container_labels)
+
+
+# ------------------------------------------------------------------------------------------- bad output
+def _peak_rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+
+
+def _flood_run(engine, flood: str | None, megabytes: int) -> tuple[int, int, bytes]:  # type: ignore[no-untyped-def]
+    """(launcher exit code, its peak RSS in KiB, a sample of what it forwarded)."""
+    prefix = unique("flood")
+    args = [
+        sys.executable,
+        "-m",
+        "pp_launch",
+        "chain",
+        "--stages",
+        "2",
+        "--gpus",
+        "none",
+        "--name",
+        prefix,
+        "--env",
+        "STUB_MODE=hold",
+        "--grace",
+        "1",
+    ]
+    if flood:
+        args += ["--stage-env", f"1:STUB_FLOOD={flood}", "--stage-env", f"1:STUB_FLOOD_MB={megabytes}"]
+    proc = spawn(args, {**os.environ}, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    done = threading.Event()
+    sample = bytearray()
+
+    def drain() -> None:
+        assert proc.stdout is not None
+        tail = b""
+        for chunk in iter(lambda: proc.stdout.read1(1 << 16), b""):  # type: ignore[union-attr]
+            if len(sample) < 1 << 20:
+                sample.extend(chunk)
+            tail = (tail + chunk)[-200:]
+            if (b"flood of" in tail) if flood else (sample.count(b"holding") >= 2):
+                done.set()
+
+    threading.Thread(target=drain, daemon=True).start()
+    assert done.wait(120), "the flood never finished"
+    time.sleep(0.5)
+    peak = _peak_rss_kib(proc.pid)
+    proc.send_signal(signal.SIGTERM)
+    rc = proc.wait(30)
+    assert [c for c in engine.containers([labels.RUN]) if c.name.startswith(prefix)] == []
+    return rc, peak, bytes(sample)
+
+
+def test_an_endless_line_keeps_the_launcher_small(engine, stub_image) -> None:
+    _, baseline, _ = _flood_run(engine, None, 0)
+    rc, peak, sample = _flood_run(engine, "endless", 100)
+    assert rc == 143
+    growth_mib = (peak - baseline) / 1024
+    print(f"launcher peak RSS: {baseline / 1024:.1f} MiB idle, {peak / 1024:.1f} MiB with a 100 MB line")
+    assert growth_mib < 5, f"a 100 MB line grew the launcher by {growth_mib:.1f} MiB"
+    assert b"[stage 1] xxxx" in sample
+
+
+def test_random_bytes_are_forwarded_escaped(engine, stub_image) -> None:
+    rc, _, sample = _flood_run(engine, "random", 4)
+    assert rc == 143
+    text = sample.decode("utf-8")  # valid UTF-8: invalid bytes arrive as \\xNN
+    assert "\\x" in text
+    assert not any(ord(c) < 32 and c not in "\n\t" for c in text)
+    assert all(line.startswith("[stage ") for line in text.splitlines()[:-1])
