@@ -186,6 +186,7 @@ class DockerStageBackend:
         self.api = engine.api
         self.max_line = max_line
         self.split_lines = split_lines
+        self._stdin: dict[str, socket.socket] = {}
 
     def create(self, spec: StageSpec, env: Mapping[str, str]) -> str:
         lifeline = env.get(LIFELINE) == "stdin"
@@ -232,6 +233,7 @@ class DockerStageBackend:
             sock = self.api.attach_socket(ref, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
             raw = getattr(sock, "_sock", sock)
             raw.settimeout(None)  # a quiet stage must not time the stream out
+            self._stdin[ref] = raw
             wait = self.api.post(
                 self.api._url("/containers/{0}/wait", ref),
                 params={"condition": "removed"},
@@ -288,6 +290,14 @@ class DockerStageBackend:
         # The stage's last lines must reach the inbox before its exit does.
         reader.join(timeout=5.0)
         sink(gone)
+
+    def write_stdin(self, ref: str, data: bytes) -> None:
+        """To a stage created with an open stdin (PP_LIFELINE=stdin). OSError once it is gone."""
+        self._stdin[ref].sendall(data)
+
+    def close_stdin(self, ref: str) -> None:
+        """End of stdin for the stage; its output still comes back."""
+        self._stdin[ref].shutdown(socket.SHUT_WR)
 
     def signal(self, ref: str, signum: int) -> None:
         self.engine.signal(ref, signum)

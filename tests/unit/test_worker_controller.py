@@ -145,15 +145,21 @@ def test_shutdown_overrunning_its_timeout_moves_to_killing_and_asks_for_a_kill()
 def test_worker_fatal_fails_the_controller_with_the_exit_status() -> None:
     ctl = running()
     ctl.handle(c.ActorCommand(ring(1), 1))
-    assert ctl.handle(c.WorkerEventReceived(w.WorkerFatal(reason="SequenceViolation"))) == [
-        c.KillProcess("WorkerFatal: SequenceViolation")
-    ]
+    assert ctl.handle(c.WorkerEventReceived(w.WorkerFatal(reason="SequenceViolation"))) == []  # it exits by itself
     assert ctl.handle(c.ActorCommand(w.RingReadable(ring_id=1), 1))[0].reason == "NotRunning"  # type: ignore[union-attr]
     assert ctl.handle(c.ProcessExited(1)) == [
         c.RingFaulted(1, 1),
         c.StopRingPump(1),
         c.WorkerFailed(1, "WorkerFatal: SequenceViolation", 1),
     ]
+
+
+def test_a_worker_that_does_not_exit_after_fatal_is_killed() -> None:
+    ctl = running()
+    ctl.handle(c.WorkerEventReceived(w.WorkerFatal(reason="InvalidJson")))
+    assert ctl.handle(c.TimeAdvanced(4.9)) == []
+    assert ctl.handle(c.TimeAdvanced(5.0)) == [c.KillProcess("still running 5 s after failing")]
+    assert ctl.handle(c.ProcessExited(137)) == [c.WorkerFailed(1, "WorkerFatal: InvalidJson", 137)]
 
 
 def test_initialization_times_out() -> None:

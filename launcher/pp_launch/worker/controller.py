@@ -270,7 +270,7 @@ class WorkerController:
     def _on_init_event(self, inp: WorkerEventReceived) -> list[Output]:
         ev = inp.event
         if isinstance(ev, wire.WorkerFatal):
-            return self._fail(f"WorkerFatal: {ev.reason}")
+            return self._fail(f"WorkerFatal: {ev.reason}", kill=False)
         if not isinstance(ev, wire.WorkerReady):
             return self._fail(f"expected WorkerReady, got {type(ev).__name__}")
         if ev.ring_helper_abi != wire.RING_HELPER_ABI:
@@ -284,7 +284,7 @@ class WorkerController:
     def _on_event(self, inp: WorkerEventReceived) -> list[Output]:
         ev = inp.event
         if isinstance(ev, wire.WorkerFatal):
-            return self._fail(f"WorkerFatal: {ev.reason}")
+            return self._fail(f"WorkerFatal: {ev.reason}", kill=False)
         if isinstance(ev, wire.WorkerStopped):
             return [WorkerStopped(self.generation, ev.reason)]
         if isinstance(ev, (wire.WorkerReady,)):
@@ -304,12 +304,13 @@ class WorkerController:
     def _on_protocol_broken(self, inp: ProtocolBroken) -> list[Output]:
         return self._fail(f"protocol fault: {inp.reason}")
 
-    def _fail(self, reason: str) -> list[Output]:
-        """The worker is at fault but its process lives: kill it, report once it has exited (with its status)."""
+    def _fail(self, reason: str, kill: bool = True) -> list[Output]:
+        """The worker is at fault but its process lives: report the failure once it has exited, with its status.
+        After WorkerFatal it exits by itself (status 1), and is killed only if it overruns; otherwise at once."""
         self.state = State.FAILING
         self._failure = reason
         self._deadline = self.now + self.fatal_exit_timeout
-        return [KillProcess(reason)]
+        return [KillProcess(reason)] if kill else []
 
     def _on_exit(self, inp: ProcessExited) -> list[Output]:
         """Unexpected exit (a crash), or the exit that follows a failure: fault the rings, report."""
