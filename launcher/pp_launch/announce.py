@@ -23,6 +23,8 @@ class AnnouncementError(ValueError):
 
 def _valid_host(host: str) -> bool:
     if host.startswith("[") and host.endswith("]"):
+        if "%" in host:
+            return False  # no scope ids: they mean nothing to another container and invite escaping trouble
         try:
             ipaddress.IPv6Address(host[1:-1])
         except ValueError:

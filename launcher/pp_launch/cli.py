@@ -8,6 +8,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
+import shlex
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
@@ -511,3 +513,95 @@ def worker_check(ctx: click.Context, image: str, env: tuple[str, ...]) -> None:
             (lambda text: click.echo(text, err=True)) if verbose else (lambda text: None),
         )
     sys.exit(errors.EXIT_OK if ok else errors.EXIT_FAILURE)
+
+
+def _canonical(ctx: click.Context) -> str:
+    """The command as options that differ from their defaults, in declaration order."""
+    words = ["pp-launch", ctx.info_name or "compose"]
+    for param in ctx.command.params:
+        value = ctx.params.get(param.name or "")
+        if not isinstance(param, click.Option) or value == param.default or value in (None, ()):
+            continue
+        values = value if isinstance(value, tuple) else (value,)
+        for v in values:
+            words += [param.opts[0]] if param.is_flag else [param.opts[0], str(v)]
+    return shlex.join(words)
+
+
+@main.command()
+@click.option("--stages", type=click.IntRange(min=1, max=64), default=2, show_default=True)
+@click.option("--image", default=BUILTIN_IMAGE, show_default=True, help="Stage image (needs /bin/sh).")
+@gpu_options
+@click.option("--project", default="pp-chain", show_default=True, help="Compose project name.")
+@click.option(
+    "--worker-cmd",
+    default="/usr/local/bin/pp-worker",
+    show_default=True,
+    help="The worker command each stage runs under pp-stage-entry (split like a shell would).",
+)
+@click.option("--env", "env", multiple=True, metavar="NAME=VALUE", help="Set a variable in every stage.")
+@click.option("--stage-env", multiple=True, metavar="K:NAME=VALUE", help="Set a variable in stage K only.")
+@click.option(
+    "--addr-timeout",
+    type=click.FloatRange(min=1),
+    default=60.0,
+    show_default=True,
+    metavar="S",
+    help="How long a stage may take to announce before Compose calls it unhealthy.",
+)
+@click.pass_context
+def compose(
+    ctx: click.Context,
+    stages: int,
+    image: str,
+    gpus: str,
+    gpus_per_stage: int,
+    gpu_inventory: str | None,
+    gpu_attach: str,
+    allow_shared: bool,
+    min_free_mem: int | None,
+    project: str,
+    worker_cmd: str,
+    env: tuple[str, ...],
+    stage_env: tuple[str, ...],
+    addr_timeout: float,
+) -> None:
+    """Write a Compose file for a chain of STAGES stages to stdout.
+
+    One service per stage: init, host network, the stage environment, pp-launch labels (owner
+    compose:PROJECT), GPUs pinned by UUID. Each stage runs under pp-stage-entry, which hands its
+    announcement to the next stage through a shared directory; stage k starts once stage k-1 is healthy.
+
+    \b
+    Examples:
+      pp-launch compose --stages 4 --gpus none > chain.yaml && docker compose -f chain.yaml up -d
+      pp-launch compose --stages 2 --gpus auto --project llama > llama.yaml
+    """
+    from . import compose as compose_file
+
+    if not re.fullmatch(r"[a-z0-9][a-z0-9_-]*", project):
+        raise click.BadParameter(
+            "use lowercase letters, digits, '-' and '_', starting with a letter or digit", param_hint="--project"
+        )
+    request = ChainRequest(
+        stages=stages, image=image, env=_parse_env(env), stage_env=_parse_stage_env(stage_env, stages), lifeline=False
+    )
+    gpu = launch.GpuOptions(gpus, gpus_per_stage, gpu_attach, gpu_inventory, allow_shared, min_free_mem)
+    with mapped_errors():
+        try:
+            engine = connect(timeout=5) if gpus not in ("none",) else None
+        except errors.EngineUnavailable:
+            engine = None
+        plan, note = launch.plan_chain(
+            request,
+            gpu,
+            engine,
+            owner=compose_file.owner_for(project),
+            run_id=compose_file.run_id_for(project),
+            reserve=False,
+        )
+    if note:
+        click.echo(f"pp-launch: {note}", err=True)
+    click.echo(
+        compose_file.render(plan, project, _canonical(ctx), tuple(shlex.split(worker_cmd)), addr_timeout), nl=False
+    )

@@ -9,8 +9,36 @@ say() { printf 'ensure-docker: %s\n' "$*" >&2; }
 
 engine_answers() { command -v docker >/dev/null 2>&1 && timeout 10 docker info >/dev/null 2>&1; }
 
+# Compose v2 (the `docker compose` plugin). Bookworm ships only v1, so on Debian we take the plugin binary
+# from Debian trixie's docker-compose package (a Go binary needing libc >= 2.34), fetched with apt using
+# its own package lists: this system's apt sources are left as they are.
+ensure_compose() {
+  if docker compose version >/dev/null 2>&1; then
+    return 0
+  fi
+  if [ "$(id -u)" != 0 ] || [ ! -f /etc/debian_version ]; then
+    say "Compose v2 is missing ('docker compose version' fails): install the docker-compose-plugin package."
+    say "(only 'pp-launch compose' and its tests need it)"
+    return 1
+  fi
+  say "installing Compose v2 (Debian trixie's docker-compose) as /usr/libexec/docker/cli-plugins/docker-compose"
+  local tmp o deb
+  tmp=$(mktemp -d)
+  mkdir -p "$tmp/lists/partial" "$tmp/cache/archives/partial"
+  echo "deb http://deb.debian.org/debian trixie main" > "$tmp/sources.list"
+  o="-o Dir::Etc::SourceList=$tmp/sources.list -o Dir::Etc::SourceParts=/dev/null -o Dir::State::Lists=$tmp/lists -o Dir::Cache=$tmp/cache -o APT::Sandbox::User=root"
+  # shellcheck disable=SC2086
+  apt-get $o update -qq && (cd "$tmp" && apt-get $o download -qq docker-compose)
+  deb=$(ls "$tmp"/docker-compose_*.deb)
+  dpkg-deb -x "$deb" "$tmp/root"
+  install -D -m 0755 "$tmp/root/usr/libexec/docker/cli-plugins/docker-compose" /usr/libexec/docker/cli-plugins/docker-compose
+  rm -rf "$tmp"
+  docker compose version >&2
+}
+
 if engine_answers; then
   say "Docker engine already running ($(docker info --format '{{.ServerVersion}}' 2>/dev/null)); leaving it alone."
+  ensure_compose || true
   exit 0
 fi
 
@@ -39,6 +67,7 @@ fi
 for _ in $(seq 1 120); do
   if engine_answers; then
     say "Docker engine is up ($(docker info --format '{{.ServerVersion}}')); log: $log"
+    ensure_compose || true
     exit 0
   fi
   sleep 0.5
