@@ -6,6 +6,7 @@ Signal handlers are installed here and nowhere else.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import re
@@ -82,9 +83,23 @@ def gpu_options(f: F) -> F:
             help="Only GPUs with at least this much free memory (MiB).",
         ),
     ]
+
+    @functools.wraps(f)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        kwargs["gpu"] = launch.GpuOptions(
+            kwargs.pop("gpus"),
+            kwargs.pop("gpus_per_stage"),
+            kwargs.pop("gpu_attach"),
+            kwargs.pop("gpu_inventory"),
+            kwargs.pop("allow_shared"),
+            kwargs.pop("min_free_mem"),
+        )
+        return f(*args, **kwargs)
+
+    command: Any = wrapper
     for d in reversed(decorators):
-        f = d(f)
-    return f
+        command = d(command)
+    return command  # type: ignore[no-any-return]
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
@@ -182,12 +197,7 @@ def chain(
     ctx: click.Context,
     stages: int,
     image: str,
-    gpus: str,
-    gpus_per_stage: int,
-    gpu_inventory: str | None,
-    gpu_attach: str,
-    allow_shared: bool,
-    min_free_mem: int | None,
+    gpu: launch.GpuOptions,
     network: str,
     name_prefix: str | None,
     env: tuple[str, ...],
@@ -225,7 +235,6 @@ def chain(
     )
     if detach and gpu_node:
         raise click.UsageError("--detach and --gpu-node do not go together: child processes end with the launcher")
-    gpu = launch.GpuOptions(gpus, gpus_per_stage, gpu_attach, gpu_inventory, allow_shared, min_free_mem)
     with mapped_errors():
         if dry_run:
             _dry_run(request, gpu, as_json)
@@ -554,12 +563,7 @@ def compose(
     ctx: click.Context,
     stages: int,
     image: str,
-    gpus: str,
-    gpus_per_stage: int,
-    gpu_inventory: str | None,
-    gpu_attach: str,
-    allow_shared: bool,
-    min_free_mem: int | None,
+    gpu: launch.GpuOptions,
     project: str,
     worker_cmd: str,
     env: tuple[str, ...],
@@ -586,10 +590,9 @@ def compose(
     request = ChainRequest(
         stages=stages, image=image, env=_parse_env(env), stage_env=_parse_stage_env(stage_env, stages), lifeline=False
     )
-    gpu = launch.GpuOptions(gpus, gpus_per_stage, gpu_attach, gpu_inventory, allow_shared, min_free_mem)
     with mapped_errors():
         try:
-            engine = connect(timeout=5) if gpus not in ("none",) else None
+            engine = connect(timeout=5) if gpu.mode != "none" else None
         except errors.EngineUnavailable:
             engine = None
         plan, note = launch.plan_chain(
