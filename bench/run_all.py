@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-BENCHES = ["bench_chain.py", "chaos_report.py"]
+BENCHES = ["bench_chain.py", "chaos_report.py", "bench_planning.py"]
 
 
 def main() -> int:
