@@ -149,7 +149,8 @@ class LiveReporter(PlainReporter):
 
     def stage_state(self, stage: int, state: str, detail: str = "") -> None:
         with self._lock:
-            self.rows[stage] = [state, detail]
+            # a state without detail keeps the last one (running keeps "127.0.0.1:4000 in 0.15 s")
+            self.rows[stage] = [state, detail or self.rows.get(stage, ["", ""])[1]]
             self.live.update(self._table())
 
     def event(self, name: str, fields: Mapping[str, Any]) -> None:
