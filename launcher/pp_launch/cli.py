@@ -529,11 +529,15 @@ def _canonical(ctx: click.Context) -> str:
     words = ["pp-launch", ctx.info_name or "compose"]
     for param in ctx.command.params:
         value = ctx.params.get(param.name or "")
-        if not isinstance(param, click.Option) or value == param.default or value in (None, ()):
+        if not isinstance(param, click.Option) or value in (None, (), False):
             continue
-        values = value if isinstance(value, tuple) else (value,)
-        for v in values:
-            words += [param.opts[0]] if param.is_flag else [param.opts[0], str(v)]
+        if param.is_flag:  # present when true, whatever this Click version reports as a flag's default
+            words.append(param.opts[0])
+            continue
+        if value == param.get_default(ctx):
+            continue
+        for v in value if isinstance(value, tuple) else (value,):
+            words += [param.opts[0], str(v)]
     return shlex.join(words)
 
 
