@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from . import labels
@@ -158,7 +157,3 @@ def _entry(prefix: str, item: Any, indent: int, in_list: bool = False) -> str:
     if isinstance(item, list):
         return prefix + " []"
     return f"{prefix} {_scalar(item)}"
-
-
-def reference_path() -> Path:
-    return images_dir().parent / "compose" / "pp-chain-4.yaml"

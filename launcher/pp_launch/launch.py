@@ -17,7 +17,7 @@ from . import errors, images, labels, node, sweep, watchdog
 from .chain.plan import BUILTIN_IMAGE, ChainPlan, ChainRequest, build_plan, new_run_id
 from .chain.ports import QueueInbox, StageBackend
 from .chain.scope import ChainOutcome, ChainScope, Reporter
-from .docker_engine import DockerStageBackend, Engine
+from .docker_engine import DockerStageBackend, Engine, connect
 from .gpu import select as gpu_select
 from .gpu.inventory import GpuInventory
 from .process_backend import ProcessStageBackend
@@ -166,8 +166,6 @@ def run_node(environ: Mapping[str, str], args: tuple[str, ...], inbox: QueueInbo
     """pp-gpu-node: one stage container in the foreground; `args` become its command. Stop signals must
     already be arriving in `inbox`."""
     config = node.NodeConfig.from_env(environ, args)
-    from .docker_engine import connect
-
     engine = connect()
     if engine.image_labels(config.image) is None:
         if config.image != BUILTIN_IMAGE:

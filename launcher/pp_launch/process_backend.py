@@ -40,7 +40,7 @@ class ProcessStageBackend:
         self.grace = grace
         self.engine_leftovers = engine_leftovers
         self.settle = settle
-        self._pending: dict[str, tuple[StageSpec, dict[str, str]]] = {}
+        self._pending: dict[str, dict[str, str]] = {}  # created, not yet started: its environment
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
 
     def create(self, spec: StageSpec, env: Mapping[str, str]) -> str:
@@ -53,11 +53,11 @@ class ProcessStageBackend:
         full.setdefault("PP_STAGE_NETWORK", spec.network)
         if spec.gpus:
             full["PP_GPUS"] = "device=" + ",".join(spec.gpus)
-        self._pending[spec.name] = (spec, full)
+        self._pending[spec.name] = full
         return spec.name
 
     def start(self, ref: str, stage: int, sink: Sink) -> None:
-        _spec, env = self._pending.pop(ref)
+        env = self._pending.pop(ref)
         try:
             proc = subprocess.Popen(
                 [self.path],

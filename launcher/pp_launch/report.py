@@ -47,11 +47,6 @@ class JsonReporter:
     def stage_state(self, stage: int, state: str, detail: str = "") -> None:
         pass
 
-    def note(self, text: str) -> None:
-        with self._lock:
-            self.err.write(f"pp-launch: {text}\n")
-            self.err.flush()
-
     def close(self) -> None:
         pass
 
@@ -70,9 +65,6 @@ class PlainReporter:
         with self._lock:
             self.err.write(f"pp-launch: {text}\n")
             self.err.flush()
-
-    def note(self, text: str) -> None:
-        self._say(text)
 
     def event(self, name: str, fields: Mapping[str, Any]) -> None:
         if self.verbosity < 0 and name != events.CHAIN_STOPPED:
