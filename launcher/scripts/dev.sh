@@ -28,6 +28,7 @@ setup() {
   fi
   say "installing pp-launch and its test tools into $VENV"
   "$PY" -m pip install -q --disable-pip-version-check -e '.[test]'
+  launcher/scripts/ensure-host-tools.sh
   launcher/scripts/ensure-docker.sh
   say "building the images (nothing is pulled; a second run rebuilds nothing)"
   "$VENV/bin/pp-launch" images build

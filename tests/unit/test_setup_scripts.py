@@ -1,0 +1,60 @@
+"""The set-up installs the host tools it calls: run its check against a PATH that has none of them, with a
+recording stand-in for apt-get, so nothing is installed by the test."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "launcher" / "scripts" / "ensure-host-tools.sh"
+
+
+def bare_path(tmp_path: Path, *keep: str) -> Path:
+    """A PATH folder holding only the named programs (what any root filesystem has)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in ("bash", "id", *keep):
+        found = shutil.which(name)
+        assert found, name
+        (bin_dir / name).symlink_to(found)
+    return bin_dir
+
+
+def run(tmp_path: Path, bin_dir: Path) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    log = tmp_path / "apt.log"
+    apt = tmp_path / "apt-get"
+    apt.write_text(f'#!{shutil.which("bash")}\necho "$*" >> {log}\n')
+    apt.chmod(0o755)
+    result = subprocess.run(
+        [str(bin_dir / "bash"), str(SCRIPT)],
+        env={"PATH": str(bin_dir), "PP_APT_GET": str(apt)},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    return result, log.read_text().splitlines() if log.exists() else []
+
+
+def test_missing_tools_are_installed_by_package_name(tmp_path: Path) -> None:
+    result, calls = run(tmp_path, bare_path(tmp_path))
+    if os.geteuid() == 0 and Path("/etc/debian_version").exists():
+        assert result.returncode == 0, result.stderr
+        assert calls[0] == "update -qq"
+        assert calls[1].split()[:3] == ["install", "-y", "-qq"]
+        assert {"debootstrap", "gcc", "tar", "util-linux", "procps"} <= set(calls[1].split())
+    else:
+        assert result.returncode == 1
+        assert "install the packages debootstrap" in result.stderr
+
+
+def test_present_tools_are_left_alone(tmp_path: Path) -> None:
+    tools = [t for t in ("debootstrap", "gcc", "tar", "setsid", "pgrep") if shutil.which(t)]
+    result, calls = run(tmp_path, bare_path(tmp_path, *tools))
+    missing = {"debootstrap", "gcc", "tar", "setsid", "pgrep"} - set(tools)
+    if not missing:
+        assert result.returncode == 0 and calls == []
+    else:
+        assert all(t not in " ".join(calls) for t in tools if t not in ("setsid", "pgrep"))
