@@ -1,9 +1,11 @@
 """STUB_MODE=worker: the worker end of the worker-control wire (contract §8), standard library only.
 
-Commands arrive as JSON lines on stdin; events leave as JSON lines on stdout; stderr is logs only. Objects
-live as ring records in a shared-memory arena (/dev/shm, `arena_ceiling` bytes), each with the seed's
-40-byte header: magic `MO01`, version 1, header length 40, object id, sequence, extent, flags. Sequences
-increase strictly from 0 per ring. End of stdin means the controller is gone: the worker exits.
+Commands arrive as JSON lines on stdin; events leave as JSON lines on stdout; stderr is logs only. Ids are
+integers and `backend` an object, as swactor's JSON workers speak them; unknown fields are ignored. Objects
+live as ring records in the arena, each with the seed's 40-byte header: magic `MO01`, version 1, header
+length 40, object id, sequence, extent, flags. The arena is the inherited memory file `SWACTOR_ARENA_FD`
+of `SWACTOR_ARENA_BYTES` bytes when given (as pp-launch's worker driver gives it), else a file of its own in
+/dev/shm. Sequences increase strictly from 0 per ring. End of stdin means the controller is gone: exit.
 
 STUB_WORKER_MISBEHAVE=<what> breaks one rule on purpose, for `pp-launch worker check` to catch:
   sequence      ObjectLoaded sequences start at 1
@@ -12,6 +14,7 @@ STUB_WORKER_MISBEHAVE=<what> breaks one rule on purpose, for `pp-launch worker c
   invalid_json  invalid JSON is ignored instead of fatal
   shutdown      exits 3 after WorkerStopped
   eof           keeps running after end of stdin
+  string-ids    speaks the old wire: ids as strings and backend as "cpu" (swactor's workers refuse it)
 """
 
 from __future__ import annotations
@@ -46,9 +49,18 @@ class Fatal(Exception):
 
 class Arena:
     def __init__(self, size: int) -> None:
-        self.path = f"/dev/shm/pp-stub-arena-{os.getpid()}"
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
-        os.ftruncate(self.fd, max(size, HEADER.size))
+        inherited = os.environ.get("SWACTOR_ARENA_FD")
+        if inherited:
+            self.path = ""
+            self.fd = int(inherited)
+            available = int(os.environ.get("SWACTOR_ARENA_BYTES", "0") or 0)
+            if size > available:
+                raise Fatal("ArenaTooSmall")
+            log(f"arena: inherited descriptor {self.fd}, {available} bytes")
+        else:
+            self.path = f"/dev/shm/pp-stub-arena-{os.getpid()}"
+            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+            os.ftruncate(self.fd, max(size, HEADER.size))
         self.map = mmap.mmap(self.fd, max(size, HEADER.size))
         self.size, self.used = size, 0
 
@@ -61,19 +73,29 @@ class Arena:
     def close(self) -> None:
         self.map.close()
         os.close(self.fd)
-        os.unlink(self.path)
+        if self.path:
+            os.unlink(self.path)
 
 
 class Ring:
     def __init__(self, cmd: dict, arena: Arena) -> None:
         self.ring_id, self.edge_id, self.port_id = cmd["ring_id"], cmd["edge_id"], cmd["port_id"]
         self.direction = cmd["direction"]
-        self.slots = int(cmd["layout"].get("slots", 4))
-        self.extent = int(cmd["object_spec"].get("extent", 64))
-        if self.slots < 1 or self.extent < 1:
+        layout, spec = cmd["layout"], cmd["object_spec"]
+        self.extent = int(spec.get("max_extent", spec.get("extent", 64)))
+        if self.extent < 1:
             raise Fatal("ObjectExtentInvalid")
         self.stride = HEADER.size + self.extent
-        self.offset = arena.allocate(self.slots * self.stride)
+        if "data_capacity" in layout:  # the seed's layout: the ring's place in the arena
+            self.slots = int(layout["data_capacity"]) // self.stride
+            self.offset = int(layout.get("data_offset", 0))
+            if self.slots < 1 or self.offset < 0 or self.offset + self.slots * self.stride > arena.size:
+                raise Fatal("ObjectExtentInvalid")
+        else:
+            self.slots = int(layout.get("slots", 4))
+            if self.slots < 1:
+                raise Fatal("ObjectExtentInvalid")
+            self.offset = arena.allocate(self.slots * self.stride)
         self.next_sequence = 1 if MISBEHAVE == "sequence" and self.direction == "ingress" else 0
         self.last_sequence = -1
 
@@ -96,13 +118,18 @@ class Ring:
         return seq, slot
 
 
+def _id(value: object) -> object:
+    """An id as this worker sends it: an integer, or on the old wire (misbehave=string-ids) a string."""
+    return str(value) if MISBEHAVE == "string-ids" else value
+
+
 class Worker:
     def __init__(self) -> None:
         self.generation: int | None = None
-        self.backend = "cpu"
+        self.backend: object = {"device": "CPU"}
         self.arena: Arena | None = None
         self.rings: dict[int, Ring] = {}
-        self.roles: dict[str, dict] = {}
+        self.roles: dict[int, dict] = {}
         self.objects: dict[int, int] = {}  # device object id -> ring id
         self.next_object = 1
 
@@ -114,19 +141,32 @@ class Worker:
             raise Fatal("OldGenerationHandle")
         return int(doc["id"])
 
-    def new_object(self, ring: Ring) -> dict:
+    def ring_fields(self, ring: Ring) -> dict:
+        return {"ring_id": _id(ring.ring_id), "edge_id": _id(ring.edge_id), "port_id": ring.port_id}
+
+    def load(self, ring: Ring) -> dict:
         object_id = self.next_object
         self.next_object += 1
         sequence, _ = ring.write_record(self.arena, object_id)  # type: ignore[arg-type]
         self.objects[object_id] = ring.ring_id
         return {
-            "ring_id": ring.ring_id,
-            "edge_id": ring.edge_id,
-            "port_id": ring.port_id,
-            "object_id": object_id,
+            **self.ring_fields(ring),
+            "object_id": _id(object_id),
             "sequence": sequence,
             "extent": ring.extent,
             "device_handle": {"worker_generation": self.generation, "id": object_id},
+        }
+
+    def produce(self, ring: Ring, binding: dict) -> dict:
+        object_id, flags = int(binding["object_id"]), int(binding.get("flags", 0))
+        if int(binding["sequence"]) != ring.next_sequence:
+            raise Fatal("SequenceViolation")
+        sequence, _ = ring.write_record(self.arena, object_id, flags)  # type: ignore[arg-type]
+        return {
+            **self.ring_fields(ring),
+            "object_id": _id(object_id),
+            "sequence": sequence,
+            "committed_bytes": ring.extent,
         }
 
     def dispatch(self, cmd: dict) -> bool:
@@ -138,7 +178,7 @@ class Worker:
             if cmd.get("required_ring_helper_abi") != RING_HELPER_ABI:
                 raise Fatal("UnsupportedHelperAbi")
             self.generation = cmd.get("worker_generation", cmd.get("generation"))
-            self.backend = str(cmd.get("backend", "cpu"))
+            self.backend = "cpu" if MISBEHAVE == "string-ids" else cmd.get("backend", self.backend)
             self.arena = Arena(int(cmd["arena_ceiling"]))
             emit(
                 "WorkerReady",
@@ -148,52 +188,58 @@ class Worker:
                 backend=self.backend,
             )
         elif kind == "ConfigureRole":
+            role_id = cmd["role_id"]
             reason = cmd["config"].get("fail") if isinstance(cmd.get("config"), dict) else "config must be an object"
             if reason:
-                emit("RoleFailed", role_id=cmd["role_id"], reason=str(reason))
+                emit("RoleFailed", role_id=_id(role_id), reason=str(reason))
             else:
-                self.roles[cmd["role_id"]] = cmd["config"]
-                emit("RoleConfigured", role_id=cmd["role_id"])
+                self.roles[role_id] = cmd["config"]
+                emit("RoleConfigured", role_id=_id(role_id))
         elif kind == "InstallRing":
             ring = Ring(cmd, self.arena)  # type: ignore[arg-type]
             self.rings[ring.ring_id] = ring
-            emit("RingInstalled", ring_id=ring.ring_id, edge_id=ring.edge_id, port_id=ring.port_id)
+            emit("RingInstalled", **self.ring_fields(ring))
         elif kind == "RingReadable":
             ring = self.rings.get(cmd["ring_id"])
             if ring is None or ring.direction != "ingress":
                 raise Fatal("UnknownRing")
-            emit("ObjectLoaded", **self.new_object(ring))
+            emit("ObjectLoaded", **self.load(ring))
+        elif kind == "RingWritable":
+            ring = self.rings.get(cmd["ring_id"])
+            if ring is None or ring.direction != "egress":
+                raise Fatal("UnknownRing")
+            emit("RingWritable", ring_id=_id(ring.ring_id))
         elif kind == "ExecuteStep":
             role_id, step_id = cmd["role_id"], cmd["step_id"]
-            inputs = [self.handle_of(h) for h in cmd["inputs"]]
+            inputs = [self.handle_of(b.get("device_handle", b.get("handle"))) for b in cmd["inputs"]]
             if role_id not in self.roles:
-                emit("StepFailed", role_id=role_id, step_id=step_id, reason=f"role {role_id} is not configured")
+                emit("StepFailed", role_id=_id(role_id), step_id=step_id, reason="RoleUnavailable")
                 return True
             if any(i not in self.objects for i in inputs):
-                emit("StepFailed", role_id=role_id, step_id=step_id, reason="an input object does not exist")
+                emit("StepFailed", role_id=_id(role_id), step_id=step_id, reason="InvalidInputHandle")
                 return True
-            for ring_id in cmd["outputs"]:
-                ring = self.rings.get(ring_id)
+            for binding in cmd["outputs"]:
+                ring = self.rings.get(binding["ring_id"])
                 if ring is None or ring.direction != "egress":
-                    emit("StepFailed", role_id=role_id, step_id=step_id, reason=f"ring {ring_id} is no egress ring")
+                    emit("StepFailed", role_id=_id(role_id), step_id=step_id, reason="OutputValidationFailed")
                     return True
-                emit("ObjectProduced", role_id=role_id, step_id=step_id, **self.new_object(ring))
+                emit("ObjectProduced", **self.produce(ring, binding))
             if cmd["release_inputs_after"]:
                 for i in inputs:
                     self.objects.pop(i, None)
-            emit("StepCompleted", role_id=role_id, step_id=step_id)
+            emit("StepCompleted", role_id=_id(role_id), step_id=step_id)
         elif kind == "ReleaseDeviceObject":
             object_id = self.handle_of(cmd.get("device_handle", cmd.get("handle")))
             handle = {"worker_generation": self.generation, "id": object_id}
             if MISBEHAVE == "release":
                 return True
             if self.objects.pop(object_id, None) is None:
-                emit("ReleaseFailed", device_handle=handle, reason=f"no device object {object_id}")
+                emit("ReleaseFailed", device_handle=handle, reason="UnknownHandle")
             else:
                 emit("DeviceObjectReleased", device_handle=handle)
         elif kind == "UninstallRing":
             self.rings.pop(cmd["ring_id"], None)
-            emit("RingQuiesced", ring_id=cmd["ring_id"])
+            emit("RingQuiesced", ring_id=_id(cmd["ring_id"]))
         elif kind == "ShutdownWorker":
             emit("WorkerStopped", reason=str(cmd.get("mode", "Graceful")))
             return False
@@ -230,7 +276,7 @@ def serve() -> int:
                 time.sleep(1)
         return 0
     except Fatal as exc:
-        emit("WorkerFatal", reason=str(exc))
+        emit("WorkerFatal", reason=str(exc), worker_generation=worker.generation, pid=os.getpid())
         return 1
     finally:
         if worker.arena is not None:

@@ -79,15 +79,20 @@ class Engine:
         self.api = client.api
 
     # ------------------------------------------------------------------------------ images
-    def image_labels(self, name: str) -> Mapping[str, str] | None:
-        """None when the image is not present locally."""
+    def image_config(self, name: str) -> Mapping[str, Any] | None:
+        """The image's Config (Entrypoint, Cmd, Labels...); None when the image is not present locally."""
         try:
             info = self.api.inspect_image(name)
         except docker.errors.ImageNotFound:
             return None
         except docker.errors.APIError as exc:
             raise errors.EngineError(f"cannot inspect image {name}: {_reason(exc)}") from None
-        return dict((info.get("Config") or {}).get("Labels") or {})
+        return dict(info.get("Config") or {})
+
+    def image_labels(self, name: str) -> Mapping[str, str] | None:
+        """None when the image is not present locally."""
+        config = self.image_config(name)
+        return None if config is None else dict(config.get("Labels") or {})
 
     def import_rootfs(self, tar_path: str, repository: str, tag: str, changes: list[str]) -> None:
         try:

@@ -1,9 +1,15 @@
-"""The worker control wire (contract §8): typed messages and a strict JSON-lines codec. Pure.
+"""The worker control wire (contract §8): typed messages and a JSON-lines codec. Pure.
+
+The JSON form of the seed's `WorkerCommand`/`WorkerEvent` as swactor's own JSON workers speak it: integer
+ids, an object `backend`, binding objects in `ExecuteStep`, the ring fields (and `committed_bytes`) on
+`ObjectProduced`, and the unsolicited `RingFault`/`ObjectFailed`/`RingReadable`/`RingWritable` events.
 
 Messages are frozen, keyword-only dataclasses that validate their fields on construction, so a message
-that exists is a valid one. Decoding is strict: invalid JSON, an unknown type, a forbidden top-level key
-(`payload`, `bytes`, `data`: bulk data travels in rings) or a field of the wrong type is a ProtocolFault
-naming the line. Readers accept `generation` for `worker_generation` and `handle` for `device_handle`.
+that exists is a valid one. Decoding is strict where the wire is (invalid JSON, an unknown `type`, a
+forbidden top-level key, a missing field or a field of the wrong type is a ProtocolFault naming the line)
+and lenient where swactor's workers are: unknown fields are ignored, except on `WorkerFatal`, which keeps
+them as `details` so the fatal path carries what the worker said. Readers accept `generation` for
+`worker_generation` and `handle` for `device_handle`.
 """
 
 from __future__ import annotations
@@ -12,17 +18,20 @@ import dataclasses
 import json
 import types
 import typing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
+
+from ..errors import PpLaunchError
 
 RING_HELPER_ABI = 1
 FORBIDDEN_KEYS = frozenset({"payload", "bytes", "data"})
 ALIASES = {"generation": "worker_generation", "handle": "device_handle"}
 MAX_LINE = 1 << 20
+CPU_BACKEND: dict[str, Any] = {"device": "CPU"}
 
 
-class ProtocolFault(ValueError):
-    """The peer broke the wire. `line` is the offending text (escaped, cut to 200 characters)."""
+class ProtocolFault(PpLaunchError):
+    """The peer broke the wire (the peer's fault). `line` is the offending text, escaped, cut to 200 characters."""
 
     def __init__(self, reason: str, line: bytes | str = b"", line_no: int | None = None) -> None:
         text = line if isinstance(line, str) else line.decode("utf-8", "backslashreplace")
@@ -34,27 +43,69 @@ class ProtocolFault(ValueError):
         self.line_no = line_no
 
 
+class _Checked:
+    """A frozen dataclass whose fields are checked against their type hints on construction."""
+
+    def __post_init__(self) -> None:
+        _check_fields(self)
+
+
 @dataclass(frozen=True, kw_only=True)
-class DeviceHandle:
+class DeviceHandle(_Checked):
     worker_generation: int
     id: int
 
-    def __post_init__(self) -> None:
-        _check_fields(self)
+
+@dataclass(frozen=True, kw_only=True)
+class InputBinding(_Checked):
+    """An `ExecuteStep` input: a device object the worker holds."""
+
+    device_handle: DeviceHandle
+    object_id: int
+    sequence: int
 
 
-class Message:
-    """Base of every wire message; `type` is the class name."""
+@dataclass(frozen=True, kw_only=True)
+class OutputBinding(_Checked):
+    """An `ExecuteStep` output: the object the step must write to an egress ring."""
 
+    ring_id: int
+    object_id: int
+    sequence: int
+    flags: int = 0
+
+
+NESTED: tuple[type, ...] = (DeviceHandle, InputBinding, OutputBinding)
+
+
+class Message(_Checked):
+    """Base of every wire message. `TYPE` is the wire's `type` (the class name unless a class says otherwise)."""
+
+    TYPE: ClassVar[str]
     sender: ClassVar[str]  # "controller" (a command) or "worker" (an event)
 
-    def __post_init__(self) -> None:
-        _check_fields(self)
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "TYPE" not in cls.__dict__:
+            cls.TYPE = cls.__name__
 
     def to_wire(self) -> dict[str, Any]:
-        doc: dict[str, Any] = {"type": type(self).__name__}
-        doc.update(dataclasses.asdict(self))  # type: ignore[call-overload]
+        doc: dict[str, Any] = {"type": self.TYPE}
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+            value = getattr(self, f.name)
+            if f.name == "details":
+                doc.update({k: v for k, v in value.items() if k not in doc})
+            elif value is not None:
+                doc[f.name] = _plain(value)
         return doc
+
+
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
 
 
 def _check(value: Any, hint: Any, path: str) -> None:
@@ -92,10 +143,8 @@ def _check(value: Any, hint: Any, path: str) -> None:
     if hint is int:
         if not isinstance(value, int) or isinstance(value, bool):
             raise TypeError(f"{path} must be an integer, not {type(value).__name__}")
-        return
-    if hint is DeviceHandle:
-        if not isinstance(value, DeviceHandle):
-            raise TypeError(f"{path} must be a device handle")
+        if value < 0:
+            raise TypeError(f"{path} must not be negative")
         return
     if not isinstance(value, hint):
         raise TypeError(f"{path} must be {hint.__name__}, not {type(value).__name__}")
@@ -105,10 +154,6 @@ def _check_fields(obj: Any) -> None:
     hints = typing.get_type_hints(type(obj))
     for f in dataclasses.fields(obj):
         _check(getattr(obj, f.name), hints[f.name], f.name)
-    for f in dataclasses.fields(obj):
-        value = getattr(obj, f.name)
-        if isinstance(value, int) and not isinstance(value, bool) and value < 0 and f.name != "count":
-            raise TypeError(f"{f.name} must not be negative")
 
 
 class Command(Message):
@@ -119,27 +164,33 @@ class Event(Message):
     sender = "worker"
 
 
+Direction = Literal["ingress", "egress"]
+ShutdownMode = Literal["Graceful", "AbortInFlight"]
+
+
 # ------------------------------------------------------------------------------------------------ commands
 @dataclass(frozen=True, kw_only=True)
 class InitializeWorker(Command):
     worker_generation: int
     arena_ceiling: int
     required_ring_helper_abi: int
-    backend: str
+    backend: dict[str, Any]
 
 
 @dataclass(frozen=True, kw_only=True)
 class ConfigureRole(Command):
-    role_id: str
+    role_id: int
     config: dict[str, Any]
 
 
 @dataclass(frozen=True, kw_only=True)
 class InstallRing(Command):
+    """The seed's `InstallRingSpec`, `"InstallRing"` on the wire."""
+
     ring_id: int
-    edge_id: str
+    edge_id: int
     port_id: str
-    direction: Literal["ingress", "egress"]
+    direction: Direction
     layout: dict[str, Any]
     object_spec: dict[str, Any]
 
@@ -150,11 +201,18 @@ class RingReadable(Command):
 
 
 @dataclass(frozen=True, kw_only=True)
+class RingWritable(Command):
+    ring_id: int
+
+
+@dataclass(frozen=True, kw_only=True)
 class ExecuteStep(Command):
-    role_id: str
+    """The seed's `ExecuteStepSpec`, `"ExecuteStep"` on the wire."""
+
+    role_id: int
     step_id: int
-    inputs: list[DeviceHandle]
-    outputs: list[int]  # egress ring ids, one object produced on each
+    inputs: list[InputBinding]
+    outputs: list[OutputBinding]
     runtime: dict[str, Any]
     release_inputs_after: bool
 
@@ -172,7 +230,7 @@ class UninstallRing(Command):
 
 @dataclass(frozen=True, kw_only=True)
 class ShutdownWorker(Command):
-    mode: Literal["Graceful", "AbortInFlight"]
+    mode: ShutdownMode
 
 
 # ------------------------------------------------------------------------------------------------ events
@@ -181,31 +239,35 @@ class WorkerReady(Event):
     pid: int
     worker_generation: int
     ring_helper_abi: int
-    backend: str
+    backend: dict[str, Any]
 
 
 @dataclass(frozen=True, kw_only=True)
 class RoleConfigured(Event):
-    role_id: str
+    role_id: int
 
 
 @dataclass(frozen=True, kw_only=True)
 class RoleFailed(Event):
-    role_id: str
+    role_id: int
     reason: str
 
 
 @dataclass(frozen=True, kw_only=True)
 class RingInstalled(Event):
+    """The seed's `RingInstalledForEdge`, `"RingInstalled"` on the wire."""
+
     ring_id: int
-    edge_id: str
+    edge_id: int
     port_id: str
 
 
 @dataclass(frozen=True, kw_only=True)
 class ObjectLoaded(Event):
+    """The seed's `ObjectLoadedFromRing`, `"ObjectLoaded"` on the wire."""
+
     ring_id: int
-    edge_id: str
+    edge_id: int
     port_id: str
     object_id: int
     sequence: int
@@ -215,26 +277,27 @@ class ObjectLoaded(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class ObjectProduced(Event):
-    role_id: str
-    step_id: int
+    """The seed's `ObjectProducedToRing`, `"ObjectProduced"` on the wire: what a step committed to a ring."""
+
     ring_id: int
-    edge_id: str
+    edge_id: int
     port_id: str
     object_id: int
     sequence: int
-    extent: int
-    device_handle: DeviceHandle
+    committed_bytes: int
 
 
 @dataclass(frozen=True, kw_only=True)
 class StepCompleted(Event):
-    role_id: str
+    """The seed's `StepCompletedForRole`, `"StepCompleted"` on the wire."""
+
+    role_id: int
     step_id: int
 
 
 @dataclass(frozen=True, kw_only=True)
 class StepFailed(Event):
-    role_id: str
+    role_id: int
     step_id: int
     reason: str
 
@@ -256,46 +319,86 @@ class RingQuiesced(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class RingFault(Event):
+    ring_id: int
+    edge_id: int
+    port_id: str
+    reason: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class ObjectFailed(Event):
+    ring_id: int
+    edge_id: int
+    port_id: str
+    reason: str
+    object_id: int | None = None
+    sequence: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class RingBecameReadable(Event):
+    """The seed's `WorkerEvent::RingReadable` (unsolicited)."""
+
+    TYPE = "RingReadable"
+    ring_id: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class RingBecameWritable(Event):
+    """The seed's `WorkerEvent::RingWritable` (unsolicited)."""
+
+    TYPE = "RingWritable"
+    ring_id: int
+
+
+@dataclass(frozen=True, kw_only=True)
 class WorkerStopped(Event):
     reason: str
 
 
 @dataclass(frozen=True, kw_only=True)
 class WorkerFatal(Event):
+    """Always the fatal path; `details` keeps every other field the worker sent."""
+
     reason: str
+    details: dict[str, Any] = field(default_factory=dict)
 
 
-COMMANDS: dict[str, type[Message]] = {
-    c.__name__: c
-    for c in (
-        InitializeWorker,
-        ConfigureRole,
-        InstallRing,
-        RingReadable,
-        ExecuteStep,
-        ReleaseDeviceObject,
-        UninstallRing,
-        ShutdownWorker,
-    )
-}
-EVENTS: dict[str, type[Message]] = {
-    c.__name__: c
-    for c in (
-        WorkerReady,
-        RoleConfigured,
-        RoleFailed,
-        RingInstalled,
-        ObjectLoaded,
-        ObjectProduced,
-        StepCompleted,
-        StepFailed,
-        DeviceObjectReleased,
-        ReleaseFailed,
-        RingQuiesced,
-        WorkerStopped,
-        WorkerFatal,
-    )
-}
+def _registry(*classes: type[Message]) -> dict[str, type[Message]]:
+    return {c.TYPE: c for c in classes}
+
+
+COMMANDS = _registry(
+    InitializeWorker,
+    ConfigureRole,
+    InstallRing,
+    RingReadable,
+    RingWritable,
+    ExecuteStep,
+    ReleaseDeviceObject,
+    UninstallRing,
+    ShutdownWorker,
+)
+EVENTS = _registry(
+    WorkerReady,
+    RoleConfigured,
+    RoleFailed,
+    RingInstalled,
+    ObjectLoaded,
+    ObjectProduced,
+    StepCompleted,
+    StepFailed,
+    DeviceObjectReleased,
+    ReleaseFailed,
+    RingQuiesced,
+    RingFault,
+    ObjectFailed,
+    RingBecameReadable,
+    RingBecameWritable,
+    WorkerStopped,
+    WorkerFatal,
+)
 
 
 def encode(message: Message) -> bytes:
@@ -303,13 +406,41 @@ def encode(message: Message) -> bytes:
     return json.dumps(message.to_wire(), separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
 
 
-def _handle(value: Any, path: str) -> DeviceHandle:
+def _build(cls: type, value: Any, path: str, keep_extra: bool = False) -> Any:
+    """An object of the wire (a dict) as `cls`: aliases resolved, required fields present, unknown fields ignored
+    (kept in `details` where `keep_extra`), nested objects built the same way."""
     if not isinstance(value, dict):
-        raise TypeError(f"{path} must be an object with worker_generation and id")
-    doc = {ALIASES.get(k, k): v for k, v in value.items()}
-    if set(doc) != {"worker_generation", "id"} or len(doc) != len(value):
-        raise TypeError(f"{path} must have exactly worker_generation (or generation) and id")
-    return DeviceHandle(worker_generation=doc["worker_generation"], id=doc["id"])
+        raise TypeError(f"{path} must be an object, not {type(value).__name__}")
+    fields_: dict[str, Any] = {}
+    for key, item in value.items():
+        name = ALIASES.get(str(key), str(key))
+        if name in fields_:
+            raise TypeError(f"{path}{name} given twice (once as an alias)")
+        fields_[name] = item
+    known = {f.name: f for f in dataclasses.fields(cls)}
+    required = {
+        n for n, f in known.items() if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    }
+    if missing := sorted(required - set(fields_)):
+        raise TypeError(f"{path or cls.__name__ + ' '}lacks {', '.join(missing)}".replace("  ", " "))
+    hints = typing.get_type_hints(cls)
+    args: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
+    for name, item in fields_.items():
+        if name not in known or name == "details":
+            extra[name] = item
+            continue
+        hint = hints[name]
+        if hint in NESTED:
+            item = _build(hint, item, f"{path}{name}.")
+        elif typing.get_origin(hint) is list and typing.get_args(hint)[0] in NESTED:
+            if not isinstance(item, list):
+                raise TypeError(f"{path}{name} must be a list, not {type(item).__name__}")
+            item = [_build(typing.get_args(hint)[0], v, f"{path}{name}[{i}].") for i, v in enumerate(item)]
+        args[name] = item
+    if keep_extra:
+        args["details"] = extra
+    return cls(**args)
 
 
 def decode(line: bytes | str, kinds: dict[str, type[Message]], line_no: int | None = None) -> Message:
@@ -325,26 +456,11 @@ def decode(line: bytes | str, kinds: dict[str, type[Message]], line_no: int | No
     cls = kinds.get(kind) if isinstance(kind, str) else None
     if cls is None:
         raise ProtocolFault(f"UnknownCommand: unknown message type {kind!r}", line, line_no)
-    fields: dict[str, Any] = {}
-    for key, value in doc.items():
-        name = ALIASES.get(str(key), str(key))
-        if name in fields:
-            raise ProtocolFault(f"InvalidField: {name} given twice (once as an alias)", line, line_no)
-        fields[name] = value
-    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    if missing := sorted(names - set(fields)):
-        raise ProtocolFault(f"InvalidField: {kind} lacks {', '.join(missing)}", line, line_no)
-    if extra := sorted(set(fields) - names):
-        raise ProtocolFault(f"InvalidField: {kind} has no field {', '.join(extra)}", line, line_no)
     try:
-        for name in ("device_handle",):
-            if name in fields:
-                fields[name] = _handle(fields[name], name)
-        if "inputs" in fields and isinstance(fields["inputs"], list):
-            fields["inputs"] = [_handle(v, f"inputs[{i}]") for i, v in enumerate(fields["inputs"])]
-        return cls(**fields)
+        message: Message = _build(cls, doc, "", keep_extra=cls is WorkerFatal)
     except TypeError as exc:
-        raise ProtocolFault(f"InvalidField: {exc}", line, line_no) from None
+        raise ProtocolFault(f"InvalidField: {kind}: {exc}", line, line_no) from None
+    return message
 
 
 class NeedData:
@@ -370,17 +486,20 @@ class LineDecoder:
     def next(self) -> Message | NeedData:
         if self._fault is not None:
             raise self._fault
-        nl = self._buf.find(b"\n")
-        if nl < 0:
-            if len(self._buf) > MAX_LINE:
-                self._fault = ProtocolFault(f"InvalidJson: line longer than {MAX_LINE} bytes", bytes(self._buf[:200]))
-                raise self._fault
-            return NEED_DATA
-        line = bytes(self._buf[:nl])
-        del self._buf[: nl + 1]
-        self._line_no += 1
-        if not line.strip():
-            return self.next()
+        while True:
+            nl = self._buf.find(b"\n")
+            if nl < 0:
+                if len(self._buf) > MAX_LINE:
+                    self._fault = ProtocolFault(
+                        f"InvalidJson: line longer than {MAX_LINE} bytes", bytes(self._buf[:200])
+                    )
+                    raise self._fault
+                return NEED_DATA
+            line = bytes(self._buf[:nl])
+            del self._buf[: nl + 1]
+            self._line_no += 1
+            if line.strip():
+                break
         try:
             return decode(line, self.kinds, self._line_no)
         except ProtocolFault as exc:

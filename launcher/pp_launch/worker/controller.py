@@ -1,17 +1,12 @@
-"""The GPU worker controller: a pure state machine (a port of the seed's GpuWorkerCtl, its gaps fixed).
+"""The GPU worker controller: the seed's `GpuWorkerCtl` as a pure state machine. No I/O, no clock of its own.
 
-No I/O and no clock of its own: `handle(input)` returns what to do (spawn, write, stop a pump, kill) and
-what happened (running, failed, rejected, ring faulted or quiesced, stopped). Transitions are a table,
-(state, input type) -> handler, so an illegal move raises one typed error naming both, and a test can walk
-the table.
+`handle(input)` returns what to do (spawn, write commands, stop a ring pump, kill) and what happened
+(running, failed, rejected, ring faulted or quiesced, stopped, routed). The inputs, outputs and states
+carry the seed's names; every (state, input) pair is a row of TRANSITIONS that names its handler and the
+states it may lead to, so a test can walk the table and compare it with the seed line by line.
 
-Rules (the seed's): generation starts at 1; a command when not running is rejected (NotRunning); a command,
-input handle or release handle of another generation is rejected (OldGeneration); a crash faults every
-installed ring in ascending order and stops its pump, then reports the failure; a clean exit while shutting
-down quiesces every ring, then reports a terminal stop; a restart increments the generation.
-Fixed gaps: a shutdown that overruns its timeout moves to Killing and asks for a kill; WorkerFatal fails the
-controller; a failure carries the exit status; the installed rings are cleared on crash and on restart;
-initialization times out.
+Where this port departs from the seed, each time to close a gap the seed documents or leaves open, the
+row says so with a deviation id (D1...D9); README.md ("The GPU worker controller") lists them with reasons.
 """
 
 from __future__ import annotations
@@ -21,24 +16,24 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..errors import PpLaunchError
 from . import codec as wire
 
 
 class State(enum.Enum):
     IDLE = "Idle"
-    SPAWNING = "Spawning"  # spawn asked for, process not reported yet
-    INITIALIZING = "Initializing"  # InitializeWorker sent, WorkerReady awaited
+    STARTING = "Starting"
     RUNNING = "Running"
-    SHUTTING_DOWN = "ShuttingDown"  # ShutdownWorker sent
-    KILLING = "Killing"  # shutdown overran its timeout: kill asked for
-    FAILING = "Failing"  # failed (fatal, timeout, protocol): waiting for the process to exit for its status
-    FAILED = "Failed"  # may be restarted
-    STOPPED = "Stopped"  # terminal
+    SHUTTING_DOWN = "ShuttingDown"
+    CRASHED = "Crashed"
+    STOPPED = "Stopped"
+    KILLING = "Killing"  # D3: the shutdown overran its timeout, a kill was asked for
+    FAILING = "Failing"  # D4/D8/D9: failed while its process lives; reported with the status once it exits
 
 
-# ---------------------------------------------------------------------------------------------- inputs
+# ---------------------------------------------------------------------------------------------- inputs (WorkerCtlEvent)
 @dataclass(frozen=True)
-class StartRequested:
+class StartWorker:
     pass
 
 
@@ -48,28 +43,34 @@ class ProcessStarted:
 
 
 @dataclass(frozen=True)
-class WorkerEventReceived:
-    event: wire.Message
+class WorkerReady:
+    """The seed's ctl input, fed by the driver when the worker's own WorkerReady event arrives."""
 
-
-@dataclass(frozen=True)
-class ProtocolBroken:
-    """The worker's stdout broke the wire (invalid JSON, unknown type...): the worker is at fault."""
-
-    reason: str
+    generation: int
+    pid: int = 0
+    ring_helper_abi: int = wire.RING_HELPER_ABI
 
 
 @dataclass(frozen=True)
 class ActorCommand:
     """A command an actor wants sent, issued for `generation`."""
 
-    command: wire.Message
+    command: wire.Command
     generation: int
 
 
 @dataclass(frozen=True)
+class StdoutEvent:
+    event: wire.Message
+
+
+@dataclass(frozen=True)
 class ProcessExited:
+    """`status` is the exit code (128+N for signal N, as the engine reports it). `generation`, when given, says
+    whose process it was: an earlier generation's exit is not this one's crash (D5)."""
+
     status: int
+    generation: int | None = None
 
 
 @dataclass(frozen=True)
@@ -79,49 +80,97 @@ class RestartRequested:
 
 @dataclass(frozen=True)
 class ShutdownRequested:
-    mode: str = "Graceful"
+    mode: wire.ShutdownMode = "Graceful"
+
+
+@dataclass(frozen=True)
+class WorkerStopped:
+    """The seed's ctl input, fed by the driver when the worker's WorkerStopped event arrives."""
+
+    generation: int
+    reason: str = ""
 
 
 @dataclass(frozen=True)
 class TimeAdvanced:
+    """The seed's `advance_time_ms`: the caller's clock, in seconds."""
+
     now: float
 
 
+@dataclass(frozen=True)
+class ProtocolBroken:
+    """D9: the worker's stdout broke the wire (invalid JSON, unknown type...): the worker is at fault."""
+
+    reason: str
+
+
 Input = (
-    StartRequested
+    StartWorker
     | ProcessStarted
-    | WorkerEventReceived
-    | ProtocolBroken
+    | WorkerReady
     | ActorCommand
+    | StdoutEvent
     | ProcessExited
     | RestartRequested
     | ShutdownRequested
+    | WorkerStopped
     | TimeAdvanced
+    | ProtocolBroken
+)
+INPUTS: tuple[type, ...] = (
+    StartWorker,
+    ProcessStarted,
+    WorkerReady,
+    ActorCommand,
+    StdoutEvent,
+    ProcessExited,
+    RestartRequested,
+    ShutdownRequested,
+    WorkerStopped,
+    TimeAdvanced,
+    ProtocolBroken,
 )
 
 
-# ---------------------------------------------------------------------------------------------- outputs: do
+# ---------------------------------------------------------------------------------------------- outputs: commands()
 @dataclass(frozen=True)
 class SpawnWorker:
+    """The seed's `SpawnProcessActor`."""
+
     generation: int
 
 
 @dataclass(frozen=True)
-class WriteCommands:
-    commands: tuple[wire.Message, ...]
-
-
-@dataclass(frozen=True)
 class StopRingPump:
+    """The seed's `StopDriverPump`."""
+
     ring_id: int
 
 
 @dataclass(frozen=True)
 class KillProcess:
+    """D3/D7/D8/D9: the process must go (the seed has no kill)."""
+
     reason: str
 
 
-# ---------------------------------------------------------------------------------------------- outputs: happened
+@dataclass(frozen=True)
+class WriteCommands:
+    """The seed's `serialized_worker_commands()`, in order."""
+
+    commands: tuple[wire.Command, ...]
+
+
+# ---------------------------------------------------------------------------------------------- outputs: events()
+class Failure(enum.Enum):
+    PROCESS_EXITED = "ProcessExited"
+    INITIALIZATION_TIMEOUT = "InitializationTimeout"
+    WORKER_FATAL = "WorkerFatal"  # D4
+    PROTOCOL_FAULT = "ProtocolFault"  # D9
+    SHUTDOWN_TIMEOUT = "ShutdownTimeout"  # D3
+
+
 @dataclass(frozen=True)
 class WorkerRunning:
     generation: int
@@ -131,14 +180,15 @@ class WorkerRunning:
 @dataclass(frozen=True)
 class WorkerFailed:
     generation: int
-    reason: str
-    exit_status: int | None
+    reason: Failure
+    exit_status: int | None  # D5: the seed's failure has no status
+    detail: str = ""
 
 
 @dataclass(frozen=True)
 class CommandRejected:
-    command: wire.Message
-    reason: str  # NotRunning | OldGeneration
+    command: wire.Command
+    reason: str  # NotRunning | OldGenerationHandle
 
 
 @dataclass(frozen=True)
@@ -154,19 +204,29 @@ class RingQuiesced:
 
 
 @dataclass(frozen=True)
-class WorkerStopped:
+class WorkerStoppedNotice:
+    """The seed's `WorkerCtlOut::WorkerStopped` (echoed)."""
+
     generation: int
     reason: str
 
 
 @dataclass(frozen=True)
-class TerminalStop:
+class TerminalStopped:
     generation: int
+
+
+class Route(enum.Enum):
+    EDGE_ESTABLISHER = "edge_establisher"
+    RX_OR_ROLE = "rx_or_role"
+    TX_OR_ROLE = "tx_or_role"
+    STAGE_CONTROLLER = "stage_controller"
+    DRIVER_OR_WORKER_SIDE = "driver_or_worker_side"
 
 
 @dataclass(frozen=True)
 class Routed:
-    destination: str
+    destination: Route
     event: wire.Message
 
 
@@ -180,84 +240,80 @@ Output = (
     | CommandRejected
     | RingFaulted
     | RingQuiesced
-    | WorkerStopped
-    | TerminalStop
+    | WorkerStoppedNotice
+    | TerminalStopped
     | Routed
 )
 
 
-class IllegalTransition(Exception):
+class IllegalTransition(PpLaunchError):
     """Our side's fault: the caller fed an input the current state does not take."""
 
-    def __init__(self, state: State, inp: object) -> None:
-        super().__init__(f"{type(inp).__name__} is not allowed in state {state.value}")
+    def __init__(self, state: State, inp: object, why: str = "") -> None:
+        super().__init__(f"{type(inp).__name__} is not allowed in state {state.value}" + (f": {why}" if why else ""))
         self.state = state
         self.input = inp
 
 
-# Where each worker event goes: (first choice, otherwise); the first when CHOICE says so. Data, not ifs.
-ROUTES: dict[type[wire.Message], tuple[str, str]] = {
-    wire.RingInstalled: ("edge_establisher", "edge_establisher"),
-    wire.RingQuiesced: ("edge_establisher", "edge_establisher"),
-    wire.ObjectLoaded: ("rx", "role"),
-    wire.ObjectProduced: ("tx", "role"),
-    wire.RoleConfigured: ("stage_controller", "stage_controller"),
-    wire.RoleFailed: ("stage_controller", "stage_controller"),
-    wire.StepCompleted: ("stage_controller", "stage_controller"),
-    wire.StepFailed: ("stage_controller", "stage_controller"),
-    wire.DeviceObjectReleased: ("driver", "worker_side"),
-    wire.ReleaseFailed: ("driver", "worker_side"),
+# The seed's `route`: one destination per worker event type. Data, not ifs.
+ROUTES: dict[type[wire.Message], Route] = {
+    wire.RingInstalled: Route.EDGE_ESTABLISHER,
+    wire.RingFault: Route.EDGE_ESTABLISHER,
+    wire.RingQuiesced: Route.EDGE_ESTABLISHER,
+    wire.ObjectLoaded: Route.RX_OR_ROLE,
+    wire.ObjectFailed: Route.RX_OR_ROLE,
+    wire.ObjectProduced: Route.TX_OR_ROLE,
+    wire.StepCompleted: Route.STAGE_CONTROLLER,
+    wire.StepFailed: Route.STAGE_CONTROLLER,
+    wire.RoleConfigured: Route.STAGE_CONTROLLER,
+    wire.RoleFailed: Route.STAGE_CONTROLLER,
+    wire.RingBecameReadable: Route.DRIVER_OR_WORKER_SIDE,
+    wire.RingBecameWritable: Route.DRIVER_OR_WORKER_SIDE,
+    wire.DeviceObjectReleased: Route.DRIVER_OR_WORKER_SIDE,
+    wire.ReleaseFailed: Route.DRIVER_OR_WORKER_SIDE,
+    wire.WorkerReady: Route.DRIVER_OR_WORKER_SIDE,
+    wire.WorkerFatal: Route.DRIVER_OR_WORKER_SIDE,
+    wire.WorkerStopped: Route.DRIVER_OR_WORKER_SIDE,
 }
 
-
-def _ring_direction(ctl: WorkerController, ev: Any) -> str | None:
-    return ctl.rings.get(ev.ring_id)
-
-
-CHOICE: dict[type[wire.Message], Callable[[WorkerController, Any], bool]] = {
-    wire.ObjectLoaded: lambda ctl, ev: _ring_direction(ctl, ev) == "ingress",  # an rx pump feeds the role
-    wire.ObjectProduced: lambda ctl, ev: _ring_direction(ctl, ev) == "egress",  # a tx pump drains it
-    wire.DeviceObjectReleased: lambda ctl, ev: ev.device_handle in ctl.driver_releases,  # asked by the driver
-    wire.ReleaseFailed: lambda ctl, ev: ev.device_handle in ctl.driver_releases,
-}
-
-LIVE = (State.SPAWNING, State.INITIALIZING, State.RUNNING)
+LIVE = frozenset({State.RUNNING, State.SHUTTING_DOWN, State.KILLING, State.FAILING})
 
 
 @dataclass
 class WorkerController:
     arena_ceiling: int
-    backend: str = "cpu"
-    init_timeout: float = 30.0
+    backend: dict[str, Any] = field(default_factory=lambda: dict(wire.CPU_BACKEND))
+    init_timeout: float = 10.0  # the seed's initialization_timeout_ms (10000)
     shutdown_timeout: float = 10.0
     fatal_exit_timeout: float = 5.0
     state: State = State.IDLE
     generation: int = 1
     pid: int | None = None
     now: float = 0.0
-    rings: dict[int, str] = field(default_factory=dict)  # installed ring id -> direction
-    driver_releases: set[wire.DeviceHandle] = field(default_factory=set)
+    rings: set[int] = field(default_factory=set)  # the seed's installed_rings
     _deadline: float | None = None
-    _failure: str = ""
+    _failure: tuple[Failure, str] | None = None
 
     def handle(self, inp: Input) -> list[Output]:
-        if isinstance(inp, ActorCommand):
-            return self._on_command(inp)
-        if isinstance(inp, TimeAdvanced):
-            return self._on_time(inp.now)
-        handler = TRANSITIONS.get((self.state, type(inp)))
-        if handler is None:
+        row = TRANSITIONS.get((self.state, type(inp)))
+        if row is None:
             raise IllegalTransition(self.state, inp)
-        return handler(self, inp)
+        before = self.state
+        out = row.handler(self, inp)
+        if self.state not in row.targets:  # the table is the truth; a handler that strays is our bug
+            raise AssertionError(f"{before.value} --{type(inp).__name__}--> {self.state.value} is not in the table")
+        return out
 
-    # ----------------------------------------------------------------------------------- lifecycle
-    def _spawn(self, _inp: Input) -> list[Output]:
-        self.state = State.SPAWNING
+    # ----------------------------------------------------------------------------------- seed: start, ready
+    def _start(self, _inp: StartWorker) -> list[Output]:
+        if self.pid is not None:
+            raise IllegalTransition(self.state, _inp, "a process of this generation is live (D1)")
+        self.state = State.STARTING
         return [SpawnWorker(self.generation)]
 
-    def _on_started(self, inp: ProcessStarted) -> list[Output]:
+    def _process_started(self, inp: ProcessStarted) -> list[Output]:
         self.pid = inp.pid
-        self.state = State.INITIALIZING
+        self.state = State.STARTING
         self._deadline = self.now + self.init_timeout
         init = wire.InitializeWorker(
             worker_generation=self.generation,
@@ -267,166 +323,157 @@ class WorkerController:
         )
         return [WriteCommands((init,))]
 
-    def _on_init_event(self, inp: WorkerEventReceived) -> list[Output]:
-        ev = inp.event
-        if isinstance(ev, wire.WorkerFatal):
-            return self._fail(f"WorkerFatal: {ev.reason}", kill=False)
-        if not isinstance(ev, wire.WorkerReady):
-            return self._fail(f"expected WorkerReady, got {type(ev).__name__}")
-        if ev.ring_helper_abi != wire.RING_HELPER_ABI:
-            return self._fail(f"UnsupportedHelperAbi: worker has {ev.ring_helper_abi}, need {wire.RING_HELPER_ABI}")
-        if ev.worker_generation != self.generation:
-            return self._fail(f"worker answered as generation {ev.worker_generation}, not {self.generation}")
+    def _ready(self, inp: WorkerReady) -> list[Output]:
+        if inp.ring_helper_abi != wire.RING_HELPER_ABI:  # D2
+            detail = f"UnsupportedHelperAbi: worker has {inp.ring_helper_abi}, need {wire.RING_HELPER_ABI}"
+            return self._fail(Failure.PROTOCOL_FAULT, detail)
+        if inp.generation != self.generation:  # D2: the seed adopts whatever generation it is told
+            return self._fail(
+                Failure.PROTOCOL_FAULT, f"worker answered as generation {inp.generation}, not {self.generation}"
+            )
         self.state = State.RUNNING
         self._deadline = None
-        return [WorkerRunning(self.generation, self.pid or ev.pid)]
+        return [WorkerRunning(self.generation, self.pid or inp.pid)]
 
-    def _on_event(self, inp: WorkerEventReceived) -> list[Output]:
+    # ----------------------------------------------------------------------------------- seed: actor_command
+    def _command(self, inp: ActorCommand) -> list[Output]:
+        cmd = inp.command
+        if self.state is not State.RUNNING:
+            return [CommandRejected(cmd, "NotRunning")]
+        if inp.generation != self.generation:
+            return [CommandRejected(cmd, "OldGenerationHandle")]
+        stale = [b.device_handle for b in getattr(cmd, "inputs", ())]
+        if isinstance(cmd, wire.ReleaseDeviceObject):
+            stale.append(cmd.device_handle)
+        if any(h.worker_generation != self.generation for h in stale):
+            return [CommandRejected(cmd, "OldGenerationHandle")]
+        if isinstance(cmd, wire.InstallRing):
+            self.rings.add(cmd.ring_id)
+        elif isinstance(cmd, wire.UninstallRing):
+            self.rings.discard(cmd.ring_id)
+        elif isinstance(cmd, wire.ShutdownWorker):
+            self.state = State.SHUTTING_DOWN
+            self._deadline = self.now + self.shutdown_timeout  # D3
+        return [WriteCommands((cmd,))]
+
+    # ----------------------------------------------------------------------------------- seed: route
+    def _stdout(self, inp: StdoutEvent) -> list[Output]:
         ev = inp.event
-        if isinstance(ev, wire.WorkerFatal):
-            return self._fail(f"WorkerFatal: {ev.reason}", kill=False)
-        if isinstance(ev, wire.WorkerStopped):
-            return [WorkerStopped(self.generation, ev.reason)]
-        if isinstance(ev, (wire.WorkerReady,)):
-            return self._fail("WorkerReady twice")
-        out: list[Output] = []
-        if isinstance(ev, wire.RingQuiesced) and ev.ring_id in self.rings:
-            del self.rings[ev.ring_id]
-            out.append(RingQuiesced(ev.ring_id, self.generation))
-        route = ROUTES.get(type(ev))
-        if route is not None:
-            choose = CHOICE.get(type(ev))
-            out.append(Routed(route[0] if choose is None or choose(self, ev) else route[1], ev))
-        if isinstance(ev, (wire.DeviceObjectReleased, wire.ReleaseFailed)):
-            self.driver_releases.discard(ev.device_handle)
+        out: list[Output] = [Routed(ROUTES[type(ev)], ev)]
+        if isinstance(ev, wire.WorkerFatal):  # D4: the seed only routes it
+            self._failure = (Failure.WORKER_FATAL, f"WorkerFatal: {ev.reason}")
+            if self.state in (State.STARTING, State.RUNNING):
+                out += self._fail(Failure.WORKER_FATAL, f"WorkerFatal: {ev.reason}", kill=False)
         return out
 
-    def _on_protocol_broken(self, inp: ProtocolBroken) -> list[Output]:
-        return self._fail(f"protocol fault: {inp.reason}")
-
-    def _fail(self, reason: str, kill: bool = True) -> list[Output]:
-        """The worker is at fault but its process lives: report the failure once it has exited, with its status.
-        After WorkerFatal it exits by itself (status 1), and is killed only if it overruns; otherwise at once."""
-        self.state = State.FAILING
-        self._failure = reason
-        self._deadline = self.now + self.fatal_exit_timeout
-        return [KillProcess(reason)] if kill else []
-
-    def _on_exit(self, inp: ProcessExited) -> list[Output]:
-        """Unexpected exit (a crash), or the exit that follows a failure: fault the rings, report."""
-        reason = self._failure or f"worker exited unexpectedly with status {inp.status}"
-        out = self._fault_rings()
-        out.append(WorkerFailed(self.generation, reason, inp.status))
-        self.state, self.pid, self._deadline, self._failure = State.FAILED, None, None, ""
-        return out
-
-    def _fault_rings(self) -> list[Output]:
-        out: list[Output] = []
+    # ----------------------------------------------------------------------------------- seed: process_exited
+    def _exited(self, inp: ProcessExited) -> list[Output]:
+        if inp.generation is not None and inp.generation != self.generation:
+            return []  # D5: an earlier generation's process (killed on restart) is not this one
+        if self.state is State.SHUTTING_DOWN and inp.status == 0:
+            out: list[Output] = [RingQuiesced(r, self.generation) for r in sorted(self.rings)]
+            out.append(TerminalStopped(self.generation))
+            self._settle(State.STOPPED)
+            return out
+        failure, detail = self._failure or (Failure.PROCESS_EXITED, "")
+        if self.state is State.KILLING:
+            failure, detail = Failure.SHUTDOWN_TIMEOUT, f"shutdown did not finish within {self.shutdown_timeout:g} s"
+        detail = detail or f"worker exited with status {inp.status}"
+        out = []
         for ring_id in sorted(self.rings):
             out += [RingFaulted(ring_id, self.generation), StopRingPump(ring_id)]
-        self.rings.clear()
-        self.driver_releases.clear()
+        out.append(WorkerFailed(self.generation, failure, inp.status, detail))
+        self._settle(State.CRASHED)
+        return out
+
+    def _settle(self, state: State) -> None:
+        self.state, self.pid, self._deadline, self._failure = state, None, None, None
+        self.rings.clear()  # D6: the seed never clears its installed rings
+
+    # ----------------------------------------------------------------------------------- seed: restart, shutdown
+    def _restart(self, _inp: RestartRequested) -> list[Output]:
+        out: list[Output] = []
+        if self.pid is not None:  # D7: the seed would leave the old process running
+            out.append(KillProcess(f"restart as generation {self.generation + 1}"))
+        self.generation += 1
+        self._settle(State.STARTING)
         return out
 
     def _shutdown(self, inp: ShutdownRequested) -> list[Output]:
+        if self.state is not State.RUNNING:
+            return []
         self.state = State.SHUTTING_DOWN
-        self._deadline = self.now + self.shutdown_timeout
-        return [WriteCommands((wire.ShutdownWorker(mode=inp.mode),))]  # type: ignore[arg-type]  # checked at runtime
+        self._deadline = self.now + self.shutdown_timeout  # D3
+        return [WriteCommands((wire.ShutdownWorker(mode=inp.mode),))]
 
-    def _shutdown_idle(self, _inp: ShutdownRequested) -> list[Output]:
-        self.state = State.STOPPED
-        return [TerminalStop(self.generation)]
+    def _stopped(self, inp: WorkerStopped) -> list[Output]:
+        return [WorkerStoppedNotice(inp.generation, inp.reason)]
 
-    def _on_shutdown_exit(self, inp: ProcessExited) -> list[Output]:
-        if inp.status != 0:
-            out = self._fault_rings()
-            out.append(
-                WorkerFailed(self.generation, f"worker exited with status {inp.status} while shutting down", inp.status)
-            )
-        else:
-            out = []
-            for ring_id in sorted(self.rings):
-                out += [RingQuiesced(ring_id, self.generation), StopRingPump(ring_id)]
-            self.rings.clear()
-        self.state, self.pid, self._deadline = State.STOPPED, None, None
-        out.append(TerminalStop(self.generation))
-        return out
-
-    def _on_killed_exit(self, inp: ProcessExited) -> list[Output]:
-        out = self._fault_rings()
-        out.append(WorkerFailed(self.generation, "shutdown timed out: killed", inp.status))
-        out.append(TerminalStop(self.generation))
-        self.state, self.pid, self._deadline = State.STOPPED, None, None
-        return out
-
-    def _restart(self, _inp: RestartRequested) -> list[Output]:
-        self.generation += 1
-        self.rings.clear()
-        self.driver_releases.clear()
-        self.state = State.SPAWNING
-        return [SpawnWorker(self.generation)]
-
-    def _ignore(self, _inp: Input) -> list[Output]:
-        return []
-
-    def _on_time(self, now: float) -> list[Output]:
-        self.now = now
-        if self._deadline is None or now < self._deadline:
+    # ----------------------------------------------------------------------------------- time and faults
+    def _time(self, inp: TimeAdvanced) -> list[Output]:
+        self.now = inp.now
+        if self._deadline is None or inp.now < self._deadline:
             return []
         self._deadline = None
-        if self.state == State.INITIALIZING:
-            return self._fail(f"initialization timed out after {self.init_timeout:g} s")
-        if self.state == State.SHUTTING_DOWN:
+        if self.state is State.STARTING:  # the seed's InitializationTimeout; D8: the process is killed first
+            return self._fail(Failure.INITIALIZATION_TIMEOUT, f"initialization timed out after {self.init_timeout:g} s")
+        if self.state is State.SHUTTING_DOWN:
             self.state = State.KILLING
             return [KillProcess(f"shutdown did not finish within {self.shutdown_timeout:g} s")]
-        if self.state == State.FAILING:
+        if self.state is State.FAILING:
             return [KillProcess(f"still running {self.fatal_exit_timeout:g} s after failing")]
         return []
 
-    # ----------------------------------------------------------------------------------- actor commands
-    def _on_command(self, inp: ActorCommand) -> list[Output]:
-        cmd = inp.command
-        if self.state != State.RUNNING:
-            return [CommandRejected(cmd, "NotRunning")]
-        handles = list(getattr(cmd, "inputs", ()))
-        if isinstance(cmd, wire.ReleaseDeviceObject):
-            handles.append(cmd.device_handle)
-        if inp.generation != self.generation or any(h.worker_generation != self.generation for h in handles):
-            return [CommandRejected(cmd, "OldGeneration")]
-        if isinstance(cmd, wire.InstallRing):
-            self.rings[cmd.ring_id] = cmd.direction
-        if isinstance(cmd, wire.ReleaseDeviceObject):
-            self.driver_releases.add(cmd.device_handle)
-        return [WriteCommands((cmd,))]
+    def _protocol(self, inp: ProtocolBroken) -> list[Output]:
+        if self.state not in (State.STARTING, State.RUNNING):
+            return []
+        return self._fail(Failure.PROTOCOL_FAULT, f"protocol fault: {inp.reason}")
+
+    def _fail(self, failure: Failure, detail: str, kill: bool = True) -> list[Output]:
+        """The worker is at fault while its process lives: the failure is reported once the process has exited,
+        with its status. After WorkerFatal it exits by itself (status 1) and is killed only if it overruns."""
+        if self.pid is None:  # nothing runs: report now
+            out: list[Output] = [WorkerFailed(self.generation, failure, None, detail)]
+            self._settle(State.CRASHED)
+            return out
+        self.state = State.FAILING
+        self._failure = (failure, detail)
+        self._deadline = self.now + self.fatal_exit_timeout
+        return [KillProcess(detail)] if kill else []
+
+    def _nothing(self, _inp: Input) -> list[Output]:
+        return []
 
 
-H = Callable[[WorkerController, Any], list[Output]]
-TRANSITIONS: dict[tuple[State, type], H] = {
-    (State.IDLE, StartRequested): WorkerController._spawn,
-    (State.IDLE, ShutdownRequested): WorkerController._shutdown_idle,
-    (State.SPAWNING, ProcessStarted): WorkerController._on_started,
-    (State.SPAWNING, ProcessExited): WorkerController._on_exit,
-    (State.SPAWNING, ShutdownRequested): WorkerController._shutdown_idle,
-    (State.INITIALIZING, WorkerEventReceived): WorkerController._on_init_event,
-    (State.INITIALIZING, ProtocolBroken): WorkerController._on_protocol_broken,
-    (State.INITIALIZING, ProcessExited): WorkerController._on_exit,
-    (State.INITIALIZING, ShutdownRequested): WorkerController._shutdown,
-    (State.RUNNING, WorkerEventReceived): WorkerController._on_event,
-    (State.RUNNING, ProtocolBroken): WorkerController._on_protocol_broken,
-    (State.RUNNING, ProcessExited): WorkerController._on_exit,
-    (State.RUNNING, ShutdownRequested): WorkerController._shutdown,
-    (State.SHUTTING_DOWN, WorkerEventReceived): WorkerController._on_event,
-    (State.SHUTTING_DOWN, ProtocolBroken): WorkerController._ignore,
-    (State.SHUTTING_DOWN, ProcessExited): WorkerController._on_shutdown_exit,
-    (State.SHUTTING_DOWN, ShutdownRequested): WorkerController._ignore,
-    (State.KILLING, WorkerEventReceived): WorkerController._ignore,
-    (State.KILLING, ProtocolBroken): WorkerController._ignore,
-    (State.KILLING, ProcessExited): WorkerController._on_killed_exit,
-    (State.KILLING, ShutdownRequested): WorkerController._ignore,
-    (State.FAILING, WorkerEventReceived): WorkerController._ignore,
-    (State.FAILING, ProtocolBroken): WorkerController._ignore,
-    (State.FAILING, ProcessExited): WorkerController._on_exit,
-    (State.FAILED, RestartRequested): WorkerController._restart,
-    (State.FAILED, ShutdownRequested): WorkerController._shutdown_idle,
-    (State.STOPPED, ShutdownRequested): WorkerController._ignore,
-}
+@dataclass(frozen=True)
+class Row:
+    handler: Callable[[WorkerController, Any], list[Output]]
+    targets: frozenset[State]
+    note: str = ""  # the seed's behaviour, or the deviation id
+
+
+def _rows() -> dict[tuple[State, type], Row]:
+    S, W = State, WorkerController
+    every = tuple(State)
+    table: dict[tuple[State, type], Row] = {}
+
+    def row(states: tuple[State, ...], inp: type, handler: Any, targets: set[State], note: str = "seed") -> None:
+        for s in states:
+            table[(s, inp)] = Row(handler, frozenset(targets | {s} if "stay" in note else targets), note)
+
+    row(every, StartWorker, W._start, {S.STARTING}, "seed; D1 refuses while a process is live")
+    row(every, ProcessStarted, W._process_started, {S.STARTING})
+    row((S.STARTING,), WorkerReady, W._ready, {S.RUNNING, S.FAILING, S.CRASHED}, "seed; D2 checks gen and ABI")
+    row(tuple(s for s in every if s is not S.STARTING), WorkerReady, W._nothing, set(), "D2: stay")
+    row(every, ActorCommand, W._command, {S.SHUTTING_DOWN}, "seed: stay")
+    row(every, StdoutEvent, W._stdout, {S.FAILING, S.CRASHED}, "seed; D4: stay")
+    row(every, ProcessExited, W._exited, {S.STOPPED, S.CRASHED}, "seed; D5: stay")
+    row(every, RestartRequested, W._restart, {S.STARTING}, "seed; D6, D7")
+    row(every, ShutdownRequested, W._shutdown, {S.SHUTTING_DOWN}, "seed: stay")
+    row(every, WorkerStopped, W._stopped, set(), "seed: stay")
+    row(every, TimeAdvanced, W._time, {S.FAILING, S.KILLING, S.CRASHED}, "seed; D3, D8: stay")
+    row(every, ProtocolBroken, W._protocol, {S.FAILING, S.CRASHED}, "D9: stay")
+    return table
+
+
+TRANSITIONS = _rows()
