@@ -7,6 +7,9 @@ Modes (STUB_MODE):
           run of the same model and prints `PP_DEMO_RESULT tokens=[...] match=true|false`.
   hold    announce, connect to the peers, run until signalled.
   worker  speak the worker-control wire (contract §8) on stdin/stdout.
+  pp-worker  behave as swactor's pp-worker does at its boundary: STAGE/NUM_STAGES/SEED_ADDR checked with its
+          messages and exit codes, announce first (after STUB_ANNOUNCE_DELAY, the cluster node's start), then
+          "load" for STUB_LOAD_SECONDS, peers read once from PEER_*/FIRST_PEER_* only, then hold.
 
 Knobs: STUB_IGNORE_SIGTERM, STUB_ANNOUNCE_DELAY, STUB_NO_ANNOUNCE, STUB_ANNOUNCE_LINE, STUB_EXIT_AFTER,
 STUB_EXIT_CODE, STUB_LOG_RATE (contract §11); for tests of the no-orphan layers and of bad output also
@@ -29,8 +32,17 @@ import threading
 import time
 
 ENV = os.environ
-STAGE = int(ENV.get("STAGE", "0"))
-NUM_STAGES = int(ENV.get("NUM_STAGES", "1"))
+
+
+def _int_env(name: str, default: int) -> int:
+    try:
+        return int(ENV.get(name, default))
+    except ValueError:
+        return default
+
+
+STAGE = _int_env("STAGE", 0)
+NUM_STAGES = _int_env("NUM_STAGES", 1)
 _stop = threading.Event()
 
 
@@ -159,7 +171,7 @@ class Listener:
 
 
 # ------------------------------------------------------------------------------------------- stages
-def announce(listener: Listener) -> None:
+def announce(listener: Listener, role: str = "") -> None:
     delay = float(ENV.get("STUB_ANNOUNCE_DELAY", "0") or 0)
     if delay:
         time.sleep(delay)
@@ -171,6 +183,8 @@ def announce(listener: Listener) -> None:
         seed = f"{socket.gethostname()}-{STAGE}-{os.getpid()}-{time.time_ns()}-{os.urandom(8).hex()}"
         node_id = hashlib.sha256(seed.encode()).hexdigest()
         line = f"PP_GPU_NODE_ADDR {node_id} 127.0.0.1:{listener.port}"
+        if role:
+            print(f"pp-worker: stage {STAGE}/{NUM_STAGES} ({role}) started (node_id: {node_id})", file=sys.stderr)
     sys.stdout.write(line + "\n")
     sys.stdout.flush()
 
@@ -179,7 +193,7 @@ def connect_ring(listener: Listener) -> tuple[socket.socket | None, socket.socke
     """(from predecessor, feedback to stage 0): stage k dials k-1; the last stage also dials stage 0."""
     peer, first = ENV.get("PEER_DIRECT"), ENV.get("FIRST_PEER_DIRECT")
     if STAGE > 0 and (peer is None or first is None):
-        if ENV.get("STUB_MODE", "demo") == "hold":
+        if ENV.get("STUB_MODE", "demo") in ("hold", "pp-worker"):
             log("no PEER_DIRECT/FIRST_PEER_DIRECT: holding without peers")
             return None, None
         fail(f"stage {STAGE} needs PEER_DIRECT and FIRST_PEER_DIRECT (set by pp-launch chain)", 2)
@@ -321,14 +335,77 @@ def on_stop_signal() -> None:
         os._exit(0)
 
 
+def pp_worker_env() -> tuple[int, int, str]:
+    """swactor's pp-worker start: its messages, its exit codes (2 usage; 101 a Rust panic), its order."""
+
+    def require(name: str) -> str:
+        if name not in ENV:
+            print(f"pp-worker: env {name} is required", file=sys.stderr, flush=True)
+            os._exit(2)
+        return ENV[name].strip()
+
+    def require_u32(name: str) -> int:
+        raw = require(name)
+        if not (raw.isascii() and raw.isdigit() and int(raw) < 2**32):
+            quoted = '"' + raw.replace("\\", "\\\\").replace('"', '\\"') + '"'
+            print(f"pp-worker: env {name}={quoted} must be a u32", file=sys.stderr, flush=True)
+            os._exit(2)
+        return int(raw)
+
+    stage, num_stages = require_u32("STAGE"), require_u32("NUM_STAGES")
+    if num_stages < 2 or stage >= num_stages:
+        print(
+            f"pp-worker: invalid STAGE={stage} for NUM_STAGES={num_stages} "
+            "(need NUM_STAGES >= 2 and STAGE < NUM_STAGES; N=1 is not supported)",
+            file=sys.stderr,
+            flush=True,
+        )
+        os._exit(2)
+    delay_stage, delay_secs = ENV.get("PP_BOOT_DELAY_STAGE", "").strip(), ENV.get("PP_BOOT_DELAY_SECS", "").strip()
+    if delay_stage.isdigit() and delay_secs.isdigit() and int(delay_stage) == stage and int(delay_secs) > 0:
+        print(f"pp-worker: simulated boot delay of {delay_secs}s on stage {stage}", file=sys.stderr, flush=True)
+        time.sleep(int(delay_secs))
+    return stage, num_stages, require("SEED_ADDR")
+
+
+def run_pp_worker() -> int:
+    stage, num_stages, seed = pp_worker_env()
+    start_knobs()
+    listener = Listener()
+    role = "First" if stage == 0 else ("Last" if stage == num_stages - 1 else "Middle")
+    announce(listener, role=role)
+    if len(seed) != 64 or not all(ch in "0123456789abcdefABCDEF" for ch in seed):
+        print(
+            "thread 'main' panicked: SEED_ADDR must be 64 hex characters (32 bytes)", file=sys.stderr, flush=True
+        )
+        os._exit(101)
+    for hex_var, direct_var, label in (
+        ("PEER_NODE_ID", "PEER_DIRECT", "peer"),
+        ("FIRST_PEER_NODE_ID", "FIRST_PEER_DIRECT", "first-stage peer"),
+    ):
+        peer_hex, peer_direct = ENV.get(hex_var, "").strip(), ENV.get(direct_var, "").strip()
+        if peer_hex and peer_direct:
+            print(f"pp-worker: also joining {label} {peer_hex}", file=sys.stderr, flush=True)
+    print(f"pp-worker: joining seed {seed}", file=sys.stderr, flush=True)
+    load = float(ENV.get("STUB_LOAD_SECONDS", "0") or 0)
+    if load > 0:
+        log(f"loading the model slice ({load:g} s)")
+        if _stop.wait(load):
+            return 0
+    log("model loaded; worker ready")
+    return run_hold(listener)
+
+
 def main() -> int:
     mode = ENV.get("STUB_MODE", "demo")
     if mode == "worker":
         from pp_stub_worker import serve  # type: ignore[import-not-found]
 
         return int(serve())
+    if mode == "pp-worker":
+        return run_pp_worker()
     if mode not in ("demo", "hold"):
-        fail(f"unknown STUB_MODE {mode!r}; use demo, hold or worker", 2)
+        fail(f"unknown STUB_MODE {mode!r}; use demo, hold, worker or pp-worker", 2)
     start_knobs()
     listener = Listener()
     announce(listener)

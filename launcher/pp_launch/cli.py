@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import click
 
 from . import __version__, errors, images, labels, launch, signals, sweep
+from . import stage_env as stage_env_names
 from .chain.plan import BUILTIN_IMAGE, ChainRequest
 from .chain.ports import QueueInbox, StopRequested
 from .docker_engine import connect
@@ -102,6 +103,57 @@ def gpu_options(f: F) -> F:
     return command  # type: ignore[no-any-return]
 
 
+def swactor_options(f: F) -> F:
+    """What a real swactor stage image needs, shared by chain and compose: its entrypoint and the seed to join."""
+    decorators = [
+        click.option(
+            "--entrypoint",
+            metavar="PATH",
+            help="Run PATH as each stage's entrypoint instead of the image's own (swactor's images: "
+            "/usr/local/bin/pp-worker; their default entrypoint holds the container for interactive use).",
+        ),
+        click.option(
+            "--seed-addr",
+            envvar=stage_env_names.SEED_ADDR,
+            metavar="HEX64",
+            help="The seed node's id (64 hex digits) that every stage joins; also from SEED_ADDR. swactor's "
+            "pp-worker exits 2 without it.",
+        ),
+        click.option(
+            "--seed-direct",
+            envvar=stage_env_names.SEED_DIRECT,
+            metavar="ADDRS",
+            help="The seed's direct addresses, host:port[,host:port...]; also from SEED_DIRECT.",
+        ),
+        click.option(
+            "--seed-relay",
+            envvar=stage_env_names.SEED_RELAY,
+            metavar="URL",
+            help="The seed's iroh relay URL (WAN); also from SEED_RELAY.",
+        ),
+    ]
+
+    @functools.wraps(f)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            seed = stage_env_names.seed_env(
+                kwargs.pop("seed_addr"), kwargs.pop("seed_direct"), kwargs.pop("seed_relay")
+            )
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--seed-addr/--seed-direct/--seed-relay") from None
+        kwargs["seed"] = tuple(seed.items())
+        entrypoint = kwargs.pop("entrypoint")
+        if entrypoint is not None and not entrypoint.strip():
+            raise click.BadParameter("must name a program", param_hint="--entrypoint")
+        kwargs["entrypoint"] = entrypoint
+        return f(*args, **kwargs)
+
+    command: Any = wrapper
+    for d in reversed(decorators):
+        command = d(command)
+    return command  # type: ignore[no-any-return]
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @click.version_option(__version__, prog_name="pp-launch")
 @click.option("-v", "--verbose", count=True, help="Say more (repeatable).")
@@ -162,6 +214,7 @@ def _parse_stage_env(values: tuple[str, ...], stages: int) -> tuple[tuple[int, s
     help="Stage image; must be present locally (pp-launch never pulls). The built-in one is built on first use.",
 )
 @gpu_options
+@swactor_options
 @click.option("--network", default="host", show_default=True, help="Network mode of every stage container.")
 @click.option("--name", "name_prefix", metavar="PREFIX", help="Containers are named PREFIX-K [default: pp-RUNID].")
 @click.option("--env", "env", multiple=True, metavar="NAME=VALUE", help="Set a variable in every stage.")
@@ -198,6 +251,8 @@ def chain(
     stages: int,
     image: str,
     gpu: launch.GpuOptions,
+    seed: tuple[tuple[str, str], ...],
+    entrypoint: str | None,
     network: str,
     name_prefix: str | None,
     env: tuple[str, ...],
@@ -227,11 +282,12 @@ def chain(
         image=image,
         network=network,
         name_prefix=name_prefix,
-        env=_parse_env(env),
+        env=seed + _parse_env(env),
         stage_env=_parse_stage_env(stage_env, stages),
         addr_timeout=addr_timeout,
         grace=grace,
         lifeline=not detach,
+        entrypoint=(entrypoint,) if entrypoint else None,
     )
     if detach and gpu_node:
         raise click.UsageError("--detach and --gpu-node do not go together: child processes end with the launcher")
@@ -545,12 +601,14 @@ def _canonical(ctx: click.Context) -> str:
 @click.option("--stages", type=click.IntRange(min=1, max=64), default=2, show_default=True)
 @click.option("--image", default=BUILTIN_IMAGE, show_default=True, help="Stage image (needs /bin/sh).")
 @gpu_options
+@swactor_options
 @click.option("--project", default="pp-chain", show_default=True, help="Compose project name.")
 @click.option(
     "--worker-cmd",
     default="/usr/local/bin/pp-worker",
     show_default=True,
-    help="The worker command each stage runs under pp-stage-entry (split like a shell would).",
+    help="The worker command each stage runs under pp-stage-entry (split like a shell would); "
+    "--entrypoint PATH replaces it with PATH alone.",
 )
 @click.option("--env", "env", multiple=True, metavar="NAME=VALUE", help="Set a variable in every stage.")
 @click.option("--stage-env", multiple=True, metavar="K:NAME=VALUE", help="Set a variable in stage K only.")
@@ -568,6 +626,8 @@ def compose(
     stages: int,
     image: str,
     gpu: launch.GpuOptions,
+    seed: tuple[tuple[str, str], ...],
+    entrypoint: str | None,
     project: str,
     worker_cmd: str,
     env: tuple[str, ...],
@@ -592,8 +652,13 @@ def compose(
             "use lowercase letters, digits, '-' and '_', starting with a letter or digit", param_hint="--project"
         )
     request = ChainRequest(
-        stages=stages, image=image, env=_parse_env(env), stage_env=_parse_stage_env(stage_env, stages), lifeline=False
+        stages=stages,
+        image=image,
+        env=seed + _parse_env(env),
+        stage_env=_parse_stage_env(stage_env, stages),
+        lifeline=False,
     )
+    command = (entrypoint,) if entrypoint else tuple(shlex.split(worker_cmd))
     with mapped_errors():
         try:
             engine = connect(timeout=5) if gpu.mode != "none" else None
@@ -610,5 +675,5 @@ def compose(
     if note:
         click.echo(f"pp-launch: {note}", err=True)
     click.echo(
-        compose_file.render(plan, project, _canonical(ctx), tuple(shlex.split(worker_cmd)), addr_timeout), nl=False
+        compose_file.render(plan, project, _canonical(ctx), command, addr_timeout), nl=False
     )

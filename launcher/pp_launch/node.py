@@ -30,6 +30,7 @@ DEFAULT_PREFIX = "pp-stage"
 DEFAULT_GRACE = 10.0
 CACHE_MOUNT = "/root/.cache/tinygrad"
 MODEL_CACHE_MOUNT = "/root/.cache/pp-pipeline"
+FORWARD_ENV = "PP_FORWARD_ENV"  # comma-separated names of further variables to forward
 RUN_ENV = "PP_LAUNCH_RUN"  # set by `pp-launch chain --gpu-node`: the child's container joins the chain's run
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 # The old script's own additions to the stage environment.
@@ -112,7 +113,7 @@ class NodeConfig:
             raise errors.ConfigError("PP_STOP_GRACE must not be negative")
         home = environ.get("HOME", os.path.expanduser("~"))
         network = environ.get("PP_STAGE_NETWORK") or environ.get("PP_DIAG_NETWORK") or "host"
-        forward = tuple(n.strip() for n in environ.get("PP_FORWARD_ENV", "").split(",") if n.strip())
+        forward = tuple(n.strip() for n in environ.get(FORWARD_ENV, "").split(",") if n.strip())
         return cls(
             stage=int(raw_stage),
             image=environ.get("PP_IMAGE") or DEFAULT_IMAGE,

@@ -17,11 +17,11 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Literal
 
-from . import errors
+from . import errors, stage_env
 from .chain.plan import StageSpec
 from .chain.ports import Sink, StageGone, StageOutput
 from .lines import LineSplitter
-from .node import RUN_ENV
+from .node import FORWARD_ENV, NODE_FORWARDED, RUN_ENV
 
 
 class ProcessStageBackend:
@@ -53,6 +53,15 @@ class ProcessStageBackend:
         full.setdefault("PP_STAGE_NETWORK", spec.network)
         if spec.gpus:
             full["PP_GPUS"] = "device=" + ",".join(spec.gpus)
+        if spec.entrypoint:
+            full["PP_ENTRYPOINT"] = spec.entrypoint[0]
+        # Every variable the chain sets for the stage (--env, --stage-env, --seed-*) reaches its container,
+        # not only the names pp-gpu-node forwards on its own.
+        known = {*stage_env.FORWARDED, *NODE_FORWARDED, stage_env.LIFELINE, stage_env.NVIDIA_VISIBLE_DEVICES}
+        extra = [n for n in env if n not in known]
+        listed = [n for n in full.get(FORWARD_ENV, "").split(",") if n.strip()]
+        if extra:
+            full[FORWARD_ENV] = ",".join(dict.fromkeys([*listed, *extra]))
         self._pending[spec.name] = full
         return spec.name
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from urllib.parse import urlsplit
 
-from .announce import StageAnnouncement
+from .announce import AnnouncementError, StageAnnouncement, escape
 
 STAGE = "STAGE"
 NUM_STAGES = "NUM_STAGES"
@@ -16,13 +17,21 @@ NVIDIA_VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 NO_GPU = "void"
 LIFELINE = "PP_LIFELINE"  # tells a stage entry that understands it that stdin is the launcher's lifeline
 
+SEED_ADDR = "SEED_ADDR"  # the seed node's 64-hex id: swactor's pp-worker exits 2 without it
+SEED_DIRECT = "SEED_DIRECT"
+SEED_RELAY = "SEED_RELAY"
+
 FORWARDED = (
-    "SEED_ADDR",
-    "SEED_DIRECT",
+    SEED_ADDR,
+    SEED_DIRECT,
+    SEED_RELAY,
     "MAX_TOKENS",
     "MODEL",
     "WORKER_CMD",
     "WORKER_SCRIPT",
+    "PYTHON",
+    "CUDA",
+    "PP_STAGE_SECRET",
     "PP_WORKER_STUB",
     "PP_BOOT_DELAY_STAGE",
     "PP_BOOT_DELAY_SECS",
@@ -78,3 +87,27 @@ def parse_assignment(text: str) -> tuple[str, str]:
     if name in RESERVED:
         raise ValueError(f"{name} is set by pp-launch itself and cannot be overridden")
     return name, value
+
+
+def seed_env(addr: str | None, direct: str | None, relay: str | None) -> dict[str, str]:
+    """SEED_ADDR / SEED_DIRECT / SEED_RELAY for every stage, checked as swactor's pp-worker would need them:
+    the seed's node id is 64 hex digits, its direct addresses follow the announcement grammar (contract §3),
+    its relay is an http(s) URL. ValueError naming the variable otherwise."""
+    env: dict[str, str] = {}
+    if addr is not None:
+        addr = addr.strip()
+        if len(addr) != 64 or not all(ch in "0123456789abcdefABCDEF" for ch in addr):
+            raise ValueError(f"{SEED_ADDR} {escape(addr)} is not the seed's node id (64 hex digits)")
+        env[SEED_ADDR] = addr.lower()
+    if direct is not None:
+        try:
+            StageAnnouncement("0" * 64, direct.strip())
+        except AnnouncementError:
+            raise ValueError(f"{SEED_DIRECT} {escape(direct)} is not host:port[,host:port...]") from None
+        env[SEED_DIRECT] = direct.strip()
+    if relay is not None:
+        parts = urlsplit(relay.strip())
+        if parts.scheme not in ("http", "https") or not parts.hostname or any(ch.isspace() for ch in relay.strip()):
+            raise ValueError(f"{SEED_RELAY} {escape(relay)} is not an http(s) URL")
+        env[SEED_RELAY] = relay.strip()
+    return env

@@ -73,6 +73,7 @@ class ChainPlan:
                     "device_requests": [dict(r) for r in s.device_requests],
                     "labels": dict(s.labels),
                     "network": s.network,
+                    "entrypoint": list(s.entrypoint) if s.entrypoint is not None else None,
                     "init": True,
                     "auto_remove": True,
                 }
@@ -103,6 +104,7 @@ class ChainRequest:
     addr_timeout: float = 60.0
     grace: float = 5.0
     lifeline: bool = True
+    entrypoint: tuple[str, ...] | None = None  # None: the image's own
 
 
 def build_plan(
@@ -138,6 +140,7 @@ def build_plan(
                 gpus=gpus,
                 device_requests=device_requests[k],
                 network=request.network,
+                entrypoint=request.entrypoint,
             )
         )
     return ChainPlan(
