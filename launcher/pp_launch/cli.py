@@ -314,9 +314,15 @@ def chain(
         gpu_select.Reservations(gpu_select.state_dir()).release(plan.run_id)
         sys.exit(errors.exit_code_for_signal(held))
     try:
-        outcome = launch.run_chain(
-            plan, engine, reporter, lambda scope: signals.route_to(scope.request_stop), detach=detach, gpu_node=gpu_node
-        )
+        with mapped_errors():
+            outcome = launch.run_chain(
+                plan,
+                engine,
+                reporter,
+                lambda scope: signals.route_to(scope.request_stop),
+                detach=detach,
+                gpu_node=gpu_node,
+            )
     finally:
         reporter.close()
     if outcome.reason == "detached":

@@ -314,7 +314,8 @@ class DockerStageBackend:
         self.engine.remove(ref)
 
     def leftovers(self, run_id: str) -> list[str]:
-        return sorted(c.name for c in self.engine.containers([f"{labels.RUN}={run_id}"]))
+        """The run's containers the engine still has, by id (never by name)."""
+        return sorted(c.id for c in self.engine.containers([f"{labels.RUN}={run_id}"]))
 
 
 def _recv_exact(raw: socket.socket, n: int) -> bytes | None:

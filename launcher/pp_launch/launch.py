@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from . import errors, images, labels, node, sweep, watchdog
+from .announce import escape
 from .chain.plan import BUILTIN_IMAGE, ChainPlan, ChainRequest, build_plan, new_run_id
 from .chain.ports import QueueInbox, StageBackend
 from .chain.scope import ChainOutcome, ChainScope, Reporter
@@ -120,6 +121,29 @@ def sweep_dead_owners(engine: Engine, say: Callable[[str], None]) -> None:
         )
 
 
+def check_names_free(engine: Engine, plan: ChainPlan) -> None:
+    """A stage's name held by any container, ours or not, is exit 2 before anything starts. The holder is named
+    and never touched: a container is ours only by the id the engine gave us for our own create."""
+    for spec in plan.stages:
+        info = engine.inspect(spec.name)
+        if info is None or str(info.get("Name", "")).lstrip("/") != spec.name:
+            continue
+        held = dict((info.get("Config") or {}).get("Labels") or {})
+        run = held.get(labels.RUN)
+        if run is None:
+            holder, fix = "a container not made by pp-launch", ""
+        else:
+            holder = (
+                f"stage {escape(held.get(labels.STAGE, '?'))} of pp-launch run {escape(run)} "
+                f"(owner {escape(held.get(labels.OWNER, '?'))})"
+            )
+            fix = f", or end that run first ('pp-launch down {escape(run)}')"
+        raise errors.NameInUse(
+            f"container name {spec.name} is held by {holder}, id {str(info.get('Id', ''))[:12]}; it was left "
+            f"untouched. Choose another --name{fix}"
+        )
+
+
 def run_chain(
     plan: ChainPlan,
     engine: Engine,
@@ -137,14 +161,17 @@ def run_chain(
             gpu_node,
             plan.run_id,
             plan.grace,
-            lambda run: [c.name for c in engine.containers([f"{labels.RUN}={run}"])],
+            lambda run: [c.id for c in engine.containers([f"{labels.RUN}={run}"])],
         )
     else:
         backend = DockerStageBackend(engine)
     scope = ChainScope(plan, backend, QueueInbox(), reporter, detach=detach)
     on_scope(scope)
-    guard = None if detach else watchdog.spawn(plan.run_id, plan.grace)
+    guard = None
     try:
+        if gpu_node is None:
+            check_names_free(engine, plan)
+        guard = None if detach else watchdog.spawn(plan.run_id, plan.grace)
         return scope.run()
     finally:
         gpu_select.Reservations(gpu_select.state_dir()).release(plan.run_id)

@@ -11,7 +11,7 @@ from typing import Any
 
 from pp_launch.chain.plan import StageSpec
 from pp_launch.chain.ports import ChainEvent, Sink, StageGone, StageOutput
-from pp_launch.errors import EngineError
+from pp_launch.errors import EngineError, NameInUse
 
 
 class FakeClock:
@@ -69,6 +69,7 @@ class FakeBackend:
     calls: list[tuple[Any, ...]] = field(default_factory=list)
     envs: dict[int, dict[str, str]] = field(default_factory=dict)
     existing: dict[str, int] = field(default_factory=dict)  # ref -> stage, what the "engine" holds
+    foreign: set[str] = field(default_factory=set)  # names held by containers that are not ours
     sinks: dict[str, tuple[int, Sink]] = field(default_factory=dict)
     inbox: FakeInbox | None = None
 
@@ -79,6 +80,8 @@ class FakeBackend:
         self.calls.append(("create", spec.index))
         if self.script(spec.index).fail_create:
             raise EngineError(f"create refused for {spec.name}")
+        if spec.name in self.foreign:
+            raise NameInUse(f"container name {spec.name} is already in use")
         self.envs[spec.index] = dict(env)
         self.existing[spec.name] = spec.index
         return spec.name
@@ -118,6 +121,7 @@ class FakeBackend:
 
     def remove(self, ref: str) -> None:
         self.calls.append(("remove", ref))
+        assert ref not in self.foreign, f"removed {ref}, a container that is not ours"
         if ref in self.sinks:
             self._gone(ref, 137)
         self.existing.pop(ref, None)

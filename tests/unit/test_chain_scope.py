@@ -66,7 +66,20 @@ def test_create_failure_at_stage_k_removes_every_started_stage(k: int) -> None:
     assert [c[1] for c in backend.calls if c[0] == "create"] == list(range(k + 1))
     assert backend.existing == {}
     assert reporter.named("chain_stopped")[0]["orphans"] == []
-    assert reporter.named("chain_stopped")[0]["removed"] == [f"pp-abcdef012345-{i}" for i in range(k + 1)]
+    # the stage whose create failed made no container of ours: nothing of it is reported or removed
+    assert reporter.named("chain_stopped")[0]["removed"] == [f"pp-abcdef012345-{i}" for i in range(k)]
+    assert ("remove", f"pp-abcdef012345-{k}") not in backend.calls
+
+
+@pytest.mark.parametrize("k", [0, 2])
+def test_a_name_held_by_someone_else_is_never_touched(k: int) -> None:
+    scope, backend, reporter, _ = make(3)
+    backend.foreign.add(f"pp-abcdef012345-{k}")  # the fake asserts it is never removed
+    outcome = scope.run()
+    assert outcome.failed_stage == k and "already in use" in outcome.message
+    assert outcome.exit_code == (2 if k == 0 else 1)  # exit 2 only while nothing of ours has started
+    assert not [c for c in backend.calls if c[0] in ("signal", "kill") and c[1] == k]
+    assert reporter.named("chain_stopped")[0]["removed"] == [f"pp-abcdef012345-{i}" for i in range(k)]
 
 
 def test_start_failure_removes_the_never_started_container() -> None:

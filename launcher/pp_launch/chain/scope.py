@@ -64,7 +64,7 @@ def resolve_roster(announcements: Mapping[int, StageAnnouncement | None], num_st
 class _Stage:
     spec: StageSpec
     ref: str | None = None
-    attempted: bool = False  # create was called: the name may exist at the engine even if create failed
+    attempted: bool = False  # create was called (a container of ours exists only if it returned a ref)
     started: bool = False
     started_at: float = 0.0
     announcement: StageAnnouncement | None = None
@@ -72,9 +72,6 @@ class _Stage:
     exit_code: int | None = None
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
 
-    @property
-    def handle(self) -> str:
-        return self.ref or self.spec.name
 
 
 @dataclass(frozen=True)
@@ -181,7 +178,9 @@ class ChainScope:
             self.backend.start(st.ref, k, self.inbox.put)
             st.started = True
         except errors.PpLaunchError as exc:
-            return _End(errors.EXIT_FAILURE, "stage_failed", f"stage {k} ({spec.name}) could not start: {exc}", k)
+            # Before any container of ours started, a configuration error (a name held by someone) is exit 2.
+            code = exc.exit_code if not any(s.started for s in self.stages) else errors.EXIT_FAILURE
+            return _End(code, "stage_failed", f"stage {k} ({spec.name}) could not start: {exc}", k)
         self.reporter.event(
             events.STAGE_STARTED,
             {"stage": k, "container": spec.name, "image": spec.image, "gpus": list(spec.gpus)},
@@ -306,27 +305,30 @@ class ChainScope:
         live = [s for s in self.stages if s.started and not s.gone]
         for st in live:
             self.reporter.stage_state(st.spec.index, "stopping")
-            self.backend.signal(st.handle, signal.SIGTERM)
+            self.backend.signal(st.ref, signal.SIGTERM)  # type: ignore[arg-type]  # started implies a ref
         grace_end = self.clock() + self.plan.grace
         self._pump(lambda: self._escalated or all(s.gone for s in live), grace_end)
         for st in live:
             if not st.gone:
                 self.reporter.stage_state(st.spec.index, "stopping", "grace over: SIGKILL")
-                self.backend.kill(st.handle)
+                self.backend.kill(st.ref)  # type: ignore[arg-type]
         self._pump(lambda: all(s.gone for s in live), self.clock() + self.kill_wait)
-        # Never started (auto-remove does not apply), or the engine never confirmed: remove by force.
+        # Never started (auto-remove does not apply), or the engine never confirmed: remove by force, by the id
+        # the engine returned for our create. A create that failed made nothing of ours: a container holding
+        # the name belongs to someone else and is never touched.
         for st in self.stages:
             if st.attempted and not st.gone:
-                self.backend.remove(st.handle)
+                if st.ref is not None:
+                    self.backend.remove(st.ref)
                 if not st.started:
                     st.gone = True
-                    self.reporter.stage_state(st.spec.index, "gone", "removed")
-        orphans = self.backend.leftovers(self.plan.run_id)
-        for name in orphans:
-            self.backend.remove(name)
+                    self.reporter.stage_state(st.spec.index, "gone", "removed" if st.ref else "never created")
+        orphans = self.backend.leftovers(self.plan.run_id)  # by our run's label, as engine ids
+        for ref in orphans:
+            self.backend.remove(ref)
         if orphans:
             orphans = self.backend.leftovers(self.plan.run_id)
-        removed = tuple(s.spec.name for s in self.stages if s.attempted)
+        removed = tuple(s.spec.name for s in self.stages if s.ref is not None)
         self.reporter.event(
             events.CHAIN_STOPPED,
             {"reason": reason, "exit_code": exit_code, "removed": list(removed), "orphans": list(orphans)},
