@@ -55,12 +55,14 @@ def unique(prefix: str = "t") -> str:
 class Launcher:
     """`python -m pp_launch ARGS` with its stdout JSON events and stderr lines collected as they come."""
 
-    def __init__(self, *args: str, env: dict[str, str] | None = None, new_session: bool = False) -> None:
+    def __init__(
+        self, *args: str, env: dict[str, str] | None = None, new_session: bool = False, argv: list[str] | None = None
+    ) -> None:
         full_env = dict(os.environ)
         full_env.update(env or {})
         self.args = args
         self.proc = spawn(
-            [sys.executable, "-m", "pp_launch", *args],
+            argv or [sys.executable, "-m", "pp_launch", *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             stdin=subprocess.DEVNULL,
@@ -73,6 +75,11 @@ class Launcher:
         self._cond = threading.Condition()
         threading.Thread(target=self._read_stdout, daemon=True).start()
         threading.Thread(target=self._read_stderr, daemon=True).start()
+
+    @classmethod
+    def from_argv(cls, argv: list[str], env: dict[str, str] | None = None) -> Launcher:
+        """The launcher under another program (unshare, a wrapper), its output followed the same way."""
+        return cls(env=env, argv=argv)
 
     def _read_stdout(self) -> None:
         assert self.proc.stdout is not None

@@ -55,10 +55,10 @@ class StageAnnouncement:
 
     def __post_init__(self) -> None:
         if not _NODE_ID.fullmatch(self.node_id_hex):
-            raise AnnouncementError(f"node id {shlex.quote(self.node_id_hex)} is not 64 lowercase hex digits")
+            raise AnnouncementError(f"node id {escape(self.node_id_hex)} is not 64 lowercase hex digits")
         items = self.direct.split(",")
         if not all(_valid_hostport(item) for item in items):
-            raise AnnouncementError(f"direct addresses {shlex.quote(self.direct)} are not host:port[,host:port...]")
+            raise AnnouncementError(f"direct addresses {escape(self.direct)} are not host:port[,host:port...]")
 
     @property
     def node_id_short(self) -> str:

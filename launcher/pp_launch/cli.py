@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import math
 import os
 import re
 import shlex
@@ -101,6 +102,24 @@ def gpu_options(f: F) -> F:
     for d in reversed(decorators):
         command = d(command)
     return command  # type: ignore[no-any-return]
+
+
+class Seconds(click.ParamType):  # type: ignore[type-arg]  # generic only in newer Click stubs
+    """A finite, non-negative number of seconds (Click's FloatRange lets nan and inf through)."""
+
+    name = "seconds"
+
+    def __init__(self, positive: bool = False) -> None:
+        self.positive = positive
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number of seconds", param, ctx)
+        if not math.isfinite(number) or number < 0 or (self.positive and number == 0):
+            self.fail(f"{value!r} is not a finite {'positive' if self.positive else 'non-negative'} number", param, ctx)
+        return number
 
 
 def swactor_options(f: F) -> F:
@@ -221,7 +240,7 @@ def _parse_stage_env(values: tuple[str, ...], stages: int) -> tuple[tuple[int, s
 @click.option("--stage-env", multiple=True, metavar="K:NAME=VALUE", help="Set a variable in stage K only.")
 @click.option(
     "--addr-timeout",
-    type=click.FloatRange(min=0, min_open=True),
+    type=Seconds(positive=True),
     default=60.0,
     show_default=True,
     metavar="S",
@@ -229,7 +248,7 @@ def _parse_stage_env(values: tuple[str, ...], stages: int) -> tuple[tuple[int, s
 )
 @click.option(
     "--grace",
-    type=click.FloatRange(min=0),
+    type=Seconds(),
     default=5.0,
     show_default=True,
     metavar="S",
@@ -295,6 +314,7 @@ def chain(
         if dry_run:
             _dry_run(request, gpu, as_json)
             return
+        launch.check_image_name(image)
         engine = connect()
         say = (lambda t: click.echo(f"pp-launch: {t}", err=True)) if verbosity >= 0 or as_json else (lambda t: None)
         launch.ensure_image(engine, image, say)
@@ -494,7 +514,7 @@ def ps(as_json: bool) -> None:
 @click.option("--all", "all_runs", is_flag=True, help="Every pp-launch container, whatever its owner.")
 @click.option(
     "--grace",
-    type=click.FloatRange(min=0),
+    type=Seconds(),
     default=5.0,
     show_default=True,
     metavar="S",
@@ -541,11 +561,15 @@ def gc() -> None:
       pp-launch gc
     """
     with mapped_errors():
-        removed = sweep.gc(connect())
-    for c in removed:
-        click.echo(f"removed {c.name} (run {c.labels.get(labels.RUN)}; its owner {c.labels.get(labels.OWNER)} is gone)")
-    if not removed:
+        collected = sweep.gc(connect())
+    for c in collected.removed:
+        click.echo(f"removed {sweep.describe(c)}: its owner is gone")
+    for c, why in collected.failed:
+        click.echo(f"pp-launch: error: could not remove {sweep.describe(c)}: {sweep.safe(why)}", err=True)
+    if not collected.removed and not collected.failed:
         click.echo("nothing to collect", err=True)
+    if collected.failed:
+        sys.exit(errors.EXIT_FAILURE)
 
 
 @main.group("worker")
@@ -574,6 +598,7 @@ def worker_check(ctx: click.Context, image: str, env: tuple[str, ...]) -> None:
 
     verbose = ctx.obj["verbosity"] > 0
     with mapped_errors():
+        launch.check_image_name(image, "IMAGE")
         engine = connect()
         launch.ensure_image(engine, image, lambda text: click.echo(f"pp-launch: {text}", err=True))
         ok = check(

@@ -274,13 +274,13 @@ class DockerStageBackend:
                     sink(StageOutput(stage, _STREAMS[stream], data))  # type: ignore[arg-type]
                     continue
                 for line in splitters[stream].feed(data):
-                    sink(StageOutput(stage, _STREAMS[stream], line.data, continued=line.continued))  # type: ignore[arg-type]
+                    sink(StageOutput.of(stage, _STREAMS[stream], line))  # type: ignore[arg-type]
         except OSError:
             pass
         finally:
             for stream, splitter in splitters.items():
                 for line in splitter.close():
-                    sink(StageOutput(stage, _STREAMS[stream], line.data, continued=line.continued))  # type: ignore[arg-type]
+                    sink(StageOutput.of(stage, _STREAMS[stream], line))  # type: ignore[arg-type]
             sock.close()
 
     def _wait_removed(self, response: Any, reader: threading.Thread, stage: int, sink: Sink) -> None:

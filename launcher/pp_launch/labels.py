@@ -31,42 +31,90 @@ def process_start_time(pid: int) -> str | None:
     return fields[19] if len(fields) > 19 else None
 
 
+def ascii_int(text: str) -> int | None:
+    """A label's number, read strictly: ASCII digits only (str.isdigit() takes '²', which int() refuses)."""
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 18 else None
+
+
+def pid_namespace(pid: int | str = "self") -> str | None:
+    """The inode of a process's PID namespace: pids compare only within one namespace."""
+    try:
+        link = os.readlink(f"/proc/{pid}/ns/pid")  # "pid:[4026531836]"
+    except OSError:
+        return None
+    inode = link.partition("[")[2].rstrip("]")
+    return inode if inode.isascii() and inode.isdigit() else None
+
+
+def boot_id() -> str | None:
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            return f.read().strip().replace("-", "") or None
+    except OSError:
+        return None
+
+
 @dataclass(frozen=True)
 class Owner:
+    """`<host>:<pid>:<start time>[:pidns-<inode>][:boot-<id>]`: the extra fields say where the pid can be
+    judged. A launcher in a container shares the host's hostname but not its PID namespace."""
+
     host: str
     pid: int
     start_time: str
+    pidns: str | None = None
+    boot: str | None = None
 
     @classmethod
     def current(cls) -> Owner:
         pid = os.getpid()
-        return cls(socket.gethostname(), pid, process_start_time(pid) or "0")
+        return cls(socket.gethostname(), pid, process_start_time(pid) or "0", pid_namespace(), boot_id())
 
     @classmethod
     def parse(cls, value: str) -> Owner | None:
-        """None for `detached`, `compose:…` and anything that is not a process identity."""
-        host, sep, rest = value.rpartition(":")
-        host2, sep2, pid = host.rpartition(":")
-        if not sep or not sep2 or not pid.isdigit():
+        """None for `detached`, `compose:…` and anything that is not a process identity (malformed labels
+        included: a container whose owner cannot be read is not ours to judge)."""
+        parts = value.split(":")
+        if len(parts) < 3 or not parts[0] or not value.isascii() or not value.isprintable():
             return None
-        return cls(host2, int(pid), rest)
+        pid, start = ascii_int(parts[1]), parts[2]
+        if pid is None or ascii_int(start) is None:
+            return None
+        extra: dict[str, str] = {}
+        for field in parts[3:]:
+            key, sep, val = field.partition("-")
+            if not sep or key not in ("pidns", "boot") or not val.isalnum() or key in extra:
+                return None
+            extra[key] = val
+        return cls(parts[0], pid, start, extra.get("pidns"), extra.get("boot"))
 
     def label(self) -> str:
-        return f"{self.host}:{self.pid}:{self.start_time}"
+        extra = "".join(f":{k}-{v}" for k, v in (("pidns", self.pidns), ("boot", self.boot)) if v)
+        return f"{self.host}:{self.pid}:{self.start_time}{extra}"
 
     def is_local(self) -> bool:
         return self.host == socket.gethostname()
 
+    def judge_here(self) -> str | None:
+        """Why this owner's liveness cannot be judged from this process (None: it can)."""
+        if not self.is_local():
+            return "owner on another host: not judged"
+        if self.boot is not None and self.boot != boot_id():
+            return "owner from another boot: not judged"
+        if self.pidns is not None and self.pidns != pid_namespace():
+            return "owner in another PID namespace: not judged"
+        return None
+
     def is_alive(self) -> bool:
-        """Only meaningful for a local owner: the pid exists and started when the label says."""
+        """Only meaningful where judge_here() is None: the pid exists and started when the label says."""
         return process_start_time(self.pid) == self.start_time
 
 
 def owner_is_gone(value: str) -> bool:
-    """True only for a process owner on this host that no longer runs. Detached, compose and foreign-host
-    owners are never 'gone' from here: gc must not touch them."""
+    """True only for a process owner that can be judged from here and no longer runs. Detached, compose,
+    malformed, other hosts' and other PID namespaces' owners are never 'gone' from here: gc must not touch them."""
     owner = Owner.parse(value)
-    return owner is not None and owner.is_local() and not owner.is_alive()
+    return owner is not None and owner.judge_here() is None and not owner.is_alive()
 
 
 def stage_labels(run_id: str, stage: int, owner: str, gpus: tuple[str, ...]) -> dict[str, str]:

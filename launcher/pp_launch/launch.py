@@ -31,9 +31,9 @@ _IMAGE_REF = re.compile(
 _NAME_PREFIX = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.-]{0,100}")
 
 
-def check_image_name(image: str) -> None:
+def check_image_name(image: str, what: str = "--image") -> None:
     if not _IMAGE_REF.fullmatch(image):
-        raise errors.ConfigError(f"--image {image!r} is not a valid image reference (e.g. repo/name:tag)")
+        raise errors.ConfigError(f"{what} {image!r} is not a valid image reference (e.g. repo/name:tag)")
 
 
 def check_name_prefix(prefix: str) -> None:
@@ -114,11 +114,11 @@ def ensure_image(engine: Engine, image: str, say: Callable[[str], None]) -> None
 
 def sweep_dead_owners(engine: Engine, say: Callable[[str], None]) -> None:
     """Before starting anything: remove what launchers that died on this host left behind, and say so."""
-    for c in sweep.gc(engine):
-        say(
-            f"removed {c.name} (run {c.labels.get(labels.RUN)}), left behind by {c.labels.get(labels.OWNER)}, "
-            "a launcher that is gone"
-        )
+    collected = sweep.gc(engine)
+    for c in collected.removed:
+        say(f"removed {sweep.describe(c)}, left behind by a launcher that is gone")
+    for c, why in collected.failed:
+        say(f"could not remove {sweep.describe(c)}, left behind by a launcher that is gone: {sweep.safe(why)}")
 
 
 def check_names_free(engine: Engine, plan: ChainPlan) -> None:

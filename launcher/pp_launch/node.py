@@ -14,6 +14,7 @@ Unlike `exec docker run`, it cannot orphan its container:
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import time
@@ -103,7 +104,7 @@ class NodeConfig:
         raw_stage = environ.get("STAGE")
         if raw_stage is None or raw_stage.strip() == "":
             raise errors.ConfigError("STAGE is not set: set it to this stage's index (0, 1, ...)")
-        if not raw_stage.strip().isdigit():
+        if labels.ascii_int(raw_stage.strip()) is None:
             raise errors.ConfigError(f"STAGE={raw_stage!r} is not a stage index (0, 1, ...)")
         try:
             grace = float(environ.get("PP_STOP_GRACE", DEFAULT_GRACE))
@@ -111,6 +112,8 @@ class NodeConfig:
             raise errors.ConfigError(f"PP_STOP_GRACE={environ['PP_STOP_GRACE']!r} is not a number of seconds") from None
         if grace < 0:
             raise errors.ConfigError("PP_STOP_GRACE must not be negative")
+        if not math.isfinite(grace):
+            raise errors.ConfigError(f"PP_STOP_GRACE={environ['PP_STOP_GRACE']!r} is not a finite number of seconds")
         home = environ.get("HOME", os.path.expanduser("~"))
         network = environ.get("PP_STAGE_NETWORK") or environ.get("PP_DIAG_NETWORK") or "host"
         forward = tuple(n.strip() for n in environ.get(FORWARD_ENV, "").split(",") if n.strip())

@@ -93,9 +93,9 @@ class ProcessStageBackend:
         fd = pipe.fileno()  # type: ignore[attr-defined]
         while chunk := os.read(fd, 65536):
             for line in splitter.feed(chunk):
-                sink(StageOutput(stage, stream, line.data, continued=line.continued))
+                sink(StageOutput.of(stage, stream, line))
         for line in splitter.close():
-            sink(StageOutput(stage, stream, line.data, continued=line.continued))
+            sink(StageOutput.of(stage, stream, line))
 
     @staticmethod
     def _wait(proc: subprocess.Popen[bytes], readers: list[threading.Thread], stage: int, sink: Sink) -> None:

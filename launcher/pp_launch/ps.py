@@ -7,6 +7,7 @@ from typing import Any
 
 from . import labels
 from .docker_engine import Engine
+from .lines import display
 
 
 def owner_status(owner: str) -> str:
@@ -16,9 +17,9 @@ def owner_status(owner: str) -> str:
         return "compose"
     parsed = labels.Owner.parse(owner)
     if parsed is None:
-        return "unknown"
-    if not parsed.is_local():
-        return "other host"
+        return "unknown: not ours to judge"
+    if (why := parsed.judge_here()) is not None:
+        return why
     return "alive" if parsed.is_alive() else "gone"
 
 
@@ -31,7 +32,7 @@ def list_stages(engine: Engine) -> list[dict[str, Any]]:
         rows.append(
             {
                 "run": c.labels.get(labels.RUN, ""),
-                "stage": int(stage) if stage.isdigit() else None,
+                "stage": labels.ascii_int(stage),
                 "container": c.name,
                 "image": c.image,
                 "gpus": [g for g in c.labels.get(labels.GPUS, "").split(",") if g],
@@ -62,5 +63,6 @@ def render(rows: list[dict[str, Any]]) -> str:
         )
         for r in rows
     ]
+    table = [tuple(display(cell.encode("utf-8", "surrogateescape")) for cell in row) for row in table]
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in table)

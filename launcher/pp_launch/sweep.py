@@ -4,17 +4,50 @@ longer run. `detached`, `compose:…` and other hosts' owners are never touched.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from . import labels
 from .docker_engine import ContainerInfo, Engine
+from .errors import EngineError
+from .lines import display
 
 
 def orphans(engine: Engine) -> list[ContainerInfo]:
     return [c for c in engine.containers([labels.RUN]) if labels.owner_is_gone(c.labels.get(labels.OWNER, ""))]
 
 
-def gc(engine: Engine) -> list[ContainerInfo]:
-    """Remove every container of a dead local owner; return them."""
-    found = orphans(engine)
-    for c in found:
-        engine.remove(c.id)
-    return found
+@dataclass(frozen=True)
+class Collected:
+    removed: tuple[ContainerInfo, ...]  # the engine confirmed each gone
+    failed: tuple[tuple[ContainerInfo, str], ...]  # still there, and why
+
+
+def gc(engine: Engine) -> Collected:
+    """Remove every container of a dead owner that can be judged from here. Only what the engine confirms gone
+    counts as removed; what it could not remove is reported with the reason."""
+    removed, failed = [], []
+    for c in orphans(engine):
+        reason = ""
+        try:
+            engine.remove(c.id)
+        except EngineError as exc:
+            reason = str(exc)
+        left = engine.inspect(c.id)
+        if left is None:
+            removed.append(c)
+        else:
+            state = str((left.get("State") or {}).get("Status", "?"))
+            failed.append((c, reason or f"the engine still has it (state {state})"))
+    return Collected(tuple(removed), tuple(failed))
+
+
+def describe(c: ContainerInfo) -> str:
+    """A container as a message names it, with everything from its labels escaped for the terminal."""
+    name = c.name if c.name and c.name != "?" else f"(unnamed, id {c.id[:12]})"
+    return (
+        f"{safe(name)} (run {safe(c.labels.get(labels.RUN, '?'))}, owner {safe(c.labels.get(labels.OWNER, '?'))})"
+    )
+
+
+def safe(text: str) -> str:
+    return display(text.encode("utf-8", "surrogateescape"))

@@ -3,13 +3,19 @@ Each test here failed on the code before the fix it names."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import signal
+import socket
+import sys
 
 import pytest
 from testcontainers.core.container import DockerContainer
 from testcontainers.core.wait_strategies import LogMessageWaitStrategy
 
-from ..helpers import Launcher, run_containers, unique
+from pp_launch import labels
+
+from ..helpers import Launcher, remember_run, run_containers, unique, wait_until
 
 pytestmark = pytest.mark.docker
 
@@ -49,4 +55,87 @@ def test_a_name_held_by_a_live_chain_is_exit_2_naming_its_run_and_that_chain_liv
     finally:
         first.signal(signal.SIGTERM)
         assert first.wait(30) == 143
+    assert run_containers(engine, roster["run"]) == []
+
+
+def test_malformed_labels_on_a_foreign_container_crash_nothing_and_it_is_untouched(engine, stub_image) -> None:
+    host = socket.gethostname()
+    bad = DockerContainer(
+        stub_image,
+        network_mode="host",
+        labels={labels.RUN: unique("bad"), labels.STAGE: "²", labels.OWNER: f"{host}:²:1", labels.GPUS: "\x1b[2J"},
+    ).with_env("STUB_MODE", "hold")
+    bad.waiting_for(LogMessageWaitStrategy("holding")).start()
+    remember_run(bad._kwargs["labels"][labels.RUN])
+    try:
+        for args in (("gc",), ("ps",), ("ps", "--json")):
+            cmd = Launcher(*args)
+            assert cmd.wait(30) == 0, cmd.stderr_text()
+            assert "Traceback" not in cmd.stderr_text()
+            assert all("\x1b" not in line for line in cmd.stdout_lines)
+        ps = Launcher("ps")
+        assert ps.wait(30) == 0
+        row = next(line for line in ps.stdout_lines if bad._kwargs["labels"][labels.RUN] in line)
+        assert "unknown: not ours to judge" in row
+        chain = Launcher("chain", "--gpus", "none", "--json")  # its sweep and its GPU pick read the same labels
+        assert chain.wait(60) == 0, chain.stderr_text()
+        assert engine.inspect(bad.get_container_id())["State"]["Running"]
+    finally:
+        bad.stop()
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None or os.geteuid() != 0, reason="needs util-linux unshare as root")
+def test_a_launcher_in_another_pid_namespace_is_not_judged_by_the_hosts_gc(engine, stub_image) -> None:
+    """A launcher with its own PID namespace (as in a container or a pod on the host network) writes a pid that
+    means nothing here. The old sweep judged it gone and removed a live chain."""
+    argv = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child=SIGTERM", sys.executable, "-m", "pp_launch"]
+    argv += ["chain", "--gpus", "none", "--json", "--env", "STUB_MODE=hold"]
+    inner = Launcher.from_argv(argv)
+    roster = inner.wait_event("pp_stage_roster", timeout=60)
+    run = roster["run"]
+    owner = engine.containers([f"{labels.RUN}={run}"])[0].labels[labels.OWNER]
+    assert f":pidns-{labels.pid_namespace()}" not in owner and ":pidns-" in owner
+    gc = Launcher("gc")
+    assert gc.wait(30) == 0
+    assert len(run_containers(engine, run)) == 2  # a live chain: never removed
+    ps = Launcher("ps")
+    assert ps.wait(30) == 0
+    assert all("owner in another PID namespace: not judged" in line for line in ps.stdout_lines if run in line)
+    # unshare ignores SIGTERM while it waits; killed, it has the kernel send SIGTERM to the launcher
+    # (--kill-child), whose own teardown then cleans up inside its namespace
+    inner.signal(signal.SIGKILL)
+    inner.wait(30)
+    assert wait_until(lambda: run_containers(engine, run) == [], 30)
+
+
+def test_an_announcement_longer_than_64_kib_is_rejected_never_passed_on(engine, stub_image) -> None:
+    line = "PP_GPU_NODE_ADDR " + "ab" * 32 + " " + ",".join(f"10.1.{i // 250}.{i % 250}:9" for i in range(6000))
+    launcher = Launcher("chain", "--gpus", "none", "--json", "--stage-env", f"0:STUB_ANNOUNCE_LINE={line}")
+    assert launcher.wait(60) == 1
+    assert "stage 0 (" in launcher.stderr_text()
+    assert "an announcement longer than the line limit was rejected" in launcher.stderr_text()
+    assert [e["stage"] for e in launcher.events_named("stage_started")] == [0]  # stage 1 never got a cut list
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-1"])
+def test_pp_stop_grace_must_be_a_finite_non_negative_number(engine, stub_image, value: str) -> None:
+    node = Launcher("node", env={"STAGE": "0", "PP_IMAGE": stub_image, "PP_STOP_GRACE": value})
+    assert node.wait(30) == 2
+    assert "PP_STOP_GRACE" in node.stderr_text()
+
+
+def test_env_reaches_gpu_node_stages_without_pp_forward_env(engine, stub_image) -> None:
+    gpu_node = shutil.which("pp-gpu-node", path=os.path.dirname(sys.executable))
+    assert gpu_node is not None
+    launcher = Launcher(
+        "chain", "--gpus", "none", "--json", "--gpu-node", gpu_node, "--env", "STUB_MODE=hold", "--env", "MY_KNOB=42"
+    )
+    roster = launcher.wait_event("pp_stage_roster", timeout=60)
+    try:
+        for name in run_containers(engine, roster["run"]):
+            env = engine.inspect(name)["Config"]["Env"]
+            assert "MY_KNOB=42" in env and "STUB_MODE=hold" in env
+    finally:
+        launcher.signal(signal.SIGTERM)
+        assert launcher.wait(30) == 143
     assert run_containers(engine, roster["run"]) == []

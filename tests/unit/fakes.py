@@ -12,6 +12,7 @@ from typing import Any
 from pp_launch.chain.plan import StageSpec
 from pp_launch.chain.ports import ChainEvent, Sink, StageGone, StageOutput
 from pp_launch.errors import EngineError, NameInUse
+from pp_launch.lines import LineSplitter
 
 
 class FakeClock:
@@ -93,8 +94,9 @@ class FakeBackend:
             raise EngineError('could not select device driver "" with capabilities: [[gpu]]')
         self.sinks[ref] = (stage, sink)
         sink(StageOutput(stage, "stdout", f"stage {stage} booting".encode()))
-        if s.line is not None:
-            sink(StageOutput(stage, "stdout", s.line.encode()))
+        if s.line is not None:  # framed as the real backends frame it: lines over the limit come in pieces
+            for line in LineSplitter().feed(s.line.encode() + b"\n"):
+                sink(StageOutput.of(stage, "stdout", line))
         elif s.announce:
             sink(StageOutput(stage, "stdout", f"PP_GPU_NODE_ADDR {node_id(stage)} 127.0.0.1:{7000 + stage}".encode()))
         if s.exit_code_on_start is not None:

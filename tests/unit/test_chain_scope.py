@@ -114,6 +114,18 @@ def test_malformed_announcement_fails_the_stage_and_is_never_passed_on() -> None
     assert all("touch" not in v for env in backend.envs.values() for v in env.values())
 
 
+@pytest.mark.parametrize("pad", [" ", "\t"])
+def test_an_announcement_longer_than_the_line_limit_is_rejected_never_cut_and_passed_on(pad: str) -> None:
+    # valid in its first 64 KiB: the old code accepted that first piece and handed a cut address list on
+    long = f"{pad}PP_GPU_NODE_ADDR {node_id(1)} " + ",".join(f"10.0.{i // 250}.{i % 250}:1" for i in range(7000))
+    assert len(long) > 64 * 1024
+    scope, backend, _, _ = make(3, {1: StageScript(line=long)})
+    outcome = scope.run()
+    assert outcome.exit_code == 1 and outcome.failed_stage == 1
+    assert "an announcement longer than the line limit was rejected" in outcome.message
+    assert 2 not in backend.envs
+
+
 def test_stage_exiting_nonzero_fails_the_chain_with_its_code() -> None:
     scope, backend, reporter, _ = make(3, {1: StageScript(exit_at=(1500.0, 3))})
     outcome = scope.run()

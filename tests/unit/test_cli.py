@@ -50,6 +50,14 @@ def test_every_command_has_help_with_an_example(path: tuple[str, ...]) -> None:
         (("--env", "STAGE=3"), "STAGE is set by pp-launch itself"),
         (("--stage-env", "5:A=b"), "stage 5 does not exist (--stages 2)"),
         (("--stage-env", "A=b"), "'A=b' is not K:NAME=VALUE"),
+        (("--grace", "nan"), "'nan' is not a finite non-negative number"),
+        (("--grace", "inf"), "'inf' is not a finite non-negative number"),
+        (("--addr-timeout", "nan"), "'nan' is not a finite positive number"),
+        (("--addr-timeout", "0"), "'0' is not a finite positive number"),
+        (("--seed-addr", "ab" * 31), "SEED_ADDR " + "ab" * 31 + " is not the seed's node id (64 hex digits)"),
+        (("--seed-direct", "127.0.0.1"), "SEED_DIRECT 127.0.0.1 is not host:port[,host:port...]"),
+        (("--seed-relay", "ftp://relay"), "SEED_RELAY ftp://relay is not an http(s) URL"),
+        (("--entrypoint", " "), "Invalid value for --entrypoint: must name a program"),
     ],
 )
 def test_bad_flags_are_usage_errors(args: tuple[str, ...], message: str) -> None:
@@ -62,6 +70,7 @@ def test_bad_flags_are_usage_errors(args: tuple[str, ...], message: str) -> None
     ("args", "message"),
     [
         (("--image", "Bad Image!"), "--image 'Bad Image!' is not a valid image reference"),
+        (("--image", ""), "--image '' is not a valid image reference"),
         (("--name", "-x"), "--name '-x' is not a valid container name prefix"),
         (("--gpus", "all"), "--gpus all asks for GPUs, but NVML not found: no NVIDIA driver on this host"),
     ],
@@ -184,3 +193,22 @@ def test_gpus_table_json_and_record(tmp_path: Path) -> None:
     out = tmp_path / "rec.json"
     assert run("gpus", "--gpu-inventory", inv, "--record", str(out)).exit_code == 0
     assert json.loads(out.read_text()) == as_json
+
+
+def test_seed_options_reach_every_stage_and_come_from_the_environment() -> None:
+    seed = "AB" * 32
+    env = {"SEED_ADDR": seed, "SEED_DIRECT": "10.0.0.1:4000", "SEED_RELAY": "https://relay.example:443/"}
+    args = ("--dry-run", "--json", "--gpus", "none", "--stages", "3", "--entrypoint", "/usr/local/bin/pp-worker")
+    result = run("chain", *args, env=env)
+    assert result.exit_code == 0, result.output
+    for stage in json.loads(result.output)["stages"]:
+        assert stage["env"]["SEED_ADDR"] == seed.lower()
+        assert stage["env"]["SEED_DIRECT"] == "10.0.0.1:4000"
+        assert stage["env"]["SEED_RELAY"] == "https://relay.example:443/"
+        assert stage["entrypoint"] == ["/usr/local/bin/pp-worker"]
+
+
+def test_the_worker_check_image_name_is_checked_before_the_engine_is_asked() -> None:
+    result = run("worker", "check", "")
+    assert result.exit_code == 2
+    assert result.output.startswith("pp-launch: error: IMAGE '' is not a valid image reference")

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from ..lines import Line
 from .plan import StageSpec
 
 
@@ -22,6 +23,11 @@ class StageOutput:
     stream: Literal["stdout", "stderr"]
     data: bytes
     continued: bool = False  # a later piece of an over-long line: never an announcement
+    partial: bool = False  # a piece of a line longer than the line limit (the first piece included)
+
+    @classmethod
+    def of(cls, stage: int, stream: Literal["stdout", "stderr"], line: Line) -> StageOutput:
+        return cls(stage, stream, line.data, line.continued, not line.complete or line.continued)
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from .. import errors, events
-from ..announce import AnnouncementError, StageAnnouncement, parse_line
+from ..announce import PREFIX, AnnouncementError, StageAnnouncement, parse_line
 from ..lines import display
 from .plan import ChainPlan, StageSpec
 from .ports import ChainEvent, Inbox, StageBackend, StageGone, StageOutput, StopRequested
@@ -242,6 +242,12 @@ class ChainScope:
         st.tail.append(text)
         self.reporter.stage_line(st.spec.index, event.stream, text)
         if event.stream != "stdout" or event.continued or st.announcement is not None or self._tearing_down:
+            return None
+        if event.partial:  # longer than the line limit: never handed on, even cut to its first piece
+            if event.data.lstrip(b" \t").startswith(PREFIX.encode()):
+                k = st.spec.index
+                msg = f"stage {k} ({st.spec.name}): an announcement longer than the line limit was rejected"
+                return _End(errors.EXIT_FAILURE, "stage_failed", msg, k)
             return None
         try:
             announcement = parse_line(event.data.decode("utf-8", errors="backslashreplace"))

@@ -77,7 +77,7 @@ def holdings_from_labels(rows: list[Mapping[str, str]]) -> dict[str, Holding]:
     for row in rows:
         for uuid in filter(None, row.get(labels.GPUS, "").split(",")):
             stage = row.get(labels.STAGE, "")
-            out[uuid] = Holding(row.get(labels.RUN, "?"), int(stage) if stage.isdigit() else None)
+            out[uuid] = Holding(row.get(labels.RUN, "?"), labels.ascii_int(stage))
     return out
 
 

@@ -1,0 +1,115 @@
+"""Labels read strictly (contract §6): malformed values are "not ours to judge", never a crash, and an owner in
+another PID namespace or boot is never judged gone from here."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+
+from pp_launch import labels, sweep
+from pp_launch.docker_engine import ContainerInfo
+
+HOST = socket.gethostname()
+
+
+@pytest.mark.parametrize("text", ["²", "1²", "١٢", "", " 1", "-1", "1e3", "9" * 19])
+def test_ascii_int_refuses_everything_but_ascii_digits(text: str) -> None:
+    assert labels.ascii_int(text) is None
+
+
+def test_ascii_int_reads_ascii_digits() -> None:
+    assert labels.ascii_int("0") == 0 and labels.ascii_int("42") == 42
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        f"{HOST}:²:1",
+        f"{HOST}:1:²",
+        f"{HOST}:1",
+        f"{HOST}:1:1:pidns",
+        f"{HOST}:1:1:color-red",
+        f"{HOST}:1:1:pidns-1:pidns-2",
+        f"{HOST}:1:1\x1b[31m",
+        f"{HOST}\u202e:1:1",
+        ":1:1",
+        "detached",
+        "compose:proj",
+    ],
+)
+def test_a_malformed_or_non_process_owner_is_never_gone(value: str) -> None:
+    assert labels.Owner.parse(value) is None
+    assert not labels.owner_is_gone(value)
+
+
+def test_the_current_owner_round_trips_with_its_namespace_and_boot() -> None:
+    me = labels.Owner.current()
+    assert me.pidns == labels.pid_namespace() and me.boot == labels.boot_id()
+    assert labels.Owner.parse(me.label()) == me
+    assert me.judge_here() is None and me.is_alive()
+
+
+def test_an_owner_in_another_pid_namespace_is_not_judged_even_with_a_dead_pid() -> None:
+    me = labels.Owner.current()
+    dead_pid = 2**22 + 17  # above pid_max's default: no process has it
+    elsewhere = labels.Owner(HOST, dead_pid, "1", pidns="1", boot=me.boot)
+    assert elsewhere.judge_here() == "owner in another PID namespace: not judged"
+    assert not labels.owner_is_gone(elsewhere.label())
+    here = labels.Owner(HOST, dead_pid, "1", pidns=me.pidns, boot=me.boot)
+    assert labels.owner_is_gone(here.label())
+
+
+def test_an_owner_of_another_boot_or_host_is_not_judged() -> None:
+    assert labels.Owner(HOST, 1, "1", boot="0" * 32).judge_here() == "owner from another boot: not judged"
+    assert labels.Owner("elsewhere", 1, "1").judge_here() == "owner on another host: not judged"
+
+
+def test_labels_are_escaped_before_display() -> None:
+    info = ContainerInfo(
+        id="f" * 64,
+        name="?",
+        image="i",
+        state="dead",
+        created=0,
+        labels={labels.RUN: "r\x1b[2J", labels.OWNER: "h\x07:1:1"},
+    )
+    shown = sweep.describe(info)
+    assert "\x1b" not in shown and "\x07" not in shown
+    assert shown == "(unnamed, id ffffffffffff) (run r\\x1b[2J, owner h\\x07:1:1)"
+
+
+def test_a_pid_namespace_is_read_from_proc() -> None:
+    ns = labels.pid_namespace(os.getpid())
+    assert ns is not None and ns.isdigit()
+
+
+class StubbornEngine:
+    """An engine that cannot remove one container (a nameless Dead one after an engine crash)."""
+
+    def __init__(self, dead_pid: int) -> None:
+        me = labels.Owner.current()
+        gone = labels.Owner(HOST, dead_pid, "1", me.pidns, me.boot).label()
+        self.items = {
+            "a" * 64: ContainerInfo("a" * 64, "?", "i", "dead", 0, {labels.RUN: "r1", labels.OWNER: gone}),
+            "b" * 64: ContainerInfo("b" * 64, "pp-r2-0", "i", "exited", 0, {labels.RUN: "r2", labels.OWNER: gone}),
+        }
+
+    def containers(self, label_filters: list[str]) -> list[ContainerInfo]:
+        return list(self.items.values())
+
+    def remove(self, ref: str) -> None:
+        if ref.startswith("a"):
+            raise sweep.EngineError("cannot remove container: device or resource busy")
+        self.items.pop(ref)
+
+    def inspect(self, ref: str) -> dict[str, object] | None:
+        return {"State": {"Status": self.items[ref].state}} if ref in self.items else None
+
+
+def test_gc_reports_only_what_the_engine_confirmed_gone_and_why_the_rest_stays() -> None:
+    engine = StubbornEngine(2**22 + 17)
+    collected = sweep.gc(engine)  # type: ignore[arg-type]
+    assert [c.name for c in collected.removed] == ["pp-r2-0"]
+    assert [(c.id[:1], why) for c, why in collected.failed] == [("a", "cannot remove container: device or resource busy")]
