@@ -112,4 +112,5 @@ def test_gc_reports_only_what_the_engine_confirmed_gone_and_why_the_rest_stays()
     engine = StubbornEngine(2**22 + 17)
     collected = sweep.gc(engine)  # type: ignore[arg-type]
     assert [c.name for c in collected.removed] == ["pp-r2-0"]
-    assert [(c.id[:1], why) for c, why in collected.failed] == [("a", "cannot remove container: device or resource busy")]
+    failed = [(c.id[:1], why) for c, why in collected.failed]
+    assert failed == [("a", "cannot remove container: device or resource busy")]
