@@ -5,10 +5,12 @@ The CLI parses and maps errors to exit codes; everything a program embedding pp-
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import re
 import signal
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -16,7 +18,7 @@ from dataclasses import dataclass
 from . import errors, images, labels, node, sweep, watchdog
 from .announce import escape
 from .chain.plan import BUILTIN_IMAGE, ChainPlan, ChainRequest, build_plan, new_run_id
-from .chain.ports import QueueInbox, StageBackend
+from .chain.ports import QueueInbox, StageBackend, StopRequested
 from .chain.scope import ChainOutcome, ChainScope, Reporter
 from .docker_engine import DockerStageBackend, Engine, connect
 from .gpu import select as gpu_select
@@ -189,10 +191,25 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[n:]
 
 
+def _watch_parent_lifeline(inbox: QueueInbox) -> None:
+    """A child of `chain --gpu-node`: our stdin is a pipe the launcher holds and never writes. Its end (the
+    launcher died, SIGKILL included) is a stop request, so the stage is torn down as for SIGTERM."""
+
+    def watch() -> None:
+        with contextlib.suppress(OSError):
+            while os.read(0, 4096):
+                pass
+        inbox.put(StopRequested(signal.SIGTERM))
+
+    threading.Thread(target=watch, daemon=True, name="parent-lifeline").start()
+
+
 def run_node(environ: Mapping[str, str], args: tuple[str, ...], inbox: QueueInbox, say: Callable[[str], None]) -> int:
     """pp-gpu-node: one stage container in the foreground; `args` become its command. Stop signals must
     already be arriving in `inbox`."""
     config = node.NodeConfig.from_env(environ, args)
+    if environ.get(node.PARENT_LIFELINE) == "stdin":
+        _watch_parent_lifeline(inbox)
     engine = connect()
     if engine.image_labels(config.image) is None:
         if config.image != BUILTIN_IMAGE:

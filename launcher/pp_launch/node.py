@@ -31,7 +31,9 @@ DEFAULT_PREFIX = "pp-stage"
 DEFAULT_GRACE = 10.0
 CACHE_MOUNT = "/root/.cache/tinygrad"
 MODEL_CACHE_MOUNT = "/root/.cache/pp-pipeline"
-FORWARD_ENV = "PP_FORWARD_ENV"  # comma-separated names of further variables to forward
+FORWARD_ENV = "PP_FORWARD_ENV"
+# Set by `pp-launch chain --gpu-node` for its children: stdin is the launcher's lifeline, end of it a stop.
+PARENT_LIFELINE = "PP_PARENT_LIFELINE"  # comma-separated names of further variables to forward
 RUN_ENV = "PP_LAUNCH_RUN"  # set by `pp-launch chain --gpu-node`: the child's container joins the chain's run
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 # The old script's own additions to the stage environment.

@@ -9,6 +9,7 @@ pp-gpu-node (or the docker-gpu-node.sh shim), each child's container joins the c
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import subprocess
@@ -21,7 +22,24 @@ from . import errors, stage_env
 from .chain.plan import StageSpec
 from .chain.ports import Sink, StageGone, StageOutput
 from .lines import LineSplitter
-from .node import FORWARD_ENV, NODE_FORWARDED, RUN_ENV
+from .node import FORWARD_ENV, NODE_FORWARDED, PARENT_LIFELINE, RUN_ENV
+
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(parent: int) -> Callable[[], None]:
+    """In the child before exec: SIGTERM when the launcher dies (Linux PR_SET_PDEATHSIG), so a stage process in
+    its own session never outlives it. The signal follows the thread that started the child: start() runs on
+    the chain's own thread, which lives as long as the launcher. If the launcher is already gone, stop now."""
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here: the child between fork and exec only calls
+
+    def arm() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != parent:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return arm
 
 
 class ProcessStageBackend:
@@ -67,14 +85,16 @@ class ProcessStageBackend:
 
     def start(self, ref: str, stage: int, sink: Sink) -> None:
         env = self._pending.pop(ref)
+        env[PARENT_LIFELINE] = "stdin"
         try:
             proc = subprocess.Popen(
                 [self.path],
                 env=env,
-                stdin=subprocess.DEVNULL,
+                stdin=subprocess.PIPE,  # never written: its end tells the child we are gone (PP_PARENT_LIFELINE)
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 start_new_session=True,
+                preexec_fn=_die_with_parent(os.getpid()),
             )
         except OSError as exc:
             raise errors.EngineError(f"cannot run --gpu-node {self.path}: {exc.strerror}") from None

@@ -258,3 +258,35 @@ def test_random_bytes_are_forwarded_escaped(engine, stub_image) -> None:
     assert "\\x" in text
     assert not any(ord(c) < 32 and c not in "\n\t" for c in text)
     assert all(line.startswith("[stage ") for line in text.splitlines()[:-1])
+
+
+def _stage_processes(run: str) -> list[int]:
+    """pp-gpu-node children of a `chain --gpu-node` run: they carry the run in their environment."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    if f"PP_LAUNCH_RUN={run}".encode() in f.read().split(b"\0"):
+                        pids.append(int(entry))
+            except OSError:
+                continue
+    return pids
+
+
+@pytest.mark.parametrize("deaf", [False, True], ids=["stages-honour-sigterm", "stages-deaf-to-sigterm-and-stdin"])
+def test_gpu_node_children_die_with_launcher_and_watchdog(engine, stub_image, deaf: bool) -> None:
+    """`chain --gpu-node`: the launcher and its watchdog SIGKILLed together. Each pp-gpu-node child (own session,
+    reparented to init) gets SIGTERM from the kernel (parent-death signal) and sees its stdin lifeline end, and
+    tears its container down within its grace. Before, the children and their containers lived on forever."""
+    gpu_node = os.path.join(os.path.dirname(sys.executable), "pp-gpu-node")
+    knobs = ["--env", "STUB_IGNORE_SIGTERM=1", "--env", "STUB_IGNORE_LIFELINE=1"] if deaf else []
+    launcher = Launcher("chain", "--stages", "3", *HOLD, "--grace", "1", "--gpu-node", gpu_node, *knobs)
+    launcher.wait_event("pp_stage_roster", timeout=60)
+    run = launcher.run_id
+    assert len(_stage_processes(run)) >= 3
+    os.kill(watchdog_pid(run), signal.SIGKILL)
+    launcher.signal(signal.SIGKILL)
+    t0 = time.monotonic()
+    assert wait_until(lambda: run_containers(engine, run) == [] and _stage_processes(run) == [], 15)
+    assert time.monotonic() - t0 < 10
