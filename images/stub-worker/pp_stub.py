@@ -306,8 +306,12 @@ def start_knobs() -> None:
     if ENV.get("PP_LIFELINE") == "stdin" and ENV.get("STUB_IGNORE_LIFELINE") != "1":
 
         def lifeline() -> None:
-            while os.read(0, 4096):
-                pass
+            seen = b""
+            while chunk := os.read(0, 4096):
+                seen = (seen + chunk)[-64:]
+                if b"PP_DETACHED\n" in seen:  # a detached run is up: the launcher's exit no longer stops us
+                    print(f"stub[{STAGE}/{NUM_STAGES}] detached: stdin is no longer a lifeline", file=sys.stderr)
+                    return
             print(f"stub[{STAGE}/{NUM_STAGES}] lifeline closed: launcher gone, exiting", file=sys.stderr, flush=True)
             os._exit(137)
 

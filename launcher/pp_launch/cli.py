@@ -256,7 +256,12 @@ def _parse_stage_env(values: tuple[str, ...], stages: int) -> tuple[tuple[int, s
 )
 @click.option("--json", "as_json", is_flag=True, help="Events as JSON lines on stdout; stage lines on stderr.")
 @click.option("--dry-run", is_flag=True, help="Print the plan (GPUs, env, labels) and start nothing.")
-@click.option("--detach", is_flag=True, help="Bring the chain up, print the roster, exit 0; 'pp-launch down' ends it.")
+@click.option(
+    "--detach",
+    is_flag=True,
+    help="Bring the chain up, print its run id (alone, on stdout), exit 0; then only 'pp-launch down' ends it. "
+    "Until every stage has announced, the run ends with this launcher, as a foreground chain does.",
+)
 @click.option(
     "--gpu-node",
     type=click.Path(exists=True, dir_okay=False),
@@ -305,7 +310,7 @@ def chain(
         stage_env=_parse_stage_env(stage_env, stages),
         addr_timeout=addr_timeout,
         grace=grace,
-        lifeline=not detach,
+        lifeline=True,  # a detached run is its launcher's until it is up (bringup.py)
         entrypoint=(entrypoint,) if entrypoint else None,
     )
     if detach and gpu_node:
@@ -325,10 +330,18 @@ def chain(
         click.echo(f"pp-launch: {note}", err=True)
     if as_json:
         reporter: Any = JsonReporter(plan.run_id)
+    elif detach:  # stdout is the run id alone: RUN=$(pp-launch chain --detach)
+        reporter = PlainReporter(plan.run_id, verbosity, out=sys.stderr)
     elif sys.stdout.isatty() and verbosity >= 0:
         reporter = LiveReporter(plan.run_id, stages, verbosity)
     else:
         reporter = PlainReporter(plan.run_id, verbosity)
+    if detach:
+        click.echo(
+            f"pp-launch: run {plan.run_id}: bringing up {stages} stages; until every stage has announced it ends "
+            "with this launcher, then only 'pp-launch down' ends it",
+            err=True,
+        )
     signals.install()  # already done by the console entry; here for programs that call main() directly
     if (held := signals.pending()) is not None:  # stopped while planning: nothing was started
         gpu_select.Reservations(gpu_select.state_dir()).release(plan.run_id)
@@ -346,7 +359,8 @@ def chain(
     finally:
         reporter.close()
     if outcome.reason == "detached":
-        click.echo(plan.run_id)
+        if not as_json:  # --json: stdout carries events only, and every event names the run
+            click.echo(plan.run_id)
         click.echo(f"pp-launch: {outcome.message}; stop it with 'pp-launch down {plan.run_id}'", err=True)
     elif outcome.exit_code != 0:
         click.echo(f"pp-launch: {'error: ' if outcome.reason != 'signal' else ''}{outcome.message}", err=True)

@@ -24,7 +24,7 @@ import docker.errors
 
 from . import errors, labels
 from .chain.plan import StageSpec
-from .chain.ports import Sink, StageGone, StageOutput
+from .chain.ports import HANDED_OVER, Sink, StageGone, StageOutput
 from .lines import LineSplitter
 from .stage_env import LIFELINE
 
@@ -312,6 +312,10 @@ class DockerStageBackend:
 
     def remove(self, ref: str) -> None:
         self.engine.remove(ref)
+
+    def hand_over(self, ref: str) -> None:
+        with contextlib.suppress(OSError, KeyError):
+            self._stdin[ref].sendall(HANDED_OVER)
 
     def leftovers(self, run_id: str) -> list[str]:
         """The run's containers the engine still has, by id (never by name)."""

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from . import errors, images, labels, node, sweep, watchdog
+from . import bringup, errors, images, labels, node, sweep, watchdog
 from .announce import escape
 from .chain.plan import BUILTIN_IMAGE, ChainPlan, ChainRequest, build_plan, new_run_id
 from .chain.ports import QueueInbox, StageBackend, StopRequested
@@ -173,10 +173,14 @@ def run_chain(
     try:
         if gpu_node is None:
             check_names_free(engine, plan)
-        guard = None if detach else watchdog.spawn(plan.run_id, plan.grace)
+        if detach:
+            bringup.begin(plan.run_id, labels.Owner.current().label())  # ours until the hand-over
+        guard = watchdog.spawn(plan.run_id, plan.grace, detached=detach)
         return scope.run()
     finally:
         gpu_select.Reservations(gpu_select.state_dir()).release(plan.run_id)
+        if detach:
+            bringup.complete(plan.run_id)  # the hand-over: from here on only `down` ends the run
         if guard is not None:
             guard.stdin.close()  # type: ignore[union-attr]  # a clean end: the watchdog finds nothing and exits
 

@@ -137,6 +137,9 @@ class ProcessStageBackend:
         self._pending.pop(ref, None)
         self.kill(ref)
 
+    def hand_over(self, ref: str) -> None:
+        """Never reached: a detached run cannot have child processes (they end with the launcher)."""
+
     def leftovers(self, run_id: str) -> list[str]:
         alive = [ref for ref, p in self._procs.items() if p.poll() is None]
         if self.engine_leftovers is None:

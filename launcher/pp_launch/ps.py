@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from . import labels
+from . import labels, sweep
 from .docker_engine import Engine
 from .lines import display
 
@@ -37,7 +37,7 @@ def list_stages(engine: Engine) -> list[dict[str, Any]]:
                 "image": c.image,
                 "gpus": [g for g in c.labels.get(labels.GPUS, "").split(",") if g],
                 "owner": owner,
-                "owner_status": owner_status(owner),
+                "owner_status": owner_status(sweep.owner_of(c)),  # a detached run coming up: its launcher's
                 "state": c.state,
                 "age_s": max(0, int(now - c.created)),
             }

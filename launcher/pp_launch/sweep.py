@@ -6,14 +6,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import labels
+from . import bringup, labels
 from .docker_engine import ContainerInfo, Engine
 from .errors import EngineError
 from .lines import display
 
 
+def owner_of(c: ContainerInfo) -> str:
+    """Whose the container is: its owner label, or for a detached run still coming up, its launcher."""
+    owner = c.labels.get(labels.OWNER, "")
+    if owner == labels.OWNER_DETACHED:
+        return bringup.owner(c.labels.get(labels.RUN, "")) or owner
+    return owner
+
+
 def orphans(engine: Engine) -> list[ContainerInfo]:
-    return [c for c in engine.containers([labels.RUN]) if labels.owner_is_gone(c.labels.get(labels.OWNER, ""))]
+    return [c for c in engine.containers([labels.RUN]) if labels.owner_is_gone(owner_of(c))]
 
 
 @dataclass(frozen=True)
@@ -26,7 +34,8 @@ def gc(engine: Engine) -> Collected:
     """Remove every container of a dead owner that can be judged from here. Only what the engine confirms gone
     counts as removed; what it could not remove is reported with the reason."""
     removed, failed = [], []
-    for c in orphans(engine):
+    found = orphans(engine)
+    for c in found:
         reason = ""
         try:
             engine.remove(c.id)
@@ -38,6 +47,9 @@ def gc(engine: Engine) -> Collected:
         else:
             state = str((left.get("State") or {}).get("Status", "?"))
             failed.append((c, reason or f"the engine still has it (state {state})"))
+    for run in {c.labels.get(labels.RUN, "") for c in found} - {c.labels.get(labels.RUN, "") for c, _ in failed}:
+        if bringup.RUN_ID.fullmatch(run):
+            bringup.complete(run)  # a detached run that never came up: its record goes with it
     return Collected(tuple(removed), tuple(failed))
 
 

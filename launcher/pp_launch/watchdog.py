@@ -20,10 +20,11 @@ import time
 MAX_GRACE = 5.0  # the launcher's promise: gone within 10 s of its death
 
 
-def spawn(run_id: str, grace: float) -> subprocess.Popen[bytes]:
-    """Start the watchdog for `run_id`; keep the returned Popen (its stdin is the lifeline) until exit."""
+def spawn(run_id: str, grace: float, detached: bool = False) -> subprocess.Popen[bytes]:
+    """Start the watchdog for `run_id`; keep the returned Popen (its stdin is the lifeline) until exit. For a
+    detached run it sweeps only while the run is still coming up (see bringup.py)."""
     return subprocess.Popen(
-        [sys.executable, "-m", "pp_launch.watchdog", run_id, str(grace)],
+        [sys.executable, "-m", "pp_launch.watchdog", run_id, str(grace), *(["detached"] if detached else [])],
         stdin=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -55,12 +56,20 @@ def sweep(run_id: str, grace: float) -> list[str]:
 
 def main(argv: list[str]) -> int:
     run_id, grace = argv[0], float(argv[1]) if len(argv) > 1 else MAX_GRACE
+    detached = argv[2:3] == ["detached"]
     while os.read(0, 4096):  # the launcher never writes; EOF means it is gone
         pass
+    if detached:
+        from . import bringup
+
+        if bringup.owner(run_id) is None:
+            return 0  # handed over: the run is down's to end now
     try:
         sweep(run_id, grace)
     except Exception:  # an engine that is gone, too: gc covers what is left
         return 1
+    if detached:
+        bringup.complete(run_id)
     return 0
 
 

@@ -139,3 +139,71 @@ def test_env_reaches_gpu_node_stages_without_pp_forward_env(engine, stub_image) 
         launcher.signal(signal.SIGTERM)
         assert launcher.wait(30) == 143
     assert run_containers(engine, roster["run"]) == []
+
+
+def _detached_while_coming_up(*knobs: str) -> tuple[Launcher, str]:
+    """A --detach run killed while stage 1 is still starting (it takes 30 s to announce)."""
+    up = Launcher(
+        "chain", "--stages", "2", "--gpus", "none", "--detach", "--env", "STUB_MODE=hold",
+        "--stage-env", "1:STUB_ANNOUNCE_DELAY=30", *knobs,
+    )  # fmt: skip
+    assert wait_until(lambda: "bringing up 2 stages" in up.stderr_text(), 30), up.stderr_text()
+    run = up.stderr_text().split("pp-launch: run ", 1)[1][:12]
+    remember_run(run)
+    assert wait_until(lambda: "stage 1 started" in up.stderr_text(), 30), up.stderr_text()
+    return up, run
+
+
+def _watchdog_of(run: str) -> int:
+    import subprocess
+
+    out = subprocess.run(["pgrep", "-f", f"pp_launch.watchdog {run}"], capture_output=True, text=True).stdout
+    return int(out.split()[0])
+
+
+def test_a_detached_run_killed_during_bring_up_is_removed_by_its_watchdog(engine, stub_image) -> None:
+    up, run = _detached_while_coming_up("--env", "STUB_IGNORE_SIGTERM=1", "--env", "STUB_IGNORE_LIFELINE=1")
+    up.signal(signal.SIGKILL)
+    assert wait_until(lambda: run_containers(engine, run) == [], 15)  # before: a half-chain nobody collects
+
+
+def test_a_detached_run_killed_with_its_watchdog_during_bring_up_goes_by_its_lifeline(engine, stub_image) -> None:
+    up, run = _detached_while_coming_up()
+    os.kill(_watchdog_of(run), signal.SIGKILL)
+    up.signal(signal.SIGKILL)
+    assert wait_until(lambda: run_containers(engine, run) == [], 10)
+
+
+def test_a_detached_run_deaf_to_all_and_killed_during_bring_up_is_collected_by_gc(engine, stub_image) -> None:
+    up, run = _detached_while_coming_up("--env", "STUB_IGNORE_SIGTERM=1", "--env", "STUB_IGNORE_LIFELINE=1")
+    os.kill(_watchdog_of(run), signal.SIGKILL)
+    up.signal(signal.SIGKILL)
+    up.wait(10)
+    assert len(run_containers(engine, run)) == 2  # nothing else could remove them: stages deaf, watchdog dead
+    ps = Launcher("ps", "--json")
+    assert ps.wait(30) == 0
+    assert {r["owner_status"] for r in ps.events if r["run"] == run} == {"gone"}
+    gc = Launcher("gc")
+    assert gc.wait(30) == 0, gc.stderr_text()
+    assert run_containers(engine, run) == []
+
+
+def test_a_detached_run_once_up_outlives_its_launcher_lifeline_and_watchdog(engine, stub_image) -> None:
+    up = Launcher("chain", "--stages", "2", "--gpus", "none", "--detach", "--env", "STUB_MODE=hold")
+    assert up.wait(60) == 0, up.stderr_text()
+    run = up.stdout_lines[0]
+    remember_run(run)
+    assert up.stdout_lines == [run]  # stdout is the run id alone; stage lines went to stderr
+    assert "[stage 0] PP_GPU_NODE_ADDR" in up.stderr_text()
+    ids = [c.id for c in engine.containers([f"pp-launch.run={run}"])]
+    # the handed-over stages were told their stdin is no lifeline now: the launcher's exit did not stop them
+    for cid in ids:
+        assert wait_until(lambda cid=cid: b"detached: stdin is no longer a lifeline" in _logs(engine, cid), 10)
+    assert Launcher("gc").wait(30) == 0
+    assert all(engine.inspect(cid)["State"]["Running"] for cid in ids)
+    assert Launcher("down", run, "--grace", "2").wait(30) == 0
+    assert run_containers(engine, run) == []
+
+
+def _logs(engine, cid: str) -> bytes:  # type: ignore[no-untyped-def]
+    return bytes(engine.api.logs(cid, stdout=True, stderr=True))

@@ -131,6 +131,9 @@ class FakeBackend:
     def leftovers(self, run_id: str) -> list[str]:
         return sorted(self.existing)
 
+    def hand_over(self, ref: str) -> None:
+        self.calls.append(("hand_over", self.sinks[ref][0]))
+
 
 @dataclass
 class RecordingReporter:

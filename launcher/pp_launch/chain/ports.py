@@ -112,5 +112,14 @@ class StageBackend(Protocol):
         ...
 
     def leftovers(self, run_id: str) -> list[str]:
-        """Names of anything of this run that still exists, asked of the engine by label."""
+        """References (engine ids) of anything of this run that still exists, asked of the engine by label."""
         ...
+
+    def hand_over(self, ref: str) -> None:
+        """A detached run is up: the stage's stdin stops being the launcher's lifeline (HANDED_OVER)."""
+        ...
+
+
+# Written on a stage's stdin lifeline when its detached run is handed over: from then on the end of stdin
+# (the launcher exiting) no longer means "stop". The built-in stage entry honours it.
+HANDED_OVER = b"PP_DETACHED\n"

@@ -164,6 +164,9 @@ class ChainScope:
             if not st.gone:
                 self.reporter.stage_state(st.spec.index, "running")
         if self.detach:
+            for st in self.stages:
+                if st.ref is not None and not st.gone:
+                    self.backend.hand_over(st.ref)
             return _End(0, "detached", f"run {self.plan.run_id} is up with {len(self.stages)} stages")
         return None
 
