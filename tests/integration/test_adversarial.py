@@ -8,6 +8,7 @@ import shutil
 import signal
 import socket
 import sys
+import time
 
 import pytest
 from testcontainers.core.container import DockerContainer
@@ -207,3 +208,22 @@ def test_a_detached_run_once_up_outlives_its_launcher_lifeline_and_watchdog(engi
 
 def _logs(engine, cid: str) -> bytes:  # type: ignore[no-untyped-def]
     return bytes(engine.api.logs(cid, stdout=True, stderr=True))
+
+
+@pytest.mark.parametrize("sigterm", ["honoured", "ignored"])
+def test_ctrl_c_ends_a_flooding_chain_within_its_grace_plus_a_second(engine, stub_image, sigterm: str) -> None:
+    """4 stages at 20,000 lines/s: before, 32 s of silence, a ReadTimeout traceback and exit 1 (our readers
+    stopped draining the engine, whose kill then waited on the stalled output)."""
+    knobs = ["--env", "STUB_IGNORE_SIGTERM=1"] if sigterm == "ignored" else []
+    launcher = Launcher(
+        "chain", "--stages", "4", "--gpus", "none", "--grace", "2", "--env", "STUB_MODE=hold",
+        "--env", "STUB_LOG_RATE=20000", *knobs,
+    )  # fmt: skip
+    assert wait_until(lambda: "roster of run" in launcher.stderr_text(), 60), launcher.stderr_text()[-2000:]
+    run = launcher.stderr_text().split("roster of run ", 1)[1][:12]
+    t0 = time.monotonic()
+    launcher.signal(signal.SIGINT)
+    assert launcher.wait(30) == 130
+    assert time.monotonic() - t0 < 2 + 1.5  # grace + a second, and half a second of slack for this 2-core machine
+    assert "Traceback" not in launcher.stderr_text()
+    assert run_containers(engine, run) == []

@@ -28,11 +28,16 @@ class FakeInbox:
 
     def __init__(self, clock: FakeClock) -> None:
         self.clock = clock
+        self.dropped_bytes = 0
+        self.holding_back = True
         self.q: collections.deque[ChainEvent] = collections.deque()
         self.scheduled: list[tuple[float, ChainEvent]] = []
 
     def put(self, event: ChainEvent) -> None:
         self.q.append(event)
+
+    def stop_holding_back(self) -> None:
+        self.holding_back = False
 
     def at(self, when: float, event: ChainEvent) -> None:
         self.scheduled.append((when, event))

@@ -7,11 +7,13 @@ must be safe to call from a signal handler (queue.SimpleQueue is).
 
 from __future__ import annotations
 
+import collections
 import queue
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from ..lines import Line
 from .plan import StageSpec
@@ -49,11 +51,21 @@ Sink = Callable[[ChainEvent], None]
 
 
 class Inbox(Protocol):
+    dropped_bytes: int  # stage output dropped while stopping
+
     def put(self, event: ChainEvent) -> None: ...
 
     def get(self, timeout: float) -> ChainEvent | None:
         """The next event, or None when `timeout` seconds pass without one."""
         ...
+
+    def stop_holding_back(self) -> None:
+        """Teardown has begun: output beyond the bound is dropped from now on instead of holding the stage
+        back, so no reader stops draining the engine (which would hold up the containers' exits)."""
+        ...
+
+
+_WAKE: Any = object()
 
 
 class QueueInbox:
@@ -61,7 +73,10 @@ class QueueInbox:
 
     Output is bounded: a reader thread that has more than `max_output` bytes waiting blocks until the
     consumer catches up (the engine then holds back the stage, as a pipe would), so a stage printing
-    100 MB cannot grow the launcher by 100 MB. Exits and stop requests never wait.
+    100 MB cannot grow the launcher by 100 MB. Exits and stop requests never wait, and a stop request
+    overtakes the output already waiting (as do exits once stopping has begun): stopping never waits behind
+    output. Only reentrant operations (deque.append, SimpleQueue.put) are used on the way in, so a signal
+    handler may put.
     """
 
     def __init__(self, max_output: int = 1 << 20) -> None:
@@ -69,20 +84,41 @@ class QueueInbox:
         self._max_output = max_output
         self._pending_output = 0
         self._room = threading.Condition()
+        self._dropping = False
+        self._urgent: collections.deque[ChainEvent] = collections.deque()
+        self.dropped_bytes = 0  # output dropped while stopping (never before)
 
     def put(self, event: ChainEvent) -> None:
+        if isinstance(event, StopRequested) or (self._dropping and isinstance(event, StageGone)):
+            self._urgent.append(event)
+            self._q.put(_WAKE)  # wakes a get() that waits on an empty queue
+            return
         if isinstance(event, StageOutput):
             with self._room:
-                while self._pending_output > self._max_output:
+                while self._pending_output > self._max_output and not self._dropping:
                     self._room.wait(0.5)
+                if self._dropping and self._pending_output > self._max_output:
+                    self.dropped_bytes += len(event.data)
+                    return
                 self._pending_output += len(event.data)
         self._q.put(event)
 
+    def stop_holding_back(self) -> None:
+        with self._room:
+            self._dropping = True
+            self._room.notify_all()
+
     def get(self, timeout: float) -> ChainEvent | None:
-        try:
-            event = self._q.get(timeout=max(timeout, 0.0))
-        except queue.Empty:
-            return None
+        deadline = time.monotonic() + max(timeout, 0.0)
+        while True:
+            if self._urgent:
+                return self._urgent.popleft()
+            try:
+                event = self._q.get(timeout=max(deadline - time.monotonic(), 0.0))
+            except queue.Empty:
+                return None
+            if event is not _WAKE:
+                break
         if isinstance(event, StageOutput):
             with self._room:
                 self._pending_output -= len(event.data)

@@ -311,6 +311,7 @@ class ChainScope:
         """SIGTERM to every stage at once, one shared grace (each stage's own budget, all running
         together), SIGKILL through the engine, then confirm with the engine that nothing is left."""
         self._tearing_down = True
+        self.inbox.stop_holding_back()  # stopping never waits behind output
         live = [s for s in self.stages if s.started and not s.gone]
         for st in live:
             self.reporter.stage_state(st.spec.index, "stopping")
@@ -338,8 +339,13 @@ class ChainScope:
         if orphans:
             orphans = self.backend.leftovers(self.plan.run_id)
         removed = tuple(s.spec.name for s in self.stages if s.ref is not None)
-        self.reporter.event(
-            events.CHAIN_STOPPED,
-            {"reason": reason, "exit_code": exit_code, "removed": list(removed), "orphans": list(orphans)},
-        )
+        stopped: dict[str, Any] = {
+            "reason": reason,
+            "exit_code": exit_code,
+            "removed": list(removed),
+            "orphans": list(orphans),
+        }
+        if self.inbox.dropped_bytes:
+            stopped["output_dropped_bytes"] = self.inbox.dropped_bytes
+        self.reporter.event(events.CHAIN_STOPPED, stopped)
         return removed, tuple(orphans)
