@@ -69,3 +69,32 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         if reporter is not None:
             reporter.write_line(text, red=True)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.fixture(scope="session")
+def side_engine(engine, stub_image):  # type: ignore[no-untyped-def]
+    """A second engine that tests may kill, freeze, stop or restart; the stub image loaded into it."""
+    from .engines import SideEngine
+
+    side = SideEngine("faults")
+    try:
+        side.start()
+        side.load(stub_image)
+        yield side
+    finally:
+        side.close()
+        left = side.leftovers()
+        if left:
+            pytest.fail(f"the side engine left {left}", pytrace=False)
+
+
+@pytest.fixture
+def broken_engine(side_engine):  # type: ignore[no-untyped-def]
+    """The side engine, running, and running again after the test (which may break it)."""
+    side_engine.ensure_running()
+    yield side_engine
+    side_engine.ensure_running()
+    ids = side_engine.docker("ps", "-aq", "--filter", "label=pp-launch.run", check=False).stdout.split()
+    if ids:
+        side_engine.docker("rm", "-f", *ids, check=False)
+        pytest.fail(f"containers of ours were left on the side engine: {ids}", pytrace=False)

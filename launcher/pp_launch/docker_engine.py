@@ -21,6 +21,7 @@ from typing import Any
 
 import docker
 import docker.errors
+import requests
 
 from . import errors, labels
 from .chain.plan import StageSpec
@@ -43,16 +44,56 @@ def engine_address() -> str:
     return os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
 
 
-def connect(timeout: float = 30.0) -> Engine:
+def lost(exc: BaseException, address: str | None = None) -> errors.EngineLost:
+    """One typed error for every way an engine can go away under us."""
+    address = address or engine_address()
+    text = str(exc)
+    if isinstance(exc, requests.exceptions.Timeout) or "timed out" in text:
+        what = "stopped answering (no reply before the timeout: frozen or overloaded)"
+    elif "Connection refused" in text or "No such file" in text or "FileNotFoundError" in text:
+        what = "stopped (its socket refuses connections)"
+    else:
+        what = f"stopped answering ({_reason(exc)})"
+    return errors.EngineLost(f"the Docker engine at {address} {what}")
+
+
+class _Guarded:
+    """docker-py's APIClient with every call guarded: a connection error or a timeout becomes EngineLost, so no
+    `requests` traceback reaches a user. The engine's own refusals (APIError) pass through unchanged."""
+
+    def __init__(self, api: Any, address: str) -> None:
+        self._api = api
+        self._address = address
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._api, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return attr(*args, **kwargs)
+            except docker.errors.APIError:
+                raise
+            except (requests.exceptions.RequestException, docker.errors.DockerException, OSError) as exc:
+                raise lost(exc, self._address) from None
+
+        return call
+
+
+def connect(timeout: float | None = None) -> Engine:
+    """timeout: seconds one engine call may take before the engine counts as lost (PP_ENGINE_TIMEOUT, 30)."""
+    if timeout is None:
+        timeout = float(os.environ.get("PP_ENGINE_TIMEOUT", "30"))
     try:
-        client = docker.from_env(timeout=int(timeout))
+        client = docker.from_env(timeout=max(1, int(timeout)))
         client.ping()
     except docker.errors.DockerException as exc:
         raise errors.EngineUnavailable(
             f"cannot reach the Docker engine at {engine_address()} ({_reason(exc)}). Start it "
             "(launcher/scripts/ensure-docker.sh does, as root on Debian) and check that 'docker info' works."
         ) from None
-    return Engine(client)
+    return Engine(client, timeout)
 
 
 def _reason(exc: BaseException) -> str:
@@ -74,9 +115,11 @@ class ContainerInfo:
 class Engine:
     """Thin, typed wrapper over docker-py's low-level API."""
 
-    def __init__(self, client: docker.DockerClient) -> None:
+    def __init__(self, client: docker.DockerClient, timeout: float = 30.0) -> None:
         self.client = client
-        self.api = client.api
+        self.timeout = timeout
+        self.address = engine_address()
+        self.api: Any = _Guarded(client.api, self.address)
 
     # ------------------------------------------------------------------------------ images
     def image_config(self, name: str) -> Mapping[str, Any] | None:
@@ -318,8 +361,14 @@ class DockerStageBackend:
             self._stdin[ref].sendall(HANDED_OVER)
 
     def leftovers(self, run_id: str) -> list[str]:
-        """The run's containers the engine still has, by id (never by name)."""
-        return sorted(c.id for c in self.engine.containers([f"{labels.RUN}={run_id}"]))
+        """The run's containers the engine still has, by id (never by name). Asked over a new connection: an
+        engine that is stopping has closed its listener but still serves the connections already open, and
+        only a new one tells that it is going away."""
+        try:
+            fresh = connect(timeout=self.engine.timeout)
+        except errors.EngineUnavailable as exc:
+            raise errors.EngineLost(f"the Docker engine at {self.engine.address} stopped ({exc})") from None
+        return sorted(c.id for c in fresh.containers([f"{labels.RUN}={run_id}"]))
 
 
 def _recv_exact(raw: socket.socket, n: int) -> bytes | None:

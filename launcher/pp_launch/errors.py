@@ -54,3 +54,8 @@ class StageFailed(PpLaunchError):
 
 class EngineError(PpLaunchError):
     """The engine refused an operation we could not do without (create, start)."""
+
+
+class EngineLost(EngineError):
+    """The engine stopped answering mid-way (stopped, killed, frozen, restarted): a connection error or a
+    timeout, never a refusal. What it held may still be there; the message says what to run when it is back."""

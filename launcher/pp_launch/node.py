@@ -210,6 +210,11 @@ class NodeSupervisor:
                     stop_signal = event.signum
                     kill_at = self.clock() + self.grace
             elif isinstance(event, StageGone):
+                if event.exit_code is None:  # the engine's wait broke: we do not know what became of it
+                    raise errors.EngineLost(
+                        f"lost track of the stage container ({event.detail or 'the engine gave no exit status'}); "
+                        "its watchdog removes it when the engine answers again, or run 'pp-launch gc' then"
+                    )
                 if stop_signal is not None:
                     return errors.exit_code_for_signal(stop_signal)
-                return event.exit_code if event.exit_code is not None else errors.EXIT_FAILURE
+                return event.exit_code

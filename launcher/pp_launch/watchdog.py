@@ -6,6 +6,10 @@ launcher exits, by SIGKILL included, the kernel closes the pipe; the watchdog re
 every container labelled with the run, waits up to GRACE seconds, then removes what is left by force.
 After a clean exit there is nothing left to remove and the watchdog simply ends.
 
+When the engine does not answer (stopped, killed, frozen, restarting), the watchdog keeps trying, every few
+seconds, for PP_WATCHDOG_PATIENCE seconds (default 900): an engine that comes back within that time finds
+the run's containers removed. Past it, `pp-launch gc` and the sweep at every start are what is left.
+
 What it does not cover: the watchdog itself being killed (a kill of the whole session, a reboot, a host
 that loses power). `pp-launch gc` and the sweep at every start cover those.
 """
@@ -18,6 +22,8 @@ import sys
 import time
 
 MAX_GRACE = 5.0  # the launcher's promise: gone within 10 s of its death
+PATIENCE = 900.0  # how long it waits for a lost engine to come back (PP_WATCHDOG_PATIENCE)
+RETRY = 2.0
 
 
 def spawn(run_id: str, grace: float, detached: bool = False) -> subprocess.Popen[bytes]:
@@ -40,7 +46,7 @@ def sweep(run_id: str, grace: float) -> list[str]:
     from . import labels
     from .docker_engine import connect
 
-    engine = connect(timeout=10)
+    engine = connect(timeout=5)
     selector = [f"{labels.RUN}={run_id}"]
     found = engine.containers(selector)
     for c in found:
@@ -64,10 +70,16 @@ def main(argv: list[str]) -> int:
 
         if bringup.owner(run_id) is None:
             return 0  # handed over: the run is down's to end now
-    try:
-        sweep(run_id, grace)
-    except Exception:  # an engine that is gone, too: gc covers what is left
-        return 1
+    patience = float(os.environ.get("PP_WATCHDOG_PATIENCE", PATIENCE))
+    deadline = time.monotonic() + patience
+    while True:
+        try:
+            sweep(run_id, grace)
+            break
+        except Exception:  # the engine is lost (or not back yet): try again while it may come back
+            if time.monotonic() + RETRY > deadline:
+                return 1  # past our patience: gc and the next start's sweep cover what is left
+            time.sleep(RETRY)
     if detached:
         bringup.complete(run_id)
     return 0

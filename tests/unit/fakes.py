@@ -11,7 +11,7 @@ from typing import Any
 
 from pp_launch.chain.plan import StageSpec
 from pp_launch.chain.ports import ChainEvent, Sink, StageGone, StageOutput
-from pp_launch.errors import EngineError, NameInUse
+from pp_launch.errors import EngineError, EngineLost, NameInUse
 from pp_launch.lines import LineSplitter
 
 
@@ -76,6 +76,8 @@ class FakeBackend:
     envs: dict[int, dict[str, str]] = field(default_factory=dict)
     existing: dict[str, int] = field(default_factory=dict)  # ref -> stage, what the "engine" holds
     foreign: set[str] = field(default_factory=set)  # names held by containers that are not ours
+    refuse_signal: set[int] = field(default_factory=set)  # stages whose signal the engine refuses
+    lost: bool = False  # the engine stopped answering: every call raises EngineLost
     sinks: dict[str, tuple[int, Sink]] = field(default_factory=dict)
     inbox: FakeInbox | None = None
 
@@ -117,23 +119,33 @@ class FakeBackend:
             stage, sink = self.sinks[ref]
             sink(StageGone(stage, code))
 
+    def _check(self) -> None:
+        if self.lost:
+            raise EngineLost("the Docker engine at unix:///fake.sock stopped (its socket refuses connections)")
+
     def signal(self, ref: str, signum: int) -> None:
         self.calls.append(("signal", self.sinks.get(ref, (None,))[0], signum))
+        self._check()
+        if self.sinks.get(ref, (None,))[0] in self.refuse_signal:
+            raise EngineError(f"cannot signal container {ref}: permission denied")
         if ref in self.sinks and not self.script(self.sinks[ref][0]).ignore_sigterm:
             self._gone(ref, 0)
 
     def kill(self, ref: str) -> None:
         self.calls.append(("kill", self.sinks.get(ref, (None,))[0]))
+        self._check()
         self._gone(ref, 128 + signal.SIGKILL)
 
     def remove(self, ref: str) -> None:
         self.calls.append(("remove", ref))
         assert ref not in self.foreign, f"removed {ref}, a container that is not ours"
+        self._check()
         if ref in self.sinks:
             self._gone(ref, 137)
         self.existing.pop(ref, None)
 
     def leftovers(self, run_id: str) -> list[str]:
+        self._check()
         return sorted(self.existing)
 
     def hand_over(self, ref: str) -> None:

@@ -199,3 +199,34 @@ def test_events_carry_contract_fields() -> None:
         "removed": ["pp-abcdef012345-0", "pp-abcdef012345-1"],
         "orphans": [],
     }
+
+
+def test_teardown_goes_on_past_an_engine_error_and_gathers_it() -> None:
+    scope, backend, _, _ = make(3)
+    backend.refuse_signal.add(1)
+    scope.inbox.at(100.0, StopRequested(signal.SIGTERM))  # once every stage is up
+    outcome = scope.run()
+    assert sorted(c[1] for c in backend.calls if c[0] == "signal") == [0, 1, 2]  # stage 2 after 1's failure
+    assert ("kill", 1) in backend.calls  # its grace ran out: killed through the engine
+    assert outcome.exit_code == 1 and "teardown errors: SIGTERM to stage 1: cannot signal container" in outcome.message
+    assert backend.existing == {}
+
+
+def test_an_engine_lost_under_the_chain_ends_it_with_a_plain_message_and_what_may_be_left() -> None:
+    scope, backend, reporter, _ = make(3)
+    scope.inbox.at(100.0, StopRequested(signal.SIGINT))
+    original = backend.signal
+
+    def signal_then_lose(ref: str, signum: int) -> None:
+        backend.lost = True  # the engine goes away as the teardown begins
+        original(ref, signum)
+
+    backend.signal = signal_then_lose  # type: ignore[method-assign]
+    outcome = scope.run()
+    assert outcome.exit_code == 1 and outcome.reason == "signal"
+    assert "stopped by SIGINT; then the Docker engine at unix:///fake.sock stopped" in outcome.message
+    assert "pp-launch down abcdef012345" in outcome.message
+    assert [c for c in backend.calls if c[0] == "signal"] == [("signal", 0, signal.SIGTERM)]  # asked nothing more
+    stopped = reporter.named("chain_stopped")[0]
+    assert sorted(stopped["orphans"]) == [f"pp-abcdef012345-{k}" for k in range(3)]  # possibly left, said so
+    assert stopped["removed"] == []

@@ -115,6 +115,8 @@ class ChainScope:
         self._tearing_down = False
         self._escalated = False
         self._roster: list[RosterEntry] = []
+        self._lost: errors.EngineLost | None = None  # the engine went away: ask it nothing more
+        self._teardown_errors: list[str] = []  # gathered, as a nursery gathers its children's errors
 
     # -------------------------------------------------------------------------------- public API
     def request_stop(self, signum: int) -> None:
@@ -129,9 +131,33 @@ class ChainScope:
             raise
         if end.reason == "detached":
             return ChainOutcome(0, "detached", end.message, roster=tuple(self._roster))
-        removed, orphans = self._teardown(end.reason, end.exit_code)
-        exit_code = end.exit_code if not orphans else errors.EXIT_FAILURE
-        return ChainOutcome(exit_code, end.reason, end.message, end.stage, removed, orphans, tuple(self._roster))
+        removed, orphans, exit_code = self._teardown(end.reason, end.exit_code)
+        message = end.message
+        if self._lost is not None:
+            run = self.plan.run_id
+            message += (
+                f"; then {self._lost}. Its containers of run {run} may still be there: this run's watchdog removes "
+                f"them when the engine is back (it keeps trying for a while), or run 'pp-launch down {run}' "
+                "(or 'pp-launch gc') then"
+            )
+        elif self._teardown_errors:
+            message += "; teardown errors: " + "; ".join(self._teardown_errors)
+        return ChainOutcome(exit_code, end.reason, message, end.stage, removed, orphans, tuple(self._roster))
+
+    def _engine(self, what: str, call: Callable[..., Any], *args: Any) -> bool:
+        """One engine call of the teardown. An error is gathered and the teardown goes on with the next stage;
+        once the engine is lost it is asked nothing more (each call would wait for its timeout)."""
+        if self._lost is not None:
+            return False
+        try:
+            call(*args)
+            return True
+        except errors.EngineLost as exc:
+            self._lost = exc
+            self._teardown_errors.append(f"{what}: {exc}")
+        except errors.PpLaunchError as exc:
+            self._teardown_errors.append(f"{what}: {exc}")
+        return False
 
     # -------------------------------------------------------------------------------- bring-up
     def _bring_up(self) -> _End | None:
@@ -307,7 +333,15 @@ class ChainScope:
         return "; its last lines:\n" + "\n".join(f"  [stage {st.spec.index}] {line}" for line in st.tail)
 
     # -------------------------------------------------------------------------------- teardown
-    def _teardown(self, reason: str, exit_code: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    def _leftovers(self) -> list[str]:
+        """What the engine still holds of the run (by label, as ids); when the engine is lost, every stage we
+        created and never saw gone: possibly left, said so, never claimed removed."""
+        found: list[str] = []
+        if self._engine("asking what is left", lambda: found.extend(self.backend.leftovers(self.plan.run_id))):
+            return found
+        return [st.ref for st in self.stages if st.ref is not None and not st.gone]
+
+    def _teardown(self, reason: str, exit_code: int) -> tuple[tuple[str, ...], tuple[str, ...], int]:
         """SIGTERM to every stage at once, one shared grace (each stage's own budget, all running
         together), SIGKILL through the engine, then confirm with the engine that nothing is left."""
         self._tearing_down = True
@@ -315,30 +349,32 @@ class ChainScope:
         live = [s for s in self.stages if s.started and not s.gone]
         for st in live:
             self.reporter.stage_state(st.spec.index, "stopping")
-            self.backend.signal(st.ref, signal.SIGTERM)  # type: ignore[arg-type]  # started implies a ref
+            self._engine(f"SIGTERM to stage {st.spec.index}", self.backend.signal, st.ref, signal.SIGTERM)
         grace_end = self.clock() + self.plan.grace
-        self._pump(lambda: self._escalated or all(s.gone for s in live), grace_end)
+        self._pump(lambda: self._escalated or self._lost is not None or all(s.gone for s in live), grace_end)
         for st in live:
             if not st.gone:
                 self.reporter.stage_state(st.spec.index, "stopping", "grace over: SIGKILL")
-                self.backend.kill(st.ref)  # type: ignore[arg-type]
-        self._pump(lambda: all(s.gone for s in live), self.clock() + self.kill_wait)
+                self._engine(f"SIGKILL to stage {st.spec.index}", self.backend.kill, st.ref)
+        kill_end = self.clock() + self.kill_wait
+        self._pump(lambda: self._lost is not None or all(s.gone for s in live), kill_end)
         # Never started (auto-remove does not apply), or the engine never confirmed: remove by force, by the id
         # the engine returned for our create. A create that failed made nothing of ours: a container holding
         # the name belongs to someone else and is never touched.
         for st in self.stages:
             if st.attempted and not st.gone:
-                if st.ref is not None:
-                    self.backend.remove(st.ref)
-                if not st.started:
+                done = st.ref is None or self._engine(f"removing stage {st.spec.index}", self.backend.remove, st.ref)
+                if not st.started and done:
                     st.gone = True
                     self.reporter.stage_state(st.spec.index, "gone", "removed" if st.ref else "never created")
-        orphans = self.backend.leftovers(self.plan.run_id)  # by our run's label, as engine ids
+        orphans = self._leftovers()
         for ref in orphans:
-            self.backend.remove(ref)
+            self._engine(f"removing {ref[:12]}", self.backend.remove, ref)
         if orphans:
-            orphans = self.backend.leftovers(self.plan.run_id)
-        removed = tuple(s.spec.name for s in self.stages if s.ref is not None)
+            orphans = self._leftovers()
+        removed = tuple(s.spec.name for s in self.stages if s.ref is not None and s.ref not in orphans)
+        if orphans or self._teardown_errors:
+            exit_code = errors.EXIT_FAILURE  # not a clean teardown: never 0 and never 128+N
         stopped: dict[str, Any] = {
             "reason": reason,
             "exit_code": exit_code,
@@ -348,4 +384,4 @@ class ChainScope:
         if self.inbox.dropped_bytes:
             stopped["output_dropped_bytes"] = self.inbox.dropped_bytes
         self.reporter.event(events.CHAIN_STOPPED, stopped)
-        return removed, tuple(orphans)
+        return removed, tuple(orphans), exit_code

@@ -1,0 +1,91 @@
+"""The engine goes away under a chain (issue #10 item 5), on a second engine the test breaks, never the suite's
+own: killed, frozen, stopped. The launcher ends with a plain message naming the engine and the run, exit 1, no
+traceback; its watchdog keeps trying until the engine is back, and then nothing of the run is left."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+
+from pp_launch import labels
+
+from ..helpers import Launcher, wait_until
+
+pytestmark = pytest.mark.docker
+HOLD = ["--json", "--gpus", "none", "--grace", "1", "--env", "STUB_MODE=hold"]
+
+
+def on(engine_host: str) -> dict[str, str]:
+    return {"DOCKER_HOST": engine_host, "PP_ENGINE_TIMEOUT": "5", "PP_WATCHDOG_PATIENCE": "120"}
+
+
+def run_left(side, run: str) -> list[str]:  # type: ignore[no-untyped-def]
+    return side.docker("ps", "-aq", "--filter", f"label={labels.RUN}={run}").stdout.split()
+
+
+def plain_failure(launcher: Launcher, side, run: str) -> None:  # type: ignore[no-untyped-def]
+    text = launcher.stderr_text()
+    assert "Traceback" not in text and "requests." not in text, text
+    assert f"the Docker engine at {side.host} stopped" in text, text
+    assert f"pp-launch down {run}" in text, text
+
+
+@pytest.mark.parametrize("knobs", [[], ["--env", "STUB_IGNORE_LIFELINE=1", "--env", "STUB_IGNORE_SIGTERM=1"]])
+def test_engine_killed_under_a_chain(broken_engine, knobs: list[str]) -> None:
+    side = broken_engine
+    launcher = Launcher("chain", "--stages", "2", *HOLD, *knobs, env=on(side.host))
+    run = launcher.wait_event("pp_stage_roster", timeout=60)["run"]
+    side.kill()  # kill -9 dockerd: the containers live on under their shims
+    assert launcher.wait(60) == 1
+    plain_failure(launcher, side, run)
+    side.ensure_running()  # the engine comes back; the run's watchdog was waiting for it
+    assert wait_until(lambda: run_left(side, run) == [], 60), side.docker("ps", "-a").stdout
+
+
+def test_engine_frozen_under_a_chain_then_ctrl_c(broken_engine) -> None:
+    side = broken_engine
+    launcher = Launcher(
+        "chain", "--stages", "2", *HOLD, "--env", "STUB_IGNORE_LIFELINE=1", "--env", "STUB_IGNORE_SIGTERM=1",
+        env=on(side.host),
+    )  # fmt: skip
+    run = launcher.wait_event("pp_stage_roster", timeout=60)["run"]
+    side.freeze()  # SIGSTOP dockerd
+    t0 = time.monotonic()
+    launcher.signal(signal.SIGINT)
+    assert launcher.wait(60) == 1
+    assert time.monotonic() - t0 < 5 + 5  # one engine call's timeout, then it asks a lost engine nothing more
+    plain_failure(launcher, side, run)
+    time.sleep(3)  # the watchdog's tries while the engine is frozen fail; it must not give up
+    side.thaw()
+    assert wait_until(lambda: run_left(side, run) == [], 60), side.docker("ps", "-a").stdout
+
+
+def test_engine_stopped_gracefully_under_a_chain(broken_engine) -> None:
+    side = broken_engine
+    launcher = Launcher("chain", "--stages", "2", *HOLD, env=on(side.host))
+    run = launcher.wait_event("pp_stage_roster", timeout=60)["run"]
+    side.stop()  # the engine stops its containers, then itself
+    assert launcher.wait(60) == 1
+    text = launcher.stderr_text()
+    assert "Traceback" not in text, text
+    stopped = launcher.wait_event("chain_stopped")
+    assert stopped["exit_code"] == 1
+    assert "stopped" in text
+    side.ensure_running()
+    assert wait_until(lambda: run_left(side, run) == [], 60)
+
+
+def test_pp_gpu_node_says_why_when_its_engine_is_killed(broken_engine, stub_image) -> None:
+    side = broken_engine
+    node = Launcher("node", env={**on(side.host), "STAGE": "0", "PP_IMAGE": stub_image, "STUB_MODE": "hold",
+                                 "PP_FORWARD_ENV": "STUB_MODE"})  # fmt: skip
+    assert wait_until(lambda: any("PP_GPU_NODE_ADDR" in line for line in node.stdout_lines), 60)
+    side.kill()
+    assert node.wait(60) == 1
+    text = node.stderr_text()
+    assert text.startswith("pp-gpu-node: error:") or "\npp-gpu-node: error:" in text, text
+    assert "Traceback" not in text
+    side.ensure_running()
+    assert wait_until(lambda: side.docker("ps", "-aq", "--filter", "label=pp-launch.run").stdout.split() == [], 60)
