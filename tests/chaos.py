@@ -116,3 +116,127 @@ def random_kill(engine: Any, rng: random.Random) -> Result:
         wait_until(lambda: not left_fn(), 10)
     expected = -signal.SIGKILL if signum == signal.SIGKILL else 128 + signum
     return Result(case, rc, expected, left_fn(), time.monotonic() - t0, launcher.stderr_text()[-2000:])
+
+
+# ------------------------------------------------------------------------------------------ adversarial mixes
+FAULTS = (
+    "launcher",  # SIGKILL of the launcher: the watchdog
+    "launcher+watchdog",  # both SIGKILLed: the lifeline, else (stages deaf to it) the next gc
+    "child",  # chain --gpu-node: one pp-gpu-node child SIGKILLed
+    "engine-kill",  # kill -9 dockerd, then it comes back
+    "engine-freeze",  # SIGSTOP dockerd, Ctrl-C, then SIGCONT
+    "engine-stop",  # a graceful engine stop, then it comes back
+    "flood",  # 4 stages at 20,000 lines/s, then Ctrl-C
+    "collision",  # a foreign container holds stage 1's name
+)
+
+
+@dataclass(frozen=True)
+class Mix:
+    fault: str
+    deaf: bool  # stages ignore SIGTERM and their stdin lifeline
+
+    @property
+    def name(self) -> str:
+        return f"{self.fault}{'-deaf' if self.deaf else ''}"
+
+
+def adversarial(side: Any, rng: random.Random, gpu_node: str, decoy: str) -> tuple[Mix, list[str]]:
+    """One random fault against a chain on the side engine; returns what went wrong (empty: nothing). The check
+    afterwards: nothing of the run left (after `gc` where the README says gc is what is left), the decoy (a
+    container without our labels) untouched, and the documented exit code."""
+    import os
+    import subprocess
+
+    mix = Mix(rng.choice(FAULTS), rng.random() < 0.4)
+    env = {"DOCKER_HOST": side.host, "PP_ENGINE_TIMEOUT": "5", "PP_WATCHDOG_PATIENCE": "120"}
+    prefix = f"adv{rng.randrange(16**8):08x}"
+    args = ["chain", "--stages", "3", "--json", "--gpus", "none", "--grace", "1", "--name", prefix]
+    args += ["--env", "STUB_MODE=hold"]
+    if mix.deaf:
+        args += ["--env", "STUB_IGNORE_SIGTERM=1", "--env", "STUB_IGNORE_LIFELINE=1"]
+    if mix.fault == "flood":
+        args += ["--env", "STUB_LOG_RATE=20000"]
+    if mix.fault == "child":
+        args += ["--gpu-node", gpu_node]
+    problems: list[str] = []
+    holder = None
+    if mix.fault == "collision":
+        holder = side.docker("run", "-d", "--name", f"{prefix}-1", "--network", "host", "-e", "STUB_MODE=hold",
+                             "pp-launch/stub-worker:latest").stdout.strip()  # fmt: skip
+    launcher = Launcher(*args, env=env)
+
+    def left() -> list[str]:
+        return side.docker("ps", "-aq", "--filter", f"name={prefix}-", "--filter", "label=pp-launch.run",
+                           check=False).stdout.split()  # fmt: skip
+
+    expected: set[int]
+    try:
+        if mix.fault == "collision":
+            expected = {2}
+            rc = launcher.wait(60)
+        else:
+            launcher.wait_event("pp_stage_roster", timeout=90)
+            run = launcher.run_id
+            if mix.fault == "launcher":
+                launcher.signal(signal.SIGKILL)
+                expected = {-signal.SIGKILL}
+            elif mix.fault == "launcher+watchdog":
+                out = subprocess.run(["pgrep", "-f", f"pp_launch.watchdog {run}"], capture_output=True, text=True)
+                for pid in out.stdout.split()[:1]:
+                    os.kill(int(pid), signal.SIGKILL)
+                launcher.signal(signal.SIGKILL)
+                expected = {-signal.SIGKILL}
+            elif mix.fault == "child":
+                children = [int(p) for p in subprocess.run(["pgrep", "-f", gpu_node], capture_output=True,
+                                                           text=True).stdout.split()]  # fmt: skip
+                mine = [p for p in children if f"PP_LAUNCH_RUN={run}".encode() in _environ(p)]
+                os.kill(rng.choice(mine), signal.SIGKILL)
+                expected = {1}
+            elif mix.fault == "engine-kill":
+                side.kill()
+                expected = {1}
+            elif mix.fault == "engine-freeze":
+                side.freeze()
+                launcher.signal(signal.SIGINT)
+                expected = {1}
+            elif mix.fault == "engine-stop":
+                side.stop()
+                expected = {1}
+            else:  # flood
+                time.sleep(rng.uniform(0.2, 1.5))
+                launcher.signal(signal.SIGINT)
+                expected = {130}
+            rc = launcher.wait(90)
+        if rc not in expected:
+            problems.append(f"exit {rc}, expected {sorted(expected)}: {launcher.stderr_text()[-600:]}")
+        if "Traceback" in launcher.stderr_text():
+            problems.append("a traceback reached the user")
+        side.ensure_running()
+        if mix.fault == "launcher+watchdog" and mix.deaf:  # documented: only gc (or the next chain) is left
+            gc = Launcher("gc", env=env)
+            gc.wait(60)
+        if not wait_until(lambda: left() == [], 60):
+            problems.append(f"left behind: {left()}")
+        if holder is not None and side.docker("inspect", "-f", "{{.State.Running}}", holder).stdout.strip() != "true":
+            problems.append("the container holding the name was touched")
+        # the engine's own faults stop every container; --restart always brings the decoy back: it must exist
+        # (never removed) and run again (never killed for good)
+        if not wait_until(lambda: side.docker("inspect", "-f", "{{.State.Running}}", decoy, check=False)
+                          .stdout.strip() == "true", 30):  # fmt: skip
+            problems.append("the decoy was touched")
+    finally:
+        side.ensure_running()
+        if holder is not None:
+            side.docker("rm", "-f", holder, check=False)
+        for cid in left():
+            side.docker("rm", "-f", cid, check=False)
+    return mix, problems
+
+
+def _environ(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""

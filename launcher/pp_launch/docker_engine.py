@@ -15,6 +15,7 @@ import signal as _signal
 import socket
 import struct
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -235,6 +236,7 @@ class DockerStageBackend:
         self.max_line = max_line
         self.split_lines = split_lines
         self._stdin: dict[str, socket.socket] = {}
+        self._tearing_down = threading.Event()
 
     def create(self, spec: StageSpec, env: Mapping[str, str]) -> str:
         lifeline = env.get(LIFELINE) == "stdin"
@@ -313,6 +315,8 @@ class DockerStageBackend:
         splitters = {1: LineSplitter(self.max_line), 2: LineSplitter(self.max_line)}
         try:
             for stream, data in _frames(raw):
+                if self._tearing_down.is_set():
+                    continue  # keep draining the engine (a stalled stream holds up the container's exit)
                 if not self.split_lines:
                     sink(StageOutput(stage, _STREAMS[stream], data))  # type: ignore[arg-type]
                     continue
@@ -335,8 +339,10 @@ class DockerStageBackend:
             gone = StageGone(stage, None if code is None else int(code), detail)
         except Exception as exc:  # the wait broke (engine restart...): report it; teardown confirms by label
             gone = StageGone(stage, None, f"lost the engine's wait: {exc}")
-        # The stage's last lines must reach the inbox before its exit does.
-        reader.join(timeout=5.0)
+        # The stage's last lines must reach the inbox before its exit does (while stopping, they need not).
+        deadline = time.monotonic() + 5.0
+        while reader.is_alive() and time.monotonic() < deadline and not self._tearing_down.is_set():
+            reader.join(timeout=0.1)
         sink(gone)
 
     def write_stdin(self, ref: str, data: bytes) -> None:
@@ -355,6 +361,9 @@ class DockerStageBackend:
 
     def remove(self, ref: str) -> None:
         self.engine.remove(ref)
+
+    def tearing_down(self) -> None:
+        self._tearing_down.set()
 
     def hand_over(self, ref: str) -> None:
         with contextlib.suppress(OSError, KeyError):

@@ -137,6 +137,9 @@ class ProcessStageBackend:
         self._pending.pop(ref, None)
         self.kill(ref)
 
+    def tearing_down(self) -> None:
+        """Child output is small (a pipe per child): read it to its end as ever."""
+
     def hand_over(self, ref: str) -> None:
         """Never reached: a detached run cannot have child processes (they end with the launcher)."""
 

@@ -290,3 +290,25 @@ def test_gpu_node_children_die_with_launcher_and_watchdog(engine, stub_image, de
     t0 = time.monotonic()
     assert wait_until(lambda: run_containers(engine, run) == [] and _stage_processes(run) == [], 15)
     assert time.monotonic() - t0 < 10
+
+
+def test_randomized_adversarial_mixes_on_a_breakable_engine(broken_engine, stub_image) -> None:
+    """Random faults (kills of launcher, watchdog and children; engine kill, freeze and stop; floods; name
+    collisions) against chains on the side engine. After each: nothing of ours left (after gc where the README
+    says so), the decoy and any name holder untouched, the documented exit code, no traceback."""
+    from ..chaos import adversarial
+
+    side = broken_engine
+    seed = int(os.environ.get("PP_CHAOS_SEED", random.randrange(1 << 30)))
+    rng = random.Random(seed)
+    gpu_node = os.path.join(os.path.dirname(sys.executable), "pp-gpu-node")
+    decoy = side.docker("run", "-d", "--restart", "always", "--name", unique("decoy"), "--network", "host",
+                        "-e", "STUB_MODE=hold", "pp-launch/stub-worker:latest").stdout.strip()  # fmt: skip
+    failures = []
+    try:
+        for i in range(int(os.environ.get("PP_CHAOS_MIXES", "8"))):
+            mix, problems = adversarial(side, rng, gpu_node, decoy)
+            failures += [f"#{i} {mix.name}: {p}" for p in problems]
+    finally:
+        side.docker("rm", "-f", decoy, check=False)
+    assert failures == [], f"PP_CHAOS_SEED={seed}\n" + "\n".join(failures)

@@ -148,6 +148,9 @@ class FakeBackend:
         self._check()
         return sorted(self.existing)
 
+    def tearing_down(self) -> None:
+        self.calls.append(("tearing_down",))
+
     def hand_over(self, ref: str) -> None:
         self.calls.append(("hand_over", self.sinks[ref][0]))
 

@@ -151,6 +151,11 @@ class StageBackend(Protocol):
         """References (engine ids) of anything of this run that still exists, asked of the engine by label."""
         ...
 
+    def tearing_down(self) -> None:
+        """Teardown has begun: output may be discarded unread-as-lines, and an exit need not wait for the last
+        lines before it (they are no longer shown in full anyway)."""
+        ...
+
     def hand_over(self, ref: str) -> None:
         """A detached run is up: the stage's stdin stops being the launcher's lifeline (HANDED_OVER)."""
         ...
