@@ -18,10 +18,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from pp_launch import images, labels, launch
-from pp_launch.chain.plan import ChainRequest
-from pp_launch.docker_engine import connect
-from pp_launch.gpu.inventory import GpuInventory
+from pp_launch.adapters.docker_engine import connect
+from pp_launch.app import chain as launch
+from pp_launch.app import images
+from pp_launch.core import labels
+from pp_launch.core.chain.plan import ChainRequest
+from pp_launch.core.gpu.inventory import GpuInventory
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -16,11 +16,11 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from pp_launch.adapters.docker_engine import connect
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.chaos import PHASES, Result, matrix, random_kill, run_case
-
-from pp_launch.docker_engine import connect
 
 
 def main() -> int:

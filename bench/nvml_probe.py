@@ -12,11 +12,11 @@ import statistics
 import sys
 import time
 
-from pp_launch import errors
-from pp_launch.chain.plan import ChainRequest
-from pp_launch.gpu.nvml import NvmlUnavailable, read_inventory
-from pp_launch.gpu.table import render_table
-from pp_launch.launch import GpuOptions, plan_chain
+from pp_launch.adapters.nvml import NvmlUnavailable, read_inventory
+from pp_launch.app.chain import GpuOptions, plan_chain
+from pp_launch.cli.tables import render_table
+from pp_launch.core import errors
+from pp_launch.core.chain.plan import ChainRequest
 
 
 def main() -> int:

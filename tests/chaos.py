@@ -182,7 +182,8 @@ def adversarial(side: Any, rng: random.Random, gpu_node: str, decoy: str) -> tup
                 launcher.signal(signal.SIGKILL)
                 expected = {-signal.SIGKILL}
             elif mix.fault == "launcher+watchdog":
-                out = subprocess.run(["pgrep", "-f", f"pp_launch.watchdog {run}"], capture_output=True, text=True)
+                pattern = f"pp_launch.adapters.watchdog {run}"
+                out = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True)
                 for pid in out.stdout.split()[:1]:
                     os.kill(int(pid), signal.SIGKILL)
                 launcher.signal(signal.SIGKILL)

@@ -17,8 +17,8 @@ IN_CI = os.environ.get("CI") == "true"
 
 @pytest.fixture(scope="session")
 def engine():  # type: ignore[no-untyped-def]
-    from pp_launch.docker_engine import connect
-    from pp_launch.errors import EngineUnavailable
+    from pp_launch.adapters.docker_engine import connect
+    from pp_launch.core.errors import EngineUnavailable
 
     try:
         return connect(timeout=10)
@@ -30,7 +30,7 @@ def engine():  # type: ignore[no-untyped-def]
 
 @pytest.fixture(scope="session")
 def stub_image(engine) -> str:  # type: ignore[no-untyped-def]
-    from pp_launch import images
+    from pp_launch.app import images
 
     images.build_all(engine, lambda text: None)
     return images.BUILTIN_IMAGE
@@ -52,7 +52,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         proc.kill()
         problems.append(f"launcher process {proc.pid} ({' '.join(proc.args[3:6])}...) was still running")
     try:
-        from pp_launch.docker_engine import connect
+        from pp_launch.adapters.docker_engine import connect
 
         engine = connect(timeout=5)
     except Exception:

@@ -1,3 +1,3 @@
-from .entry import main
+from pp_launch.cli.entry import main
 
 main()

@@ -14,7 +14,7 @@ import pytest
 from testcontainers.core.container import DockerContainer
 from testcontainers.core.wait_strategies import LogMessageWaitStrategy
 
-from pp_launch import labels
+from pp_launch.core import labels
 
 from ..helpers import Launcher, remember_run, run_containers, unique, wait_until
 
@@ -158,7 +158,7 @@ def _detached_while_coming_up(*knobs: str) -> tuple[Launcher, str]:
 def _watchdog_of(run: str) -> int:
     import subprocess
 
-    out = subprocess.run(["pgrep", "-f", f"pp_launch.watchdog {run}"], capture_output=True, text=True).stdout
+    out = subprocess.run(["pgrep", "-f", f"pp_launch.adapters.watchdog {run}"], capture_output=True, text=True).stdout
     return int(out.split()[0])
 
 

@@ -19,7 +19,7 @@ import pytest
 from testcontainers.core.container import DockerContainer
 from testcontainers.core.wait_strategies import LogMessageWaitStrategy
 
-from pp_launch import labels
+from pp_launch.core import labels
 
 from ..chaos import Case, matrix, random_kill, run_case
 from ..helpers import Launcher, remember_run, run_containers, spawn, unique, wait_until
@@ -29,7 +29,7 @@ HOLD = ["--json", "--gpus", "none", "--env", "STUB_MODE=hold"]
 
 
 def watchdog_pid(run: str) -> int:
-    out = subprocess.run(["pgrep", "-f", f"pp_launch.watchdog {run}"], capture_output=True, text=True).stdout
+    out = subprocess.run(["pgrep", "-f", f"pp_launch.adapters.watchdog {run}"], capture_output=True, text=True).stdout
     return int(out.split()[0])
 
 

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from pp_launch import compose, labels
-from pp_launch.cli import main
+from pp_launch.app import compose
+from pp_launch.cli.main import main
+from pp_launch.core import labels
 
 from ..helpers import Launcher, remember_run, unique, wait_until
 from ..unit.test_compose import CLEAN_ENV, DATA

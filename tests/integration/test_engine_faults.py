@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from pp_launch import labels
+from pp_launch.core import labels
 
 from ..helpers import Launcher, wait_until
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from pp_launch import labels
-from pp_launch.docker_engine import DockerStageBackend
-from pp_launch.node import NodeConfig
+from pp_launch.adapters.docker_engine import DockerStageBackend
+from pp_launch.app.node import NodeConfig
+from pp_launch.core import labels
 
 from ..helpers import Launcher, spawn, unique, wait_until
 

@@ -9,10 +9,10 @@ import time
 
 import pytest
 
-from pp_launch import labels
-from pp_launch.worker import codec as w
-from pp_launch.worker import controller as c
-from pp_launch.worker.driver import WorkerDriver
+from pp_launch.adapters.worker_driver import WorkerDriver
+from pp_launch.core import labels
+from pp_launch.core.worker import codec as w
+from pp_launch.core.worker import controller as c
 
 from ..helpers import Launcher, spawn, wait_until
 
@@ -120,9 +120,9 @@ def test_worker_check_names_the_first_step_for_the_old_string_id_wire(engine, st
 def test_when_the_controller_dies_the_worker_sees_end_of_stdin_and_goes(engine, stub_image) -> None:
     program = (
         "import sys, time\n"
-        "from pp_launch.docker_engine import connect\n"
-        "from pp_launch.worker.driver import WorkerDriver\n"
-        "from pp_launch.worker import controller as c\n"
+        "from pp_launch.adapters.docker_engine import connect\n"
+        "from pp_launch.adapters.worker_driver import WorkerDriver\n"
+        "from pp_launch.core.worker import controller as c\n"
         f"d = WorkerDriver(connect(), {stub_image!r}, env={{'STUB_MODE': 'worker'}})\n"
         "d.start()\n"
         "assert d.wait_for(c.WorkerRunning) is not None\n"

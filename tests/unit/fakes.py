@@ -9,10 +9,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pp_launch.chain.plan import StageSpec
-from pp_launch.chain.ports import ChainEvent, Sink, StageGone, StageOutput
-from pp_launch.errors import EngineError, EngineLost, NameInUse
-from pp_launch.lines import LineSplitter
+from pp_launch.core.chain.plan import StageSpec
+from pp_launch.core.chain.ports import ChainEvent, Sink, StageGone, StageOutput
+from pp_launch.core.errors import EngineError, EngineLost, NameInUse
+from pp_launch.core.lines import LineSplitter
 
 
 class FakeClock:

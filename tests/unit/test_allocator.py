@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pp_launch import errors
-from pp_launch.gpu.allocator import AllocationRequest, Holding, allocate, parse_visible, units
-from pp_launch.gpu.inventory import Gpu, GpuInventory, GpuProcess
+from pp_launch.core import errors
+from pp_launch.core.gpu.allocator import AllocationRequest, Holding, allocate, parse_visible, units
+from pp_launch.core.gpu.inventory import Gpu, GpuInventory, GpuProcess
 
 DATA = Path(__file__).parent.parent / "data"
 

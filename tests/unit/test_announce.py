@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pp_launch.announce import PREFIX, AnnouncementError, StageAnnouncement, parse_line
+from pp_launch.core.announce import PREFIX, AnnouncementError, StageAnnouncement, parse_line
 
 NODE = "0123456789abcdef" * 4
 

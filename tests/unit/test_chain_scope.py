@@ -6,9 +6,9 @@ import signal
 
 import pytest
 
-from pp_launch.chain.plan import ChainRequest, build_plan
-from pp_launch.chain.ports import StopRequested
-from pp_launch.chain.scope import ChainScope, RosterIncomplete, resolve_roster
+from pp_launch.core.chain.plan import ChainRequest, build_plan
+from pp_launch.core.chain.ports import StopRequested
+from pp_launch.core.chain.scope import ChainScope, RosterIncomplete, resolve_roster
 
 from .fakes import FakeBackend, FakeClock, FakeInbox, RecordingReporter, StageScript, node_id
 

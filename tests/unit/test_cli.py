@@ -11,7 +11,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from pp_launch.cli import main
+from pp_launch.cli.main import main
 
 DATA = Path(__file__).parent.parent / "data"
 NO_ENGINE = {"DOCKER_HOST": "unix:///nonexistent/docker.sock", "PP_LAUNCH_GPU_INVENTORY": ""}

@@ -14,9 +14,10 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pp_launch import compose, stage_env
-from pp_launch.announce import PREFIX, AnnouncementError, parse_line
-from pp_launch.cli import main
+from pp_launch.app import compose
+from pp_launch.cli.main import main
+from pp_launch.core import stage_env
+from pp_launch.core.announce import PREFIX, AnnouncementError, parse_line
 
 ROOT = Path(__file__).resolve().parents[2]
 REFERENCE = ROOT / "compose" / "pp-chain-4.yaml"

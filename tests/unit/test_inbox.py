@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from pp_launch.chain.ports import QueueInbox, StageGone, StageOutput, StopRequested
+from pp_launch.core.chain.ports import QueueInbox, StageGone, StageOutput, StopRequested
 
 
 def line(i: int) -> StageOutput:

@@ -8,8 +8,10 @@ import socket
 
 import pytest
 
-from pp_launch import labels, sweep
-from pp_launch.docker_engine import ContainerInfo
+from pp_launch.adapters.docker_engine import ContainerInfo
+from pp_launch.app import housekeeping
+from pp_launch.core import labels
+from pp_launch.core.errors import EngineError
 
 HOST = socket.gethostname()
 
@@ -75,7 +77,7 @@ def test_labels_are_escaped_before_display() -> None:
         created=0,
         labels={labels.RUN: "r\x1b[2J", labels.OWNER: "h\x07:1:1"},
     )
-    shown = sweep.describe(info)
+    shown = housekeeping.describe(info)
     assert "\x1b" not in shown and "\x07" not in shown
     assert shown == "(unnamed, id ffffffffffff) (run r\\x1b[2J, owner h\\x07:1:1)"
 
@@ -101,7 +103,7 @@ class StubbornEngine:
 
     def remove(self, ref: str) -> None:
         if ref.startswith("a"):
-            raise sweep.EngineError("cannot remove container: device or resource busy")
+            raise EngineError("cannot remove container: device or resource busy")
         self.items.pop(ref)
 
     def inspect(self, ref: str) -> dict[str, object] | None:
@@ -110,7 +112,7 @@ class StubbornEngine:
 
 def test_gc_reports_only_what_the_engine_confirmed_gone_and_why_the_rest_stays() -> None:
     engine = StubbornEngine(2**22 + 17)
-    collected = sweep.gc(engine)  # type: ignore[arg-type]
+    collected = housekeeping.gc(engine)  # type: ignore[arg-type]
     assert [c.name for c in collected.removed] == ["pp-r2-0"]
     failed = [(c.id[:1], why) for c, why in collected.failed]
     assert failed == [("a", "cannot remove container: device or resource busy")]

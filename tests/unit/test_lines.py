@@ -3,7 +3,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pp_launch.lines import Line, LineSplitter, display
+from pp_launch.core.lines import Line, LineSplitter, display
 
 
 def test_lines_split_across_chunks() -> None:

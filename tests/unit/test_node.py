@@ -6,10 +6,10 @@ import signal
 
 import pytest
 
-from pp_launch import errors
-from pp_launch.chain.plan import Mount
-from pp_launch.chain.ports import StopRequested
-from pp_launch.node import NodeConfig, NodeSupervisor, parse_gpus
+from pp_launch.app.node import NodeConfig, NodeSupervisor, parse_gpus
+from pp_launch.core import errors
+from pp_launch.core.chain.plan import Mount
+from pp_launch.core.chain.ports import StopRequested
 
 from .fakes import FakeBackend, FakeClock, FakeInbox, StageScript
 

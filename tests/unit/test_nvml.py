@@ -10,8 +10,8 @@ from typing import Any
 import pynvml
 import pytest
 
-from pp_launch.gpu.inventory import GpuInventory
-from pp_launch.gpu.nvml import NO_DRIVER, NvmlUnavailable, read_inventory
+from pp_launch.adapters.nvml import NO_DRIVER, NvmlUnavailable, read_inventory
+from pp_launch.core.gpu.inventory import GpuInventory
 
 MIB = 1024 * 1024
 

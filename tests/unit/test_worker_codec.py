@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pp_launch.worker import codec as w
+from pp_launch.core.worker import codec as w
 
 DOC = pathlib.Path(__file__).resolve().parents[2] / "docs" / "worker-wire.md"
 

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pp_launch.worker import codec as w
-from pp_launch.worker import controller as c
+from pp_launch.core.worker import codec as w
+from pp_launch.core.worker import controller as c
 
 S = c.State
 CEILING = 1 << 20

@@ -1,0 +1,407 @@
+"""The Docker adapter: the only module that imports `docker`.
+
+Order that loses nothing (as docker/cli's `run` does): create; attach (the engine has registered the
+attach when the upgrade answers); register the wait for "removed" (the engine has registered it when the
+response headers arrive); only then start. Under daemon-side auto-remove a container may be gone at any
+moment after it exits, so "no such container" always means "already removed", never an error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal as _signal
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import docker
+import docker.errors
+import requests
+
+from pp_launch.core import errors, labels
+from pp_launch.core.chain.plan import StageSpec
+from pp_launch.core.chain.ports import HANDED_OVER, Sink, StageGone, StageOutput
+from pp_launch.core.lines import LineSplitter
+from pp_launch.core.stage_env import LIFELINE
+
+_STREAMS = {1: "stdout", 2: "stderr"}
+_READ_CHUNK = 64 * 1024
+
+NVIDIA_TOOLKIT_HINT = (
+    "the engine cannot attach GPUs: the NVIDIA container toolkit is missing or not configured. "
+    "Check with 'docker info | grep -i runtime' and 'nvidia-ctk --version'; install nvidia-container-toolkit "
+    "and run 'nvidia-ctk runtime configure --runtime=docker', or use --gpu-attach env on hosts whose default "
+    "runtime is NVIDIA's"
+)
+
+
+def engine_address() -> str:
+    return os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+
+
+def lost(exc: BaseException, address: str | None = None) -> errors.EngineLost:
+    """One typed error for every way an engine can go away under us."""
+    address = address or engine_address()
+    text = str(exc)
+    if isinstance(exc, requests.exceptions.Timeout) or "timed out" in text:
+        what = "stopped answering (no reply before the timeout: frozen or overloaded)"
+    elif "Connection refused" in text or "No such file" in text or "FileNotFoundError" in text:
+        what = "stopped (its socket refuses connections)"
+    else:
+        what = f"stopped answering ({_reason(exc)})"
+    return errors.EngineLost(f"the Docker engine at {address} {what}")
+
+
+class _Guarded:
+    """docker-py's APIClient with every call guarded: a connection error or a timeout becomes EngineLost, so no
+    `requests` traceback reaches a user. The engine's own refusals (APIError) pass through unchanged."""
+
+    def __init__(self, api: Any, address: str) -> None:
+        self._api = api
+        self._address = address
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._api, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return attr(*args, **kwargs)
+            except docker.errors.APIError:
+                raise
+            except (requests.exceptions.RequestException, docker.errors.DockerException, OSError) as exc:
+                raise lost(exc, self._address) from None
+
+        return call
+
+
+def connect(timeout: float | None = None) -> Engine:
+    """timeout: seconds one engine call may take before the engine counts as lost (PP_ENGINE_TIMEOUT, 30)."""
+    if timeout is None:
+        timeout = float(os.environ.get("PP_ENGINE_TIMEOUT", "30"))
+    try:
+        client = docker.from_env(timeout=max(1, int(timeout)))
+        client.ping()
+    except docker.errors.DockerException as exc:
+        raise errors.EngineUnavailable(
+            f"cannot reach the Docker engine at {engine_address()} ({_reason(exc)}). Start it "
+            "(launcher/scripts/ensure-docker.sh does, as root on Debian) and check that 'docker info' works."
+        ) from None
+    return Engine(client, timeout)
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, docker.errors.APIError):
+        return str(exc.explanation or exc)
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
+@dataclass(frozen=True)
+class ContainerInfo:
+    id: str
+    name: str
+    image: str
+    state: str
+    created: int
+    labels: Mapping[str, str]
+
+
+class Engine:
+    """Thin, typed wrapper over docker-py's low-level API."""
+
+    def __init__(self, client: docker.DockerClient, timeout: float = 30.0) -> None:
+        self.client = client
+        self.timeout = timeout
+        self.address = engine_address()
+        self.api: Any = _Guarded(client.api, self.address)
+
+    # ------------------------------------------------------------------------------ images
+    def image_config(self, name: str) -> Mapping[str, Any] | None:
+        """The image's Config (Entrypoint, Cmd, Labels...); None when the image is not present locally."""
+        try:
+            info = self.api.inspect_image(name)
+        except docker.errors.ImageNotFound:
+            return None
+        except docker.errors.APIError as exc:
+            raise errors.EngineError(f"cannot inspect image {name}: {_reason(exc)}") from None
+        return dict(info.get("Config") or {})
+
+    def image_labels(self, name: str) -> Mapping[str, str] | None:
+        """None when the image is not present locally."""
+        config = self.image_config(name)
+        return None if config is None else dict(config.get("Labels") or {})
+
+    def import_rootfs(self, tar_path: str, repository: str, tag: str, changes: list[str]) -> None:
+        try:
+            self.api.import_image_from_file(tar_path, repository=repository, tag=tag, changes=changes)
+        except docker.errors.APIError as exc:
+            raise errors.EngineError(f"docker import of {repository}:{tag} failed: {_reason(exc)}") from None
+
+    def build(
+        self,
+        context: str,
+        tag: str,
+        buildargs: Mapping[str, str],
+        labels: Mapping[str, str],
+        progress: Callable[[str], None],
+    ) -> None:
+        """Build from a local context; never pulls (the FROM image must be local)."""
+        try:
+            for chunk in self.api.build(
+                path=context,
+                tag=tag,
+                buildargs=dict(buildargs),
+                labels=dict(labels),
+                pull=False,
+                rm=True,
+                forcerm=True,
+                decode=True,
+            ):
+                if "error" in chunk:
+                    raise errors.EngineError(f"building {tag} failed: {chunk['error'].strip()}")
+                if text := chunk.get("stream", "").strip():
+                    progress(text)
+        except docker.errors.APIError as exc:
+            raise errors.EngineError(f"building {tag} failed: {_reason(exc)}") from None
+
+    def remove_image(self, name: str) -> None:
+        with contextlib.suppress(docker.errors.NotFound):
+            self.api.remove_image(name, force=True)
+
+    # ------------------------------------------------------------------------------ containers
+    def containers(self, label_filters: list[str]) -> list[ContainerInfo]:
+        try:
+            rows = self.api.containers(all=True, filters={"label": label_filters})
+        except docker.errors.APIError as exc:
+            raise errors.EngineError(f"cannot list containers: {_reason(exc)}") from None
+        return [
+            ContainerInfo(
+                id=r["Id"],
+                name=(r.get("Names") or ["/?"])[0].lstrip("/"),
+                image=r.get("Image", ""),
+                state=r.get("State", ""),
+                created=int(r.get("Created", 0)),
+                labels=r.get("Labels") or {},
+            )
+            for r in rows
+        ]
+
+    def container_owner(self, name: str) -> str | None:
+        """The owner label of the container with this exact name, '' if it has none, None if absent."""
+        try:
+            info = self.api.inspect_container(name)
+        except docker.errors.NotFound:
+            return None
+        return str((info.get("Config", {}).get("Labels") or {}).get(labels.OWNER, ""))
+
+    def inspect(self, ref: str) -> dict[str, Any] | None:
+        try:
+            return dict(self.api.inspect_container(ref))
+        except docker.errors.NotFound:
+            return None
+
+    def signal(self, ref: str, signum: int) -> None:
+        try:
+            self.api.kill(ref, signal=int(signum))
+        except docker.errors.NotFound:
+            pass  # already removed
+        except docker.errors.APIError as exc:
+            if exc.status_code != 409:  # 409: not running (exited, or never started)
+                raise errors.EngineError(f"cannot signal container {ref}: {_reason(exc)}") from None
+
+    def remove(self, ref: str) -> None:
+        try:
+            self.api.remove_container(ref, force=True)
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.APIError as exc:
+            if exc.status_code != 409:  # 409: removal already in progress (auto-remove got there first)
+                raise errors.EngineError(f"cannot remove container {ref}: {_reason(exc)}") from None
+
+
+class DockerStageBackend:
+    """The chain's StageBackend on a Docker engine: tini as init, daemon-side auto-remove, host labels."""
+
+    def __init__(self, engine: Engine, max_line: int = 64 * 1024, split_lines: bool = True) -> None:
+        """split_lines=False passes output on as it comes (pp-gpu-node: byte for byte, any line length)."""
+        self.engine = engine
+        self.api = engine.api
+        self.max_line = max_line
+        self.split_lines = split_lines
+        self._stdin: dict[str, socket.socket] = {}
+        self._tearing_down = threading.Event()
+
+    def create(self, spec: StageSpec, env: Mapping[str, str]) -> str:
+        lifeline = env.get(LIFELINE) == "stdin"
+        host_config = self.api.create_host_config(
+            init=True,
+            auto_remove=True,
+            network_mode=spec.network,
+            binds={m.host: {"bind": m.container, "mode": "ro" if m.read_only else "rw"} for m in spec.mounts} or None,
+        )
+        if spec.device_requests:
+            # The engine's own JSON, as the docker CLI sends it (docker-py's DeviceRequest turns null into []).
+            host_config["DeviceRequests"] = [dict(r) for r in spec.device_requests]
+        config = self.api.create_container_config(
+            image=spec.image,
+            command=list(spec.command) if spec.command else None,
+            environment=dict(env),
+            labels=dict(spec.labels),
+            host_config=host_config,
+            stdin_open=lifeline,
+            entrypoint=list(spec.entrypoint) if spec.entrypoint is not None else None,
+        )
+        # StdinOnce: the engine closes the stage's stdin when our attach ends, i.e. when this process dies.
+        config["StdinOnce"] = lifeline
+        try:
+            created = self.api.create_container_from_config(config, spec.name)
+        except docker.errors.ImageNotFound:
+            raise errors.ImageMissing(
+                f"image {spec.image} is not present on this engine, and pp-launch never pulls. Build it "
+                "('pp-launch images build' for the built-in image) or load it ('docker load -i FILE')."
+            ) from None
+        except docker.errors.APIError as exc:
+            if exc.status_code == 409:
+                raise errors.NameInUse(
+                    f"container name {spec.name} is already in use; pick another --name, or remove the old "
+                    "container if it is yours ('pp-launch gc' removes those whose launcher is gone)"
+                ) from None
+            raise errors.EngineError(f"the engine refused to create {spec.name}: {_reason(exc)}") from None
+        return str(created["Id"])
+
+    def start(self, ref: str, stage: int, sink: Sink) -> None:
+        try:
+            # One hijacked connection: stdout/stderr come back on it; stdin is held open and never written,
+            # so the engine closes the stage's stdin (PP_LIFELINE=stdin) when this process dies.
+            sock = self.api.attach_socket(ref, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
+            raw = getattr(sock, "_sock", sock)
+            raw.settimeout(None)  # a quiet stage must not time the stream out
+            self._stdin[ref] = raw
+            wait = self.api.post(
+                self.api._url("/containers/{0}/wait", ref),
+                params={"condition": "removed"},
+                stream=True,
+                timeout=None,
+            )
+            self.api._raise_for_status(wait)
+        except docker.errors.APIError as exc:
+            raise errors.EngineError(f"cannot attach to {ref[:12]}: {_reason(exc)}") from None
+        reader = threading.Thread(
+            target=self._pump_output, args=(sock, raw, stage, sink), daemon=True, name=f"stage-{stage}-output"
+        )
+        reader.start()
+        threading.Thread(
+            target=self._wait_removed,
+            args=(wait, reader, stage, sink),
+            daemon=True,
+            name=f"stage-{stage}-wait",
+        ).start()
+        try:
+            self.api.start(ref)
+        except docker.errors.APIError as exc:
+            reason = _reason(exc)
+            if "could not select device driver" in reason:
+                raise errors.EngineError(f"{reason}: {NVIDIA_TOOLKIT_HINT}") from None
+            raise errors.EngineError(f"the engine could not start it: {reason}") from None
+
+    def _pump_output(self, sock: Any, raw: socket.socket, stage: int, sink: Sink) -> None:
+        splitters = {1: LineSplitter(self.max_line), 2: LineSplitter(self.max_line)}
+        try:
+            for stream, data in _frames(raw):
+                if self._tearing_down.is_set():
+                    continue  # keep draining the engine (a stalled stream holds up the container's exit)
+                if not self.split_lines:
+                    sink(StageOutput(stage, _STREAMS[stream], data))  # type: ignore[arg-type]
+                    continue
+                for line in splitters[stream].feed(data):
+                    sink(StageOutput.of(stage, _STREAMS[stream], line))  # type: ignore[arg-type]
+        except OSError:
+            pass
+        finally:
+            for stream, splitter in splitters.items():
+                for line in splitter.close():
+                    sink(StageOutput.of(stage, _STREAMS[stream], line))  # type: ignore[arg-type]
+            sock.close()
+
+    def _wait_removed(self, response: Any, reader: threading.Thread, stage: int, sink: Sink) -> None:
+        try:
+            body = json.loads(response.content or b"{}")
+            code = body.get("StatusCode")
+            error = body.get("Error")
+            detail = str(error.get("Message", "")) if isinstance(error, dict) else ""
+            gone = StageGone(stage, None if code is None else int(code), detail)
+        except Exception as exc:  # the wait broke (engine restart...): report it; teardown confirms by label
+            gone = StageGone(stage, None, f"lost the engine's wait: {exc}")
+        # The stage's last lines must reach the inbox before its exit does (while stopping, they need not).
+        deadline = time.monotonic() + 5.0
+        while reader.is_alive() and time.monotonic() < deadline and not self._tearing_down.is_set():
+            reader.join(timeout=0.1)
+        sink(gone)
+
+    def write_stdin(self, ref: str, data: bytes) -> None:
+        """To a stage created with an open stdin (PP_LIFELINE=stdin). OSError once it is gone."""
+        self._stdin[ref].sendall(data)
+
+    def close_stdin(self, ref: str) -> None:
+        """End of stdin for the stage; its output still comes back."""
+        self._stdin[ref].shutdown(socket.SHUT_WR)
+
+    def signal(self, ref: str, signum: int) -> None:
+        self.engine.signal(ref, signum)
+
+    def kill(self, ref: str) -> None:
+        self.engine.signal(ref, _signal.SIGKILL)
+
+    def remove(self, ref: str) -> None:
+        self.engine.remove(ref)
+
+    def tearing_down(self) -> None:
+        self._tearing_down.set()
+
+    def hand_over(self, ref: str) -> None:
+        with contextlib.suppress(OSError, KeyError):
+            self._stdin[ref].sendall(HANDED_OVER)
+
+    def leftovers(self, run_id: str) -> list[str]:
+        """The run's containers the engine still has, by id (never by name). Asked over a new connection: an
+        engine that is stopping has closed its listener but still serves the connections already open, and
+        only a new one tells that it is going away."""
+        try:
+            fresh = connect(timeout=self.engine.timeout)
+        except errors.EngineUnavailable as exc:
+            raise errors.EngineLost(f"the Docker engine at {self.engine.address} stopped ({exc})") from None
+        return sorted(c.id for c in fresh.containers([f"{labels.RUN}={run_id}"]))
+
+
+def _recv_exact(raw: socket.socket, n: int) -> bytes | None:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = raw.recv(n - len(buf))
+        if not chunk:
+            return None
+        buf += chunk
+    return bytes(buf)
+
+
+def _frames(raw: socket.socket) -> Iterator[tuple[int, bytes]]:
+    """The engine's multiplexed attach stream: 8-byte header (stream, 0, 0, 0, size) then size bytes.
+    A large frame is passed on in pieces, so memory stays bounded whatever a stage prints."""
+    while True:
+        header = _recv_exact(raw, 8)
+        if header is None:
+            return
+        stream, size = header[0], struct.unpack(">I", header[4:])[0]
+        while size > 0:
+            chunk = raw.recv(min(size, _READ_CHUNK))
+            if not chunk:
+                return
+            size -= len(chunk)
+            if stream in _STREAMS:
+                yield stream, chunk

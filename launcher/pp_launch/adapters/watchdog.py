@@ -1,0 +1,89 @@
+"""The watchdog: removes a run's containers when its launcher dies, however it dies.
+
+The launcher starts `python -m pp_launch.adapters.watchdog RUN_ID GRACE` in its own process session (so a signal to
+the launcher's process group does not reach it) with a pipe as stdin, and never writes to it. When the
+launcher exits, by SIGKILL included, the kernel closes the pipe; the watchdog reads EOF, sends SIGTERM to
+every container labelled with the run, waits up to GRACE seconds, then removes what is left by force.
+After a clean exit there is nothing left to remove and the watchdog simply ends.
+
+When the engine does not answer (stopped, killed, frozen, restarting), the watchdog keeps trying, every few
+seconds, for PP_WATCHDOG_PATIENCE seconds (default 900): an engine that comes back within that time finds
+the run's containers removed. Past it, `pp-launch gc` and the sweep at every start are what is left.
+
+What it does not cover: the watchdog itself being killed (a kill of the whole session, a reboot, a host
+that loses power). `pp-launch gc` and the sweep at every start cover those.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+MAX_GRACE = 5.0  # the launcher's promise: gone within 10 s of its death
+PATIENCE = 900.0  # how long it waits for a lost engine to come back (PP_WATCHDOG_PATIENCE)
+RETRY = 2.0
+
+
+def spawn(run_id: str, grace: float, detached: bool = False) -> subprocess.Popen[bytes]:
+    """Start the watchdog for `run_id`; keep the returned Popen (its stdin is the lifeline) until exit. For a
+    detached run it sweeps only while the run is still coming up (see bringup.py)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "pp_launch.adapters.watchdog", run_id, str(grace), *(["detached"] if detached else [])],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        close_fds=True,
+    )
+
+
+def sweep(run_id: str, grace: float) -> list[str]:
+    """SIGTERM every container of the run, wait up to `grace`, remove the rest. Returns what it removed."""
+    import signal
+
+    from pp_launch.adapters.docker_engine import connect
+    from pp_launch.core import labels
+
+    engine = connect(timeout=5)
+    selector = [f"{labels.RUN}={run_id}"]
+    found = engine.containers(selector)
+    for c in found:
+        if c.state == "running":
+            engine.signal(c.id, signal.SIGTERM)
+    deadline = time.monotonic() + min(grace, MAX_GRACE)
+    while time.monotonic() < deadline and any(c.state == "running" for c in engine.containers(selector)):
+        time.sleep(0.2)
+    for c in engine.containers(selector):
+        engine.remove(c.id)
+    return [c.name for c in found]
+
+
+def main(argv: list[str]) -> int:
+    run_id, grace = argv[0], float(argv[1]) if len(argv) > 1 else MAX_GRACE
+    detached = argv[2:3] == ["detached"]
+    while os.read(0, 4096):  # the launcher never writes; EOF means it is gone
+        pass
+    if detached:
+        from pp_launch.adapters import bringup
+
+        if bringup.owner(run_id) is None:
+            return 0  # handed over: the run is down's to end now
+    patience = float(os.environ.get("PP_WATCHDOG_PATIENCE", PATIENCE))
+    deadline = time.monotonic() + patience
+    while True:
+        try:
+            sweep(run_id, grace)
+            break
+        except Exception:  # the engine is lost (or not back yet): try again while it may come back
+            if time.monotonic() + RETRY > deadline:
+                return 1  # past our patience: gc and the next start's sweep cover what is left
+            time.sleep(RETRY)
+    if detached:
+        bringup.complete(run_id)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

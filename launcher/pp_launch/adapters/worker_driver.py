@@ -1,0 +1,248 @@
+"""The worker container driver: the controller's I/O, with a worker image run as a stage container.
+
+Each generation is its own container (tini as init, auto-remove, our labels, GPUs as given), with stdin
+attached for commands and stdout read as events; stderr is logs. A container exit becomes the controller's
+ProcessExited with the engine's real status; a restart starts a new container. When the controller process
+dies, the engine closes the worker's stdin (the worker exits) and the watchdog removes whatever is left.
+
+The arena (contract §8): the seed hands its worker an inherited memory file, `SWACTOR_ARENA_FD` and
+`SWACTOR_ARENA_BYTES`. A container cannot inherit a descriptor from us, so the driver makes the memory file
+on the host's tmpfs (/dev/shm), maps it itself, bind-mounts it into the container, and starts the image's
+own entrypoint and command under `/bin/sh`, which opens it as descriptor 3 first. Both sides then see the
+same pages. The host's name for the file is unlinked as soon as the worker is ready (both sides keep it
+open), so a controller killed later leaves no file behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pp_launch.adapters.docker_engine import DockerStageBackend, Engine
+from pp_launch.core import errors, labels, stage_env
+from pp_launch.core.chain.plan import Mount, StageSpec, new_run_id
+from pp_launch.core.chain.ports import QueueInbox, StageGone, StageOutput
+from pp_launch.core.worker import codec as wire
+from pp_launch.core.worker import controller as c
+
+ARENA_FD = "SWACTOR_ARENA_FD"
+ARENA_BYTES = "SWACTOR_ARENA_BYTES"
+ARENA_PATH = "/run/pp-launch-arena"  # where the memory file appears inside the container
+ARENA_FD_NUMBER = 3
+ARENA_ENTRY = ("/bin/sh", "-c", f'exec {ARENA_FD_NUMBER}<>"{ARENA_PATH}" && exec "$@"', "pp-arena")
+HOST_SHM = "/dev/shm"
+
+
+class Arena:
+    """A memory file shared with one worker container."""
+
+    def __init__(self, path: str, size: int) -> None:
+        self.path, self.size = path, size
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.ftruncate(fd, size)
+            self.map = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+
+    def unlink(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+
+    def records(self) -> list[tuple[int, int, int, int]]:
+        """Every MO01 record header in the arena, as (offset, object_id, sequence, extent)."""
+        found, at = [], self.map.find(b"MO01")
+        while at >= 0:
+            if at + 40 <= self.size:
+                version, hlen = int.from_bytes(self.map[at + 4 : at + 6], "little"), self.map[at + 6]
+                if version == 1 and hlen == 40:
+                    object_id, sequence, extent = (
+                        int.from_bytes(self.map[at + o : at + o + 8], "little") for o in (8, 16, 24)
+                    )
+                    found.append((at, object_id, sequence, extent))
+            at = self.map.find(b"MO01", at + 1)
+        return found
+
+    def close(self) -> None:
+        self.unlink()
+        self.map.close()
+
+
+@dataclass
+class WorkerDriver:
+    engine: Engine
+    image: str
+    arena_ceiling: int = 16 << 20
+    backend: Mapping[str, Any] = field(default_factory=lambda: dict(wire.CPU_BACKEND))
+    env: Mapping[str, str] = field(default_factory=dict)
+    gpus: tuple[str, ...] = ()
+    device_requests: tuple[Mapping[str, Any], ...] = ()
+    name_prefix: str | None = None
+    share_arena: bool = True
+    log: Callable[[str], None] = lambda text: None
+    clock: Callable[[], float] = time.monotonic
+
+    def __post_init__(self) -> None:
+        self.run_id = new_run_id()
+        self.owner = labels.Owner.current().label()
+        self.prefix = self.name_prefix or f"pp-worker-{self.run_id}"
+        self.ctl = c.WorkerController(arena_ceiling=self.arena_ceiling, backend=dict(self.backend))
+        self.inbox = QueueInbox()
+        self.docker = DockerStageBackend(self.engine)
+        self.ref: str | None = None
+        self.arena: Arena | None = None
+        self.notices: list[c.Output] = []  # everything the controller reported, in order
+        self._decoders: dict[int, wire.LineDecoder] = {}
+        self._arenas: list[Arena] = []
+        self._t0 = self.clock()
+
+    # ----------------------------------------------------------------------------- driving
+    def feed(self, inp: c.Input) -> list[c.Output]:
+        outputs = self.ctl.handle(inp)
+        self.notices.extend(outputs)
+        for out in outputs:
+            self._execute(out)
+        return outputs
+
+    def command(self, cmd: wire.Command, generation: int | None = None) -> list[c.Output]:
+        return self.feed(c.ActorCommand(cmd, self.ctl.generation if generation is None else generation))
+
+    def start(self) -> None:
+        """StartWorker; after a crash, RestartRequested then StartWorker (the seed's two steps)."""
+        if self.ctl.state is c.State.CRASHED:
+            self.feed(c.RestartRequested())
+        self.feed(c.StartWorker())
+
+    def _execute(self, out: c.Output) -> None:
+        if isinstance(out, c.SpawnWorker):
+            self._spawn(out.generation)
+        elif isinstance(out, c.WriteCommands) and self.ref is not None:
+            try:
+                self.docker.write_stdin(self.ref, b"".join(wire.encode(cmd) for cmd in out.commands))
+            except OSError as exc:
+                self.log(f"worker stdin is closed ({exc}); its exit will follow")
+        elif isinstance(out, c.KillProcess) and self.ref is not None:
+            self.log(f"killing the worker container {self.ref[:12]}: {out.reason}")
+            self.engine.signal(self.ref, 9)
+        elif isinstance(out, c.WorkerRunning) and self.arena is not None:
+            self.arena.unlink()  # both ends hold it open now; nothing is left on the host after us
+        elif isinstance(out, c.Routed):
+            ev = out.event
+            if isinstance(ev, wire.WorkerReady):  # the seed's driver side turns these into ctl inputs
+                self.feed(c.WorkerReady(ev.worker_generation, ev.pid, ev.ring_helper_abi))
+            elif isinstance(ev, wire.WorkerStopped):
+                self.feed(c.WorkerStopped(self.ctl.generation, ev.reason))
+
+    def _spawn(self, generation: int) -> None:
+        env = {
+            **self.env,
+            stage_env.LIFELINE: "stdin",
+            stage_env.STAGE: "0",
+            stage_env.NVIDIA_VISIBLE_DEVICES: ",".join(self.gpus) or stage_env.NO_GPU,
+        }
+        mounts: tuple[Mount, ...] = ()
+        entrypoint: tuple[str, ...] | None = None
+        command: tuple[str, ...] | None = None
+        if self.share_arena:
+            self.arena = Arena(f"{HOST_SHM}/pp-launch-arena-{self.run_id}-g{generation}", self.arena_ceiling)
+            self._arenas.append(self.arena)
+            env.update({ARENA_FD: str(ARENA_FD_NUMBER), ARENA_BYTES: str(self.arena_ceiling)})
+            mounts = (Mount(self.arena.path, ARENA_PATH),)
+            config = self.engine.image_config(self.image) or {}
+            entrypoint = ARENA_ENTRY
+            command = (*(config.get("Entrypoint") or ()), *(config.get("Cmd") or ()))
+        spec = StageSpec(
+            index=0,
+            name=f"{self.prefix}-g{generation}",
+            image=self.image,
+            env=env,
+            labels=labels.stage_labels(self.run_id, 0, self.owner, self.gpus),
+            gpus=self.gpus,
+            device_requests=self.device_requests,
+            entrypoint=entrypoint,
+            command=command,
+            mounts=mounts,
+        )
+        self.ref = self.docker.create(spec, env)
+        self._decoders[generation] = wire.LineDecoder(wire.EVENTS)
+        self.docker.start(self.ref, generation, self.inbox.put)  # `stage` carries the generation in events
+        pid = int((self.engine.inspect(self.ref) or {}).get("State", {}).get("Pid", 0))
+        self.feed(c.ProcessStarted(pid=pid))
+
+    def pump(self, until: Callable[[], bool], timeout: float) -> bool:
+        """Feed worker events, exits and time to the controller until `until()` or the timeout."""
+        deadline = self.clock() + timeout
+        while not until():
+            left = deadline - self.clock()
+            if left <= 0:
+                return False
+            event = self.inbox.get(min(left, 0.2))
+            self.feed(c.TimeAdvanced(self.clock() - self._t0))
+            if isinstance(event, StageOutput) and event.stage == self.ctl.generation:
+                self._on_output(event)
+            elif isinstance(event, StageGone):
+                status = event.exit_code if event.exit_code is not None else -1
+                self.feed(c.ProcessExited(status, generation=event.stage))
+        return True
+
+    def _on_output(self, event: StageOutput) -> None:
+        if event.stream == "stderr":
+            self.log(f"[worker g{event.stage}] {event.data.decode('utf-8', 'backslashreplace')}")
+            return
+        decoder = self._decoders[event.stage]
+        decoder.feed(event.data + b"\n")
+        while True:
+            try:
+                message = decoder.next()
+            except wire.ProtocolFault as exc:
+                self.feed(c.ProtocolBroken(str(exc)))
+                return
+            if isinstance(message, wire.NeedData):
+                return
+            self.feed(c.StdoutEvent(message))
+
+    # ----------------------------------------------------------------------------- helpers for callers
+    def wait_for(self, kind: type | tuple[type, ...], timeout: float = 15.0, since: int = 0) -> Any:
+        """The first notice of `kind` after position `since` in `notices`, or None on timeout."""
+
+        def found() -> Any:
+            return next((n for n in self.notices[since:] if isinstance(n, kind)), None)
+
+        self.pump(lambda: found() is not None, timeout)
+        return found()
+
+    def routed(self, kind: type | tuple[type, ...], timeout: float = 15.0, since: int = 0) -> Any:
+        def found() -> Any:
+            return next(
+                (n.event for n in self.notices[since:] if isinstance(n, c.Routed) and isinstance(n.event, kind)), None
+            )
+
+        self.pump(lambda: found() is not None, timeout)
+        return found()
+
+    def write_raw(self, data: bytes) -> None:
+        """Bypass the controller (conformance checks of the worker's own strictness)."""
+        if self.ref is None:
+            raise errors.PpLaunchError("no worker container")
+        self.docker.write_stdin(self.ref, data)
+
+    def close_stdin(self) -> None:
+        if self.ref is not None:
+            self.docker.close_stdin(self.ref)
+
+    def kill_container(self) -> None:
+        if self.ref is not None:
+            self.engine.signal(self.ref, 9)
+
+    def close(self) -> None:
+        """Remove every container of this driver's run, whatever state it is in, and every arena file."""
+        for info in self.engine.containers([f"{labels.RUN}={self.run_id}"]):
+            self.engine.remove(info.id)
+        for arena in self._arenas:
+            arena.close()
+        self._arenas.clear()

@@ -1,0 +1,159 @@
+"""`pp-launch compose`: a chain as a Docker Compose project. Pure: a ChainPlan in, YAML text out.
+
+Compose has no "start stage k once stage k-1 has printed its address". The hand-off is built from what it
+has: every stage runs under `pp-stage-entry` (images/stage-entry, POSIX sh, delivered as a compose config
+so any image with /bin/sh works), which writes the stage's validated announcement to a directory shared by
+all stages; the stage is healthy once that file exists; stage k depends on stage k-1 being healthy and
+exports PEER_* and FIRST_PEER_* from the files before it starts its worker.
+
+The shared directory is a host bind mount, not a volume, so `docker compose down` leaves no container,
+network or volume of the project behind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from pp_launch.app.images import images_dir
+from pp_launch.core import labels
+from pp_launch.core.chain.plan import ChainPlan
+
+ENTRY_CONFIG = "pp-stage-entry"
+ENTRY_PATH = "/pp-stage-entry"
+ANNOUNCE_MOUNT = "/pp-announce"
+HOST_ANNOUNCE_ROOT = "/tmp/pp-launch-compose"
+DEFAULT_WORKER_CMD = ("/usr/local/bin/pp-worker",)
+HEALTH_INTERVAL_S = 1
+
+
+def owner_for(project: str) -> str:
+    return f"{labels.OWNER_COMPOSE_PREFIX}{project}"
+
+
+def run_id_for(project: str) -> str:
+    """Deterministic, so the same command writes the same file."""
+    return hashlib.sha256(project.encode()).hexdigest()[:12]
+
+
+def entry_script() -> str:
+    return (images_dir() / "stage-entry" / "pp-stage-entry.sh").read_text()
+
+
+def services(plan: ChainPlan, project: str, worker_cmd: tuple[str, ...], addr_timeout: float) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    retries = max(1, int(addr_timeout // HEALTH_INTERVAL_S))
+    for s in plan.stages:
+        k = s.index
+        env = dict(s.env)
+        env["PP_ANNOUNCE_DIR"] = ANNOUNCE_MOUNT
+        service: dict[str, Any] = {
+            "image": s.image,
+            "container_name": f"{project}-stage-{k}",
+            "init": True,
+            "network_mode": "host",
+            "entrypoint": ["/bin/sh", ENTRY_PATH],
+            "command": list(worker_cmd),
+            "environment": dict(sorted(env.items())),
+            "labels": dict(s.labels),
+            "configs": [{"source": ENTRY_CONFIG, "target": ENTRY_PATH}],
+            "volumes": [
+                {
+                    "type": "bind",
+                    "source": f"{HOST_ANNOUNCE_ROOT}/{project}",
+                    "target": ANNOUNCE_MOUNT,
+                    "bind": {"create_host_path": True},
+                }
+            ],
+            "healthcheck": {
+                "test": ["CMD", "/bin/sh", "-c", f"test -s {ANNOUNCE_MOUNT}/stage-{k}.addr"],
+                "interval": f"{HEALTH_INTERVAL_S}s",
+                "timeout": "2s",
+                "retries": retries,
+            },
+        }
+        if k > 0:
+            service["depends_on"] = {f"stage-{k - 1}": {"condition": "service_healthy"}}
+        if s.gpus:
+            service["deploy"] = {
+                "resources": {
+                    "reservations": {
+                        "devices": [
+                            {"driver": "nvidia", "device_ids": list(s.gpus), "capabilities": ["gpu"]},
+                        ]
+                    }
+                }
+            }
+        out[f"stage-{k}"] = service
+    return out
+
+
+def render(
+    plan: ChainPlan,
+    project: str,
+    command_line: str,
+    worker_cmd: tuple[str, ...] = DEFAULT_WORKER_CMD,
+    addr_timeout: float = 60.0,
+    script: str | None = None,
+) -> str:
+    doc = {
+        "name": project,
+        "services": services(plan, project, worker_cmd, addr_timeout),
+        "configs": {ENTRY_CONFIG: {"content": script if script is not None else entry_script()}},
+    }
+    header = (
+        f"# A {len(plan.stages)}-stage pp-launch chain as a Compose project (run {plan.run_id}).\n"
+        f"# Written by: {command_line}\n"
+        "# Regenerate it with that command; edit the command, not this file.\n"
+        f"# Up: docker compose -f FILE up -d    Down: docker compose -f FILE down (or pp-launch down {plan.run_id})\n"
+    )
+    return header + to_yaml(doc)
+
+
+# ------------------------------------------------------------------------------------------ a small YAML writer
+def _scalar(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    # JSON strings are YAML strings; Compose interpolates $, so a literal one is written $$.
+    return json.dumps(str(value).replace("$", "$$"), ensure_ascii=False)
+
+
+def to_yaml(value: Any, indent: int = 0) -> str:
+    """Block-style YAML for dicts, lists, strings, ints and bools; multi-line strings as literal blocks."""
+    pad = "  " * indent
+    lines: list[str] = []
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            lines.append(_entry(f"{pad}{_key(key)}:", item, indent))
+    elif isinstance(value, list):
+        for item in value:
+            lines.append(_entry(f"{pad}-", item, indent, in_list=True))
+    return "\n".join(lines) + ("\n" if indent == 0 else "")
+
+
+def _key(key: Any) -> str:
+    text = str(key)
+    plain = text.replace("-", "").replace("_", "").replace(".", "").isalnum()
+    return text if plain else json.dumps(text)
+
+
+def _entry(prefix: str, item: Any, indent: int, in_list: bool = False) -> str:
+    if isinstance(item, str) and "\n" in item:
+        body = item.replace("$", "$$").rstrip("\n").split("\n")
+        inner = "  " * (indent + 1)
+        return prefix + " |\n" + "\n".join(f"{inner}{line}" if line else "" for line in body)
+    if isinstance(item, (Mapping, list)) and item:
+        if in_list and isinstance(item, Mapping):
+            nested = to_yaml(item, indent + 1).split("\n")
+            first = nested[0].lstrip()
+            return f"{prefix} {first}" + ("\n" + "\n".join(nested[1:]) if len(nested) > 1 else "")
+        return prefix + "\n" + to_yaml(item, indent + 1)
+    if isinstance(item, Mapping):
+        return prefix + " {}"
+    if isinstance(item, list):
+        return prefix + " []"
+    return f"{prefix} {_scalar(item)}"

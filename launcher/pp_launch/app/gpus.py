@@ -1,0 +1,102 @@
+"""GPU selection for a launch: inventory + holdings -> allocator -> device requests, under a host lock.
+
+Concurrent launches on one host must never get the same GPU. A chain creates its containers one by one
+as earlier stages announce, so the engine's labels alone cannot close the gap between the pick and the
+last creation. Under a host-wide lock we read the engine's labels and the live reservations, pick, and
+write our own reservation; it lives until the launch ends (or its owner dies, which readers notice)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pp_launch.adapters.host_state import Reservations, host_lock, state_dir
+from pp_launch.adapters.nvml import NvmlUnavailable, read_inventory
+from pp_launch.core import errors, labels
+from pp_launch.core.gpu.allocator import AllocationRequest, Holding, Placement, allocate, parse_visible
+from pp_launch.core.gpu.inventory import GpuInventory
+from pp_launch.core.gpu.requests import device_requests
+
+ATTACH_MODES = ("request", "cdi", "env")
+
+
+INVENTORY_ENV = "PP_LAUNCH_GPU_INVENTORY"
+
+
+def load_inventory(path: str | None) -> GpuInventory:
+    """From the file when one is named (flag or PP_LAUNCH_GPU_INVENTORY), else from NVML. No driver: empty,
+    with the reason in `note`."""
+    path = path or os.environ.get(INVENTORY_ENV) or None
+    if path:
+        return GpuInventory.load(path)
+    try:
+        return read_inventory()
+    except NvmlUnavailable as exc:
+        return GpuInventory(note=str(exc))
+
+
+@dataclass(frozen=True)
+class GpuSelection:
+    stage_gpus: list[tuple[str, ...]]
+    device_requests: list[tuple[Mapping[str, Any], ...]]
+    hop_levels: tuple[int | None, ...]
+    note: str = ""  # said plainly to the user, e.g. "no GPU found: CPU stages"
+
+
+def holdings_from_labels(rows: list[Mapping[str, str]]) -> dict[str, Holding]:
+    out: dict[str, Holding] = {}
+    for row in rows:
+        for uuid in filter(None, row.get(labels.GPUS, "").split(",")):
+            stage = row.get(labels.STAGE, "")
+            out[uuid] = Holding(row.get(labels.RUN, "?"), labels.ascii_int(stage))
+    return out
+
+
+def select(
+    *,
+    mode: str,
+    stages: int,
+    per_stage: int,
+    attach: str,
+    inventory: GpuInventory,
+    engine_labels: Callable[[], list[Mapping[str, str]]],
+    run_id: str,
+    owner: str,
+    environ: Mapping[str, str],
+    allow_shared: bool = False,
+    min_free_mib: int | None = None,
+    reserve: bool = True,
+) -> GpuSelection:
+    """mode: auto | none | all | a comma-separated list of indices or UUIDs."""
+    cpu = GpuSelection([()] * stages, [()] * stages, ())
+    if mode == "none":
+        return cpu
+    if not inventory.gpus:
+        why = inventory.note or "the GPU inventory lists no GPU"
+        if mode == "auto":
+            return GpuSelection(cpu.stage_gpus, cpu.device_requests, (), f"no GPU found ({why}): stages run on CPU")
+        raise errors.NotEnoughGpus(f"--gpus {mode} asks for GPUs, but {why}")
+    if mode == "all":
+        every = tuple(g.uuid for g in inventory.gpus)
+        return GpuSelection([every] * stages, [device_requests(every, attach)] * stages, ())
+    explicit = () if mode == "auto" else tuple(t.strip() for t in mode.split(",") if t.strip())
+    request = AllocationRequest(
+        stages=stages,
+        per_stage=per_stage,
+        explicit=explicit,
+        visible=parse_visible(environ.get("CUDA_VISIBLE_DEVICES")),
+        allow_shared=allow_shared,
+        min_free_mib=min_free_mib,
+    )
+    directory = state_dir()
+    reservations = Reservations(directory)
+    with host_lock(directory):
+        holdings = holdings_from_labels(engine_labels())
+        holdings.update(reservations.live())
+        placement: Placement = allocate(inventory, request, holdings)
+        if reserve:
+            reservations.write(run_id, owner, list(placement.stage_gpus))
+    gpus = list(placement.stage_gpus)
+    return GpuSelection(gpus, [device_requests(g, attach) for g in gpus], placement.hop_levels)

@@ -1,0 +1,319 @@
+"""`pp-gpu-node`: one stage container in the foreground, a drop-in for docker-gpu-node.sh (contract §9).
+
+Reads the same environment as the old script, runs the container with tini as init and auto-remove,
+passes its stdout and stderr through byte for byte, forwards stop signals, and exits with its exit code.
+Unlike `exec docker run`, it cannot orphan its container:
+- graceful: SIGTERM/SIGINT/SIGHUP/SIGQUIT are forwarded; after PP_STOP_GRACE the container is killed
+  through the engine, and we exit 128+N only once the engine confirms it is gone;
+- SIGKILL of this process: the watchdog (its own process session) removes the container; the stdin
+  lifeline also closes, which the built-in stage turns into its exit;
+- left over from a dead owner: a same-named container is removed before we start (a live owner's never is).
+
+`NodeConfig.from_env` is pure; `NodeSupervisor` is pure over the backend port, with an injected clock."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pp_launch.adapters import host_state, watchdog
+from pp_launch.adapters.docker_engine import DockerStageBackend, Engine, connect
+from pp_launch.app import gpus as gpu_select
+from pp_launch.app.chain import ensure_image, live_gpu_labels, sweep_dead_owners
+from pp_launch.core import errors, labels, stage_env
+from pp_launch.core.chain.plan import BUILTIN_IMAGE, Mount, StageSpec, new_run_id
+from pp_launch.core.chain.ports import Inbox, QueueInbox, StageBackend, StageGone, StageOutput, StopRequested
+from pp_launch.core.stage_env import FORWARD_ENV, NODE_FORWARDED, RUN_ENV
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        try:
+            n = os.write(fd, view)
+        except BrokenPipeError:
+            return  # our reader is gone; the stage runs on until stopped (the lifeline covers our death)
+        view = view[n:]
+
+
+def _watch_parent_lifeline(inbox: QueueInbox) -> None:
+    """A child of `chain --gpu-node`: our stdin is a pipe the launcher holds and never writes. Its end (the
+    launcher died, SIGKILL included) is a stop request, so the stage is torn down as for SIGTERM."""
+
+    def watch() -> None:
+        with contextlib.suppress(OSError):
+            while os.read(0, 4096):
+                pass
+        inbox.put(StopRequested(signal.SIGTERM))
+
+    threading.Thread(target=watch, daemon=True, name="parent-lifeline").start()
+
+
+def run_node(environ: Mapping[str, str], args: tuple[str, ...], inbox: QueueInbox, say: Callable[[str], None]) -> int:
+    """pp-gpu-node: one stage container in the foreground; `args` become its command. Stop signals must
+    already be arriving in `inbox`."""
+    config = NodeConfig.from_env(environ, args)
+    if environ.get(stage_env.PARENT_LIFELINE) == "stdin":
+        _watch_parent_lifeline(inbox)
+    engine = connect()
+    if engine.image_labels(config.image) is None:
+        if config.image != BUILTIN_IMAGE:
+            raise errors.ImageMissing(
+                f"image {config.image} (PP_IMAGE) is not present on this engine, and pp-gpu-node never pulls. "
+                "Build it or load it ('docker load -i FILE') first."
+            )
+        ensure_image(engine, config.image, say)
+    sweep_dead_owners(engine, say)
+    _free_name(engine, config.name, say)
+    owner = labels.Owner.current().label()
+    gpus = config.gpus
+    run_id = config.run_id or new_run_id()
+    if gpus.auto:
+        choice = gpu_select.select(
+            mode="auto",
+            stages=1,
+            per_stage=1,
+            attach="request",
+            inventory=gpu_select.load_inventory(None),
+            engine_labels=lambda: live_gpu_labels(engine),
+            run_id=run_id,
+            owner=owner,
+            environ=environ,
+        )
+        uuids = choice.stage_gpus[0]
+        gpus = GpuRequest(choice.device_requests[0], ",".join(uuids) or "void", uuids)
+        if choice.note:
+            say(choice.note)
+    spec = dataclasses.replace(config, run_id=run_id).spec(environ, owner, gpus)
+    for m in spec.mounts:
+        os.makedirs(m.host, exist_ok=True)
+    guard = watchdog.spawn(run_id, config.grace)  # before the container exists: no moment is uncovered
+    backend = DockerStageBackend(engine, split_lines=False)
+    try:
+        ref = backend.create(spec, spec.env)
+        streams = {"stdout": 1, "stderr": 2}
+        supervisor = NodeSupervisor(
+            backend, inbox, lambda stream, data: _write_all(streams[stream], data), config.grace
+        )
+        return supervisor.run(ref, config.stage)
+    finally:
+        host_state.Reservations(host_state.state_dir()).release(run_id)
+        guard.stdin.close()  # type: ignore[union-attr]
+
+
+def _free_name(engine: Engine, name: str, say: Callable[[str], None]) -> None:
+    """A same-named container of a dead owner is removed; anyone else's is an error, never touched."""
+    owner = engine.container_owner(name)
+    if owner is None:
+        return
+    if owner == "":
+        raise errors.NameInUse(
+            f"container {name} exists and was not made by pp-launch; remove it yourself if it is stale "
+            f"(docker rm -f {name}) or choose another PP_CONTAINER_PREFIX"
+        )
+    if labels.owner_is_gone(owner):
+        engine.remove(name)
+        say(f"removed stale container {name}: its owner {owner} is gone")
+        return
+    raise errors.NameInUse(
+        f"container {name} is in use by a live owner ({owner}); it was left untouched. Stop that run first "
+        "or choose another PP_CONTAINER_PREFIX"
+    )
+
+
+DEFAULT_IMAGE = "swactor-pp-gpu:latest"
+
+
+DEFAULT_PREFIX = "pp-stage"
+
+
+DEFAULT_GRACE = 10.0
+
+
+CACHE_MOUNT = "/root/.cache/tinygrad"
+
+
+MODEL_CACHE_MOUNT = "/root/.cache/pp-pipeline"
+
+
+FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+
+
+@dataclass(frozen=True)
+class GpuRequest:
+    """PP_GPUS, mapped as `docker run --gpus` maps it."""
+
+    device_requests: tuple[Mapping[str, Any], ...] = ()
+    visible: str | None = stage_env.NO_GPU  # NVIDIA_VISIBLE_DEVICES; None: the engine's GPU driver sets it
+    uuids: tuple[str, ...] = ()  # known exactly: for the pp-launch.gpus label
+    auto: bool = False
+
+
+def parse_gpus(value: str | None) -> GpuRequest:
+    if value is None or value.strip() == "":
+        return GpuRequest()
+    value = value.strip()
+    cap = [["gpu"]]
+    if value == "auto":
+        return GpuRequest(auto=True)
+    if value == "all":
+        return GpuRequest(({"Driver": "", "Count": -1, "DeviceIDs": None, "Capabilities": cap, "Options": {}},), "all")
+    if value.isdigit():
+        req = {"Driver": "", "Count": int(value), "DeviceIDs": None, "Capabilities": cap, "Options": {}}
+        return GpuRequest((req,), None)
+    if value.startswith("device="):
+        ids = [d.strip() for d in value.removeprefix("device=").strip("\"'").split(",") if d.strip()]
+        if ids:
+            req = {"Driver": "", "Count": 0, "DeviceIDs": ids, "Capabilities": cap, "Options": {}}
+            uuids = tuple(i for i in ids if i.startswith(("GPU-", "MIG-")))
+            return GpuRequest((req,), ",".join(ids), uuids if len(uuids) == len(ids) else ())
+    raise errors.ConfigError(
+        f"PP_GPUS={value!r} is not understood: use all, a count (2), device=0,2, device=GPU-<uuid> or auto"
+    )
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    stage: int
+    image: str = DEFAULT_IMAGE
+    prefix: str = DEFAULT_PREFIX
+    dev: str | None = None
+    cache_dir: str = ""
+    network: str = "host"
+    gpus: GpuRequest = field(default_factory=GpuRequest)
+    model_cache_dir: str | None = None
+    entrypoint: str | None = None
+    forward_extra: tuple[str, ...] = ()
+    grace: float = DEFAULT_GRACE
+    run_id: str | None = None
+    command: tuple[str, ...] = ()  # our arguments, passed on as the container's command (as "$@" was)
+
+    @property
+    def name(self) -> str:
+        return f"{self.prefix}-{self.stage}"
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str], args: tuple[str, ...] = ()) -> NodeConfig:
+        raw_stage = environ.get("STAGE")
+        if raw_stage is None or raw_stage.strip() == "":
+            raise errors.ConfigError("STAGE is not set: set it to this stage's index (0, 1, ...)")
+        if labels.ascii_int(raw_stage.strip()) is None:
+            raise errors.ConfigError(f"STAGE={raw_stage!r} is not a stage index (0, 1, ...)")
+        try:
+            grace = float(environ.get("PP_STOP_GRACE", DEFAULT_GRACE))
+        except ValueError:
+            raise errors.ConfigError(f"PP_STOP_GRACE={environ['PP_STOP_GRACE']!r} is not a number of seconds") from None
+        if grace < 0:
+            raise errors.ConfigError("PP_STOP_GRACE must not be negative")
+        if not math.isfinite(grace):
+            raise errors.ConfigError(f"PP_STOP_GRACE={environ['PP_STOP_GRACE']!r} is not a finite number of seconds")
+        home = environ.get("HOME", os.path.expanduser("~"))
+        network = environ.get("PP_STAGE_NETWORK") or environ.get("PP_DIAG_NETWORK") or "host"
+        forward = tuple(n.strip() for n in environ.get(FORWARD_ENV, "").split(",") if n.strip())
+        return cls(
+            stage=int(raw_stage),
+            image=environ.get("PP_IMAGE") or DEFAULT_IMAGE,
+            prefix=environ.get("PP_CONTAINER_PREFIX") or DEFAULT_PREFIX,
+            dev=environ.get("PP_DEV") or None,  # unset: the image's own default, not "CPU"
+            cache_dir=environ.get("PP_CACHE_DIR") or os.path.join(home, ".cache", "tinygrad"),
+            network=network,
+            gpus=parse_gpus(environ.get("PP_GPUS")),
+            model_cache_dir=environ.get("PP_MODEL_CACHE_DIR") or None,
+            entrypoint=environ.get("PP_ENTRYPOINT") or None,
+            forward_extra=forward,
+            grace=grace,
+            run_id=environ.get(RUN_ENV) or None,
+            command=tuple(args),
+        )
+
+    def stage_env(self, environ: Mapping[str, str], gpus: GpuRequest) -> dict[str, str]:
+        env = stage_env.forwarded(environ, NODE_FORWARDED + self.forward_extra)
+        env[stage_env.STAGE] = str(self.stage)
+        if self.dev is not None:
+            env["DEV"] = self.dev
+        if gpus.visible is not None:
+            env[stage_env.NVIDIA_VISIBLE_DEVICES] = gpus.visible
+        else:
+            env.pop(stage_env.NVIDIA_VISIBLE_DEVICES, None)
+        if self.model_cache_dir:
+            env["PP_MODEL_CACHE_DIR"] = MODEL_CACHE_MOUNT
+        env[stage_env.LIFELINE] = "stdin"
+        return env
+
+    def mounts(self) -> tuple[Mount, ...]:
+        """Caches are per stage: stages of one host run at the same moment and would write them at once."""
+        mounts = [Mount(os.path.join(self.cache_dir, f"stage-{self.stage}"), CACHE_MOUNT)]
+        if self.model_cache_dir:
+            mounts.append(Mount(os.path.join(self.model_cache_dir, f"stage-{self.stage}"), MODEL_CACHE_MOUNT))
+        return tuple(mounts)
+
+    def spec(self, environ: Mapping[str, str], owner: str, gpus: GpuRequest) -> StageSpec:
+        run_id = self.run_id or new_run_id()
+        return StageSpec(
+            index=self.stage,
+            name=self.name,
+            image=self.image,
+            env=self.stage_env(environ, gpus),
+            labels=labels.stage_labels(run_id, self.stage, owner, gpus.uuids),
+            gpus=gpus.uuids,
+            device_requests=gpus.device_requests,
+            network=self.network,
+            entrypoint=(self.entrypoint,) if self.entrypoint else None,
+            command=self.command or None,
+            mounts=self.mounts(),
+        )
+
+
+class NodeSupervisor:
+    """Pass output through, forward stop signals, kill after the grace, report the exit code (contract §5)."""
+
+    def __init__(
+        self,
+        backend: StageBackend,
+        inbox: Inbox,
+        write: Callable[[str, bytes], None],
+        grace: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.backend = backend
+        self.inbox = inbox
+        self.write = write
+        self.grace = grace
+        self.clock = clock
+
+    def run(self, ref: str, stage: int) -> int:
+        stop_signal: int | None = None
+        kill_at: float | None = None
+        self.backend.start(ref, stage, self.inbox.put)
+        while True:
+            wait = 1.0 if kill_at is None else max(0.0, min(1.0, kill_at - self.clock()))
+            event = self.inbox.get(wait)
+            if kill_at is not None and self.clock() >= kill_at:
+                self.backend.kill(ref)
+                kill_at = None
+            if event is None:
+                continue
+            if isinstance(event, StageOutput):
+                self.write(event.stream, event.data)
+            elif isinstance(event, StopRequested):
+                self.backend.signal(ref, event.signum)
+                if stop_signal is None:
+                    stop_signal = event.signum
+                    kill_at = self.clock() + self.grace
+            elif isinstance(event, StageGone):
+                if event.exit_code is None:  # the engine's wait broke: we do not know what became of it
+                    raise errors.EngineLost(
+                        f"lost track of the stage container ({event.detail or 'the engine gave no exit status'}); "
+                        "its watchdog removes it when the engine answers again, or run 'pp-launch gc' then"
+                    )
+                if stop_signal is not None:
+                    return errors.exit_code_for_signal(stop_signal)
+                return event.exit_code

@@ -1,0 +1,194 @@
+"""`pp-launch chain`."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import click
+
+from pp_launch.adapters import host_state
+from pp_launch.adapters.docker_engine import connect
+from pp_launch.app import chain as launch
+from pp_launch.cli import signals
+from pp_launch.cli.main import main
+from pp_launch.cli.options import Seconds, gpu_options, mapped_errors, parse_env, parse_stage_env, swactor_options
+from pp_launch.cli.report import JsonReporter, LiveReporter, PlainReporter
+from pp_launch.core import errors, labels
+from pp_launch.core.chain.plan import BUILTIN_IMAGE, ChainRequest
+
+
+@main.command()
+@click.option(
+    "--stages",
+    type=click.IntRange(min=1, max=64),
+    default=2,
+    show_default=True,
+    help="Number of stages (containers).",
+)
+@click.option(
+    "--image",
+    default=BUILTIN_IMAGE,
+    show_default=True,
+    help="Stage image; must be present locally (pp-launch never pulls). The built-in one is built on first use.",
+)
+@gpu_options
+@swactor_options
+@click.option("--network", default="host", show_default=True, help="Network mode of every stage container.")
+@click.option("--name", "name_prefix", metavar="PREFIX", help="Containers are named PREFIX-K [default: pp-RUNID].")
+@click.option("--env", "env", multiple=True, metavar="NAME=VALUE", help="Set a variable in every stage.")
+@click.option("--stage-env", multiple=True, metavar="K:NAME=VALUE", help="Set a variable in stage K only.")
+@click.option(
+    "--addr-timeout",
+    type=Seconds(positive=True),
+    default=60.0,
+    show_default=True,
+    metavar="S",
+    help="Seconds each stage has to announce its address.",
+)
+@click.option(
+    "--grace",
+    type=Seconds(),
+    default=5.0,
+    show_default=True,
+    metavar="S",
+    help="Each stage's budget between SIGTERM and SIGKILL at teardown (all stages at once).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Events as JSON lines on stdout; stage lines on stderr.")
+@click.option("--dry-run", is_flag=True, help="Print the plan (GPUs, env, labels) and start nothing.")
+@click.option(
+    "--detach",
+    is_flag=True,
+    help="Bring the chain up, print its run id (alone, on stdout), exit 0; then only 'pp-launch down' ends it. "
+    "Until every stage has announced, the run ends with this launcher, as a foreground chain does.",
+)
+@click.option(
+    "--gpu-node",
+    type=click.Path(exists=True, dir_okay=False),
+    metavar="PATH",
+    help="Run each stage as the child process PATH (pp-gpu-node, or wrappers/docker-gpu-node.sh) instead of "
+    "creating its container directly.",
+)
+@click.pass_context
+def chain(
+    ctx: click.Context,
+    stages: int,
+    image: str,
+    gpu: launch.GpuOptions,
+    seed: tuple[tuple[str, str], ...],
+    entrypoint: str | None,
+    network: str,
+    name_prefix: str | None,
+    env: tuple[str, ...],
+    stage_env: tuple[str, ...],
+    addr_timeout: float,
+    grace: float,
+    as_json: bool,
+    dry_run: bool,
+    detach: bool,
+    gpu_node: str | None,
+) -> None:
+    """Start STAGES stages one after another and supervise them until they end.
+
+    Each stage is a container with tini as init and daemon-side auto-remove. Stage k >= 1 receives stage
+    k-1's announcement (PEER_*) and stage 0's (FIRST_PEER_*). Exit: 0 when every stage exits 0, 1 when one
+    fails, 2 on bad configuration, 128+N after signal N. Nothing is left behind either way.
+
+    \b
+    Examples:
+      pp-launch chain --stages 4
+      pp-launch chain --stages 8 --gpus auto --gpus-per-stage 1 --json
+      pp-launch chain --stages 2 --dry-run --json --gpu-inventory inventory.json
+    """
+    verbosity = ctx.obj["verbosity"]
+    request = ChainRequest(
+        stages=stages,
+        image=image,
+        network=network,
+        name_prefix=name_prefix,
+        env=seed + parse_env(env),
+        stage_env=parse_stage_env(stage_env, stages),
+        addr_timeout=addr_timeout,
+        grace=grace,
+        lifeline=True,  # a detached run is its launcher's until it is up (bringup.py)
+        entrypoint=(entrypoint,) if entrypoint else None,
+    )
+    if detach and gpu_node:
+        raise click.UsageError("--detach and --gpu-node do not go together: child processes end with the launcher")
+    with mapped_errors():
+        if dry_run:
+            _dry_run(request, gpu, as_json)
+            return
+        launch.check_image_name(image)
+        engine = connect()
+        say = (lambda t: click.echo(f"pp-launch: {t}", err=True)) if verbosity >= 0 or as_json else (lambda t: None)
+        launch.ensure_image(engine, image, say)
+        launch.sweep_dead_owners(engine, say)
+        owner = labels.OWNER_DETACHED if detach else None
+        plan, note = launch.plan_chain(request, gpu, engine, owner=owner)
+    if note:
+        click.echo(f"pp-launch: {note}", err=True)
+    if as_json:
+        reporter: Any = JsonReporter(plan.run_id)
+    elif detach:  # stdout is the run id alone: RUN=$(pp-launch chain --detach)
+        reporter = PlainReporter(plan.run_id, verbosity, out=sys.stderr)
+    elif sys.stdout.isatty() and verbosity >= 0:
+        reporter = LiveReporter(plan.run_id, stages, verbosity)
+    else:
+        reporter = PlainReporter(plan.run_id, verbosity)
+    if detach:
+        click.echo(
+            f"pp-launch: run {plan.run_id}: bringing up {stages} stages; until every stage has announced it ends "
+            "with this launcher, then only 'pp-launch down' ends it",
+            err=True,
+        )
+    signals.install()  # already done by the console entry; here for programs that call main() directly
+    if (held := signals.pending()) is not None:  # stopped while planning: nothing was started
+        host_state.Reservations(host_state.state_dir()).release(plan.run_id)
+        sys.exit(errors.exit_code_for_signal(held))
+    try:
+        with mapped_errors():
+            outcome = launch.run_chain(
+                plan,
+                engine,
+                reporter,
+                lambda scope: signals.route_to(scope.request_stop),
+                detach=detach,
+                gpu_node=gpu_node,
+            )
+    finally:
+        reporter.close()
+    if outcome.reason == "detached":
+        if not as_json:  # --json: stdout carries events only, and every event names the run
+            click.echo(plan.run_id)
+        click.echo(f"pp-launch: {outcome.message}; stop it with 'pp-launch down {plan.run_id}'", err=True)
+    elif outcome.exit_code != 0:
+        click.echo(f"pp-launch: {'error: ' if outcome.reason != 'signal' else ''}{outcome.message}", err=True)
+    sys.exit(outcome.exit_code)
+
+
+def _dry_run(request: ChainRequest, gpu: launch.GpuOptions, as_json: bool) -> None:
+    try:
+        engine = connect(timeout=5)
+    except errors.EngineUnavailable:
+        engine = None
+    plan, note = launch.plan_chain(request, gpu, engine, reserve=False)
+    doc = plan.to_json()
+    if note:
+        doc["note"] = note
+    if engine is None:
+        doc["warning"] = "no Docker engine answered: GPUs held by running containers were not checked"
+    if as_json:
+        click.echo(json.dumps(doc, indent=2))
+        return
+    click.echo(f"run {plan.run_id}: {len(plan.stages)} stages (nothing started: dry run)")
+    for s in plan.stages:
+        click.echo(f"  stage {s.index}: {s.name}  image {s.image}  GPUs {','.join(s.gpus) or 'none'}")
+        for k, v in sorted(doc["stages"][s.index]["env"].items()):
+            click.echo(f"      {k}={v}")
+    for hop in doc.get("hops", []):
+        click.echo(f"  hop {hop['from']} -> {hop['to']}: topology level {hop['topology_level']}")
+    for extra in ("note", "warning"):
+        if extra in doc:
+            click.echo(f"  {extra}: {doc[extra]}")

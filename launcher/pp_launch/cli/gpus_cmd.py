@@ -1,0 +1,51 @@
+"""`pp-launch gpus`."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from pp_launch.adapters.docker_engine import connect
+from pp_launch.app import chain as launch
+from pp_launch.app import gpus as gpu_select
+from pp_launch.cli.main import main
+from pp_launch.cli.options import mapped_errors
+from pp_launch.core import errors
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="The inventory as JSON (contract §7) on stdout.")
+@click.option(
+    "--gpu-inventory",
+    type=click.Path(dir_okay=False),
+    envvar=gpu_select.INVENTORY_ENV,
+    help="Read this inventory file instead of NVML.",
+)
+@click.option("--record", type=click.Path(dir_okay=False), metavar="FILE", help="Write the inventory to FILE.")
+def gpus(as_json: bool, gpu_inventory: str | None, record: str | None) -> None:
+    """Show the GPUs NVML sees: memory, utilization, processes, and which pp-launch run holds each.
+
+    \b
+    Examples:
+      pp-launch gpus
+      pp-launch gpus --record inventory.json
+    """
+    from pp_launch.cli.tables import holders_by_uuid, render_table
+
+    with mapped_errors():
+        inventory = gpu_select.load_inventory(gpu_inventory)
+        if record:
+            inventory.save(record)
+        try:
+            held = holders_by_uuid(launch.live_gpu_labels(connect(timeout=5)))
+        except errors.EngineUnavailable:
+            held = {}
+    if inventory.note:
+        click.echo(inventory.note, err=True)
+    if as_json:
+        click.echo(json.dumps(inventory.to_json(), indent=2))
+    elif inventory.gpus:
+        click.echo(render_table(inventory, held))
+    if record:
+        click.echo(f"recorded {len(inventory.gpus)} GPUs to {record}", err=True)

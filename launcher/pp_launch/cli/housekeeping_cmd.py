@@ -1,0 +1,97 @@
+"""`pp-launch ps`, `down` and `gc`."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from pp_launch.adapters.docker_engine import connect
+from pp_launch.app import housekeeping
+from pp_launch.cli.main import main
+from pp_launch.cli.options import Seconds, mapped_errors
+from pp_launch.core import errors, labels
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per container.")
+def ps(as_json: bool) -> None:
+    """List pp-launch runs and their stages: run, stage, container, image, GPUs, owner, alive or gone, age.
+
+    \b
+    Example:
+      pp-launch ps
+    """
+    from pp_launch.app.housekeeping import list_stages, render
+
+    with mapped_errors():
+        rows = list_stages(connect())
+    if as_json:
+        for row in rows:
+            click.echo(json.dumps(row))
+    else:
+        click.echo(render(rows))
+
+
+@main.command()
+@click.argument("run_id", required=False)
+@click.option("--all", "all_runs", is_flag=True, help="Every pp-launch container, whatever its owner.")
+@click.option(
+    "--grace",
+    type=Seconds(),
+    default=5.0,
+    show_default=True,
+    metavar="S",
+    help="Budget between SIGTERM and SIGKILL, for all containers at once.",
+)
+def down(run_id: str | None, all_runs: bool, grace: float) -> None:
+    """Stop a run (or --all) with the chain's guarantees: SIGTERM, one grace, SIGKILL, removal confirmed.
+
+    Acts on containers with pp-launch labels only, of any owner (detached and compose runs included).
+
+    \b
+    Examples:
+      pp-launch down 3f2a9c1b7d00
+      pp-launch down --all --grace 2
+    """
+    if bool(run_id) == all_runs:
+        raise click.UsageError("name one RUN_ID, or --all")
+    selector = [labels.RUN] if all_runs else [f"{labels.RUN}={run_id}"]
+    with mapped_errors():
+        engine = connect()
+        targets = engine.containers(selector)
+        if not targets:
+            what = "no pp-launch containers" if all_runs else f"no containers of run {run_id}"
+            click.echo(f"pp-launch: nothing to stop ({what})", err=True)
+            return
+        names = ", ".join(sorted(c.name for c in targets))
+        click.echo(f"pp-launch: stopping {len(targets)} containers: {names}", err=True)
+        left = housekeeping.teardown_containers(engine, selector, grace)
+    if left:
+        click.echo(f"pp-launch: error: still present after teardown: {', '.join(left)}", err=True)
+        sys.exit(errors.EXIT_FAILURE)
+    click.echo(f"pp-launch: stopped and removed {len(targets)} containers", err=True)
+
+
+@main.command()
+def gc() -> None:
+    """Remove containers whose launcher is gone (a process on this host that no longer runs).
+
+    Never touches detached or compose runs, runs of another host, or containers without pp-launch labels.
+    Every `chain` and `pp-gpu-node` does this by itself before it starts.
+
+    \b
+    Example:
+      pp-launch gc
+    """
+    with mapped_errors():
+        collected = housekeeping.gc(connect())
+    for c in collected.removed:
+        click.echo(f"removed {housekeeping.describe(c)}: its owner is gone")
+    for c, why in collected.failed:
+        click.echo(f"pp-launch: error: could not remove {housekeeping.describe(c)}: {housekeeping.safe(why)}", err=True)
+    if not collected.removed and not collected.failed:
+        click.echo("nothing to collect", err=True)
+    if collected.failed:
+        sys.exit(errors.EXIT_FAILURE)

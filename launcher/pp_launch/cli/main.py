@@ -1,0 +1,39 @@
+"""The `pp-launch` command group; each command lives in its own module beside this one."""
+
+from __future__ import annotations
+
+import click
+
+from pp_launch import __version__
+from pp_launch.cli import signals
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.version_option(__version__, prog_name="pp-launch")
+@click.option("-v", "--verbose", count=True, help="Say more (repeatable).")
+@click.option("-q", "--quiet", is_flag=True, help="Only errors and the final result; no stage lines.")
+@click.pass_context
+def main(ctx: click.Context, verbose: int, quiet: bool) -> None:
+    """Launch pipeline-parallel inference stages as GPU containers, and never leave one behind.
+
+    \b
+    Examples:
+      pp-launch chain                      # the 2-stage demo on the built-in image
+      pp-launch chain --stages 4 --json    # 4 stages, events as JSON lines
+      pp-launch gpus                       # what NVML sees, and who holds what
+    """
+    ctx.obj = {"verbosity": -1 if quiet else verbose}
+    if ctx.invoked_subcommand not in ("chain", "node"):
+        signals.release()  # nothing of theirs needs a teardown: Ctrl-C interrupts them as usual
+
+
+# Each command module registers its commands on `main` when imported (after `main` exists).
+from pp_launch.cli import (  # noqa: E402, F401
+    chain_cmd,
+    compose_cmd,
+    gpus_cmd,
+    housekeeping_cmd,
+    images_cmd,
+    node_cmd,
+    worker_cmd,
+)

@@ -1,0 +1,48 @@
+"""`pp-launch node` and the `pp-gpu-node` console script."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from pp_launch.app import node
+from pp_launch.cli import signals
+from pp_launch.cli.main import main
+from pp_launch.core import errors
+from pp_launch.core.chain.ports import QueueInbox, StopRequested
+
+
+@main.command("node", context_settings={"ignore_unknown_options": True})
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def node_command(args: tuple[str, ...]) -> None:
+    """Run one stage container in the foreground: the same as `pp-gpu-node`.
+
+    A drop-in for docker-gpu-node.sh, configured by the environment: STAGE (required), PP_IMAGE,
+    PP_CONTAINER_PREFIX, PP_DEV, PP_CACHE_DIR, PP_STAGE_NETWORK, PP_GPUS (all, N, device=0,2, device=GPU-...,
+    auto), PP_MODEL_CACHE_DIR, PP_ENTRYPOINT, PP_FORWARD_ENV, PP_STOP_GRACE. Output passes through unchanged;
+    the exit code is the container's (128+N after signal N). The container cannot outlive this process.
+    ARGS, if any, are the container's command, as docker-gpu-node.sh passed "$@".
+
+    \b
+    Example:
+      STAGE=0 NUM_STAGES=2 PP_IMAGE=pp-launch/stub-worker:latest pp-launch node
+    """
+    sys.exit(_run_node(args))
+
+
+def _run_node(args: tuple[str, ...]) -> int:
+    inbox = QueueInbox()
+    signals.install()  # idempotent; also covers `pp-launch node` and direct calls
+    signals.route_to(lambda signum: inbox.put(StopRequested(signum)))
+    try:
+        return node.run_node(os.environ, args, inbox, lambda text: click.echo(f"pp-gpu-node: {text}", err=True))
+    except errors.PpLaunchError as exc:
+        click.echo(f"pp-gpu-node: error: {exc}", err=True)
+        return exc.exit_code
+
+
+def gpu_node_main() -> None:
+    """The `pp-gpu-node` console script: environment as contract §9, arguments as the container's command."""
+    sys.exit(_run_node(tuple(sys.argv[1:])))

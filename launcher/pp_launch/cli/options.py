@@ -1,0 +1,189 @@
+"""What several commands share: error mapping, option bundles, parameter types, NAME=VALUE parsing."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import click
+
+from pp_launch.app import chain as launch
+from pp_launch.app import gpus as gpu_select
+from pp_launch.core import errors
+from pp_launch.core import stage_env as stage_env_names
+from pp_launch.core.stage_env import parse_assignment
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def fail(exc: errors.PpLaunchError) -> None:
+    click.echo(f"pp-launch: error: {exc}", err=True)
+    sys.exit(exc.exit_code)
+
+
+@contextlib.contextmanager
+def mapped_errors() -> Iterator[None]:
+    """Our own errors become one plain message and their exit code; no traceback."""
+    try:
+        yield
+    except errors.PpLaunchError as exc:
+        fail(exc)
+
+
+def gpu_options(f: F) -> F:
+    """The GPU selection flags shared by chain and compose."""
+    decorators = [
+        click.option(
+            "--gpus",
+            "gpus",
+            default="auto",
+            show_default=True,
+            metavar="auto|none|all|LIST",
+            help="GPUs for the stages: auto (NVML picks free ones), none (CPU stages), all (every GPU "
+            "to every stage) or a comma-separated list of indices/UUIDs used in stage order.",
+        ),
+        click.option(
+            "--gpus-per-stage",
+            type=click.IntRange(min=1),
+            default=1,
+            show_default=True,
+            help="GPUs each stage gets with --gpus auto or a list.",
+        ),
+        click.option(
+            "--gpu-inventory",
+            type=click.Path(dir_okay=False),
+            envvar=gpu_select.INVENTORY_ENV,
+            help="Read the GPU inventory from this file (contract §7) instead of NVML.",
+        ),
+        click.option(
+            "--gpu-attach",
+            type=click.Choice(gpu_select.ATTACH_MODES),
+            default="request",
+            show_default=True,
+            help="request: engine device requests; cdi: CDI device names; env: only "
+            "NVIDIA_VISIBLE_DEVICES (NVIDIA default runtime, or CPU-only test hosts).",
+        ),
+        click.option("--allow-shared", is_flag=True, help="Also use GPUs that other processes or runs are using."),
+        click.option(
+            "--min-free-mem",
+            type=click.IntRange(min=0),
+            metavar="MIB",
+            help="Only GPUs with at least this much free memory (MiB).",
+        ),
+    ]
+
+    @functools.wraps(f)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        kwargs["gpu"] = launch.GpuOptions(
+            kwargs.pop("gpus"),
+            kwargs.pop("gpus_per_stage"),
+            kwargs.pop("gpu_attach"),
+            kwargs.pop("gpu_inventory"),
+            kwargs.pop("allow_shared"),
+            kwargs.pop("min_free_mem"),
+        )
+        return f(*args, **kwargs)
+
+    command: Any = wrapper
+    for d in reversed(decorators):
+        command = d(command)
+    return command  # type: ignore[no-any-return]
+
+
+class Seconds(click.ParamType):  # type: ignore[type-arg]  # generic only in newer Click stubs
+    """A finite, non-negative number of seconds (Click's FloatRange lets nan and inf through)."""
+
+    name = "seconds"
+
+    def __init__(self, positive: bool = False) -> None:
+        self.positive = positive
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number of seconds", param, ctx)
+        if not math.isfinite(number) or number < 0 or (self.positive and number == 0):
+            self.fail(f"{value!r} is not a finite {'positive' if self.positive else 'non-negative'} number", param, ctx)
+        return number
+
+
+def swactor_options(f: F) -> F:
+    """What a real swactor stage image needs, shared by chain and compose: its entrypoint and the seed to join."""
+    decorators = [
+        click.option(
+            "--entrypoint",
+            metavar="PATH",
+            help="Run PATH as each stage's entrypoint instead of the image's own (swactor's images: "
+            "/usr/local/bin/pp-worker; their default entrypoint holds the container for interactive use).",
+        ),
+        click.option(
+            "--seed-addr",
+            envvar=stage_env_names.SEED_ADDR,
+            metavar="HEX64",
+            help="The seed node's id (64 hex digits) that every stage joins; also from SEED_ADDR. swactor's "
+            "pp-worker exits 2 without it.",
+        ),
+        click.option(
+            "--seed-direct",
+            envvar=stage_env_names.SEED_DIRECT,
+            metavar="ADDRS",
+            help="The seed's direct addresses, host:port[,host:port...]; also from SEED_DIRECT.",
+        ),
+        click.option(
+            "--seed-relay",
+            envvar=stage_env_names.SEED_RELAY,
+            metavar="URL",
+            help="The seed's iroh relay URL (WAN); also from SEED_RELAY.",
+        ),
+    ]
+
+    @functools.wraps(f)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            seed = stage_env_names.seed_env(
+                kwargs.pop("seed_addr"), kwargs.pop("seed_direct"), kwargs.pop("seed_relay")
+            )
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--seed-addr/--seed-direct/--seed-relay") from None
+        kwargs["seed"] = tuple(seed.items())
+        entrypoint = kwargs.pop("entrypoint")
+        if entrypoint is not None and not entrypoint.strip():
+            raise click.BadParameter("must name a program", param_hint="--entrypoint")
+        kwargs["entrypoint"] = entrypoint
+        return f(*args, **kwargs)
+
+    command: Any = wrapper
+    for d in reversed(decorators):
+        command = d(command)
+    return command  # type: ignore[no-any-return]
+
+
+def parse_env(values: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    out = []
+    for v in values:
+        try:
+            out.append(parse_assignment(v))
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--env") from None
+    return tuple(out)
+
+
+def parse_stage_env(values: tuple[str, ...], stages: int) -> tuple[tuple[int, str, str], ...]:
+    out = []
+    for v in values:
+        k, sep, assignment = v.partition(":")
+        if not sep or not k.isdigit():
+            raise click.BadParameter(f"{v!r} is not K:NAME=VALUE", param_hint="--stage-env")
+        if int(k) >= stages:
+            raise click.BadParameter(f"{v!r}: stage {k} does not exist (--stages {stages})", param_hint="--stage-env")
+        try:
+            name, value = parse_assignment(assignment)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--stage-env") from None
+        out.append((int(k), name, value))
+    return tuple(out)

@@ -1,0 +1,155 @@
+"""How a chain tells people and programs what happens (contract §4).
+
+- JsonReporter (--json): one JSON event per line on stdout, nothing else there; stage lines on stderr.
+- PlainReporter (not a terminal): stage lines on stdout as `[stage K] ...`; launcher notes on stderr.
+- LiveReporter (a terminal): the same lines, under a live per-stage status table.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from datetime import datetime, timezone
+from typing import Any, ClassVar, TextIO
+
+from pp_launch.core import events
+
+
+def rfc3339_now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def stage_prefix(stage: int) -> str:
+    return f"[stage {stage}] "
+
+
+class JsonReporter:
+    def __init__(self, run_id: str, out: TextIO | None = None, err: TextIO | None = None) -> None:
+        self.run_id = run_id
+        self.out = out or sys.stdout
+        self.err = err or sys.stderr
+        self._lock = threading.Lock()
+
+    def event(self, name: str, fields: Mapping[str, Any]) -> None:
+        doc = {"event": name, "ts": rfc3339_now(), "run": self.run_id, **fields}
+        with self._lock:
+            self.out.write(json.dumps(doc, separators=(",", ":")) + "\n")
+            self.out.flush()
+
+    def stage_line(self, stage: int, stream: str, text: str) -> None:
+        with self._lock:
+            self.err.write(stage_prefix(stage) + text + "\n")
+            self.err.flush()
+
+    def stage_state(self, stage: int, state: str, detail: str = "") -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class PlainReporter:
+    """Line-oriented output for logs and pipes. verbosity: -1 quiet (no stage lines), 0 normal, 1 verbose."""
+
+    def __init__(self, run_id: str, verbosity: int = 0, out: TextIO | None = None, err: TextIO | None = None) -> None:
+        self.run_id = run_id
+        self.verbosity = verbosity
+        self.out = out or sys.stdout
+        self.err = err or sys.stderr
+        self._lock = threading.Lock()
+
+    def _say(self, text: str) -> None:
+        with self._lock:
+            self.err.write(f"pp-launch: {text}\n")
+            self.err.flush()
+
+    def event(self, name: str, fields: Mapping[str, Any]) -> None:
+        if self.verbosity < 0 and name != events.CHAIN_STOPPED:
+            return
+        if name == events.STAGE_STARTED:
+            gpus = ",".join(fields["gpus"]) or "no GPU"
+            self._say(f"stage {fields['stage']} started: {fields['container']} ({fields['image']}, {gpus})")
+        elif name == events.STAGE_ANNOUNCED:
+            self._say(f"stage {fields['stage']} announced {fields['direct']} after {fields['elapsed_s']:.2f} s")
+        elif name == events.ROSTER:
+            roster = " ".join(f"{e['stage_index']}:{e['node_id_short']}" for e in fields["stages"])
+            self._say(f"roster of run {self.run_id}: {roster}")
+        elif name == events.STAGE_EXITED and self.verbosity > 0:
+            self._say(f"stage {fields['stage']} exited with code {fields['exit_code']} ({fields['reason']})")
+        elif name == events.CHAIN_STOPPED:
+            removed = len(fields["removed"])
+            orphans = fields["orphans"]
+            tail = f"; LEFT BEHIND: {', '.join(orphans)}" if orphans else "; nothing left behind"
+            self._say(f"chain stopped ({fields['reason']}), {removed} containers removed{tail}")
+
+    def stage_line(self, stage: int, stream: str, text: str) -> None:
+        if self.verbosity < 0:
+            return
+        with self._lock:
+            self.out.write(stage_prefix(stage) + text + "\n")
+            self.out.flush()
+
+    def stage_state(self, stage: int, state: str, detail: str = "") -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class LiveReporter(PlainReporter):
+    """A live table of stages (starting, announced with address and seconds, running, stopping, gone)
+    above which stage lines scroll. Only on a terminal."""
+
+    STYLES: ClassVar[dict[str, str]] = {
+        "starting": "yellow",
+        "announced": "cyan",
+        "running": "green",
+        "stopping": "magenta",
+        "gone": "dim",
+    }
+
+    def __init__(self, run_id: str, num_stages: int, verbosity: int = 0) -> None:
+        super().__init__(run_id, verbosity)
+        from rich.console import Console
+        from rich.live import Live
+
+        self.console = Console(highlight=False)
+        self.rows: dict[int, list[str]] = {k: ["waiting", ""] for k in range(num_stages)}
+        self.started = time.monotonic()
+        self.live = Live(self._table(), console=self.console, refresh_per_second=8, transient=False)
+        self.live.start()
+
+    def _table(self) -> Any:
+        from rich.table import Table
+
+        table = Table(title=f"pp-launch run {self.run_id}", title_justify="left", expand=False)
+        for col in ("stage", "state", "detail"):
+            table.add_column(col)
+        for k, (state, detail) in sorted(self.rows.items()):
+            table.add_row(str(k), f"[{self.STYLES.get(state, 'white')}]{state}[/]", detail)
+        return table
+
+    def _say(self, text: str) -> None:
+        self.console.print(f"pp-launch: {text}", markup=False)
+
+    def stage_line(self, stage: int, stream: str, text: str) -> None:
+        if self.verbosity >= 0:
+            self.console.print(stage_prefix(stage) + text, markup=False)
+
+    def stage_state(self, stage: int, state: str, detail: str = "") -> None:
+        with self._lock:
+            # a state without detail keeps the last one (running keeps "127.0.0.1:4000 in 0.15 s")
+            self.rows[stage] = [state, detail or self.rows.get(stage, ["", ""])[1]]
+            self.live.update(self._table())
+
+    def event(self, name: str, fields: Mapping[str, Any]) -> None:
+        if name == events.STAGE_STARTED:
+            self.stage_state(fields["stage"], "starting", fields["container"])
+            return
+        super().event(name, fields)
+
+    def close(self) -> None:
+        self.live.stop()

@@ -1,0 +1,152 @@
+"""ChainPlan: everything about a chain that is known before any container starts. Pure."""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pp_launch.core import labels, stage_env
+from pp_launch.core.announce import StageAnnouncement
+
+BUILTIN_IMAGE = "pp-launch/stub-worker:latest"
+
+
+def new_run_id() -> str:
+    return secrets.token_hex(6)
+
+
+@dataclass(frozen=True)
+class Mount:
+    host: str
+    container: str
+    read_only: bool = False
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    index: int
+    name: str
+    image: str
+    env: Mapping[str, str]  # everything but the peer values, which come from earlier announcements
+    labels: Mapping[str, str]
+    gpus: tuple[str, ...] = ()
+    device_requests: tuple[Mapping[str, Any], ...] = ()
+    network: str = "host"
+    command: tuple[str, ...] | None = None
+    entrypoint: tuple[str, ...] | None = None  # None: the image's own
+    mounts: tuple[Mount, ...] = ()
+
+    def launch_env(self, prev: StageAnnouncement | None, first: StageAnnouncement | None) -> dict[str, str]:
+        env = dict(self.env)
+        if self.index > 0:
+            if prev is None or first is None:
+                raise ValueError(f"stage {self.index} needs stage {self.index - 1}'s and stage 0's announcements")
+            env.update(stage_env.peer_env(prev, first))
+        return env
+
+
+@dataclass(frozen=True)
+class ChainPlan:
+    run_id: str
+    stages: tuple[StageSpec, ...]
+    addr_timeout: float = 60.0
+    grace: float = 5.0
+    hop_levels: tuple[int | None, ...] = field(default=())  # topology level of each hop k -> k+1 and last -> 0
+
+    def to_json(self) -> dict[str, Any]:
+        """The dry-run document (contract §10)."""
+        stages = []
+        for s in self.stages:
+            env = dict(s.env)
+            if s.index > 0:
+                env.update(stage_env.peer_placeholders(s.index))
+            stages.append(
+                {
+                    "stage": s.index,
+                    "name": s.name,
+                    "image": s.image,
+                    "env": dict(sorted(env.items())),
+                    "gpus": list(s.gpus),
+                    "device_requests": [dict(r) for r in s.device_requests],
+                    "labels": dict(s.labels),
+                    "network": s.network,
+                    "entrypoint": list(s.entrypoint) if s.entrypoint is not None else None,
+                    "init": True,
+                    "auto_remove": True,
+                }
+            )
+        doc: dict[str, Any] = {"run": self.run_id, "addr_timeout": self.addr_timeout, "grace": self.grace}
+        doc["stages"] = stages
+        if self.hop_levels:
+            doc["hops"] = [
+                {"from": k, "to": (k + 1) % len(self.stages), "topology_level": lvl}
+                for k, lvl in enumerate(self.hop_levels)
+            ]
+        return doc
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_json(), indent=2)
+
+
+@dataclass(frozen=True)
+class ChainRequest:
+    """What the user asked for, after parsing; `build_plan` turns it into a ChainPlan."""
+
+    stages: int = 2
+    image: str = BUILTIN_IMAGE
+    network: str = "host"
+    name_prefix: str | None = None
+    env: tuple[tuple[str, str], ...] = ()
+    stage_env: tuple[tuple[int, str, str], ...] = ()
+    addr_timeout: float = 60.0
+    grace: float = 5.0
+    lifeline: bool = True
+    entrypoint: tuple[str, ...] | None = None  # None: the image's own
+
+
+def build_plan(
+    request: ChainRequest,
+    environ: Mapping[str, str],
+    owner: str,
+    stage_gpus: list[tuple[str, ...]],
+    device_requests: list[tuple[Mapping[str, Any], ...]],
+    run_id: str | None = None,
+    hop_levels: tuple[int | None, ...] = (),
+) -> ChainPlan:
+    run_id = run_id or new_run_id()
+    prefix = request.name_prefix or f"pp-{run_id}"
+    base = stage_env.forwarded(environ)
+    base.update(request.env)
+    if request.lifeline:
+        base[stage_env.LIFELINE] = "stdin"
+    specs = []
+    for k in range(request.stages):
+        env = dict(base)
+        env.update({name: value for (stage, name, value) in request.stage_env if stage == k})
+        gpus = stage_gpus[k]
+        env[stage_env.STAGE] = str(k)
+        env[stage_env.NUM_STAGES] = str(request.stages)
+        env[stage_env.NVIDIA_VISIBLE_DEVICES] = ",".join(gpus) if gpus else stage_env.NO_GPU
+        specs.append(
+            StageSpec(
+                index=k,
+                name=f"{prefix}-{k}",
+                image=request.image,
+                env=env,
+                labels=labels.stage_labels(run_id, k, owner, gpus),
+                gpus=gpus,
+                device_requests=device_requests[k],
+                network=request.network,
+                entrypoint=request.entrypoint,
+            )
+        )
+    return ChainPlan(
+        run_id=run_id,
+        stages=tuple(specs),
+        addr_timeout=request.addr_timeout,
+        grace=request.grace,
+        hop_levels=hop_levels,
+    )

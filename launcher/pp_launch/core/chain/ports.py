@@ -1,0 +1,166 @@
+"""What the chain core needs from the outside world: events in, a backend to act through.
+
+Backends (Docker, child processes, the test fake) push events into an inbox from their own threads;
+the core consumes them on one thread. Signal handlers push `StopRequested` too, which is why the inbox
+must be safe to call from a signal handler (queue.SimpleQueue is).
+"""
+
+from __future__ import annotations
+
+import collections
+import queue
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from pp_launch.core.chain.plan import StageSpec
+from pp_launch.core.lines import Line
+
+
+@dataclass(frozen=True)
+class StageOutput:
+    stage: int
+    stream: Literal["stdout", "stderr"]
+    data: bytes
+    continued: bool = False  # a later piece of an over-long line: never an announcement
+    partial: bool = False  # a piece of a line longer than the line limit (the first piece included)
+
+    @classmethod
+    def of(cls, stage: int, stream: Literal["stdout", "stderr"], line: Line) -> StageOutput:
+        return cls(stage, stream, line.data, line.continued, not line.complete or line.continued)
+
+
+@dataclass(frozen=True)
+class StageGone:
+    """The stage's container (or process) is gone: exited and, for containers, removed by the engine."""
+
+    stage: int
+    exit_code: int | None
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class StopRequested:
+    signum: int
+
+
+ChainEvent = StageOutput | StageGone | StopRequested
+Sink = Callable[[ChainEvent], None]
+
+
+class Inbox(Protocol):
+    dropped_bytes: int  # stage output dropped while stopping
+
+    def put(self, event: ChainEvent) -> None: ...
+
+    def get(self, timeout: float) -> ChainEvent | None:
+        """The next event, or None when `timeout` seconds pass without one."""
+        ...
+
+    def stop_holding_back(self) -> None:
+        """Teardown has begun: output beyond the bound is dropped from now on instead of holding the stage
+        back, so no reader stops draining the engine (which would hold up the containers' exits)."""
+        ...
+
+
+_WAKE: Any = object()
+
+
+class QueueInbox:
+    """The real inbox. SimpleQueue.put is reentrant, so a signal handler may call it.
+
+    Output is bounded: a reader thread that has more than `max_output` bytes waiting blocks until the
+    consumer catches up (the engine then holds back the stage, as a pipe would), so a stage printing
+    100 MB cannot grow the launcher by 100 MB. Exits and stop requests never wait, and a stop request
+    overtakes the output already waiting (as do exits once stopping has begun): stopping never waits behind
+    output. Only reentrant operations (deque.append, SimpleQueue.put) are used on the way in, so a signal
+    handler may put.
+    """
+
+    def __init__(self, max_output: int = 1 << 20) -> None:
+        self._q: queue.SimpleQueue[ChainEvent] = queue.SimpleQueue()
+        self._max_output = max_output
+        self._pending_output = 0
+        self._room = threading.Condition()
+        self._dropping = False
+        self._urgent: collections.deque[ChainEvent] = collections.deque()
+        self.dropped_bytes = 0  # output dropped while stopping (never before)
+
+    def put(self, event: ChainEvent) -> None:
+        if isinstance(event, StopRequested) or (self._dropping and isinstance(event, StageGone)):
+            self._urgent.append(event)
+            self._q.put(_WAKE)  # wakes a get() that waits on an empty queue
+            return
+        if isinstance(event, StageOutput):
+            with self._room:
+                while self._pending_output > self._max_output and not self._dropping:
+                    self._room.wait(0.5)
+                if self._dropping and self._pending_output > self._max_output:
+                    self.dropped_bytes += len(event.data)
+                    return
+                self._pending_output += len(event.data)
+        self._q.put(event)
+
+    def stop_holding_back(self) -> None:
+        with self._room:
+            self._dropping = True
+            self._room.notify_all()
+
+    def get(self, timeout: float) -> ChainEvent | None:
+        deadline = time.monotonic() + max(timeout, 0.0)
+        while True:
+            if self._urgent:
+                return self._urgent.popleft()
+            try:
+                event = self._q.get(timeout=max(deadline - time.monotonic(), 0.0))
+            except queue.Empty:
+                return None
+            if event is not _WAKE:
+                break
+        if isinstance(event, StageOutput):
+            with self._room:
+                self._pending_output -= len(event.data)
+                self._room.notify_all()
+        return event
+
+
+class StageBackend(Protocol):
+    """Where stages run. Every method treats "no such container/process" as already done."""
+
+    def create(self, spec: StageSpec, env: Mapping[str, str]) -> str:
+        """Create the stage (not started) and return its reference (container id, pid...)."""
+        ...
+
+    def start(self, ref: str, stage: int, sink: Sink) -> None:
+        """Attach output, register the wait for its end, then start: no line and no exit is lost."""
+        ...
+
+    def signal(self, ref: str, signum: int) -> None: ...
+
+    def kill(self, ref: str) -> None:
+        """SIGKILL through the engine (never only to a client process)."""
+        ...
+
+    def remove(self, ref: str) -> None:
+        """Force-remove a stage that may never have started (auto-remove only fires after a start)."""
+        ...
+
+    def leftovers(self, run_id: str) -> list[str]:
+        """References (engine ids) of anything of this run that still exists, asked of the engine by label."""
+        ...
+
+    def tearing_down(self) -> None:
+        """Teardown has begun: output may be discarded unread-as-lines, and an exit need not wait for the last
+        lines before it (they are no longer shown in full anyway)."""
+        ...
+
+    def hand_over(self, ref: str) -> None:
+        """A detached run is up: the stage's stdin stops being the launcher's lifeline (HANDED_OVER)."""
+        ...
+
+
+# Written on a stage's stdin lifeline when its detached run is handed over: from then on the end of stdin
+# (the launcher exiting) no longer means "stop". The built-in stage entry honours it.
+HANDED_OVER = b"PP_DETACHED\n"

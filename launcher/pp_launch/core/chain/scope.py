@@ -1,0 +1,399 @@
+"""The chain scope: start stages in order, hand each one its peers, supervise, and tear everything down.
+
+In the spirit of a Trio nursery: the scope records every stage the moment its creation is attempted,
+and every way out of `run()` (all stages done, a stage failing, a signal, a bug) goes through the same
+teardown with its own budget. Signals never interrupt bookkeeping: a handler only puts `StopRequested`
+into the inbox, and the scope acts on it between events.
+
+Pure: all I/O goes through the backend port and the reporter; time comes from an injected clock.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from pp_launch.core import errors, events
+from pp_launch.core.announce import PREFIX, AnnouncementError, StageAnnouncement, parse_line
+from pp_launch.core.chain.plan import ChainPlan, StageSpec
+from pp_launch.core.chain.ports import ChainEvent, Inbox, StageBackend, StageGone, StageOutput, StopRequested
+from pp_launch.core.lines import display
+
+TAIL_LINES = 10
+
+
+class Reporter(Protocol):
+    """Where the scope says what happens: events (contract §4), stage log lines, status for a live view."""
+
+    def event(self, name: str, fields: Mapping[str, Any]) -> None: ...
+
+    def stage_line(self, stage: int, stream: str, text: str) -> None: ...
+
+    def stage_state(self, stage: int, state: str, detail: str = "") -> None: ...
+
+
+class RosterIncomplete(errors.PpLaunchError):
+    def __init__(self, missing: list[int]) -> None:
+        super().__init__(f"stages not announced: {', '.join(map(str, missing))}")
+        self.missing = missing
+
+
+@dataclass(frozen=True)
+class RosterEntry:
+    stage_index: int
+    node_id_hex: str
+
+    @property
+    def node_id_short(self) -> str:
+        return self.node_id_hex[:8]
+
+
+def resolve_roster(announcements: Mapping[int, StageAnnouncement | None], num_stages: int) -> list[RosterEntry]:
+    """Every stage's announcement in stage order; RosterIncomplete lists the missing stages, ascending."""
+    missing = [k for k in range(num_stages) if announcements.get(k) is None]
+    if missing:
+        raise RosterIncomplete(missing)
+    return [RosterEntry(k, a.node_id_hex) for k in range(num_stages) if (a := announcements[k]) is not None]
+
+
+@dataclass
+class _Stage:
+    spec: StageSpec
+    ref: str | None = None
+    attempted: bool = False  # create was called (a container of ours exists only if it returned a ref)
+    started: bool = False
+    started_at: float = 0.0
+    announcement: StageAnnouncement | None = None
+    gone: bool = False
+    exit_code: int | None = None
+    tail: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
+
+
+
+@dataclass(frozen=True)
+class ChainOutcome:
+    exit_code: int
+    reason: str  # completed | stage_failed | signal | detached | error
+    message: str = ""
+    failed_stage: int | None = None
+    removed: tuple[str, ...] = ()
+    orphans: tuple[str, ...] = ()
+    roster: tuple[RosterEntry, ...] = ()
+
+
+@dataclass(frozen=True)
+class _End:
+    exit_code: int
+    reason: str
+    message: str = ""
+    stage: int | None = None
+
+
+class ChainScope:
+    def __init__(
+        self,
+        plan: ChainPlan,
+        backend: StageBackend,
+        inbox: Inbox,
+        reporter: Reporter,
+        clock: Callable[[], float] = time.monotonic,
+        detach: bool = False,
+        kill_wait: float = 15.0,
+    ) -> None:
+        self.plan = plan
+        self.backend = backend
+        self.inbox = inbox
+        self.reporter = reporter
+        self.clock = clock
+        self.detach = detach
+        self.kill_wait = kill_wait
+        self.stages = [_Stage(spec) for spec in plan.stages]
+        self._tearing_down = False
+        self._escalated = False
+        self._roster: list[RosterEntry] = []
+        self._lost: errors.EngineLost | None = None  # the engine went away: ask it nothing more
+        self._teardown_errors: list[str] = []  # gathered, as a nursery gathers its children's errors
+
+    # -------------------------------------------------------------------------------- public API
+    def request_stop(self, signum: int) -> None:
+        """Safe from a signal handler: only enqueues."""
+        self.inbox.put(StopRequested(signum))
+
+    def run(self) -> ChainOutcome:
+        try:
+            end = self._bring_up() or self._supervise()
+        except BaseException:
+            self._teardown("error", errors.EXIT_FAILURE)
+            raise
+        if end.reason == "detached":
+            return ChainOutcome(0, "detached", end.message, roster=tuple(self._roster))
+        removed, orphans, exit_code = self._teardown(end.reason, end.exit_code)
+        message = end.message
+        if self._lost is not None:
+            run = self.plan.run_id
+            message += (
+                f"; then {self._lost}. Its containers of run {run} may still be there: this run's watchdog removes "
+                f"them when the engine is back (it keeps trying for a while), or run 'pp-launch down {run}' "
+                "(or 'pp-launch gc') then"
+            )
+        elif self._teardown_errors:
+            message += "; teardown errors: " + "; ".join(self._teardown_errors)
+        return ChainOutcome(exit_code, end.reason, message, end.stage, removed, orphans, tuple(self._roster))
+
+    def _each(self, stages: list[_Stage], what: str, call: Callable[[_Stage], None]) -> None:
+        """The same engine call for every stage at once: N stages cost one call's time, and a lost engine one
+        timeout, not N."""
+        if len(stages) <= 1:
+            for st in stages:
+                self._engine(f"{what} {st.spec.index}", call, st)
+            return
+        with ThreadPoolExecutor(max_workers=min(len(stages), 16), thread_name_prefix="teardown") as pool:
+            list(pool.map(lambda st: self._engine(f"{what} {st.spec.index}", call, st), stages))
+
+    def _engine(self, what: str, call: Callable[..., Any], *args: Any) -> bool:
+        """One engine call of the teardown. An error is gathered and the teardown goes on with the next stage;
+        once the engine is lost it is asked nothing more (each call would wait for its timeout)."""
+        if self._lost is not None:
+            return False
+        try:
+            call(*args)
+            return True
+        except errors.EngineLost as exc:
+            self._lost = exc
+            self._teardown_errors.append(f"{what}: {exc}")
+        except errors.PpLaunchError as exc:
+            self._teardown_errors.append(f"{what}: {exc}")
+        return False
+
+    # -------------------------------------------------------------------------------- bring-up
+    def _bring_up(self) -> _End | None:
+        image = self.plan.stages[0].image if self.stages else ""
+        self.reporter.event(events.CHAIN_STARTING, {"stages": len(self.stages), "image": image})
+        first: StageAnnouncement | None = None
+        prev: StageAnnouncement | None = None
+        for st in self.stages:
+            end = self._start_stage(st, prev, first)
+            if end is not None:
+                return end
+            prev = st.announcement
+            first = first or prev
+        self._roster = resolve_roster({s.spec.index: s.announcement for s in self.stages}, len(self.stages))
+        self.reporter.event(
+            events.ROSTER,
+            {
+                "drive_seq": 1,
+                "stages": [
+                    {
+                        "stage_index": e.stage_index,
+                        "node_id_hex": e.node_id_hex,
+                        "node_id_short": e.node_id_short,
+                    }
+                    for e in self._roster
+                ],
+            },
+        )
+        for st in self.stages:
+            if not st.gone:
+                self.reporter.stage_state(st.spec.index, "running")
+        if self.detach:
+            for st in self.stages:
+                if st.ref is not None and not st.gone:
+                    self.backend.hand_over(st.ref)
+            return _End(0, "detached", f"run {self.plan.run_id} is up with {len(self.stages)} stages")
+        return None
+
+    def _start_stage(self, st: _Stage, prev: StageAnnouncement | None, first: StageAnnouncement | None) -> _End | None:
+        spec, k = st.spec, st.spec.index
+        self.reporter.stage_state(k, "starting")
+        env = spec.launch_env(prev, first)
+        st.attempted = True
+        try:
+            st.ref = self.backend.create(spec, env)
+            st.started_at = self.clock()
+            self.backend.start(st.ref, k, self.inbox.put)
+            st.started = True
+        except errors.PpLaunchError as exc:
+            # Before any container of ours started, a configuration error (a name held by someone) is exit 2.
+            code = exc.exit_code if not any(s.started for s in self.stages) else errors.EXIT_FAILURE
+            return _End(code, "stage_failed", f"stage {k} ({spec.name}) could not start: {exc}", k)
+        self.reporter.event(
+            events.STAGE_STARTED,
+            {"stage": k, "container": spec.name, "image": spec.image, "gpus": list(spec.gpus)},
+        )
+        deadline = st.started_at + self.plan.addr_timeout
+        end = self._pump(lambda: st.announcement is not None, deadline)
+        if end is not None:
+            return end
+        if st.announcement is None:
+            missing = ", ".join(str(s.spec.index) for s in self.stages if s.announcement is None)
+            return _End(
+                errors.EXIT_FAILURE,
+                "stage_failed",
+                f"stage {k} ({spec.name}) did not announce its address within {self.plan.addr_timeout:g} s "
+                f"(--addr-timeout); stages not announced: {missing}" + self._tail(st),
+                k,
+            )
+        return None
+
+    def _supervise(self) -> _End:
+        end = self._pump(lambda: all(s.gone for s in self.stages), None)
+        if end is not None:
+            return end
+        return _End(errors.EXIT_OK, "completed", "every stage exited 0")
+
+    # -------------------------------------------------------------------------------- events
+    def _pump(self, done: Callable[[], bool], deadline: float | None) -> _End | None:
+        """Handle events until `done()`, the deadline, or an event that ends the chain."""
+        while not done():
+            wait = 1.0
+            if deadline is not None:
+                wait = min(wait, deadline - self.clock())
+                if wait <= 0:
+                    return None
+            event = self.inbox.get(wait)
+            if event is not None:
+                end = self._handle(event)
+                if end is not None:
+                    return end
+        return None
+
+    def _handle(self, event: ChainEvent) -> _End | None:
+        if isinstance(event, StopRequested):
+            return self._on_stop(event.signum)
+        st = self.stages[event.stage]
+        if isinstance(event, StageOutput):
+            return self._on_output(st, event)
+        return self._on_gone(st, event)
+
+    def _on_stop(self, signum: int) -> _End | None:
+        if self._tearing_down:
+            self._escalated = True  # a second signal: stop waiting for graceful exits
+            return None
+        name = signal.Signals(signum).name if signum in signal.valid_signals() else str(signum)
+        return _End(errors.exit_code_for_signal(signum), "signal", f"stopped by {name}")
+
+    def _on_output(self, st: _Stage, event: StageOutput) -> _End | None:
+        text = display(event.data)
+        st.tail.append(text)
+        self.reporter.stage_line(st.spec.index, event.stream, text)
+        if event.stream != "stdout" or event.continued or st.announcement is not None or self._tearing_down:
+            return None
+        if event.partial:  # longer than the line limit: never handed on, even cut to its first piece
+            if event.data.lstrip(b" \t").startswith(PREFIX.encode()):
+                k = st.spec.index
+                msg = f"stage {k} ({st.spec.name}): an announcement longer than the line limit was rejected"
+                return _End(errors.EXIT_FAILURE, "stage_failed", msg, k)
+            return None
+        try:
+            announcement = parse_line(event.data.decode("utf-8", errors="backslashreplace"))
+        except AnnouncementError as exc:
+            k = st.spec.index
+            return _End(errors.EXIT_FAILURE, "stage_failed", f"stage {k} ({st.spec.name}): {exc}", k)
+        if announcement is not None:
+            st.announcement = announcement
+            elapsed = round(self.clock() - st.started_at, 3)
+            self.reporter.event(
+                events.STAGE_ANNOUNCED,
+                {
+                    "stage": st.spec.index,
+                    "node_id_hex": announcement.node_id_hex,
+                    "direct": announcement.direct,
+                    "elapsed_s": elapsed,
+                },
+            )
+            self.reporter.stage_state(st.spec.index, "announced", f"{announcement.direct} in {elapsed:.2f} s")
+        return None
+
+    def _on_gone(self, st: _Stage, event: StageGone) -> _End | None:
+        if st.gone:
+            return None
+        st.gone, st.exit_code = True, event.exit_code
+        k = st.spec.index
+        if self._tearing_down:
+            reason = "stopped"
+        elif event.exit_code != 0:
+            reason = "failed"
+        elif st.announcement is None:
+            reason = "died_early"
+        else:
+            reason = "exited"
+        fields: dict[str, Any] = {"stage": k, "exit_code": event.exit_code, "reason": reason}
+        if event.detail:
+            fields["detail"] = event.detail
+        self.reporter.event(events.STAGE_EXITED, fields)
+        self.reporter.stage_state(k, "gone", f"exit {event.exit_code}")
+        if reason == "failed":
+            code = "unknown" if event.exit_code is None else str(event.exit_code)
+            detail = f" ({event.detail})" if event.detail else ""
+            msg = f"stage {k} ({st.spec.name}) exited with code {code}{detail}" + self._tail(st)
+            return _End(errors.EXIT_FAILURE, "stage_failed", msg, k)
+        if reason == "died_early":
+            msg = f"stage {k} ({st.spec.name}) exited with code 0 before announcing its address" + self._tail(st)
+            return _End(errors.EXIT_FAILURE, "stage_failed", msg, k)
+        return None
+
+    @staticmethod
+    def _tail(st: _Stage) -> str:
+        if not st.tail:
+            return "; it printed nothing"
+        return "; its last lines:\n" + "\n".join(f"  [stage {st.spec.index}] {line}" for line in st.tail)
+
+    # -------------------------------------------------------------------------------- teardown
+    def _leftovers(self) -> list[str]:
+        """What the engine still holds of the run (by label, as ids); when the engine is lost, every stage we
+        created and never saw gone: possibly left, said so, never claimed removed."""
+        found: list[str] = []
+        if self._engine("asking what is left", lambda: found.extend(self.backend.leftovers(self.plan.run_id))):
+            return found
+        return [st.ref for st in self.stages if st.ref is not None and not st.gone]
+
+    def _teardown(self, reason: str, exit_code: int) -> tuple[tuple[str, ...], tuple[str, ...], int]:
+        """SIGTERM to every stage at once, one shared grace (each stage's own budget, all running
+        together), SIGKILL through the engine, then confirm with the engine that nothing is left."""
+        self._tearing_down = True
+        self.inbox.stop_holding_back()  # stopping never waits behind output
+        self.backend.tearing_down()
+        live = [s for s in self.stages if s.started and not s.gone]  # started: each has its ref
+        for st in live:
+            self.reporter.stage_state(st.spec.index, "stopping")
+        self._each(live, "SIGTERM to stage", lambda st: self.backend.signal(st.ref or "", signal.SIGTERM))
+        grace_end = self.clock() + self.plan.grace
+        self._pump(lambda: self._escalated or self._lost is not None or all(s.gone for s in live), grace_end)
+        overran = [st for st in live if not st.gone]
+        for st in overran:
+            self.reporter.stage_state(st.spec.index, "stopping", "grace over: SIGKILL")
+        self._each(overran, "SIGKILL to stage", lambda st: self.backend.kill(st.ref or ""))
+        kill_end = self.clock() + self.kill_wait
+        self._pump(lambda: self._lost is not None or all(s.gone for s in live), kill_end)
+        # Never started (auto-remove does not apply), or the engine never confirmed: remove by force, by the id
+        # the engine returned for our create. A create that failed made nothing of ours: a container holding
+        # the name belongs to someone else and is never touched.
+        for st in self.stages:
+            if st.attempted and not st.gone:
+                done = st.ref is None or self._engine(f"removing stage {st.spec.index}", self.backend.remove, st.ref)
+                if not st.started and done:
+                    st.gone = True
+                    self.reporter.stage_state(st.spec.index, "gone", "removed" if st.ref else "never created")
+        orphans = self._leftovers()
+        for ref in orphans:
+            self._engine(f"removing {ref[:12]}", self.backend.remove, ref)
+        if orphans:
+            orphans = self._leftovers()
+        removed = tuple(s.spec.name for s in self.stages if s.ref is not None and s.ref not in orphans)
+        if orphans or self._teardown_errors:
+            exit_code = errors.EXIT_FAILURE  # not a clean teardown: never 0 and never 128+N
+        stopped: dict[str, Any] = {
+            "reason": reason,
+            "exit_code": exit_code,
+            "removed": list(removed),
+            "orphans": list(orphans),
+        }
+        if self.inbox.dropped_bytes:
+            stopped["output_dropped_bytes"] = self.inbox.dropped_bytes
+        self.reporter.event(events.CHAIN_STOPPED, stopped)
+        return removed, tuple(orphans), exit_code

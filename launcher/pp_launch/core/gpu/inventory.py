@@ -1,0 +1,175 @@
+"""GpuInventory: what NVML says about the machine, and the inventory file of contract §7.
+
+Missing optional fields mean "unknown", not zero: they are None here and left out of the file.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pp_launch.core import errors
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    pid: int
+    used_memory_mib: int | None = None
+
+
+@dataclass(frozen=True)
+class MigDevice:
+    uuid: str
+    memory_total_mib: int | None = None
+    memory_used_mib: int | None = None
+    processes: tuple[GpuProcess, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    uuid: str
+    name: str = ""
+    pci_bus_id: str = ""
+    memory_total_mib: int | None = None
+    memory_used_mib: int | None = None
+    utilization_gpu_pct: int | None = None
+    processes: tuple[GpuProcess, ...] | None = None
+    mig_enabled: bool | None = None
+    mig_devices: tuple[MigDevice, ...] = ()
+
+    @property
+    def memory_free_mib(self) -> int | None:
+        if self.memory_total_mib is None or self.memory_used_mib is None:
+            return None
+        return self.memory_total_mib - self.memory_used_mib
+
+
+@dataclass(frozen=True)
+class GpuInventory:
+    gpus: tuple[Gpu, ...] = ()
+    driver_version: str | None = None
+    cuda_version: str | None = None
+    topology: tuple[tuple[int, ...], ...] | None = None
+    nvlink: tuple[tuple[int, ...], ...] | None = None
+    note: str = field(default="", compare=False)  # e.g. why it is empty
+
+    def position(self, uuid: str) -> int:
+        for i, gpu in enumerate(self.gpus):
+            if gpu.uuid == uuid:
+                return i
+        raise KeyError(uuid)
+
+    # ------------------------------------------------------------------ file format (contract §7)
+    def to_json(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {"driver_version": self.driver_version, "cuda_version": self.cuda_version}
+        doc["gpus"] = [_gpu_json(g) for g in self.gpus]
+        if self.topology is not None:
+            doc["topology"] = [list(r) for r in self.topology]
+        if self.nvlink is not None:
+            doc["nvlink"] = [list(r) for r in self.nvlink]
+        return {k: v for k, v in doc.items() if v is not None}
+
+    @classmethod
+    def from_json(cls, doc: Any, source: str = "inventory") -> GpuInventory:
+        try:
+            gpus = tuple(_gpu_from(g) for g in doc.get("gpus", []))
+            topology = _matrix(doc.get("topology"), len(gpus), "topology")
+            nvlink = _matrix(doc.get("nvlink"), len(gpus), "nvlink")
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:
+            raise errors.ConfigError(f"{source} is not a GPU inventory (contract §7): {exc}") from None
+        return cls(gpus, _opt_str(doc.get("driver_version")), _opt_str(doc.get("cuda_version")), topology, nvlink)
+
+    @classmethod
+    def load(cls, path: str | Path) -> GpuInventory:
+        try:
+            doc = json.loads(Path(path).read_text())
+        except OSError as exc:
+            raise errors.ConfigError(f"cannot read GPU inventory {path}: {exc.strerror}") from None
+        except json.JSONDecodeError as exc:
+            raise errors.ConfigError(f"GPU inventory {path} is not JSON: {exc}") from None
+        return cls.from_json(doc, f"GPU inventory {path}")
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_json(), indent=2) + "\n")
+
+
+def _opt_str(v: Any) -> str | None:
+    return None if v is None else str(v)
+
+
+def _opt_int(v: Any) -> int | None:
+    return None if v is None else int(v)
+
+
+def _procs(v: Any) -> tuple[GpuProcess, ...] | None:
+    if v is None:
+        return None
+    return tuple(GpuProcess(int(p["pid"]), _opt_int(p.get("used_memory_mib"))) for p in v)
+
+
+def _gpu_from(g: Any) -> Gpu:
+    return Gpu(
+        index=int(g["index"]),
+        uuid=str(g["uuid"]),
+        name=str(g.get("name", "")),
+        pci_bus_id=str(g.get("pci_bus_id", "")),
+        memory_total_mib=_opt_int(g.get("memory_total_mib")),
+        memory_used_mib=_opt_int(g.get("memory_used_mib")),
+        utilization_gpu_pct=_opt_int(g.get("utilization_gpu_pct")),
+        processes=_procs(g.get("processes")),
+        mig_enabled=None if g.get("mig_enabled") is None else bool(g["mig_enabled"]),
+        mig_devices=tuple(
+            MigDevice(
+                str(m["uuid"]),
+                _opt_int(m.get("memory_total_mib")),
+                _opt_int(m.get("memory_used_mib")),
+                _procs(m.get("processes")),
+            )
+            for m in g.get("mig_devices") or []
+        ),
+    )
+
+
+def _gpu_json(g: Gpu) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "index": g.index,
+        "uuid": g.uuid,
+        "name": g.name,
+        "pci_bus_id": g.pci_bus_id,
+        "memory_total_mib": g.memory_total_mib,
+        "memory_used_mib": g.memory_used_mib,
+        "utilization_gpu_pct": g.utilization_gpu_pct,
+        "processes": None if g.processes is None else [_proc_json(p) for p in g.processes],
+        "mig_enabled": g.mig_enabled,
+    }
+    if g.mig_devices:
+        doc["mig_devices"] = [
+            {
+                k: v
+                for k, v in {
+                    "uuid": m.uuid,
+                    "memory_total_mib": m.memory_total_mib,
+                    "memory_used_mib": m.memory_used_mib,
+                    "processes": None if m.processes is None else [_proc_json(p) for p in m.processes],
+                }.items()
+                if v is not None
+            }
+            for m in g.mig_devices
+        ]
+    return {k: v for k, v in doc.items() if v is not None}
+
+
+def _proc_json(p: GpuProcess) -> dict[str, Any]:
+    return {"pid": p.pid} if p.used_memory_mib is None else {"pid": p.pid, "used_memory_mib": p.used_memory_mib}
+
+
+def _matrix(v: Any, n: int, what: str) -> tuple[tuple[int, ...], ...] | None:
+    if v is None:
+        return None
+    rows = tuple(tuple(int(x) for x in row) for row in v)
+    if len(rows) != n or any(len(r) != n for r in rows):
+        raise ValueError(f"{what} must be {n}x{n}, one row and column per GPU")
+    return rows
