@@ -10,13 +10,14 @@ import importlib
 from types import ModuleType
 from typing import Any
 
+from pp_launch.core.errors import PpLaunchError
 from pp_launch.core.gpu.inventory import Gpu, GpuInventory, GpuProcess, MigDevice
 
 MIB = 1024 * 1024
 NO_DRIVER = "NVML not found: no NVIDIA driver on this host"
 
 
-class NvmlUnavailable(Exception):
+class NvmlUnavailable(PpLaunchError):
     """No NVIDIA driver, or NVML could not start: the inventory is empty (a CPU-only host)."""
 
 

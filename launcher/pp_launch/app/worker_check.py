@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from pp_launch.adapters.docker_engine import Engine
 from pp_launch.adapters.worker_driver import WorkerDriver
+from pp_launch.core.errors import PpLaunchError
 from pp_launch.core.worker import codec as w
 from pp_launch.core.worker import controller as c
 
@@ -21,7 +22,9 @@ TIMEOUT = 15.0
 REFUSAL = 5.0  # a refusal (fatal) is immediate: waiting longer only delays the verdict
 
 
-class StepFailure(Exception):
+class StepFailure(PpLaunchError):
+    """A conformance step's verdict: caught by the sequence, reported as FAIL with this message."""
+
     pass
 
 

@@ -13,7 +13,7 @@ from pp_launch.adapters.docker_engine import connect
 from pp_launch.app import chain as launch
 from pp_launch.cli import signals
 from pp_launch.cli.main import main
-from pp_launch.cli.options import Seconds, gpu_options, mapped_errors, parse_env, parse_stage_env, swactor_options
+from pp_launch.cli.options import Seconds, gpu_options, parse_env, parse_stage_env, swactor_options
 from pp_launch.cli.report import JsonReporter, LiveReporter, PlainReporter
 from pp_launch.core import errors, labels
 from pp_launch.core.chain.plan import BUILTIN_IMAGE, ChainRequest
@@ -116,17 +116,16 @@ def chain(
     )
     if detach and gpu_node:
         raise click.UsageError("--detach and --gpu-node do not go together: child processes end with the launcher")
-    with mapped_errors():
-        if dry_run:
-            _dry_run(request, gpu, as_json)
-            return
-        launch.check_image_name(image)
-        engine = connect()
-        say = (lambda t: click.echo(f"pp-launch: {t}", err=True)) if verbosity >= 0 or as_json else (lambda t: None)
-        launch.ensure_image(engine, image, say)
-        launch.sweep_dead_owners(engine, say)
-        owner = labels.OWNER_DETACHED if detach else None
-        plan, note = launch.plan_chain(request, gpu, engine, owner=owner)
+    if dry_run:
+        _dry_run(request, gpu, as_json)
+        return
+    launch.check_image_name(image)
+    engine = connect()
+    say = (lambda t: click.echo(f"pp-launch: {t}", err=True)) if verbosity >= 0 or as_json else (lambda t: None)
+    launch.ensure_image(engine, image, say)
+    launch.sweep_dead_owners(engine, say)
+    owner = labels.OWNER_DETACHED if detach else None
+    plan, note = launch.plan_chain(request, gpu, engine, owner=owner)
     if note:
         click.echo(f"pp-launch: {note}", err=True)
     if as_json:
@@ -148,15 +147,14 @@ def chain(
         host_state.Reservations(host_state.state_dir()).release(plan.run_id)
         sys.exit(errors.exit_code_for_signal(held))
     try:
-        with mapped_errors():
-            outcome = launch.run_chain(
-                plan,
-                engine,
-                reporter,
-                lambda scope: signals.route_to(scope.request_stop),
-                detach=detach,
-                gpu_node=gpu_node,
-            )
+        outcome = launch.run_chain(
+            plan,
+            engine,
+            reporter,
+            lambda scope: signals.route_to(scope.request_stop),
+            detach=detach,
+            gpu_node=gpu_node,
+        )
     finally:
         reporter.close()
     if outcome.reason == "detached":

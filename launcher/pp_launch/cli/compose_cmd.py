@@ -10,7 +10,7 @@ import click
 from pp_launch.adapters.docker_engine import connect
 from pp_launch.app import chain as launch
 from pp_launch.cli.main import main
-from pp_launch.cli.options import gpu_options, mapped_errors, parse_env, parse_stage_env, swactor_options
+from pp_launch.cli.options import gpu_options, parse_env, parse_stage_env, swactor_options
 from pp_launch.core import errors
 from pp_launch.core.chain.plan import BUILTIN_IMAGE, ChainRequest
 
@@ -94,19 +94,18 @@ def compose(
         lifeline=False,
     )
     command = (entrypoint,) if entrypoint else tuple(shlex.split(worker_cmd))
-    with mapped_errors():
-        try:
-            engine = connect(timeout=5) if gpu.mode != "none" else None
-        except errors.EngineUnavailable:
-            engine = None
-        plan, note = launch.plan_chain(
-            request,
-            gpu,
-            engine,
-            owner=compose_file.owner_for(project),
-            run_id=compose_file.run_id_for(project),
-            reserve=False,
-        )
+    try:
+        engine = connect(timeout=5) if gpu.mode != "none" else None
+    except errors.EngineUnavailable:
+        engine = None
+    plan, note = launch.plan_chain(
+        request,
+        gpu,
+        engine,
+        owner=compose_file.owner_for(project),
+        run_id=compose_file.run_id_for(project),
+        reserve=False,
+    )
     if note:
         click.echo(f"pp-launch: {note}", err=True)
     click.echo(

@@ -10,7 +10,6 @@ from pp_launch.adapters.docker_engine import connect
 from pp_launch.app import chain as launch
 from pp_launch.app import gpus as gpu_select
 from pp_launch.cli.main import main
-from pp_launch.cli.options import mapped_errors
 from pp_launch.core import errors
 
 
@@ -33,14 +32,13 @@ def gpus(as_json: bool, gpu_inventory: str | None, record: str | None) -> None:
     """
     from pp_launch.cli.tables import holders_by_uuid, render_table
 
-    with mapped_errors():
-        inventory = gpu_select.load_inventory(gpu_inventory)
-        if record:
-            inventory.save(record)
-        try:
-            held = holders_by_uuid(launch.live_gpu_labels(connect(timeout=5)))
-        except errors.EngineUnavailable:
-            held = {}
+    inventory = gpu_select.load_inventory(gpu_inventory)
+    if record:
+        inventory.save(record)
+    try:
+        held = holders_by_uuid(launch.live_gpu_labels(connect(timeout=5)))
+    except errors.EngineUnavailable:
+        held = {}
     if inventory.note:
         click.echo(inventory.note, err=True)
     if as_json:

@@ -10,7 +10,7 @@ import click
 from pp_launch.adapters.docker_engine import connect
 from pp_launch.app import housekeeping
 from pp_launch.cli.main import main
-from pp_launch.cli.options import Seconds, mapped_errors
+from pp_launch.cli.options import Seconds
 from pp_launch.core import errors, labels
 
 
@@ -23,15 +23,12 @@ def ps(as_json: bool) -> None:
     Example:
       pp-launch ps
     """
-    from pp_launch.app.housekeeping import list_stages, render
-
-    with mapped_errors():
-        rows = list_stages(connect())
+    rows = housekeeping.list_stages(connect())
     if as_json:
         for row in rows:
             click.echo(json.dumps(row))
     else:
-        click.echo(render(rows))
+        click.echo(housekeeping.render(rows))
 
 
 @main.command()
@@ -58,16 +55,15 @@ def down(run_id: str | None, all_runs: bool, grace: float) -> None:
     if bool(run_id) == all_runs:
         raise click.UsageError("name one RUN_ID, or --all")
     selector = [labels.RUN] if all_runs else [f"{labels.RUN}={run_id}"]
-    with mapped_errors():
-        engine = connect()
-        targets = engine.containers(selector)
-        if not targets:
-            what = "no pp-launch containers" if all_runs else f"no containers of run {run_id}"
-            click.echo(f"pp-launch: nothing to stop ({what})", err=True)
-            return
-        names = ", ".join(sorted(c.name for c in targets))
-        click.echo(f"pp-launch: stopping {len(targets)} containers: {names}", err=True)
-        left = housekeeping.teardown_containers(engine, selector, grace)
+    engine = connect()
+    targets = engine.containers(selector)
+    if not targets:
+        what = "no pp-launch containers" if all_runs else f"no containers of run {run_id}"
+        click.echo(f"pp-launch: nothing to stop ({what})", err=True)
+        return
+    names = ", ".join(sorted(c.name for c in targets))
+    click.echo(f"pp-launch: stopping {len(targets)} containers: {names}", err=True)
+    left = housekeeping.teardown_containers(engine, selector, grace)
     if left:
         click.echo(f"pp-launch: error: still present after teardown: {', '.join(left)}", err=True)
         sys.exit(errors.EXIT_FAILURE)
@@ -85,8 +81,7 @@ def gc() -> None:
     Example:
       pp-launch gc
     """
-    with mapped_errors():
-        collected = housekeeping.gc(connect())
+    collected = housekeeping.gc(connect())
     for c in collected.removed:
         click.echo(f"removed {housekeeping.describe(c)}: its owner is gone")
     for c, why in collected.failed:

@@ -10,7 +10,6 @@ import click
 from pp_launch.adapters.docker_engine import connect
 from pp_launch.app import images
 from pp_launch.cli.main import main
-from pp_launch.cli.options import mapped_errors
 
 
 @main.group("images")
@@ -36,9 +35,8 @@ def images_build(ctx: click.Context, base: str | None) -> None:
       pp-launch images build
     """
     quiet = ctx.obj["verbosity"] < 0
-    with mapped_errors():
-        engine = connect()
-        results = images.build_all(engine, (lambda t: None) if quiet else _progress_printer(), base)
+    engine = connect()
+    results = images.build_all(engine, (lambda t: None) if quiet else _progress_printer(), base)
     for r in results:
         click.echo(f"{r.image}: {'built' if r.built else 'up to date'}")
 

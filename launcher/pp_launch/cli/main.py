@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from pp_launch import __version__
 from pp_launch.cli import signals
+from pp_launch.cli.options import mapped_errors
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+class Commands(click.Group):
+    """The `pp-launch` group: every command runs inside the one error boundary (options.mapped_errors)."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        with mapped_errors():
+            return super().invoke(ctx)
+
+
+@click.group(cls=Commands, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @click.version_option(__version__, prog_name="pp-launch")
 @click.option("-v", "--verbose", count=True, help="Say more (repeatable).")
 @click.option("-q", "--quiet", is_flag=True, help="Only errors and the final result; no stage lines.")

@@ -10,7 +10,7 @@ import click
 from pp_launch.app import node
 from pp_launch.cli import signals
 from pp_launch.cli.main import main
-from pp_launch.core import errors
+from pp_launch.cli.options import mapped_errors
 from pp_launch.core.chain.ports import QueueInbox, StopRequested
 
 
@@ -36,11 +36,8 @@ def _run_node(args: tuple[str, ...]) -> int:
     inbox = QueueInbox()
     signals.install()  # idempotent; also covers `pp-launch node` and direct calls
     signals.route_to(lambda signum: inbox.put(StopRequested(signum)))
-    try:
+    with mapped_errors("pp-gpu-node"):
         return node.run_node(os.environ, args, inbox, lambda text: click.echo(f"pp-gpu-node: {text}", err=True))
-    except errors.PpLaunchError as exc:
-        click.echo(f"pp-gpu-node: error: {exc}", err=True)
-        return exc.exit_code
 
 
 def gpu_node_main() -> None:

@@ -20,18 +20,20 @@ from pp_launch.core.stage_env import parse_assignment
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def fail(exc: errors.PpLaunchError) -> None:
-    click.echo(f"pp-launch: error: {exc}", err=True)
-    sys.exit(exc.exit_code)
+def message(exc: errors.PpLaunchError, prog: str = "pp-launch") -> str:
+    """The one way a library error reaches a user: one plain line, prefixed by the program."""
+    return f"{prog}: error: {exc}"
 
 
 @contextlib.contextmanager
-def mapped_errors() -> Iterator[None]:
-    """Our own errors become one plain message and their exit code; no traceback."""
+def mapped_errors(prog: str = "pp-launch") -> Iterator[None]:
+    """The error boundary: our own errors become one plain message and their exit code (contract §5); no
+    traceback. The `pp-launch` group runs every command inside it, and `pp-gpu-node` runs inside it too."""
     try:
         yield
     except errors.PpLaunchError as exc:
-        fail(exc)
+        click.echo(message(exc, prog), err=True)
+        sys.exit(exc.exit_code)
 
 
 def gpu_options(f: F) -> F:

@@ -9,7 +9,7 @@ import click
 from pp_launch.adapters.docker_engine import connect
 from pp_launch.app import chain as launch
 from pp_launch.cli.main import main
-from pp_launch.cli.options import mapped_errors, parse_env
+from pp_launch.cli.options import parse_env
 from pp_launch.core import errors
 
 
@@ -38,15 +38,14 @@ def worker_check(ctx: click.Context, image: str, env: tuple[str, ...]) -> None:
     from pp_launch.app.worker_check import check
 
     verbose = ctx.obj["verbosity"] > 0
-    with mapped_errors():
-        launch.check_image_name(image, "IMAGE")
-        engine = connect()
-        launch.ensure_image(engine, image, lambda text: click.echo(f"pp-launch: {text}", err=True))
-        ok = check(
-            engine,
-            image,
-            dict(parse_env(env)),
-            click.echo,
-            (lambda text: click.echo(text, err=True)) if verbose else (lambda text: None),
-        )
+    launch.check_image_name(image, "IMAGE")
+    engine = connect()
+    launch.ensure_image(engine, image, lambda text: click.echo(f"pp-launch: {text}", err=True))
+    ok = check(
+        engine,
+        image,
+        dict(parse_env(env)),
+        click.echo,
+        (lambda text: click.echo(text, err=True)) if verbose else (lambda text: None),
+    )
     sys.exit(errors.EXIT_OK if ok else errors.EXIT_FAILURE)

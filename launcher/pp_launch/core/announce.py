@@ -11,13 +11,15 @@ import re
 import shlex
 from dataclasses import dataclass
 
+from pp_launch.core.errors import PpLaunchError
+
 PREFIX = "PP_GPU_NODE_ADDR"
 _NODE_ID = re.compile(r"[0-9a-f]{64}")
 _DNS_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
 _PORT = re.compile(r"[0-9]{1,5}")
 
 
-class AnnouncementError(ValueError):
+class AnnouncementError(PpLaunchError, ValueError):
     """A line starts with the prefix but breaks the grammar. The message shows the text shell-escaped."""
 
 

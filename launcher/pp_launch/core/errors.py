@@ -44,14 +44,6 @@ class NameInUse(ConfigError):
     """A container name is taken by a live owner: never killed, reported."""
 
 
-class StageFailed(PpLaunchError):
-    """A stage failed, timed out, announced garbage or died early."""
-
-    def __init__(self, stage: int, message: str) -> None:
-        super().__init__(message)
-        self.stage = stage
-
-
 class EngineError(PpLaunchError):
     """The engine refused an operation we could not do without (create, start)."""
 

@@ -1,0 +1,79 @@
+"""One error boundary (issue #17): every error the library raises is a PpLaunchError, and every one of them,
+whatever command it comes out of, reaches the user as one plain line and its exit code, never a traceback."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from pp_launch.adapters.nvml import NvmlUnavailable
+from pp_launch.app.worker_check import StepFailure
+from pp_launch.cli import housekeeping_cmd, node_cmd
+from pp_launch.cli.main import main
+from pp_launch.core import errors
+from pp_launch.core.announce import AnnouncementError
+from pp_launch.core.chain.scope import RosterIncomplete
+from pp_launch.core.worker import controller
+from pp_launch.core.worker.codec import ProtocolFault
+
+EXAMPLES: dict[type[errors.PpLaunchError], errors.PpLaunchError] = {
+    errors.PpLaunchError: errors.PpLaunchError("something went wrong"),
+    errors.ConfigError: errors.ConfigError("--stages 0 is not a number of stages"),
+    errors.EngineUnavailable: errors.EngineUnavailable("cannot reach the Docker engine at unix:///x.sock"),
+    errors.ImageMissing: errors.ImageMissing("image x:1 is not present on this engine"),
+    errors.NotEnoughGpus: errors.NotEnoughGpus("4 GPUs needed, 2 free"),
+    errors.NameInUse: errors.NameInUse("container name pp-0 is held by a container not made by pp-launch"),
+    errors.EngineError: errors.EngineError("the engine refused to create pp-0"),
+    errors.EngineLost: errors.EngineLost("the Docker engine at unix:///x.sock stopped"),
+    AnnouncementError: AnnouncementError("malformed announcement 'PP_GPU_NODE_ADDR x'"),
+    NvmlUnavailable: NvmlUnavailable("NVML not found: no NVIDIA driver on this host"),
+    ProtocolFault: ProtocolFault("InvalidJson: oops", b"{", 3),
+    controller.IllegalTransition: controller.IllegalTransition(controller.State.RUNNING, controller.StartWorker()),
+    RosterIncomplete: RosterIncomplete([1, 3]),
+    StepFailure: StepFailure("expected RoleConfigured"),
+}
+
+
+def every_error_class(cls: type = errors.PpLaunchError) -> set[type]:
+    out = {cls}
+    for sub in cls.__subclasses__():
+        out |= every_error_class(sub)
+    return out
+
+
+def test_every_error_class_of_the_library_has_an_example_here() -> None:
+    """A new error type fails this test until it is driven through the boundary below."""
+    assert every_error_class() == set(EXAMPLES)
+
+
+@pytest.mark.parametrize("error", list(EXAMPLES.values()), ids=[c.__name__ for c in EXAMPLES])
+def test_every_error_type_through_a_command_is_one_plain_line_and_its_exit_code(
+    error: errors.PpLaunchError, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def boom() -> None:
+        raise error
+
+    monkeypatch.setattr(housekeeping_cmd, "connect", boom)  # what `pp-launch ps` calls first
+    result = CliRunner().invoke(main, ["ps"], catch_exceptions=False)
+    assert result.exit_code == error.exit_code
+    assert result.output == f"pp-launch: error: {error}\n"
+
+
+@pytest.mark.parametrize("error", [EXAMPLES[errors.EngineLost], EXAMPLES[errors.ConfigError]])
+def test_pp_gpu_node_has_the_same_boundary_with_its_own_name(
+    error: errors.PpLaunchError, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def boom(*_args: object) -> int:
+        raise error
+
+    monkeypatch.setattr(node_cmd.node, "run_node", boom)
+    with pytest.raises(SystemExit) as exit_:
+        node_cmd._run_node(())
+    assert exit_.value.code == error.exit_code
+    assert capsys.readouterr().err == f"pp-gpu-node: error: {error}\n"
+
+
+def test_exit_codes_follow_the_contract() -> None:
+    assert {c: e.exit_code for c, e in EXAMPLES.items() if e.exit_code == errors.EXIT_USAGE} == {
+        c: 2 for c in EXAMPLES if issubclass(c, errors.ConfigError)
+    }
