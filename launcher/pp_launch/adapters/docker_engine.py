@@ -377,7 +377,7 @@ class DockerStageBackend:
             fresh = connect(timeout=self.engine.timeout)
         except errors.EngineUnavailable as exc:
             raise errors.EngineLost(f"the Docker engine at {self.engine.address} stopped ({exc})") from None
-        return sorted(c.id for c in fresh.containers([f"{labels.RUN}={run_id}"]))
+        return sorted(c.id for c in fresh.containers(labels.run_selector(run_id)))
 
 
 def _recv_exact(raw: socket.socket, n: int) -> bytes | None:

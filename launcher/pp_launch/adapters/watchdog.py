@@ -47,7 +47,7 @@ def sweep(run_id: str, grace: float) -> list[str]:
     from pp_launch.core import labels
 
     engine = connect(timeout=5)
-    selector = [f"{labels.RUN}={run_id}"]
+    selector = labels.run_selector(run_id)
     found = engine.containers(selector)
     for c in found:
         if c.state == "running":

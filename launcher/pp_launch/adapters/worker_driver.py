@@ -241,7 +241,7 @@ class WorkerDriver:
 
     def close(self) -> None:
         """Remove every container of this driver's run, whatever state it is in, and every arena file."""
-        for info in self.engine.containers([f"{labels.RUN}={self.run_id}"]):
+        for info in self.engine.containers(labels.run_selector(self.run_id)):
             self.engine.remove(info.id)
         for arena in self._arenas:
             arena.close()

@@ -162,7 +162,7 @@ def run_chain(
             gpu_node,
             plan.run_id,
             plan.grace,
-            lambda run: [c.id for c in engine.containers([f"{labels.RUN}={run}"])],
+            lambda run: [c.id for c in engine.containers(labels.run_selector(run))],
         )
     else:
         backend = DockerStageBackend(engine)

@@ -23,7 +23,7 @@ def owner_of(c: ContainerInfo) -> str:
 
 
 def orphans(engine: Engine) -> list[ContainerInfo]:
-    return [c for c in engine.containers([labels.RUN]) if labels.owner_is_gone(owner_of(c))]
+    return [c for c in engine.containers(labels.run_selector()) if labels.owner_is_gone(owner_of(c))]
 
 
 @dataclass(frozen=True)
@@ -109,7 +109,7 @@ def owner_status(owner: str) -> str:
 def list_stages(engine: Engine) -> list[dict[str, Any]]:
     now = time.time()
     rows = []
-    for c in engine.containers([labels.RUN]):
+    for c in engine.containers(labels.run_selector()):
         owner = c.labels.get(labels.OWNER, "")
         stage = c.labels.get(labels.STAGE, "")
         rows.append(

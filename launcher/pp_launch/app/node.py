@@ -31,6 +31,7 @@ from pp_launch.app.chain import ensure_image, live_gpu_labels, sweep_dead_owners
 from pp_launch.core import errors, labels, stage_env
 from pp_launch.core.chain.plan import BUILTIN_IMAGE, Mount, StageSpec, new_run_id
 from pp_launch.core.chain.ports import Inbox, QueueInbox, StageBackend, StageGone, StageOutput, StopRequested
+from pp_launch.core.gpu.requests import gpu_request
 from pp_launch.core.stage_env import FORWARD_ENV, NODE_FORWARDED, RUN_ENV
 
 
@@ -161,18 +162,16 @@ def parse_gpus(value: str | None) -> GpuRequest:
     if value is None or value.strip() == "":
         return GpuRequest()
     value = value.strip()
-    cap = [["gpu"]]
     if value == "auto":
         return GpuRequest(auto=True)
     if value == "all":
-        return GpuRequest(({"Driver": "", "Count": -1, "DeviceIDs": None, "Capabilities": cap, "Options": {}},), "all")
-    if value.isdigit():
-        req = {"Driver": "", "Count": int(value), "DeviceIDs": None, "Capabilities": cap, "Options": {}}
-        return GpuRequest((req,), None)
+        return GpuRequest((gpu_request(count=-1),), "all")
+    if value.isascii() and value.isdigit():
+        return GpuRequest((gpu_request(count=int(value)),), None)
     if value.startswith("device="):
         ids = [d.strip() for d in value.removeprefix("device=").strip("\"'").split(",") if d.strip()]
         if ids:
-            req = {"Driver": "", "Count": 0, "DeviceIDs": ids, "Capabilities": cap, "Options": {}}
+            req = gpu_request(device_ids=ids)
             uuids = tuple(i for i in ids if i.startswith(("GPU-", "MIG-")))
             return GpuRequest((req,), ",".join(ids), uuids if len(uuids) == len(ids) else ())
     raise errors.ConfigError(

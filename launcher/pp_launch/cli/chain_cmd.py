@@ -13,32 +13,18 @@ from pp_launch.adapters.docker_engine import connect
 from pp_launch.app import chain as launch
 from pp_launch.cli import signals
 from pp_launch.cli.main import main
-from pp_launch.cli.options import Seconds, gpu_options, parse_env, parse_stage_env, swactor_options
+from pp_launch.cli.options import Seconds, gpu_options, stage_options, swactor_options
 from pp_launch.cli.report import JsonReporter, LiveReporter, PlainReporter
 from pp_launch.core import errors, labels
-from pp_launch.core.chain.plan import BUILTIN_IMAGE, ChainRequest
+from pp_launch.core.chain.plan import ChainRequest
 
 
 @main.command()
-@click.option(
-    "--stages",
-    type=click.IntRange(min=1, max=64),
-    default=2,
-    show_default=True,
-    help="Number of stages (containers).",
-)
-@click.option(
-    "--image",
-    default=BUILTIN_IMAGE,
-    show_default=True,
-    help="Stage image; must be present locally (pp-launch never pulls). The built-in one is built on first use.",
-)
+@stage_options
 @gpu_options
 @swactor_options
 @click.option("--network", default="host", show_default=True, help="Network mode of every stage container.")
 @click.option("--name", "name_prefix", metavar="PREFIX", help="Containers are named PREFIX-K [default: pp-RUNID].")
-@click.option("--env", "env", multiple=True, metavar="NAME=VALUE", help="Set a variable in every stage.")
-@click.option("--stage-env", multiple=True, metavar="K:NAME=VALUE", help="Set a variable in stage K only.")
 @click.option(
     "--addr-timeout",
     type=Seconds(positive=True),
@@ -80,8 +66,8 @@ def chain(
     entrypoint: str | None,
     network: str,
     name_prefix: str | None,
-    env: tuple[str, ...],
-    stage_env: tuple[str, ...],
+    env: tuple[tuple[str, str], ...],
+    stage_env: tuple[tuple[int, str, str], ...],
     addr_timeout: float,
     grace: float,
     as_json: bool,
@@ -107,8 +93,8 @@ def chain(
         image=image,
         network=network,
         name_prefix=name_prefix,
-        env=seed + parse_env(env),
-        stage_env=parse_stage_env(stage_env, stages),
+        env=seed + env,
+        stage_env=stage_env,
         addr_timeout=addr_timeout,
         grace=grace,
         lifeline=True,  # a detached run is its launcher's until it is up (bringup.py)

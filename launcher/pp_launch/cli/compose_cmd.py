@@ -10,9 +10,9 @@ import click
 from pp_launch.adapters.docker_engine import connect
 from pp_launch.app import chain as launch
 from pp_launch.cli.main import main
-from pp_launch.cli.options import gpu_options, parse_env, parse_stage_env, swactor_options
+from pp_launch.cli.options import gpu_options, stage_options, swactor_options
 from pp_launch.core import errors
-from pp_launch.core.chain.plan import BUILTIN_IMAGE, ChainRequest
+from pp_launch.core.chain.plan import ChainRequest
 
 
 def _canonical(ctx: click.Context) -> str:
@@ -33,8 +33,7 @@ def _canonical(ctx: click.Context) -> str:
 
 
 @main.command()
-@click.option("--stages", type=click.IntRange(min=1, max=64), default=2, show_default=True)
-@click.option("--image", default=BUILTIN_IMAGE, show_default=True, help="Stage image (needs /bin/sh).")
+@stage_options
 @gpu_options
 @swactor_options
 @click.option("--project", default="pp-chain", show_default=True, help="Compose project name.")
@@ -45,8 +44,6 @@ def _canonical(ctx: click.Context) -> str:
     help="The worker command each stage runs under pp-stage-entry (split like a shell would); "
     "--entrypoint PATH replaces it with PATH alone.",
 )
-@click.option("--env", "env", multiple=True, metavar="NAME=VALUE", help="Set a variable in every stage.")
-@click.option("--stage-env", multiple=True, metavar="K:NAME=VALUE", help="Set a variable in stage K only.")
 @click.option(
     "--addr-timeout",
     type=click.FloatRange(min=1),
@@ -65,8 +62,8 @@ def compose(
     entrypoint: str | None,
     project: str,
     worker_cmd: str,
-    env: tuple[str, ...],
-    stage_env: tuple[str, ...],
+    env: tuple[tuple[str, str], ...],
+    stage_env: tuple[tuple[int, str, str], ...],
     addr_timeout: float,
 ) -> None:
     """Write a Compose file for a chain of STAGES stages to stdout.
@@ -89,8 +86,8 @@ def compose(
     request = ChainRequest(
         stages=stages,
         image=image,
-        env=seed + parse_env(env),
-        stage_env=parse_stage_env(stage_env, stages),
+        env=seed + env,
+        stage_env=stage_env,
         lifeline=False,
     )
     command = (entrypoint,) if entrypoint else tuple(shlex.split(worker_cmd))

@@ -54,7 +54,7 @@ def down(run_id: str | None, all_runs: bool, grace: float) -> None:
     """
     if bool(run_id) == all_runs:
         raise click.UsageError("name one RUN_ID, or --all")
-    selector = [labels.RUN] if all_runs else [f"{labels.RUN}={run_id}"]
+    selector = labels.run_selector(None if all_runs else run_id)
     engine = connect()
     targets = engine.containers(selector)
     if not targets:

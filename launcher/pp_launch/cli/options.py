@@ -15,6 +15,7 @@ from pp_launch.app import chain as launch
 from pp_launch.app import gpus as gpu_select
 from pp_launch.core import errors
 from pp_launch.core import stage_env as stage_env_names
+from pp_launch.core.chain.plan import BUILTIN_IMAGE
 from pp_launch.core.stage_env import parse_assignment
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -34,6 +35,40 @@ def mapped_errors(prog: str = "pp-launch") -> Iterator[None]:
     except errors.PpLaunchError as exc:
         click.echo(message(exc, prog), err=True)
         sys.exit(exc.exit_code)
+
+
+def stage_options(f: F) -> F:
+    """What a chain is made of, shared by chain and compose: how many stages, which image, what environment.
+    The command receives `env` and `stage_env` parsed."""
+    decorators = [
+        click.option(
+            "--stages",
+            type=click.IntRange(min=1, max=64),
+            default=2,
+            show_default=True,
+            help="Number of stages (containers).",
+        ),
+        click.option(
+            "--image",
+            default=BUILTIN_IMAGE,
+            show_default=True,
+            help="Stage image; must be present locally (pp-launch never pulls). The built-in one is built on "
+            "first use.",
+        ),
+        click.option("--env", "env", multiple=True, metavar="NAME=VALUE", help="Set a variable in every stage."),
+        click.option("--stage-env", multiple=True, metavar="K:NAME=VALUE", help="Set a variable in stage K only."),
+    ]
+
+    @functools.wraps(f)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        kwargs["env"] = parse_env(kwargs["env"])
+        kwargs["stage_env"] = parse_stage_env(kwargs["stage_env"], kwargs["stages"])
+        return f(*args, **kwargs)
+
+    command: Any = wrapper
+    for d in reversed(decorators):
+        command = d(command)
+    return command  # type: ignore[no-any-return]
 
 
 def gpu_options(f: F) -> F:

@@ -117,5 +117,10 @@ def owner_is_gone(value: str) -> bool:
     return owner is not None and owner.judge_here() is None and not owner.is_alive()
 
 
+def run_selector(run_id: str | None = None) -> list[str]:
+    """The engine's label filter for one run's containers, or for every pp-launch container (None)."""
+    return [RUN] if run_id is None else [f"{RUN}={run_id}"]
+
+
 def stage_labels(run_id: str, stage: int, owner: str, gpus: tuple[str, ...]) -> dict[str, str]:
     return {RUN: run_id, STAGE: str(stage), OWNER: owner, GPUS: ",".join(gpus)}

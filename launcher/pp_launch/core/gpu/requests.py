@@ -5,6 +5,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+GPU_CAPABILITIES = [["gpu"]]
+
+
+def gpu_request(count: int = 0, device_ids: list[str] | None = None) -> dict[str, Any]:
+    """One DeviceRequest as the docker CLI's `--gpus` makes it: a count (-1 for all) or a list of devices."""
+    return {"Driver": "", "Count": count, "DeviceIDs": device_ids, "Capabilities": GPU_CAPABILITIES, "Options": {}}
+
 
 def device_requests(gpus: tuple[str, ...], attach: str) -> tuple[Mapping[str, Any], ...]:
     """The engine's DeviceRequest JSON, as `docker run --gpus device=UUID,...` sends it (request), as CDI
@@ -21,4 +28,4 @@ def device_requests(gpus: tuple[str, ...], attach: str) -> tuple[Mapping[str, An
                 "Options": {},
             },
         )
-    return ({"Driver": "", "Count": 0, "DeviceIDs": list(gpus), "Capabilities": [["gpu"]], "Options": {}},)
+    return (gpu_request(device_ids=list(gpus)),)
