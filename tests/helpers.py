@@ -73,8 +73,12 @@ class Launcher:
         self.stdout_lines: list[str] = []
         self.stderr_lines: list[str] = []
         self._cond = threading.Condition()
-        threading.Thread(target=self._read_stdout, daemon=True).start()
-        threading.Thread(target=self._read_stderr, daemon=True).start()
+        self._readers = [
+            threading.Thread(target=self._read_stdout, daemon=True),
+            threading.Thread(target=self._read_stderr, daemon=True),
+        ]
+        for reader in self._readers:
+            reader.start()
 
     @classmethod
     def from_argv(cls, argv: list[str], env: dict[str, str] | None = None) -> Launcher:
@@ -127,7 +131,8 @@ class Launcher:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             raise AssertionError(f"launcher still running after {timeout}s; stderr:\n" + self.stderr_text()) from None
-        time.sleep(0.05)  # let the reader threads drain the pipes
+        for reader in self._readers:  # everything it wrote is read once its pipes close
+            reader.join(timeout=10)
         return rc
 
     def stderr_text(self) -> str:

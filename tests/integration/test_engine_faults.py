@@ -4,8 +4,11 @@ traceback; its watchdog keeps trying until the engine is back, and then nothing 
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -57,7 +60,11 @@ def test_engine_frozen_under_a_chain_then_ctrl_c(broken_engine) -> None:
     assert launcher.wait(60) == 1
     assert time.monotonic() - t0 < 5 + 5  # one engine call's timeout, then it asks a lost engine nothing more
     plain_failure(launcher, side, run)
-    time.sleep(3)  # the watchdog's tries while the engine is frozen fail; it must not give up
+    # the watchdog must outlast tries that fail while the engine is frozen: thaw only once it has spent more
+    # than one engine timeout (5 s) trying, and is still there
+    watchdog = int(subprocess.run(["pgrep", "-f", f"pp_launch.adapters.watchdog {run}"], capture_output=True,
+                                  text=True).stdout.split()[0])  # fmt: skip
+    assert wait_until(lambda: _age(watchdog) > 6, 20)
     side.thaw()
     assert wait_until(lambda: run_left(side, run) == [], 60), side.docker("ps", "-a").stdout
 
@@ -89,3 +96,13 @@ def test_pp_gpu_node_says_why_when_its_engine_is_killed(broken_engine, stub_imag
     assert "Traceback" not in text
     side.ensure_running()
     assert wait_until(lambda: side.docker("ps", "-aq", "--filter", "label=pp-launch.run").stdout.split() == [], 60)
+
+
+def _age(pid: int) -> float:
+    """Seconds since the process started (0 once it is gone)."""
+    try:
+        start_ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+    except OSError:
+        return 0.0
+    return uptime - start_ticks / os.sysconf("SC_CLK_TCK")

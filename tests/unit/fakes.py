@@ -78,6 +78,7 @@ class FakeBackend:
     foreign: set[str] = field(default_factory=set)  # names held by containers that are not ours
     refuse_signal: set[int] = field(default_factory=set)  # stages whose signal the engine refuses
     lost: bool = False  # the engine stopped answering: every call raises EngineLost
+    stuck: set[str] = field(default_factory=set)  # refs the engine cannot remove
     sinks: dict[str, tuple[int, Sink]] = field(default_factory=dict)
     inbox: FakeInbox | None = None
 
@@ -140,6 +141,8 @@ class FakeBackend:
         self.calls.append(("remove", ref))
         assert ref not in self.foreign, f"removed {ref}, a container that is not ours"
         self._check()
+        if ref in self.stuck:
+            return
         if ref in self.sinks:
             self._gone(ref, 137)
         self.existing.pop(ref, None)

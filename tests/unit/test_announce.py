@@ -118,3 +118,21 @@ def test_near_miss_node_ids(node: str) -> None:
 def test_a_very_long_line_is_rejected_quickly() -> None:
     with pytest.raises(AnnouncementError):
         parse_line(f"{PREFIX} {NODE} " + "a" * 1_000_000 + ":80")
+
+
+# Valid lines, generated from the grammar of contract §3: each must parse, to exactly the values it was made of.
+hex64 = st.text(alphabet="0123456789abcdef", min_size=64, max_size=64)
+ipv4 = st.tuples(*[st.integers(0, 255)] * 4).map(lambda t: ".".join(map(str, t)))
+ipv6 = st.ip_addresses(v=6).map(lambda a: f"[{a}]")
+label = st.from_regex(r"[A-Za-z0-9]([A-Za-z0-9-]{0,20}[A-Za-z0-9])?", fullmatch=True)
+dns = st.lists(label, min_size=1, max_size=4).map(".".join).filter(lambda h: not h.replace(".", "").isdigit())
+hostport = st.tuples(st.one_of(ipv4, ipv6, dns), st.integers(1, 65535)).map(lambda hp: f"{hp[0]}:{hp[1]}")
+direct = st.lists(hostport, min_size=1, max_size=5).map(",".join)
+space = st.sampled_from(["", " ", "\t", "  \t", "\r"])
+
+
+@given(hex64, direct, space, space)
+def test_every_valid_line_parses_to_the_values_it_was_made_of(node: str, addrs: str, before: str, after: str) -> None:
+    parsed = parse_line(f"{before.replace(chr(13), '')}PP_GPU_NODE_ADDR {node} {addrs}{after}")
+    assert parsed is not None
+    assert (parsed.node_id_hex, parsed.direct, parsed.node_id_short) == (node, addrs, node[:8])

@@ -230,3 +230,34 @@ def test_an_engine_lost_under_the_chain_ends_it_with_a_plain_message_and_what_ma
     stopped = reporter.named("chain_stopped")[0]
     assert sorted(stopped["orphans"]) == [f"pp-abcdef012345-{k}" for k in range(3)]  # possibly left, said so
     assert stopped["removed"] == []
+
+
+class ExplodingReporter(RecordingReporter):
+    """A bug on our side in the middle of bring-up (here: in the reporter, when stage 1 announces)."""
+
+    def event(self, name: str, fields: dict) -> None:  # type: ignore[override]
+        if name == "stage_announced" and fields["stage"] == 1:
+            raise RuntimeError("a bug")
+        super().event(name, fields)
+
+
+def test_an_exception_inside_the_scope_tears_everything_down_then_propagates() -> None:
+    scope, backend, _, _ = make(3)
+    scope.reporter = ExplodingReporter()
+    with pytest.raises(RuntimeError, match="a bug"):
+        scope.run()
+    assert backend.existing == {}
+    assert scope.reporter.named("chain_stopped")[0]["reason"] == "error"
+
+
+def test_a_stray_of_the_run_is_removed_by_id_and_one_that_stays_is_reported() -> None:
+    scope, backend, reporter, _ = make(2)
+    scope.inbox.at(100.0, StopRequested(signal.SIGTERM))
+    backend.existing["stray-id"] = 9  # carries our run's label, was never tracked (a create whose reply we lost)
+    backend.existing["stuck-id"] = 9
+    backend.stuck.add("stuck-id")
+    outcome = scope.run()
+    assert ("remove", "stray-id") in backend.calls and "stray-id" not in backend.existing
+    stopped = reporter.named("chain_stopped")[0]
+    assert stopped["orphans"] == ["stuck-id"]
+    assert outcome.exit_code == 1 and stopped["exit_code"] == 1  # never a clean 143 with something left

@@ -1,0 +1,78 @@
+"""`ps` over a fake engine: each container's row, whose it is (judged only where it can be), escaped text."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+
+from pp_launch.adapters import bringup
+from pp_launch.adapters.docker_engine import ContainerInfo
+from pp_launch.app import housekeeping
+from pp_launch.core import labels
+
+HOST = socket.gethostname()
+DEAD = 2**22 + 17  # above the default pid_max: no process has it
+
+
+class FakeEngine:
+    def __init__(self, *containers: ContainerInfo) -> None:
+        self.items = list(containers)
+
+    def containers(self, label_filters: list[str]) -> list[ContainerInfo]:
+        return [c for c in self.items if all(f.split("=")[0] in c.labels for f in label_filters)]
+
+
+def box(name: str, run: str, stage: str, owner: str, gpus: str = "") -> ContainerInfo:
+    lab = {labels.RUN: run, labels.STAGE: stage, labels.OWNER: owner, labels.GPUS: gpus}
+    return ContainerInfo(id=name * 4, name=name, image="img", state="running", created=int(time.time()) - 5, labels=lab)
+
+
+@pytest.fixture(autouse=True)
+def state_dir(tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("PP_LAUNCH_STATE_DIR", str(tmp_path))
+
+
+def test_rows_say_whose_each_container_is() -> None:
+    me = labels.Owner.current()
+    dead = labels.Owner(HOST, DEAD, "1", me.pidns, me.boot).label()
+    elsewhere = labels.Owner(HOST, DEAD, "1", "1", me.boot).label()
+    coming_up = "0123456789ab"
+    bringup.begin(coming_up, dead)  # a detached run whose launcher died while it came up
+    engine = FakeEngine(
+        box("a-1", "aaaaaaaaaaaa", "1", me.label(), "GPU-1,GPU-2"),
+        box("a-0", "aaaaaaaaaaaa", "0", me.label()),
+        box("b-0", "bbbbbbbbbbbb", "0", dead),
+        box("c-0", "cccccccccccc", "0", elsewhere),
+        box("d-0", "dddddddddddd", "0", labels.OWNER_DETACHED),
+        box("e-0", coming_up, "0", labels.OWNER_DETACHED),
+        box("f-0", "ffffffffffff", "²", f"{HOST}:²:1"),
+        box("g-0", "gggggggggggg", "0", "compose:proj"),
+    )
+    rows = housekeeping.list_stages(engine)  # type: ignore[arg-type]
+    status = {r["container"]: (r["stage"], r["owner_status"]) for r in rows}
+    assert status == {
+        "a-0": (0, "alive"),
+        "a-1": (1, "alive"),
+        "b-0": (0, "gone"),
+        "c-0": (0, "owner in another PID namespace: not judged"),
+        "d-0": (0, "detached"),
+        "e-0": (0, "gone"),
+        "f-0": (None, "unknown: not ours to judge"),
+        "g-0": (0, "compose"),
+    }
+    order = [r["container"] for r in rows]
+    assert order.index("a-1") == order.index("a-0") + 1  # by run, then stage
+    assert next(r for r in rows if r["container"] == "a-1")["gpus"] == ["GPU-1", "GPU-2"]
+    assert {c.name for c in housekeeping.orphans(engine)} == {"b-0", "e-0"}  # type: ignore[arg-type]
+
+
+def test_the_table_escapes_what_labels_carry() -> None:
+    engine = FakeEngine(box("x-0", "r\x1b[2J", "0", "h\x07:1:1"))
+    text = housekeeping.render(housekeeping.list_stages(engine))  # type: ignore[arg-type]
+    assert "\x1b" not in text and "\x07" not in text and "r\\x1b[2J" in text
+
+
+def test_no_containers_says_so() -> None:
+    assert housekeeping.render([]) == "no pp-launch containers"
