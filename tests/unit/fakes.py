@@ -151,6 +151,10 @@ class FakeBackend:
         self._check()
         return sorted(self.existing)
 
+    def watch(self, ref: str, stage: int, sink: Sink) -> None:
+        self.calls.append(("watch", stage))
+        self.sinks[ref] = (stage, sink)
+
     def tearing_down(self) -> None:
         self.calls.append(("tearing_down",))
 

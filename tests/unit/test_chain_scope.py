@@ -8,7 +8,7 @@ import pytest
 
 from pp_launch.core.chain.plan import ChainRequest, build_plan
 from pp_launch.core.chain.ports import StopRequested
-from pp_launch.core.chain.scope import ChainScope, RosterIncomplete, resolve_roster
+from pp_launch.core.chain.scope import ChainScope, Found, RosterIncomplete, resolve_roster
 
 from .fakes import FakeBackend, FakeClock, FakeInbox, RecordingReporter, StageScript, node_id
 
@@ -261,3 +261,36 @@ def test_a_stray_of_the_run_is_removed_by_id_and_one_that_stays_is_reported() ->
     stopped = reporter.named("chain_stopped")[0]
     assert stopped["orphans"] == ["stuck-id"]
     assert outcome.exit_code == 1 and stopped["exit_code"] == 1  # never a clean 143 with something left
+
+
+def adopted(lost: bool = False):  # type: ignore[no-untyped-def]
+    """Three containers of run r1 found by label: two running (one deaf to SIGTERM), one never started."""
+    clock = FakeClock()
+    inbox = FakeInbox(clock)
+    backend = FakeBackend(scripts={1: StageScript(ignore_sigterm=True)}, inbox=inbox)
+    for ref, stage in (("id-a", 0), ("id-b", 1), ("id-c", 2)):
+        backend.existing[ref] = stage
+    found = [Found("id-a", "pp-r1-0", True), Found("id-b", "pp-r1-1", True), Found("id-c", "pp-r1-2", False)]
+    reporter = RecordingReporter()
+    scope = ChainScope.adopt("r1", found, backend, inbox, reporter, grace=2.0, clock=clock)
+    backend.lost = lost
+    return scope, backend, reporter, clock
+
+
+def test_down_and_the_watchdog_use_the_chains_teardown_on_adopted_containers() -> None:
+    scope, backend, _, clock = adopted()
+    assert [c for c in backend.calls if c[0] == "watch"] == [("watch", 0), ("watch", 1)]  # the running ones
+    outcome = scope.stop()
+    assert sorted(c[1] for c in backend.calls if c[0] == "signal") == [0, 1]  # SIGTERM to both at once
+    assert [c for c in backend.calls if c[0] == "kill"] == [("kill", 1)]  # the deaf one, after the grace
+    assert ("remove", "id-c") in backend.calls  # never started: removed by id, not signalled
+    assert backend.existing == {}
+    assert outcome.exit_code == 0 and outcome.removed == ("pp-r1-0", "pp-r1-1", "pp-r1-2")
+    assert 1002.0 <= clock.now < 1003.0  # one shared grace (the fake clock starts at 1000)
+
+
+def test_an_adopted_teardown_on_a_lost_engine_gathers_the_error_and_says_what_may_be_left() -> None:
+    scope, _, _, _ = adopted(lost=True)
+    outcome = scope.stop()
+    assert outcome.exit_code == 1 and "stopped (its socket refuses connections)" in outcome.message
+    assert sorted(outcome.orphans) == ["id-a", "id-b", "id-c"]

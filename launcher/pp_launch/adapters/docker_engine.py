@@ -311,6 +311,21 @@ class DockerStageBackend:
                 raise errors.EngineError(f"{reason}: {NVIDIA_TOOLKIT_HINT}") from None
             raise errors.EngineError(f"the engine could not start it: {reason}") from None
 
+    def watch(self, ref: str, stage: int, sink: Sink) -> None:
+        try:
+            wait = self.api.post(
+                self.api._url("/containers/{0}/wait", ref), params={"condition": "removed"}, stream=True, timeout=None
+            )
+            self.api._raise_for_status(wait)
+        except docker.errors.NotFound:
+            sink(StageGone(stage, None, "already gone"))
+            return
+        except docker.errors.APIError as exc:
+            raise errors.EngineError(f"cannot wait for {ref[:12]}: {_reason(exc)}") from None
+        done = threading.Thread(target=lambda: None)
+        done.start()  # no output to wait for: the stage's lines are not ours to read
+        threading.Thread(target=self._wait_removed, args=(wait, done, stage, sink), daemon=True).start()
+
     def _pump_output(self, sock: Any, raw: socket.socket, stage: int, sink: Sink) -> None:
         splitters = {1: LineSplitter(self.max_line), 2: LineSplitter(self.max_line)}
         try:

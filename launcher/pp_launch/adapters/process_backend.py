@@ -137,6 +137,9 @@ class ProcessStageBackend:
         self._pending.pop(ref, None)
         self.kill(ref)
 
+    def watch(self, ref: str, stage: int, sink: Sink) -> None:
+        raise errors.EngineError("child processes of another launcher cannot be adopted")
+
     def tearing_down(self) -> None:
         """Child output is small (a pipe per child): read it to its end as ever."""
 

@@ -40,23 +40,24 @@ def spawn(run_id: str, grace: float, detached: bool = False) -> subprocess.Popen
 
 
 def sweep(run_id: str, grace: float) -> list[str]:
-    """SIGTERM every container of the run, wait up to `grace`, remove the rest. Returns what it removed."""
-    import signal
-
-    from pp_launch.adapters.docker_engine import connect
+    """The chain's own teardown for the run's containers (adopted by label): SIGTERM, at most MAX_GRACE, SIGKILL,
+    removal confirmed. Raises while anything of the run is left, so that the caller tries again."""
+    from pp_launch.adapters.docker_engine import DockerStageBackend, connect
     from pp_launch.core import labels
+    from pp_launch.core.chain.ports import QueueInbox
+    from pp_launch.core.chain.scope import ChainScope, Found, QuietReporter
 
     engine = connect(timeout=5)
-    selector = labels.run_selector(run_id)
-    found = engine.containers(selector)
-    for c in found:
-        if c.state == "running":
-            engine.signal(c.id, signal.SIGTERM)
-    deadline = time.monotonic() + min(grace, MAX_GRACE)
-    while time.monotonic() < deadline and any(c.state == "running" for c in engine.containers(selector)):
-        time.sleep(0.2)
-    for c in engine.containers(selector):
-        engine.remove(c.id)
+    found = engine.containers(labels.run_selector(run_id))
+    if not found:
+        return []
+    adopted = [Found(c.id, c.name, c.state == "running") for c in found]
+    scope = ChainScope.adopt(
+        run_id, adopted, DockerStageBackend(engine), QueueInbox(), QuietReporter(), min(grace, MAX_GRACE), kill_wait=5.0
+    )
+    outcome = scope.stop("launcher gone")
+    if outcome.orphans or outcome.exit_code != 0:
+        raise RuntimeError(f"run {run_id} not fully removed: {outcome.message}")
     return [c.name for c in found]
 
 

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from pp_launch.adapters import bringup
-from pp_launch.adapters.docker_engine import ContainerInfo, Engine
+from pp_launch.adapters.docker_engine import ContainerInfo, DockerStageBackend, Engine
 from pp_launch.core import labels
+from pp_launch.core.chain.ports import QueueInbox
+from pp_launch.core.chain.scope import ChainOutcome, ChainScope, Found, QuietReporter
 from pp_launch.core.errors import EngineError
 from pp_launch.core.lines import display
 
@@ -67,30 +69,25 @@ def safe(text: str) -> str:
     return display(text.encode("utf-8", "surrogateescape"))
 
 
-def teardown_containers(engine: Engine, selector: list[str], grace: float, kill_wait: float = 15.0) -> list[str]:
-    """`pp-launch down`: the chain's guarantees for containers found by label. SIGTERM to all at once, one
-    shared grace, SIGKILL through the engine, removal confirmed by the engine. Returns what is left."""
-    targets = engine.containers(selector)
+def stop_runs(
+    engine: Engine, targets: list[ContainerInfo], grace: float, reason: str = "down", kill_wait: float = 15.0
+) -> list[ChainOutcome]:
+    """The chain's own teardown for containers found by label (`pp-launch down`, the watchdog): each run adopted
+    by a scope, every run at once; SIGTERM, one shared grace, SIGKILL through the engine, removal by id,
+    confirmed by the engine."""
+    runs: dict[str, list[ContainerInfo]] = {}
     for c in targets:
-        if c.state == "running":
-            engine.signal(c.id, signal.SIGTERM)
+        runs.setdefault(c.labels.get(labels.RUN, ""), []).append(c)
 
-    def running() -> list[str]:
-        return [c.id for c in engine.containers(selector) if c.state == "running"]
+    def stop(run: str, found: list[ContainerInfo]) -> ChainOutcome:
+        backend = DockerStageBackend(engine)
+        adopted = [Found(c.id, c.name, c.state == "running") for c in found]
+        inbox = QueueInbox()
+        scope = ChainScope.adopt(run, adopted, backend, inbox, QuietReporter(), grace, kill_wait=kill_wait)
+        return scope.stop(reason)
 
-    deadline = time.monotonic() + grace
-    while running() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    for ref in running():
-        engine.signal(ref, signal.SIGKILL)
-    deadline = time.monotonic() + kill_wait
-    while engine.containers(selector) and time.monotonic() < deadline:
-        left = engine.containers(selector)
-        if all(c.state in ("exited", "created", "dead") for c in left):
-            for c in left:  # not auto-removed (never started, or made without it): remove by force
-                engine.remove(c.id)
-        time.sleep(0.1)
-    return [c.name for c in engine.containers(selector)]
+    with ThreadPoolExecutor(max_workers=max(1, min(len(runs), 8)), thread_name_prefix="down") as pool:
+        return list(pool.map(lambda item: stop(*item), runs.items()))
 
 
 def owner_status(owner: str) -> str:

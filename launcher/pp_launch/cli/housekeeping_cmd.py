@@ -63,9 +63,14 @@ def down(run_id: str | None, all_runs: bool, grace: float) -> None:
         return
     names = ", ".join(sorted(c.name for c in targets))
     click.echo(f"pp-launch: stopping {len(targets)} containers: {names}", err=True)
-    left = housekeeping.teardown_containers(engine, selector, grace)
-    if left:
-        click.echo(f"pp-launch: error: still present after teardown: {', '.join(left)}", err=True)
+    outcomes = housekeeping.stop_runs(engine, targets, grace)
+    left = [ref for o in outcomes for ref in o.orphans]
+    problems = [o.message for o in outcomes if o.exit_code != 0]
+    if left or problems:
+        by_id = {c.id: c.name for c in targets}
+        still = ", ".join(by_id.get(ref, ref[:12]) for ref in left)
+        tail = f"; still present: {still}" if still else ""
+        click.echo(f"pp-launch: error: {'; '.join(problems)}{tail}", err=True)
         sys.exit(errors.EXIT_FAILURE)
     click.echo(f"pp-launch: stopped and removed {len(targets)} containers", err=True)
 

@@ -151,6 +151,10 @@ class StageBackend(Protocol):
         """References (engine ids) of anything of this run that still exists, asked of the engine by label."""
         ...
 
+    def watch(self, ref: str, stage: int, sink: Sink) -> None:
+        """For a stage that exists already (adopted): register the wait for its end, as start() does."""
+        ...
+
     def tearing_down(self) -> None:
         """Teardown has begun: output may be discarded unread-as-lines, and an exit need not wait for the last
         lines before it (they are no longer shown in full anyway)."""

@@ -74,6 +74,27 @@ class _Stage:
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
 
 
+class QuietReporter:
+    """For adopted teardowns (`down`, the watchdog): they report through their own messages."""
+
+    def event(self, name: str, fields: Mapping[str, Any]) -> None:
+        pass
+
+    def stage_line(self, stage: int, stream: str, text: str) -> None:
+        pass
+
+    def stage_state(self, stage: int, state: str, detail: str = "") -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class Found:
+    """A container of a run that already exists (found by its run label): what `down` and the watchdog adopt."""
+
+    ref: str  # the engine's id
+    name: str
+    running: bool
+
 
 @dataclass(frozen=True)
 class ChainOutcome:
@@ -118,6 +139,37 @@ class ChainScope:
         self._roster: list[RosterEntry] = []
         self._lost: errors.EngineLost | None = None  # the engine went away: ask it nothing more
         self._teardown_errors: list[str] = []  # gathered, as a nursery gathers its children's errors
+
+    @classmethod
+    def adopt(
+        cls,
+        run_id: str,
+        found: list[Found],
+        backend: StageBackend,
+        inbox: Inbox,
+        reporter: Reporter,
+        grace: float,
+        clock: Callable[[], float] = time.monotonic,
+        kill_wait: float = 15.0,
+    ) -> ChainScope:
+        """A scope over containers that exist already, so that `down` and the watchdog tear a run down with the
+        chain's own teardown: each running one's removal is waited on, every one is known by its engine id."""
+        specs = tuple(StageSpec(index=k, name=f.name, image="", env={}, labels={}) for k, f in enumerate(found))
+        plan = ChainPlan(run_id=run_id, stages=specs, grace=grace)
+        scope = cls(plan, backend, inbox, reporter, clock, detach=False, kill_wait=kill_wait)
+        for st, f in zip(scope.stages, found, strict=True):
+            st.ref, st.attempted, st.started = f.ref, True, f.running
+            if f.running:
+                backend.watch(f.ref, st.spec.index, inbox.put)
+        return scope
+
+    def stop(self, reason: str = "down") -> ChainOutcome:
+        """Tear down what the scope holds (the adopted containers), exactly as a chain's end does."""
+        removed, orphans, exit_code = self._teardown(reason, errors.EXIT_OK)
+        message = f"{len(removed)} containers stopped and removed"
+        if self._teardown_errors:
+            message += "; teardown errors: " + "; ".join(self._teardown_errors)
+        return ChainOutcome(exit_code, reason, message, None, removed, orphans)
 
     # -------------------------------------------------------------------------------- public API
     def request_stop(self, signum: int) -> None:
