@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from pp_launch.core import events
 from pp_launch.core.chain.plan import StageSpec
 from pp_launch.core.chain.ports import ChainEvent, Sink, StageGone, StageOutput
 from pp_launch.core.errors import EngineError, EngineLost, NameInUse
@@ -168,14 +169,17 @@ class RecordingReporter:
     lines: list[tuple[int, str, str]] = field(default_factory=list)
     states: list[tuple[int, str]] = field(default_factory=list)
 
-    def event(self, name: str, fields: Mapping[str, Any]) -> None:
-        self.events.append((name, dict(fields)))
+    typed: list[events.Event] = field(default_factory=list)
+
+    def event(self, event: events.Event) -> None:
+        self.typed.append(event)
+        self.events.append((event.NAME, event.fields()))  # as --json shows them
 
     def stage_line(self, stage: int, stream: str, text: str) -> None:
         self.lines.append((stage, stream, text))
 
-    def stage_state(self, stage: int, state: str, detail: str = "") -> None:
-        self.states.append((stage, state))
+    def stage_state(self, stage: int, state: events.StageState, detail: str = "") -> None:
+        self.states.append((stage, state.value))
 
     def named(self, name: str) -> list[dict[str, Any]]:
         return [f for (n, f) in self.events if n == name]

@@ -6,6 +6,7 @@ import signal
 
 import pytest
 
+from pp_launch.core import events
 from pp_launch.core.chain.plan import ChainRequest, build_plan
 from pp_launch.core.chain.ports import StopRequested
 from pp_launch.core.chain.scope import ChainScope, Found, RosterIncomplete, resolve_roster
@@ -235,10 +236,10 @@ def test_an_engine_lost_under_the_chain_ends_it_with_a_plain_message_and_what_ma
 class ExplodingReporter(RecordingReporter):
     """A bug on our side in the middle of bring-up (here: in the reporter, when stage 1 announces)."""
 
-    def event(self, name: str, fields: dict) -> None:  # type: ignore[override]
-        if name == "stage_announced" and fields["stage"] == 1:
+    def event(self, event: events.Event) -> None:
+        if isinstance(event, events.StageAnnounced) and event.stage == 1:
             raise RuntimeError("a bug")
-        super().event(name, fields)
+        super().event(event)
 
 
 def test_an_exception_inside_the_scope_tears_everything_down_then_propagates() -> None:

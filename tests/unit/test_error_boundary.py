@@ -10,7 +10,7 @@ from pp_launch.adapters.nvml import NvmlUnavailable
 from pp_launch.app.worker_check import StepFailure
 from pp_launch.cli import housekeeping_cmd, node_cmd
 from pp_launch.cli.main import main
-from pp_launch.core import errors
+from pp_launch.core import errors, events
 from pp_launch.core.announce import AnnouncementError
 from pp_launch.core.chain.scope import RosterIncomplete
 from pp_launch.core.worker import controller
@@ -31,6 +31,7 @@ EXAMPLES: dict[type[errors.PpLaunchError], errors.PpLaunchError] = {
     controller.IllegalTransition: controller.IllegalTransition(controller.State.RUNNING, controller.StartWorker()),
     RosterIncomplete: RosterIncomplete([1, 3]),
     StepFailure: StepFailure("expected RoleConfigured"),
+    events.IllegalStageTransition: events.IllegalStageTransition(events.StageState.GONE, events.StageInput.STOP),
 }
 
 

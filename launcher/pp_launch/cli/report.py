@@ -11,7 +11,6 @@ import json
 import sys
 import threading
 import time
-from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Any, ClassVar, TextIO
 
@@ -33,8 +32,8 @@ class JsonReporter:
         self.err = err or sys.stderr
         self._lock = threading.Lock()
 
-    def event(self, name: str, fields: Mapping[str, Any]) -> None:
-        doc = {"event": name, "ts": rfc3339_now(), "run": self.run_id, **fields}
+    def event(self, event: events.Event) -> None:
+        doc = events.to_json(event, self.run_id, rfc3339_now())
         with self._lock:
             self.out.write(json.dumps(doc, separators=(",", ":")) + "\n")
             self.out.flush()
@@ -44,7 +43,7 @@ class JsonReporter:
             self.err.write(stage_prefix(stage) + text + "\n")
             self.err.flush()
 
-    def stage_state(self, stage: int, state: str, detail: str = "") -> None:
+    def stage_state(self, stage: int, state: events.StageState, detail: str = "") -> None:
         pass
 
     def close(self) -> None:
@@ -66,24 +65,22 @@ class PlainReporter:
             self.err.write(f"pp-launch: {text}\n")
             self.err.flush()
 
-    def event(self, name: str, fields: Mapping[str, Any]) -> None:
-        if self.verbosity < 0 and name != events.CHAIN_STOPPED:
+    def event(self, event: events.Event) -> None:
+        if self.verbosity < 0 and not isinstance(event, events.ChainStopped):
             return
-        if name == events.STAGE_STARTED:
-            gpus = ",".join(fields["gpus"]) or "no GPU"
-            self._say(f"stage {fields['stage']} started: {fields['container']} ({fields['image']}, {gpus})")
-        elif name == events.STAGE_ANNOUNCED:
-            self._say(f"stage {fields['stage']} announced {fields['direct']} after {fields['elapsed_s']:.2f} s")
-        elif name == events.ROSTER:
-            roster = " ".join(f"{e['stage_index']}:{e['node_id_short']}" for e in fields["stages"])
+        if isinstance(event, events.StageStarted):
+            gpus = ",".join(event.gpus) or "no GPU"
+            self._say(f"stage {event.stage} started: {event.container} ({event.image}, {gpus})")
+        elif isinstance(event, events.StageAnnounced):
+            self._say(f"stage {event.stage} announced {event.direct} after {event.elapsed_s:.2f} s")
+        elif isinstance(event, events.StageRoster):
+            roster = " ".join(f"{e.stage_index}:{e.node_id_short}" for e in event.stages)
             self._say(f"roster of run {self.run_id}: {roster}")
-        elif name == events.STAGE_EXITED and self.verbosity > 0:
-            self._say(f"stage {fields['stage']} exited with code {fields['exit_code']} ({fields['reason']})")
-        elif name == events.CHAIN_STOPPED:
-            removed = len(fields["removed"])
-            orphans = fields["orphans"]
-            tail = f"; LEFT BEHIND: {', '.join(orphans)}" if orphans else "; nothing left behind"
-            self._say(f"chain stopped ({fields['reason']}), {removed} containers removed{tail}")
+        elif isinstance(event, events.StageExited) and self.verbosity > 0:
+            self._say(f"stage {event.stage} exited with code {event.exit_code} ({event.reason.value})")
+        elif isinstance(event, events.ChainStopped):
+            tail = f"; LEFT BEHIND: {', '.join(event.orphans)}" if event.orphans else "; nothing left behind"
+            self._say(f"chain stopped ({event.reason.value}), {len(event.removed)} containers removed{tail}")
 
     def stage_line(self, stage: int, stream: str, text: str) -> None:
         if self.verbosity < 0:
@@ -92,7 +89,7 @@ class PlainReporter:
             self.out.write(stage_prefix(stage) + text + "\n")
             self.out.flush()
 
-    def stage_state(self, stage: int, state: str, detail: str = "") -> None:
+    def stage_state(self, stage: int, state: events.StageState, detail: str = "") -> None:
         pass
 
     def close(self) -> None:
@@ -104,11 +101,11 @@ class LiveReporter(PlainReporter):
     above which stage lines scroll. Only on a terminal."""
 
     STYLES: ClassVar[dict[str, str]] = {
-        "starting": "yellow",
-        "announced": "cyan",
-        "running": "green",
-        "stopping": "magenta",
-        "gone": "dim",
+        events.StageState.STARTING.value: "yellow",
+        events.StageState.ANNOUNCED.value: "cyan",
+        events.StageState.RUNNING.value: "green",
+        events.StageState.STOPPING.value: "magenta",
+        events.StageState.GONE.value: "dim",
     }
 
     def __init__(self, run_id: str, num_stages: int, verbosity: int = 0) -> None:
@@ -139,17 +136,17 @@ class LiveReporter(PlainReporter):
         if self.verbosity >= 0:
             self.console.print(stage_prefix(stage) + text, markup=False)
 
-    def stage_state(self, stage: int, state: str, detail: str = "") -> None:
+    def stage_state(self, stage: int, state: events.StageState, detail: str = "") -> None:
         with self._lock:
             # a state without detail keeps the last one (running keeps "127.0.0.1:4000 in 0.15 s")
-            self.rows[stage] = [state, detail or self.rows.get(stage, ["", ""])[1]]
+            self.rows[stage] = [state.value, detail or self.rows.get(stage, ["", ""])[1]]
             self.live.update(self._table())
 
-    def event(self, name: str, fields: Mapping[str, Any]) -> None:
-        if name == events.STAGE_STARTED:
-            self.stage_state(fields["stage"], "starting", fields["container"])
+    def event(self, event: events.Event) -> None:
+        if isinstance(event, events.StageStarted):
+            self.stage_state(event.stage, events.StageState.STARTING, event.container)
             return
-        super().event(name, fields)
+        super().event(event)
 
     def close(self) -> None:
         self.live.stop()

@@ -1,8 +1,193 @@
-"""Event names (contract §4), defined once."""
+"""What a chain reports (contract §4), typed: frozen, keyword-only events shared by the scope, the reporters and
+`--json`, and the stage states with their transition table. Pure.
 
-CHAIN_STARTING = "chain_starting"  # ours, beyond the contract: the first stage is about to be requested
-STAGE_STARTED = "stage_started"
-STAGE_ANNOUNCED = "stage_announced"
-ROSTER = "pp_stage_roster"
-STAGE_EXITED = "stage_exited"
-CHAIN_STOPPED = "chain_stopped"
+`to_json(event, run, ts)` is the contract's JSON object; `from_json(doc)` reads one back (a test round-trips
+every event). The states are drawn the way h11 draws its connection states: a table (state, input) -> next
+state; a move the table does not have is our bug and raises IllegalStageTransition naming both.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from pp_launch.core.errors import PpLaunchError
+
+
+class Event:
+    NAME: ClassVar[str]
+
+    def fields(self) -> dict[str, Any]:
+        """The event's fields as JSON values (tuples as lists, enums as their values, unset optionals left out)."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+            value = getattr(self, f.name)
+            if value is None and f.default is None:
+                continue
+            out[f.name] = _plain(value)
+        return out
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, tuple | list):
+        return [_plain(v) for v in value]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    return value
+
+
+class StopReason(enum.Enum):
+    """Why a chain ended (`chain_stopped.reason`)."""
+
+    COMPLETED = "completed"
+    STAGE_FAILED = "stage_failed"
+    SIGNAL = "signal"
+    DETACHED = "detached"
+    ERROR = "error"
+    DOWN = "down"  # adopted and stopped by `pp-launch down`
+    LAUNCHER_GONE = "launcher gone"  # adopted and stopped by the watchdog
+
+
+class ExitReason(enum.Enum):
+    """Why a stage ended (`stage_exited.reason`)."""
+
+    EXITED = "exited"  # exit 0 after announcing
+    FAILED = "failed"  # a non-zero exit
+    DIED_EARLY = "died_early"  # exit 0 before announcing
+    STOPPED = "stopped"  # while the chain was stopping
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChainStarting(Event):
+    NAME = "chain_starting"
+    stages: int
+    image: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageStarted(Event):
+    NAME = "stage_started"
+    stage: int
+    container: str
+    image: str
+    gpus: tuple[str, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageAnnounced(Event):
+    NAME = "stage_announced"
+    stage: int
+    node_id_hex: str
+    direct: str
+    elapsed_s: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class RosterEntry:
+    stage_index: int
+    node_id_hex: str
+    node_id_short: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageRoster(Event):
+    NAME = "pp_stage_roster"
+    drive_seq: int
+    stages: tuple[RosterEntry, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageExited(Event):
+    NAME = "stage_exited"
+    stage: int
+    exit_code: int | None
+    reason: ExitReason
+    detail: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChainStopped(Event):
+    NAME = "chain_stopped"
+    reason: StopReason
+    exit_code: int
+    removed: tuple[str, ...]
+    orphans: tuple[str, ...]
+    output_dropped_bytes: int | None = None
+
+
+EVENTS: dict[str, type[Event]] = {
+    c.NAME: c for c in (ChainStarting, StageStarted, StageAnnounced, StageRoster, StageExited, ChainStopped)
+}
+
+
+def to_json(event: Event, run: str, ts: str) -> dict[str, Any]:
+    """Contract §4: `{"event": NAME, "ts": RFC3339, "run": RUN_ID, ...fields}`."""
+    return {"event": event.NAME, "ts": ts, "run": run, **event.fields()}
+
+
+def from_json(doc: dict[str, Any]) -> Event:
+    cls = EVENTS[doc["event"]]
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if f.name not in doc:
+            continue
+        value = doc[f.name]
+        if f.name == "reason":
+            value = StopReason(value) if cls is ChainStopped else ExitReason(value)
+        elif f.name == "stages" and cls is StageRoster:
+            value = tuple(RosterEntry(**entry) for entry in value)
+        elif isinstance(value, list):
+            value = tuple(value)
+        values[f.name] = value
+    return cls(**values)
+
+
+# ------------------------------------------------------------------------------------------- stage states
+class StageState(enum.Enum):
+    STARTING = "starting"
+    ANNOUNCED = "announced"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    GONE = "gone"
+
+
+class StageInput(enum.Enum):
+    START = "start"  # its creation is asked for
+    ANNOUNCE = "announce"  # its valid announcement arrived
+    ROSTER = "roster"  # every stage announced
+    STOP = "stop"  # SIGTERM, the grace begins
+    KILL = "kill"  # the grace is over: SIGKILL
+    GONE = "gone"  # the engine confirmed it gone (exited and removed)
+    REMOVED = "removed"  # never started, removed by force (or never created)
+
+
+S, In = StageState, StageInput
+LIVE = (S.STARTING, S.ANNOUNCED, S.RUNNING, S.STOPPING)
+STAGE_TRANSITIONS: dict[tuple[StageState | None, StageInput], StageState] = {
+    (None, In.START): S.STARTING,
+    (S.STARTING, In.ANNOUNCE): S.ANNOUNCED,
+    (S.ANNOUNCED, In.ROSTER): S.RUNNING,
+    **{(s, In.STOP): S.STOPPING for s in (S.STARTING, S.ANNOUNCED, S.RUNNING)},
+    (S.STOPPING, In.KILL): S.STOPPING,
+    **{(s, In.GONE): S.GONE for s in LIVE},
+    (None, In.REMOVED): S.GONE,  # adopted, never started
+    (S.STARTING, In.REMOVED): S.GONE,  # its start failed
+}
+
+
+class IllegalStageTransition(PpLaunchError):
+    """Our side's fault: the chain moved a stage in a way its table does not allow."""
+
+    def __init__(self, state: StageState | None, inp: StageInput) -> None:
+        super().__init__(f"a stage cannot take {inp.value!r} in state {state.value if state else 'planned'}")
+
+
+def next_state(state: StageState | None, inp: StageInput) -> StageState:
+    try:
+        return STAGE_TRANSITIONS[(state, inp)]
+    except KeyError:
+        raise IllegalStageTransition(state, inp) from None

@@ -22,6 +22,7 @@ from pp_launch.core import errors, events
 from pp_launch.core.announce import PREFIX, AnnouncementError, StageAnnouncement, parse_line
 from pp_launch.core.chain.plan import ChainPlan, StageSpec
 from pp_launch.core.chain.ports import ChainEvent, Inbox, StageBackend, StageGone, StageOutput, StopRequested
+from pp_launch.core.events import RosterEntry
 from pp_launch.core.lines import display
 
 TAIL_LINES = 10
@@ -30,11 +31,11 @@ TAIL_LINES = 10
 class Reporter(Protocol):
     """Where the scope says what happens: events (contract §4), stage log lines, status for a live view."""
 
-    def event(self, name: str, fields: Mapping[str, Any]) -> None: ...
+    def event(self, event: events.Event) -> None: ...
 
     def stage_line(self, stage: int, stream: str, text: str) -> None: ...
 
-    def stage_state(self, stage: int, state: str, detail: str = "") -> None: ...
+    def stage_state(self, stage: int, state: events.StageState, detail: str = "") -> None: ...
 
 
 class RosterIncomplete(errors.PpLaunchError):
@@ -43,22 +44,16 @@ class RosterIncomplete(errors.PpLaunchError):
         self.missing = missing
 
 
-@dataclass(frozen=True)
-class RosterEntry:
-    stage_index: int
-    node_id_hex: str
-
-    @property
-    def node_id_short(self) -> str:
-        return self.node_id_hex[:8]
-
-
 def resolve_roster(announcements: Mapping[int, StageAnnouncement | None], num_stages: int) -> list[RosterEntry]:
     """Every stage's announcement in stage order; RosterIncomplete lists the missing stages, ascending."""
     missing = [k for k in range(num_stages) if announcements.get(k) is None]
     if missing:
         raise RosterIncomplete(missing)
-    return [RosterEntry(k, a.node_id_hex) for k in range(num_stages) if (a := announcements[k]) is not None]
+    return [
+        RosterEntry(stage_index=k, node_id_hex=a.node_id_hex, node_id_short=a.node_id_short)
+        for k in range(num_stages)
+        if (a := announcements[k]) is not None
+    ]
 
 
 @dataclass
@@ -70,6 +65,7 @@ class _Stage:
     started_at: float = 0.0
     announcement: StageAnnouncement | None = None
     gone: bool = False
+    state: events.StageState | None = None  # moved only through events.STAGE_TRANSITIONS
     exit_code: int | None = None
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
 
@@ -77,13 +73,13 @@ class _Stage:
 class QuietReporter:
     """For adopted teardowns (`down`, the watchdog): they report through their own messages."""
 
-    def event(self, name: str, fields: Mapping[str, Any]) -> None:
+    def event(self, event: events.Event) -> None:
         pass
 
     def stage_line(self, stage: int, stream: str, text: str) -> None:
         pass
 
-    def stage_state(self, stage: int, state: str, detail: str = "") -> None:
+    def stage_state(self, stage: int, state: events.StageState, detail: str = "") -> None:
         pass
 
 
@@ -160,6 +156,7 @@ class ChainScope:
         for st, f in zip(scope.stages, found, strict=True):
             st.ref, st.attempted, st.started = f.ref, True, f.running
             if f.running:
+                st.state = events.StageState.RUNNING
                 backend.watch(f.ref, st.spec.index, inbox.put)
         return scope
 
@@ -225,7 +222,7 @@ class ChainScope:
     # -------------------------------------------------------------------------------- bring-up
     def _bring_up(self) -> _End | None:
         image = self.plan.stages[0].image if self.stages else ""
-        self.reporter.event(events.CHAIN_STARTING, {"stages": len(self.stages), "image": image})
+        self.reporter.event(events.ChainStarting(stages=len(self.stages), image=image))
         first: StageAnnouncement | None = None
         prev: StageAnnouncement | None = None
         for st in self.stages:
@@ -235,23 +232,10 @@ class ChainScope:
             prev = st.announcement
             first = first or prev
         self._roster = resolve_roster({s.spec.index: s.announcement for s in self.stages}, len(self.stages))
-        self.reporter.event(
-            events.ROSTER,
-            {
-                "drive_seq": 1,
-                "stages": [
-                    {
-                        "stage_index": e.stage_index,
-                        "node_id_hex": e.node_id_hex,
-                        "node_id_short": e.node_id_short,
-                    }
-                    for e in self._roster
-                ],
-            },
-        )
+        self.reporter.event(events.StageRoster(drive_seq=1, stages=tuple(self._roster)))
         for st in self.stages:
             if not st.gone:
-                self.reporter.stage_state(st.spec.index, "running")
+                self._move(st, events.StageInput.ROSTER)
         if self.detach:
             for st in self.stages:
                 if st.ref is not None and not st.gone:
@@ -261,7 +245,7 @@ class ChainScope:
 
     def _start_stage(self, st: _Stage, prev: StageAnnouncement | None, first: StageAnnouncement | None) -> _End | None:
         spec, k = st.spec, st.spec.index
-        self.reporter.stage_state(k, "starting")
+        self._move(st, events.StageInput.START)
         env = spec.launch_env(prev, first)
         st.attempted = True
         try:
@@ -273,10 +257,7 @@ class ChainScope:
             # Before any container of ours started, a configuration error (a name held by someone) is exit 2.
             code = exc.exit_code if not any(s.started for s in self.stages) else errors.EXIT_FAILURE
             return _End(code, "stage_failed", f"stage {k} ({spec.name}) could not start: {exc}", k)
-        self.reporter.event(
-            events.STAGE_STARTED,
-            {"stage": k, "container": spec.name, "image": spec.image, "gpus": list(spec.gpus)},
-        )
+        self.reporter.event(events.StageStarted(stage=k, container=spec.name, image=spec.image, gpus=spec.gpus))
         deadline = st.started_at + self.plan.addr_timeout
         end = self._pump(lambda: st.announcement is not None, deadline)
         if end is not None:
@@ -350,15 +331,14 @@ class ChainScope:
             st.announcement = announcement
             elapsed = round(self.clock() - st.started_at, 3)
             self.reporter.event(
-                events.STAGE_ANNOUNCED,
-                {
-                    "stage": st.spec.index,
-                    "node_id_hex": announcement.node_id_hex,
-                    "direct": announcement.direct,
-                    "elapsed_s": elapsed,
-                },
+                events.StageAnnounced(
+                    stage=st.spec.index,
+                    node_id_hex=announcement.node_id_hex,
+                    direct=announcement.direct,
+                    elapsed_s=elapsed,
+                )
             )
-            self.reporter.stage_state(st.spec.index, "announced", f"{announcement.direct} in {elapsed:.2f} s")
+            self._move(st, events.StageInput.ANNOUNCE, f"{announcement.direct} in {elapsed:.2f} s")
         return None
 
     def _on_gone(self, st: _Stage, event: StageGone) -> _End | None:
@@ -366,28 +346,33 @@ class ChainScope:
             return None
         st.gone, st.exit_code = True, event.exit_code
         k = st.spec.index
+        why = events.ExitReason
         if self._tearing_down:
-            reason = "stopped"
+            reason = why.STOPPED
         elif event.exit_code != 0:
-            reason = "failed"
+            reason = why.FAILED
         elif st.announcement is None:
-            reason = "died_early"
+            reason = why.DIED_EARLY
         else:
-            reason = "exited"
-        fields: dict[str, Any] = {"stage": k, "exit_code": event.exit_code, "reason": reason}
-        if event.detail:
-            fields["detail"] = event.detail
-        self.reporter.event(events.STAGE_EXITED, fields)
-        self.reporter.stage_state(k, "gone", f"exit {event.exit_code}")
-        if reason == "failed":
+            reason = why.EXITED
+        self.reporter.event(
+            events.StageExited(stage=k, exit_code=event.exit_code, reason=reason, detail=event.detail or None)
+        )
+        self._move(st, events.StageInput.GONE, f"exit {event.exit_code}")
+        if reason is why.FAILED:
             code = "unknown" if event.exit_code is None else str(event.exit_code)
             detail = f" ({event.detail})" if event.detail else ""
             msg = f"stage {k} ({st.spec.name}) exited with code {code}{detail}" + self._tail(st)
             return _End(errors.EXIT_FAILURE, "stage_failed", msg, k)
-        if reason == "died_early":
+        if reason is why.DIED_EARLY:
             msg = f"stage {k} ({st.spec.name}) exited with code 0 before announcing its address" + self._tail(st)
             return _End(errors.EXIT_FAILURE, "stage_failed", msg, k)
         return None
+
+    def _move(self, st: _Stage, inp: events.StageInput, detail: str = "") -> None:
+        """Every change of a stage's state goes through the table (events.STAGE_TRANSITIONS)."""
+        st.state = events.next_state(st.state, inp)
+        self.reporter.stage_state(st.spec.index, st.state, detail)
 
     @staticmethod
     def _tail(st: _Stage) -> str:
@@ -412,13 +397,13 @@ class ChainScope:
         self.backend.tearing_down()
         live = [s for s in self.stages if s.started and not s.gone]  # started: each has its ref
         for st in live:
-            self.reporter.stage_state(st.spec.index, "stopping")
+            self._move(st, events.StageInput.STOP)
         self._each(live, "SIGTERM to stage", lambda st: self.backend.signal(st.ref or "", signal.SIGTERM))
         grace_end = self.clock() + self.plan.grace
         self._pump(lambda: self._escalated or self._lost is not None or all(s.gone for s in live), grace_end)
         overran = [st for st in live if not st.gone]
         for st in overran:
-            self.reporter.stage_state(st.spec.index, "stopping", "grace over: SIGKILL")
+            self._move(st, events.StageInput.KILL, "grace over: SIGKILL")
         self._each(overran, "SIGKILL to stage", lambda st: self.backend.kill(st.ref or ""))
         kill_end = self.clock() + self.kill_wait
         self._pump(lambda: self._lost is not None or all(s.gone for s in live), kill_end)
@@ -430,7 +415,7 @@ class ChainScope:
                 done = st.ref is None or self._engine(f"removing stage {st.spec.index}", self.backend.remove, st.ref)
                 if not st.started and done:
                     st.gone = True
-                    self.reporter.stage_state(st.spec.index, "gone", "removed" if st.ref else "never created")
+                    self._move(st, events.StageInput.REMOVED, "removed" if st.ref else "never created")
         orphans = self._leftovers()
         for ref in orphans:
             self._engine(f"removing {ref[:12]}", self.backend.remove, ref)
@@ -439,13 +424,13 @@ class ChainScope:
         removed = tuple(s.spec.name for s in self.stages if s.ref is not None and s.ref not in orphans)
         if orphans or self._teardown_errors:
             exit_code = errors.EXIT_FAILURE  # not a clean teardown: never 0 and never 128+N
-        stopped: dict[str, Any] = {
-            "reason": reason,
-            "exit_code": exit_code,
-            "removed": list(removed),
-            "orphans": list(orphans),
-        }
-        if self.inbox.dropped_bytes:
-            stopped["output_dropped_bytes"] = self.inbox.dropped_bytes
-        self.reporter.event(events.CHAIN_STOPPED, stopped)
+        self.reporter.event(
+            events.ChainStopped(
+                reason=events.StopReason(reason),
+                exit_code=exit_code,
+                removed=removed,
+                orphans=tuple(orphans),
+                output_dropped_bytes=self.inbox.dropped_bytes or None,
+            )
+        )
         return removed, tuple(orphans), exit_code
