@@ -74,8 +74,12 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 @pytest.fixture(scope="session")
 def side_engine(engine, stub_image):  # type: ignore[no-untyped-def]
     """A second engine that tests may kill, freeze, stop or restart; the stub image loaded into it."""
+    from pathlib import Path
+
     from .engines import SideEngine
 
+    bridge = Path("/sys/class/net/docker0")
+    had_bridge = bridge.exists()
     side = SideEngine("faults")
     try:
         side.start()
@@ -86,6 +90,8 @@ def side_engine(engine, stub_image):  # type: ignore[no-untyped-def]
         left = side.leftovers()
         if left:
             pytest.fail(f"the side engine left {left}", pytrace=False)
+        if had_bridge and not bridge.exists():
+            pytest.fail("the side engine removed the main engine's docker0 bridge", pytrace=False)
 
 
 @pytest.fixture

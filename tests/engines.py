@@ -1,8 +1,12 @@
 """Extra Docker engines for tests that break an engine (kill, freeze, stop, restart): never the suite's own.
 
 Each is a second dockerd with its own socket, data root, exec root and pidfile, no bridge and no iptables, in a
-folder of its own under /tmp; images are copied in from the main engine with `docker save | docker load`.
-`close()` leaves nothing: no dockerd, containerd or shim of it, no mount under its folder, not the folder.
+folder of its own under /tmp, and in a network namespace of its own (loopback up): dockerd started with
+`--bridge none` deletes the host's `docker0` (moby's configureNetworking calls removeDefaultBridgeInterface),
+which would break the main engine's default network. Its stages' host network is that namespace, so stages of
+one side engine reach each other on 127.0.0.1, as on the main engine. Images are copied in from the main engine
+with `docker save | docker load`. `close()` leaves nothing: no dockerd, containerd or shim of it, no mount
+under its folder, not the folder.
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ class SideEngine:
         log = open(self.root / "dockerd.log", "ab")  # noqa: SIM115  (the engine writes it while it runs)
         self.proc = subprocess.Popen(
             [
+                "unshare", "--net", "--",
+                "sh", "-c", 'ip link set lo up && exec "$@"', "side-engine",
                 self.dockerd,
                 "-H", self.host,
                 "--data-root", str(self.root / "data"),

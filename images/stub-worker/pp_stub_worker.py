@@ -25,22 +25,26 @@ import os
 import struct
 import sys
 import time
+from collections.abc import Callable, Mapping
+from typing import BinaryIO, TextIO
 
 HEADER = struct.Struct("<4sHHQQQI4x")  # 40 bytes
 MAGIC, VERSION = b"MO01", 1
 RING_HELPER_ABI = 1
 FORBIDDEN = {"payload", "bytes", "data"}
 ALIASES = {"generation": "worker_generation", "handle": "device_handle"}
-MISBEHAVE = os.environ.get("STUB_WORKER_MISBEHAVE", "")
 
 
 def log(msg: str) -> None:
     print(f"stub-worker[{os.getpid()}] {msg}", file=sys.stderr, flush=True)
 
 
-def emit(kind: str, **fields: object) -> None:
-    sys.stdout.write(json.dumps({"type": kind, **fields}, separators=(",", ":")) + "\n")
-    sys.stdout.flush()
+def emitter(out: TextIO) -> Callable[..., None]:
+    def emit(kind: str, **fields: object) -> None:
+        out.write(json.dumps({"type": kind, **fields}, separators=(",", ":")) + "\n")
+        out.flush()
+
+    return emit
 
 
 class Fatal(Exception):
@@ -48,12 +52,12 @@ class Fatal(Exception):
 
 
 class Arena:
-    def __init__(self, size: int) -> None:
-        inherited = os.environ.get("SWACTOR_ARENA_FD")
+    def __init__(self, size: int, env: Mapping[str, str]) -> None:
+        inherited = env.get("SWACTOR_ARENA_FD")
         if inherited:
             self.path = ""
             self.fd = int(inherited)
-            available = int(os.environ.get("SWACTOR_ARENA_BYTES", "0") or 0)
+            available = int(env.get("SWACTOR_ARENA_BYTES", "0") or 0)
             if size > available:
                 raise Fatal("ArenaTooSmall")
             log(f"arena: inherited descriptor {self.fd}, {available} bytes")
@@ -78,7 +82,7 @@ class Arena:
 
 
 class Ring:
-    def __init__(self, cmd: dict, arena: Arena) -> None:
+    def __init__(self, cmd: dict, arena: Arena, misbehave: str = "") -> None:
         self.ring_id, self.edge_id, self.port_id = cmd["ring_id"], cmd["edge_id"], cmd["port_id"]
         self.direction = cmd["direction"]
         layout, spec = cmd["layout"], cmd["object_spec"]
@@ -96,7 +100,7 @@ class Ring:
             if self.slots < 1:
                 raise Fatal("ObjectExtentInvalid")
             self.offset = arena.allocate(self.slots * self.stride)
-        self.next_sequence = 1 if MISBEHAVE == "sequence" and self.direction == "ingress" else 0
+        self.next_sequence = 1 if misbehave == "sequence" and self.direction == "ingress" else 0
         self.last_sequence = -1
 
     def write_record(self, arena: Arena, object_id: int, flags: int = 0) -> tuple[int, int]:
@@ -118,13 +122,9 @@ class Ring:
         return seq, slot
 
 
-def _id(value: object) -> object:
-    """An id as this worker sends it: an integer, or on the old wire (misbehave=string-ids) a string."""
-    return str(value) if MISBEHAVE == "string-ids" else value
-
-
 class Worker:
-    def __init__(self) -> None:
+    def __init__(self, emit: Callable[..., None], env: Mapping[str, str], misbehave: str = "") -> None:
+        self.emit, self.env, self.misbehave = emit, env, misbehave
         self.generation: int | None = None
         self.backend: object = {"device": "CPU"}
         self.arena: Arena | None = None
@@ -133,16 +133,20 @@ class Worker:
         self.objects: dict[int, int] = {}  # device object id -> ring id
         self.next_object = 1
 
+    def _id(self, value: object) -> object:
+        """An id as this worker sends it: an integer, or on the old wire (misbehave=string-ids) a string."""
+        return str(value) if self.misbehave == "string-ids" else value
+
     def handle_of(self, value: object) -> int:
         if not isinstance(value, dict):
             raise Fatal("InvalidJson")
         doc = {ALIASES.get(k, k): v for k, v in value.items()}
-        if doc.get("worker_generation") != self.generation and MISBEHAVE != "stale":
+        if doc.get("worker_generation") != self.generation and self.misbehave != "stale":
             raise Fatal("OldGenerationHandle")
         return int(doc["id"])
 
     def ring_fields(self, ring: Ring) -> dict:
-        return {"ring_id": _id(ring.ring_id), "edge_id": _id(ring.edge_id), "port_id": ring.port_id}
+        return {"ring_id": self._id(ring.ring_id), "edge_id": self._id(ring.edge_id), "port_id": ring.port_id}
 
     def load(self, ring: Ring) -> dict:
         object_id = self.next_object
@@ -151,7 +155,7 @@ class Worker:
         self.objects[object_id] = ring.ring_id
         return {
             **self.ring_fields(ring),
-            "object_id": _id(object_id),
+            "object_id": self._id(object_id),
             "sequence": sequence,
             "extent": ring.extent,
             "device_handle": {"worker_generation": self.generation, "id": object_id},
@@ -164,7 +168,7 @@ class Worker:
         sequence, _ = ring.write_record(self.arena, object_id, flags)  # type: ignore[arg-type]
         return {
             **self.ring_fields(ring),
-            "object_id": _id(object_id),
+            "object_id": self._id(object_id),
             "sequence": sequence,
             "committed_bytes": ring.extent,
         }
@@ -178,9 +182,9 @@ class Worker:
             if cmd.get("required_ring_helper_abi") != RING_HELPER_ABI:
                 raise Fatal("UnsupportedHelperAbi")
             self.generation = cmd.get("worker_generation", cmd.get("generation"))
-            self.backend = "cpu" if MISBEHAVE == "string-ids" else cmd.get("backend", self.backend)
-            self.arena = Arena(int(cmd["arena_ceiling"]))
-            emit(
+            self.backend = "cpu" if self.misbehave == "string-ids" else cmd.get("backend", self.backend)
+            self.arena = Arena(int(cmd["arena_ceiling"]), self.env)
+            self.emit(
                 "WorkerReady",
                 pid=os.getpid(),
                 worker_generation=self.generation,
@@ -191,69 +195,76 @@ class Worker:
             role_id = cmd["role_id"]
             reason = cmd["config"].get("fail") if isinstance(cmd.get("config"), dict) else "config must be an object"
             if reason:
-                emit("RoleFailed", role_id=_id(role_id), reason=str(reason))
+                self.emit("RoleFailed", role_id=self._id(role_id), reason=str(reason))
             else:
                 self.roles[role_id] = cmd["config"]
-                emit("RoleConfigured", role_id=_id(role_id))
+                self.emit("RoleConfigured", role_id=self._id(role_id))
         elif kind == "InstallRing":
-            ring = Ring(cmd, self.arena)  # type: ignore[arg-type]
+            ring = Ring(cmd, self.arena, self.misbehave)  # type: ignore[arg-type]
             self.rings[ring.ring_id] = ring
-            emit("RingInstalled", **self.ring_fields(ring))
+            self.emit("RingInstalled", **self.ring_fields(ring))
         elif kind == "RingReadable":
             ring = self.rings.get(cmd["ring_id"])
             if ring is None or ring.direction != "ingress":
                 raise Fatal("UnknownRing")
-            emit("ObjectLoaded", **self.load(ring))
+            self.emit("ObjectLoaded", **self.load(ring))
         elif kind == "RingWritable":
             ring = self.rings.get(cmd["ring_id"])
             if ring is None or ring.direction != "egress":
                 raise Fatal("UnknownRing")
-            emit("RingWritable", ring_id=_id(ring.ring_id))
+            self.emit("RingWritable", ring_id=self._id(ring.ring_id))
         elif kind == "ExecuteStep":
             role_id, step_id = cmd["role_id"], cmd["step_id"]
             inputs = [self.handle_of(b.get("device_handle", b.get("handle"))) for b in cmd["inputs"]]
             if role_id not in self.roles:
-                emit("StepFailed", role_id=_id(role_id), step_id=step_id, reason="RoleUnavailable")
+                self.emit("StepFailed", role_id=self._id(role_id), step_id=step_id, reason="RoleUnavailable")
                 return True
             if any(i not in self.objects for i in inputs):
-                emit("StepFailed", role_id=_id(role_id), step_id=step_id, reason="InvalidInputHandle")
+                self.emit("StepFailed", role_id=self._id(role_id), step_id=step_id, reason="InvalidInputHandle")
                 return True
             for binding in cmd["outputs"]:
                 ring = self.rings.get(binding["ring_id"])
                 if ring is None or ring.direction != "egress":
-                    emit("StepFailed", role_id=_id(role_id), step_id=step_id, reason="OutputValidationFailed")
+                    self.emit("StepFailed", role_id=self._id(role_id), step_id=step_id, reason="OutputValidationFailed")
                     return True
-                emit("ObjectProduced", **self.produce(ring, binding))
+                self.emit("ObjectProduced", **self.produce(ring, binding))
             if cmd["release_inputs_after"]:
                 for i in inputs:
                     self.objects.pop(i, None)
-            emit("StepCompleted", role_id=_id(role_id), step_id=step_id)
+            self.emit("StepCompleted", role_id=self._id(role_id), step_id=step_id)
         elif kind == "ReleaseDeviceObject":
             object_id = self.handle_of(cmd.get("device_handle", cmd.get("handle")))
             handle = {"worker_generation": self.generation, "id": object_id}
-            if MISBEHAVE == "release":
+            if self.misbehave == "release":
                 return True
             if self.objects.pop(object_id, None) is None:
-                emit("ReleaseFailed", device_handle=handle, reason="UnknownHandle")
+                self.emit("ReleaseFailed", device_handle=handle, reason="UnknownHandle")
             else:
-                emit("DeviceObjectReleased", device_handle=handle)
+                self.emit("DeviceObjectReleased", device_handle=handle)
         elif kind == "UninstallRing":
             self.rings.pop(cmd["ring_id"], None)
-            emit("RingQuiesced", ring_id=_id(cmd["ring_id"]))
+            self.emit("RingQuiesced", ring_id=self._id(cmd["ring_id"]))
         elif kind == "ShutdownWorker":
-            emit("WorkerStopped", reason=str(cmd.get("mode", "Graceful")))
+            self.emit("WorkerStopped", reason=str(cmd.get("mode", "Graceful")))
             return False
         else:
             raise Fatal("UnknownCommand")
         return True
 
 
-def serve() -> int:
-    worker = Worker()
+def serve(
+    inp: BinaryIO | None = None, out: TextIO | None = None, env: Mapping[str, str] | None = None
+) -> int:
+    """Commands from `inp` (stdin), events to `out` (stdout); `env` is the container's environment."""
+    inp = inp if inp is not None else sys.stdin.buffer
+    env = env if env is not None else os.environ
+    misbehave = env.get("STUB_WORKER_MISBEHAVE", "")
+    emit = emitter(out if out is not None else sys.stdout)
+    worker = Worker(emit, env, misbehave)
     log("speaking the worker-control wire on stdin/stdout")
     code = 0
     try:
-        for raw in sys.stdin.buffer:
+        for raw in inp:
             if not raw.strip():
                 continue
             try:
@@ -261,17 +272,17 @@ def serve() -> int:
                 if not isinstance(cmd, dict) or FORBIDDEN & set(cmd):
                     raise ValueError("not a command object")
             except ValueError:
-                if MISBEHAVE == "invalid_json":
+                if misbehave == "invalid_json":
                     continue
                 raise Fatal("InvalidJson") from None
             try:
                 if not worker.dispatch(cmd):
-                    code = 3 if MISBEHAVE == "shutdown" else 0
+                    code = 3 if misbehave == "shutdown" else 0
                     return code
             except (KeyError, TypeError, ValueError) as exc:
                 raise Fatal(f"InvalidJson: {exc}") from None
         log("end of stdin: the controller is gone, exiting")
-        if MISBEHAVE == "eof":
+        if misbehave == "eof":
             while True:
                 time.sleep(1)
         return 0
