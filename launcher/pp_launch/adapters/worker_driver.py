@@ -85,6 +85,7 @@ class WorkerDriver:
     name_prefix: str | None = None
     share_arena: bool = True
     log: Callable[[str], None] = lambda text: None
+    stage_backend: Any = None  # where worker containers run; None: the engine's (DockerStageBackend). Tests: fakes.
     clock: Callable[[], float] = time.monotonic
 
     def __post_init__(self) -> None:
@@ -93,7 +94,7 @@ class WorkerDriver:
         self.prefix = self.name_prefix or f"pp-worker-{self.run_id}"
         self.ctl = c.WorkerController(arena_ceiling=self.arena_ceiling, backend=dict(self.backend))
         self.inbox = QueueInbox()
-        self.docker = DockerStageBackend(self.engine)
+        self.docker = self.stage_backend if self.stage_backend is not None else DockerStageBackend(self.engine)
         self.ref: str | None = None
         self.arena: Arena | None = None
         self.notices: list[c.Output] = []  # everything the controller reported, in order

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from pp_launch.adapters.docker_engine import Engine
 from pp_launch.adapters.worker_driver import WorkerDriver
@@ -58,10 +59,24 @@ def ring(ring_id: int, direction: str, slot: int) -> w.InstallRing:
 
 
 class Conformance:
-    def __init__(self, engine: Engine, image: str, env: Mapping[str, str], log: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        image: str,
+        env: Mapping[str, str],
+        log: Callable[[str], None],
+        backend: Any = None,
+        timeout: float = TIMEOUT,
+        refusal: float = REFUSAL,
+    ) -> None:
+        """backend: where the worker containers run (None: the engine's); tests pass an in-process fake."""
         self.engine, self.image, self.env, self.log = engine, image, {"STUB_MODE": "worker", **env}, log
-        self.d = WorkerDriver(engine, image, env=self.env, log=log)
+        self.backend, self.timeout, self.refusal = backend, timeout, refusal
+        self.d = self._driver()
         self.loaded: list[w.ObjectLoaded] = []
+
+    def _driver(self) -> WorkerDriver:
+        return WorkerDriver(self.engine, self.image, env=self.env, log=self.log, stage_backend=self.backend)
 
     def _mark(self) -> int:
         return len(self.d.notices)
@@ -69,7 +84,7 @@ class Conformance:
     def _running(self, generation: int) -> str:
         since = self._mark()
         self.d.start()
-        ready = self.d.wait_for((c.WorkerRunning, c.WorkerFailed), TIMEOUT, since=since)
+        ready = self.d.wait_for((c.WorkerRunning, c.WorkerFailed), self.timeout, since=since)
         failed = ready if isinstance(ready, c.WorkerFailed) else None
         expect(
             isinstance(ready, c.WorkerRunning) and ready.generation == generation,
@@ -88,7 +103,7 @@ class Conformance:
     def configure(self) -> str:
         since = self._mark()
         self.d.command(w.ConfigureRole(role_id=ROLE, config={"run_id": "conformance", "stage_index": 0}))
-        ev = self.d.routed((w.RoleConfigured, w.RoleFailed), TIMEOUT, since)
+        ev = self.d.routed((w.RoleConfigured, w.RoleFailed), self.timeout, since)
         expect(isinstance(ev, w.RoleConfigured) and ev.role_id == ROLE, f"expected RoleConfigured, got {ev!r}")
         return f"RoleConfigured for role {ROLE}"
 
@@ -96,7 +111,7 @@ class Conformance:
         since = self._mark()
         for ring_id, direction in ((1, "ingress"), (2, "egress")):
             self.d.command(ring(ring_id, direction, ring_id - 1))
-        ok = self.d.pump(lambda: len(self._installed(since)) == 2, TIMEOUT)
+        ok = self.d.pump(lambda: len(self._installed(since)) == 2, self.timeout)
         expect(ok, f"RingInstalled for rings {sorted(self._installed(since))} only, expected [1, 2]")
         return "RingInstalled for ingress ring 1 and egress ring 2"
 
@@ -111,7 +126,7 @@ class Conformance:
         for expected in (0, 1):
             since = self._mark()
             self.d.command(w.RingReadable(ring_id=1))
-            ev = self.d.routed(w.ObjectLoaded, TIMEOUT, since)
+            ev = self.d.routed(w.ObjectLoaded, self.timeout, since)
             expect(ev is not None, "no ObjectLoaded after RingReadable")
             expect(ev.ring_id == 1 and ev.extent == EXTENT, f"ObjectLoaded for ring {ev.ring_id}, extent {ev.extent}")
             expect(ev.sequence == expected, f"ObjectLoaded sequence {ev.sequence}, expected {expected} (from 0, +1)")
@@ -145,7 +160,7 @@ class Conformance:
                 release_inputs_after=False,
             )
         )
-        done = self.d.routed((w.StepCompleted, w.StepFailed), TIMEOUT, since)
+        done = self.d.routed((w.StepCompleted, w.StepFailed), self.timeout, since)
         produced = self.d.routed(w.ObjectProduced, 0, since)
         expect(isinstance(done, w.StepCompleted), f"expected StepCompleted, got {done!r}")
         expect(
@@ -160,7 +175,7 @@ class Conformance:
         since = self._mark()
         handle = self.loaded[1].device_handle
         self.d.command(w.ReleaseDeviceObject(device_handle=handle))
-        ev = self.d.routed((w.DeviceObjectReleased, w.ReleaseFailed), TIMEOUT, since)
+        ev = self.d.routed((w.DeviceObjectReleased, w.ReleaseFailed), self.timeout, since)
         expect(
             isinstance(ev, w.DeviceObjectReleased) and ev.device_handle == handle,
             f"expected DeviceObjectReleased for {handle}, got {ev!r}",
@@ -170,14 +185,14 @@ class Conformance:
     def uninstall(self) -> str:
         since = self._mark()
         self.d.command(w.UninstallRing(ring_id=1, reason="Reconfigure"))
-        ev = self.d.routed(w.RingQuiesced, TIMEOUT, since)
+        ev = self.d.routed(w.RingQuiesced, self.timeout, since)
         expect(ev is not None and ev.ring_id == 1, "no RingQuiesced for ring 1")
         return "RingQuiesced for ring 1"
 
     def stale_after_restart(self) -> str:
         since = self._mark()
         self.d.kill_container()
-        failed = self._failed(since, TIMEOUT)
+        failed = self._failed(since, self.timeout)
         expect(failed is not None and failed.exit_status == 137, f"expected a failure with status 137, got {failed!r}")
         faulted = [n.ring_id for n in self.d.notices[since:] if isinstance(n, c.RingFaulted)]
         expect(faulted == [2], f"expected ring 2 faulted, got {faulted}")
@@ -187,7 +202,7 @@ class Conformance:
         expect(rejected == [c.CommandRejected(stale, "OldGenerationHandle")], "the controller sent a stale command")
         since = self._mark()
         self.d.write_raw(w.encode(stale))  # straight to the worker: it must refuse a handle of generation 1
-        failed = self._failed(since, REFUSAL)
+        failed = self._failed(since, self.refusal)
         expect(
             failed is not None and "OldGenerationHandle" in failed.detail,
             f"the worker accepted a generation-1 handle in generation 2 ({failed!r})",
@@ -198,7 +213,7 @@ class Conformance:
         self._running(3)
         since = self._mark()
         self.d.write_raw(b'{"type": "RingReadable", "ring_id": \n')
-        failed = self._failed(since, REFUSAL)
+        failed = self._failed(since, self.refusal)
         expect(
             failed is not None and "InvalidJson" in failed.detail and failed.exit_status == 1,
             f"expected WorkerFatal InvalidJson and exit 1, got {failed!r}",
@@ -209,7 +224,8 @@ class Conformance:
         self._running(4)
         since = self._mark()
         self.d.feed(c.ShutdownRequested())
-        stop = self.d.wait_for(c.TerminalStopped, TIMEOUT, since)
+        self.d.wait_for((c.TerminalStopped, c.WorkerFailed), self.timeout, since)  # whichever comes: the verdict
+        stop = self.d.wait_for(c.TerminalStopped, 0, since)
         stopped = self.d.wait_for(c.WorkerStoppedNotice, 0, since)
         failed = self.d.wait_for(c.WorkerFailed, 0, since)
         expect(stopped is not None, "no WorkerStopped after ShutdownWorker")
@@ -217,10 +233,10 @@ class Conformance:
         return "WorkerStopped, exit 0"
 
     def end_of_stdin(self) -> str:
-        d = WorkerDriver(self.engine, self.image, env=self.env, log=self.log)
+        d = self._driver()
         try:
             d.start()
-            started = d.wait_for((c.WorkerRunning, c.WorkerFailed), TIMEOUT)
+            started = d.wait_for((c.WorkerRunning, c.WorkerFailed), self.timeout)
             expect(isinstance(started, c.WorkerRunning), f"a fresh worker did not start ({started!r})")
             since = len(d.notices)
             t0 = time.monotonic()
@@ -275,8 +291,10 @@ def check(
     env: Mapping[str, str],
     say: Callable[[str], None],
     log: Callable[[str], None] = lambda text: None,
+    backend: Any = None,
+    timeout: float = TIMEOUT,
 ) -> bool:
-    results = Conformance(engine, image, env, log).run(say)
+    results = Conformance(engine, image, env, log, backend, timeout, min(REFUSAL, timeout)).run(say)
     passed = sum(r.ok for r in results)
     say(f"{passed}/{len(results)} steps passed: {'conformant' if passed == len(results) else 'NOT conformant'}")
     return passed == len(results)
