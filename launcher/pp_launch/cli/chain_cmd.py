@@ -17,6 +17,7 @@ from pp_launch.cli.options import Seconds, gpu_options, stage_options, swactor_o
 from pp_launch.cli.report import JsonReporter, LiveReporter, PlainReporter
 from pp_launch.core import errors, labels
 from pp_launch.core.chain.plan import ChainRequest
+from pp_launch.core.chain.scope import ChainOutcome
 
 
 @main.command()
@@ -114,20 +115,7 @@ def chain(
     plan, note = launch.plan_chain(request, gpu, engine, owner=owner)
     if note:
         click.echo(f"pp-launch: {note}", err=True)
-    if as_json:
-        reporter: Any = JsonReporter(plan.run_id)
-    elif detach:  # stdout is the run id alone: RUN=$(pp-launch chain --detach)
-        reporter = PlainReporter(plan.run_id, verbosity, out=sys.stderr)
-    elif sys.stdout.isatty() and verbosity >= 0:
-        reporter = LiveReporter(plan.run_id, stages, verbosity)
-    else:
-        reporter = PlainReporter(plan.run_id, verbosity)
-    if detach:
-        click.echo(
-            f"pp-launch: run {plan.run_id}: bringing up {stages} stages; until every stage has announced it ends "
-            "with this launcher, then only 'pp-launch down' ends it",
-            err=True,
-        )
+    reporter = _reporter(plan.run_id, stages, verbosity, as_json, detach)
     signals.install()  # already done by the console entry; here for programs that call main() directly
     if (held := signals.pending()) is not None:  # stopped while planning: nothing was started
         host_state.Reservations(host_state.state_dir()).release(plan.run_id)
@@ -143,10 +131,32 @@ def chain(
         )
     finally:
         reporter.close()
+    _finish(outcome, plan.run_id, as_json)
+
+
+def _reporter(run_id: str, stages: int, verbosity: int, as_json: bool, detach: bool) -> Any:
+    """--json: events on stdout; --detach: stdout is the run id alone (RUN=$(pp-launch chain --detach)), so
+    everything else goes to stderr; a terminal: the live table; else plain lines."""
+    if detach:
+        click.echo(
+            f"pp-launch: run {run_id}: bringing up {stages} stages; until every stage has announced it ends "
+            "with this launcher, then only 'pp-launch down' ends it",
+            err=True,
+        )
+    if as_json:
+        return JsonReporter(run_id)
+    if detach:
+        return PlainReporter(run_id, verbosity, out=sys.stderr)
+    if sys.stdout.isatty() and verbosity >= 0:
+        return LiveReporter(run_id, stages, verbosity)
+    return PlainReporter(run_id, verbosity)
+
+
+def _finish(outcome: ChainOutcome, run_id: str, as_json: bool) -> None:
     if outcome.reason == "detached":
         if not as_json:  # --json: stdout carries events only, and every event names the run
-            click.echo(plan.run_id)
-        click.echo(f"pp-launch: {outcome.message}; stop it with 'pp-launch down {plan.run_id}'", err=True)
+            click.echo(run_id)
+        click.echo(f"pp-launch: {outcome.message}; stop it with 'pp-launch down {run_id}'", err=True)
     elif outcome.exit_code != 0:
         click.echo(f"pp-launch: {'error: ' if outcome.reason != 'signal' else ''}{outcome.message}", err=True)
     sys.exit(outcome.exit_code)
