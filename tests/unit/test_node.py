@@ -143,3 +143,22 @@ def test_a_stage_ignoring_the_signal_is_killed_after_the_grace() -> None:
     assert sup.run(_created(backend), 0) == 143
     assert ("kill", 0) in backend.calls
     assert 1003.0 <= clock.now < 1004.5
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_pp_gpu_node_help_without_stage_prints_its_usage(
+    flag: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pp_launch.cli import node_cmd
+
+    monkeypatch.delenv("STAGE", raising=False)
+    assert node_cmd._run_node((flag,)) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: pp-gpu-node") and "PP_STOP_GRACE" in out and "STAGE" in out
+
+
+def test_with_stage_set_help_is_the_containers_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pp_launch.app.node import NodeConfig
+
+    monkeypatch.setenv("STAGE", "0")
+    assert NodeConfig.from_env({"STAGE": "0"}, ("--help",)).command == ("--help",)

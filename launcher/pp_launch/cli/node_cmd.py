@@ -32,7 +32,35 @@ def node_command(args: tuple[str, ...]) -> None:
     sys.exit(_run_node(args))
 
 
+USAGE = """usage: pp-gpu-node [COMMAND...]        (also: pp-launch node [COMMAND...])
+
+One stage container in the foreground, a drop-in for docker-gpu-node.sh. COMMAND, if given, is the container's
+command. Output passes through unchanged; the exit code is the container's (128+N after signal N); the container
+cannot outlive this process. Configured by the environment:
+
+  STAGE                 required   stage index (exit 2 without it)
+  PP_IMAGE              swactor-pp-gpu:latest   image (never pulled)
+  PP_CONTAINER_PREFIX   pp-stage   container name <prefix>-<STAGE>
+  PP_DEV                unset      passed in as DEV (unset: the image's own default)
+  PP_CACHE_DIR          $HOME/.cache/tinygrad   <dir>/stage-<STAGE> at /root/.cache/tinygrad
+  PP_STAGE_NETWORK      host       network mode (older name PP_DIAG_NETWORK); container:<id> allowed
+  PP_GPUS               unset      all, N (a count), device=0,2, device=GPU-..., or auto (NVML picks)
+  PP_MODEL_CACHE_DIR    unset      <dir>/stage-<STAGE> at /root/.cache/pp-pipeline
+  PP_ENTRYPOINT         unset      entrypoint (unset: the image's own)
+  PP_FORWARD_ENV        unset      further variable names to forward, comma-separated
+  PP_STOP_GRACE         10         seconds between a forwarded stop signal and the kill
+
+Forwarded when set: the stage environment of pp-launch chain (SEED_ADDR, SEED_DIRECT, SEED_RELAY, MAX_TOKENS,
+MODEL, WORKER_CMD, WORKER_SCRIPT, PYTHON, CUDA, PP_STAGE_SECRET, PEER_*, FIRST_PEER_*, ...).
+
+Example:
+  STAGE=0 NUM_STAGES=2 SEED_ADDR=... PP_IMAGE=pp-launch/stub-worker:latest pp-gpu-node"""
+
+
 def _run_node(args: tuple[str, ...]) -> int:
+    if args in (("--help",), ("-h",)) and "STAGE" not in os.environ:  # else they are the container's command
+        click.echo(USAGE)
+        return 0
     inbox = QueueInbox()
     signals.install()  # idempotent; also covers `pp-launch node` and direct calls
     signals.route_to(lambda signum: inbox.put(StopRequested(signum)))
