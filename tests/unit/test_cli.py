@@ -212,3 +212,33 @@ def test_the_worker_check_image_name_is_checked_before_the_engine_is_asked() -> 
     result = run("worker", "check", "")
     assert result.exit_code == 2
     assert result.output.startswith("pp-launch: error: IMAGE '' is not a valid image reference")
+
+
+def _plan_gpus(*args: str) -> list[list[str]]:
+    result = run("chain", "--dry-run", "--json", "--gpu-inventory", str(DATA / "plain-4gpu.json"), *args)
+    assert result.exit_code == 0, result.output
+    return [s["gpus"] for s in json.loads(result.output)["stages"]]
+
+
+def test_gpus_n_is_a_count_per_stage_as_in_docker_run() -> None:
+    uuids = [g["uuid"] for g in json.loads((DATA / "plain-4gpu.json").read_text())["gpus"]]
+    plan = _plan_gpus("--stages", "2", "--gpus", "2")
+    assert [len(g) for g in plan] == [2, 2] and len({u for g in plan for u in g}) == 4
+    assert _plan_gpus("--stages", "1", "--gpus", "3,") == [[uuids[3]]]  # a list with a comma: indices
+    assert _plan_gpus("--stages", "2", "--gpus", "device=0,2") == [[uuids[0]], [uuids[2]]]
+    assert _plan_gpus("--stages", "1", "--gpus", uuids[1]) == [[uuids[1]]]  # a UUID needs no comma
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("3", "pp-launch: error: not enough GPUs: 2 stages x 3 need 6, 4 free of 4"),
+        ("0", "pp-launch: error: --gpus 0 asks for no GPU: use --gpus none"),
+        ("three", "pp-launch: error: --gpus 'three' is not understood"),
+    ],
+)
+def test_bad_gpu_counts_are_exit_2_with_the_reason(value: str, message: str) -> None:
+    inventory = str(DATA / "plain-4gpu.json")
+    result = run("chain", "--dry-run", "--stages", "2", "--gpu-inventory", inventory, "--gpus", value)
+    assert result.exit_code == 2
+    assert result.output.startswith(message), result.output

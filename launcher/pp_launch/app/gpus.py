@@ -54,6 +54,29 @@ def holdings_from_labels(rows: list[Mapping[str, str]]) -> dict[str, Holding]:
     return out
 
 
+def parse_gpus_flag(value: str, per_stage: int) -> tuple[str, int]:
+    """(mode, GPUs per stage) from --gpus: a bare number is a count, as in `docker run --gpus 2`; indices are
+    `device=3` or a list with a comma (`3,` or `0,3`). ConfigError (exit 2) for anything else."""
+    value = value.strip()
+    if value in ("auto", "none", "all"):
+        return value, per_stage
+    if value.isascii() and value.isdigit():
+        count = int(value)
+        if count < 1:
+            raise errors.ConfigError("--gpus 0 asks for no GPU: use --gpus none")
+        if per_stage not in (1, count):
+            raise errors.ConfigError(f"--gpus {count} (a count per stage) and --gpus-per-stage {per_stage} disagree")
+        return "auto", count
+    listed = value.removeprefix("device=").strip("\"'")
+    tokens = [t.strip() for t in listed.split(",") if t.strip()]
+    if tokens and (value.startswith("device=") or "," in value or all(t.startswith(("GPU-", "MIG-")) for t in tokens)):
+        return ",".join(tokens), per_stage
+    raise errors.ConfigError(
+        f"--gpus {value!r} is not understood: use auto, none, all, a count (2), or device=0,2 / device=GPU-<uuid> "
+        "(a bare list with a comma works too: 3, or 0,3)"
+    )
+
+
 def select(
     *,
     mode: str,
@@ -69,7 +92,9 @@ def select(
     min_free_mib: int | None = None,
     reserve: bool = True,
 ) -> GpuSelection:
-    """mode: auto | none | all | a comma-separated list of indices or UUIDs."""
+    """mode (--gpus), read as `docker run --gpus` reads it: auto | none | all | N (a count: N GPUs for each
+    stage, placed as auto places them) | device=LIST or a LIST with a comma (indices or UUIDs, in stage order)."""
+    mode, per_stage = parse_gpus_flag(mode, per_stage)
     cpu = GpuSelection([()] * stages, [()] * stages, ())
     if mode == "none":
         return cpu

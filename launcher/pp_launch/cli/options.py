@@ -79,9 +79,11 @@ def gpu_options(f: F) -> F:
             "gpus",
             default="auto",
             show_default=True,
-            metavar="auto|none|all|LIST",
-            help="GPUs for the stages: auto (NVML picks free ones), none (CPU stages), all (every GPU "
-            "to every stage) or a comma-separated list of indices/UUIDs used in stage order.",
+            metavar="auto|none|all|N|device=LIST",
+            help="GPUs for the stages, read as docker run --gpus reads them: auto (NVML picks free ones, "
+            "--gpus-per-stage each), none (CPU stages), all (every GPU to every stage), N (a count: N free GPUs "
+            "for each stage), or device=LIST of indices/UUIDs used in stage order (a bare list with a comma, "
+            "3, or 0,3, works too).",
         ),
         click.option(
             "--gpus-per-stage",
