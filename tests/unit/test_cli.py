@@ -242,3 +242,25 @@ def test_bad_gpu_counts_are_exit_2_with_the_reason(value: str, message: str) -> 
     result = run("chain", "--dry-run", "--stages", "2", "--gpu-inventory", inventory, "--gpus", value)
     assert result.exit_code == 2
     assert result.output.startswith(message), result.output
+
+
+@pytest.mark.parametrize("args", [("-q", "chain"), ("chain", "-q"), ("chain", "-vv"), ("-v", "chain", "-v")])
+def test_verbosity_flags_work_before_and_after_the_command(args: tuple[str, ...]) -> None:
+    assert run(*args, "--dry-run", "--gpus", "none").exit_code == 0
+
+
+def test_quiet_json_has_no_stage_lines_and_vv_shows_state_changes() -> None:
+    import io
+
+    from pp_launch.cli.report import JsonReporter, PlainReporter
+    from pp_launch.core import events
+
+    out, err = io.StringIO(), io.StringIO()
+    quiet = JsonReporter("r", out=out, err=err, verbosity=-1)
+    quiet.stage_line(0, "stdout", "hello")
+    quiet.event(events.ChainStarting(stages=2, image="i"))
+    assert err.getvalue() == "" and '"event":"chain_starting"' in out.getvalue()
+    for verbosity, shown in ((1, False), (2, True)):
+        err = io.StringIO()
+        PlainReporter("r", verbosity, out=io.StringIO(), err=err).stage_state(1, events.StageState.STOPPING, "SIGKILL")
+        assert ("stage 1: stopping (SIGKILL)" in err.getvalue()) is shown

@@ -144,7 +144,7 @@ def _reporter(run_id: str, stages: int, verbosity: int, as_json: bool, detach: b
             err=True,
         )
     if as_json:
-        return JsonReporter(run_id)
+        return JsonReporter(run_id, verbosity=verbosity)
     if detach:
         return PlainReporter(run_id, verbosity, out=sys.stderr)
     if sys.stdout.isatty() and verbosity >= 0:

@@ -11,17 +11,36 @@ from pp_launch.cli import signals
 from pp_launch.cli.options import mapped_errors
 
 
+def _verbosity(ctx: click.Context, param: click.Parameter, value: Any) -> None:
+    """-v/-q after the command name mean what they mean before it (the root's callback has run by then)."""
+    obj = ctx.find_root().obj
+    if obj is None or not value:
+        return
+    obj["verbosity"] = -1 if param.name == "quiet" else max(obj["verbosity"], int(value))
+
+
 class Commands(click.Group):
-    """The `pp-launch` group: every command runs inside the one error boundary (options.mapped_errors)."""
+    """The `pp-launch` group: every command runs inside the one error boundary (options.mapped_errors), and
+    takes -v/-q after its name too (not `node`: its arguments are the container's command)."""
 
     def invoke(self, ctx: click.Context) -> Any:
         with mapped_errors():
             return super().invoke(ctx)
 
+    def add_command(self, cmd: click.Command, name: str | None = None) -> None:
+        if (name or cmd.name) != "node":
+            cmd.params += [
+                click.Option(["-v", "--verbose"], count=True, expose_value=False, callback=_verbosity,
+                             help="Say more (-vv: every stage's state changes too)."),
+                click.Option(["-q", "--quiet"], is_flag=True, expose_value=False, callback=_verbosity,
+                             help="Only errors and the result; no stage lines."),
+            ]  # fmt: skip
+        super().add_command(cmd, name)
+
 
 @click.group(cls=Commands, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @click.version_option(__version__, prog_name="pp-launch")
-@click.option("-v", "--verbose", count=True, help="Say more (repeatable).")
+@click.option("-v", "--verbose", count=True, help="Say more (-vv: every stage's state changes too).")
 @click.option("-q", "--quiet", is_flag=True, help="Only errors and the final result; no stage lines.")
 @click.pass_context
 def main(ctx: click.Context, verbose: int, quiet: bool) -> None:

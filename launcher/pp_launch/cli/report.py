@@ -26,8 +26,11 @@ def stage_prefix(stage: int) -> str:
 
 
 class JsonReporter:
-    def __init__(self, run_id: str, out: TextIO | None = None, err: TextIO | None = None) -> None:
+    def __init__(
+        self, run_id: str, out: TextIO | None = None, err: TextIO | None = None, verbosity: int = 0
+    ) -> None:
         self.run_id = run_id
+        self.verbosity = verbosity  # -1 (-q): events only, no stage lines
         self.out = out or sys.stdout
         self.err = err or sys.stderr
         self._lock = threading.Lock()
@@ -39,6 +42,8 @@ class JsonReporter:
             self.out.flush()
 
     def stage_line(self, stage: int, stream: str, text: str) -> None:
+        if self.verbosity < 0:
+            return
         with self._lock:
             self.err.write(stage_prefix(stage) + text + "\n")
             self.err.flush()
@@ -90,7 +95,8 @@ class PlainReporter:
             self.out.flush()
 
     def stage_state(self, stage: int, state: events.StageState, detail: str = "") -> None:
-        pass
+        if self.verbosity >= 2:  # -vv
+            self._say(f"stage {stage}: {state.value}" + (f" ({detail})" if detail else ""))
 
     def close(self) -> None:
         pass
