@@ -22,6 +22,7 @@ EXAMPLES: list[events.Event] = [
     ),
     events.StageExited(stage=2, exit_code=137, reason=events.ExitReason.STOPPED),
     events.StageExited(stage=2, exit_code=None, reason=events.ExitReason.FAILED, detail="lost the engine's wait"),
+    events.ChainStopping(reason=events.StopReason.SIGNAL, stages=3, grace=5.0),
     events.ChainStopped(reason=events.StopReason.SIGNAL, exit_code=130, removed=("pp-abc-0",), orphans=()),
     events.ChainStopped(
         reason=events.StopReason.COMPLETED, exit_code=0, removed=(), orphans=(), output_dropped_bytes=4096

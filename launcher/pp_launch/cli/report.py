@@ -81,6 +81,11 @@ class PlainReporter:
         elif isinstance(event, events.StageRoster):
             roster = " ".join(f"{e.stage_index}:{e.node_id_short}" for e in event.stages)
             self._say(f"roster of run {self.run_id}: {roster}")
+        elif isinstance(event, events.ChainStopping):
+            second = "; Ctrl-C again to kill now" if event.reason is events.StopReason.SIGNAL else ""
+            self._say(f"stopping {event.stages} stages (grace {event.grace:g} s){second}")
+        elif isinstance(event, events.StageExited) and event.reason is events.ExitReason.STOPPED:
+            self._say(f"stage {event.stage} gone (exit {event.exit_code})")
         elif isinstance(event, events.StageExited) and self.verbosity > 0:
             self._say(f"stage {event.stage} exited with code {event.exit_code} ({event.reason.value})")
         elif isinstance(event, events.ChainStopped):
@@ -114,12 +119,12 @@ class LiveReporter(PlainReporter):
         events.StageState.GONE.value: "dim",
     }
 
-    def __init__(self, run_id: str, num_stages: int, verbosity: int = 0) -> None:
+    def __init__(self, run_id: str, num_stages: int, verbosity: int = 0, console: Any = None) -> None:
         super().__init__(run_id, verbosity)
         from rich.console import Console
         from rich.live import Live
 
-        self.console = Console(highlight=False)
+        self.console = console or Console(highlight=False)
         self.rows: dict[int, list[str]] = {k: ["waiting", ""] for k in range(num_stages)}
         self.started = time.monotonic()
         self.live = Live(self._table(), console=self.console, refresh_per_second=8, transient=False)
@@ -127,20 +132,28 @@ class LiveReporter(PlainReporter):
 
     def _table(self) -> Any:
         from rich.table import Table
+        from rich.text import Text
 
         table = Table(title=f"pp-launch run {self.run_id}", title_justify="left", expand=False)
         for col in ("stage", "state", "detail"):
             table.add_column(col)
         for k, (state, detail) in sorted(self.rows.items()):
-            table.add_row(str(k), f"[{self.STYLES.get(state, 'white')}]{state}[/]", detail)
+            # styled Text, never markup: a stage's address or a state is shown as it is
+            table.add_row(Text(str(k)), Text(state, style=self.STYLES.get(state, "white")), Text(detail))
         return table
 
+    def _print(self, text: str) -> None:
+        """Whole, as it came: never wrapped at the terminal's width nor cut (soft wrap), never read as markup."""
+        from rich.text import Text
+
+        self.console.print(Text(text), soft_wrap=True, markup=False, highlight=False)
+
     def _say(self, text: str) -> None:
-        self.console.print(f"pp-launch: {text}", markup=False)
+        self._print(f"pp-launch: {text}")
 
     def stage_line(self, stage: int, stream: str, text: str) -> None:
         if self.verbosity >= 0:
-            self.console.print(stage_prefix(stage) + text, markup=False)
+            self._print(stage_prefix(stage) + text)
 
     def stage_state(self, stage: int, state: events.StageState, detail: str = "") -> None:
         with self._lock:

@@ -110,6 +110,16 @@ class StageExited(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class ChainStopping(Event):
+    """Ours, beyond the contract's minimum: the teardown begins (why, how many stages, the grace)."""
+
+    NAME = "chain_stopping"
+    reason: StopReason
+    stages: int
+    grace: float
+
+
+@dataclass(frozen=True, kw_only=True)
 class ChainStopped(Event):
     NAME = "chain_stopped"
     reason: StopReason
@@ -120,7 +130,8 @@ class ChainStopped(Event):
 
 
 EVENTS: dict[str, type[Event]] = {
-    c.NAME: c for c in (ChainStarting, StageStarted, StageAnnounced, StageRoster, StageExited, ChainStopped)
+    c.NAME: c
+    for c in (ChainStarting, StageStarted, StageAnnounced, StageRoster, StageExited, ChainStopping, ChainStopped)
 }
 
 
@@ -137,7 +148,7 @@ def from_json(doc: dict[str, Any]) -> Event:
             continue
         value = doc[f.name]
         if f.name == "reason":
-            value = StopReason(value) if cls is ChainStopped else ExitReason(value)
+            value = ExitReason(value) if cls is StageExited else StopReason(value)
         elif f.name == "stages" and cls is StageRoster:
             value = tuple(RosterEntry(**entry) for entry in value)
         elif isinstance(value, list):

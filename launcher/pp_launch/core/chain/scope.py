@@ -396,6 +396,9 @@ class ChainScope:
         self.inbox.stop_holding_back()  # stopping never waits behind output
         self.backend.tearing_down()
         live = [s for s in self.stages if s.started and not s.gone]  # started: each has its ref
+        if live:
+            stopping = events.ChainStopping(reason=events.StopReason(reason), stages=len(live), grace=self.plan.grace)
+            self.reporter.event(stopping)
         for st in live:
             self._move(st, events.StageInput.STOP)
         self._each(live, "SIGTERM to stage", lambda st: self.backend.signal(st.ref or "", signal.SIGTERM))
