@@ -107,7 +107,7 @@ class Launcher:
         with self._cond:
             while True:
                 for e in self.events:
-                    if e["event"] == name and all(e.get(k) == v for k, v in match.items()):
+                    if e.get("event") == name and all(e.get(k) == v for k, v in match.items()):
                         return e
                 left = deadline - time.monotonic()
                 if left <= 0 or (self.proc.poll() is not None and not self._cond.wait(0.2)):
@@ -116,7 +116,7 @@ class Launcher:
 
     def events_named(self, name: str) -> list[dict[str, Any]]:
         with self._cond:
-            return [e for e in self.events if e["event"] == name]
+            return [e for e in self.events if e.get("event") == name]
 
     @property
     def run_id(self) -> str:

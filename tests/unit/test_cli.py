@@ -264,3 +264,18 @@ def test_quiet_json_has_no_stage_lines_and_vv_shows_state_changes() -> None:
         err = io.StringIO()
         PlainReporter("r", verbosity, out=io.StringIO(), err=err).stage_state(1, events.StageState.STOPPING, "SIGKILL")
         assert ("stage 1: stopping (SIGKILL)" in err.getvalue()) is shown
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("gpus", "--json", "--gpu-inventory", str(DATA / "nvlink-8gpu.json")),
+        ("chain", "--dry-run", "--json", "--gpus", "none", "--stages", "3"),
+    ],
+)
+def test_every_json_output_is_json_lines(args: tuple[str, ...]) -> None:
+    """docs/formats.md: one JSON object per line on stdout, nothing else there."""
+    result = CliRunner().invoke(main, list(args), env=NO_ENGINE, catch_exceptions=False)
+    assert result.exit_code == 0
+    lines = result.stdout.splitlines()
+    assert lines and all(isinstance(json.loads(line), dict) for line in lines)

@@ -174,7 +174,7 @@ def _dry_run(request: ChainRequest, gpu: launch.GpuOptions, as_json: bool) -> No
     if engine is None:
         doc["warning"] = "no Docker engine answered: GPUs held by running containers were not checked"
     if as_json:
-        click.echo(json.dumps(doc, indent=2))
+        click.echo(json.dumps(doc, separators=(",", ":")))  # JSON lines, as every --json (docs/formats.md)
         return
     click.echo(f"run {plan.run_id}: {len(plan.stages)} stages (nothing started: dry run)")
     for s in plan.stages:

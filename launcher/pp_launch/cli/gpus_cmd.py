@@ -14,7 +14,7 @@ from pp_launch.core import errors
 
 
 @main.command()
-@click.option("--json", "as_json", is_flag=True, help="The inventory as JSON (contract §7) on stdout.")
+@click.option("--json", "as_json", is_flag=True, help="The inventory as one JSON line on stdout (docs/formats.md).")
 @click.option(
     "--gpu-inventory",
     type=click.Path(dir_okay=False),
@@ -42,7 +42,7 @@ def gpus(as_json: bool, gpu_inventory: str | None, record: str | None) -> None:
     if inventory.note:
         click.echo(inventory.note, err=True)
     if as_json:
-        click.echo(json.dumps(inventory.to_json(), indent=2))
+        click.echo(json.dumps(inventory.to_json(), separators=(",", ":")))  # JSON lines, as every --json
     elif inventory.gpus:
         click.echo(render_table(inventory, held))
     if record:

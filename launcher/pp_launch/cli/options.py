@@ -96,7 +96,8 @@ def gpu_options(f: F) -> F:
             "--gpu-inventory",
             type=click.Path(dir_okay=False),
             envvar=gpu_select.INVENTORY_ENV,
-            help="Read the GPU inventory from this file (contract §7) instead of NVML.",
+            help="Read the GPU inventory from this file (the format of 'pp-launch gpus --record'; "
+            "docs/formats.md) instead of NVML.",
         ),
         click.option(
             "--gpu-attach",
