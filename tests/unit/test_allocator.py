@@ -77,7 +77,8 @@ def test_pcie_box_too_few_gpus_names_need_free_and_why() -> None:
         "not enough GPUs: 2 stages x 2 need 4, 2 free of 4\n"
         f"  GPU 0 ({inv.gpus[0].uuid}) busy: pid 4242 using 1024 MiB\n"
         f"  GPU 3 ({inv.gpus[3].uuid}) held by pp-launch run bbbb00000000 stage 1\n"
-        "Free GPUs, use --allow-shared, or run with --gpus none for CPU stages."
+        "Ask for fewer (--stages, --gpus-per-stage); free the GPUs held or busy, or share them (--allow-shared); "
+        "or run with --gpus none for CPU stages."
     )
     assert exc.value.exit_code == 2
 
@@ -88,6 +89,7 @@ def test_min_free_memory_filters_with_its_reason() -> None:
         allocate(inv, AllocationRequest(stages=4, allow_shared=True, min_free_mib=45000), {})
     assert "GPU 0 (" in str(exc.value)
     assert "filtered out by --min-free-mem: 44532 MiB free, 45000 MiB asked" in str(exc.value)
+    assert "lower --min-free-mem" in str(exc.value) and "--allow-shared" not in str(exc.value)  # it would not help
 
 
 # ---------------------------------------------------------------- MIG

@@ -279,3 +279,35 @@ def test_every_json_output_is_json_lines(args: tuple[str, ...]) -> None:
     assert result.exit_code == 0
     lines = result.stdout.splitlines()
     assert lines and all(isinstance(json.loads(line), dict) for line in lines)
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        ('{"gpus": [{"index": 0}]}', "gpus[0] lacks the field 'uuid' (docs/formats.md)"),
+        ('{"gpus": [{"index": "x", "uuid": "GPU-1"}]}', "gpus[0] is not a GPU entry"),
+        ("[1, 2]", "is not a GPU inventory: expected an object with a list 'gpus'"),
+        ("{oops", "is not JSON"),
+    ],
+)
+def test_a_bad_inventory_file_says_what_is_wrong(doc: str, message: str, tmp_path: Path) -> None:
+    path = tmp_path / "inv.json"
+    path.write_text(doc)
+    result = run("gpus", "--gpu-inventory", str(path))
+    assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output
+
+
+def test_gpus_without_a_driver_suggests_cpu_stages() -> None:
+    result = run("chain", "--dry-run", "--gpus", "2")
+    assert result.exit_code == 2
+    assert "use --gpus none for CPU stages" in result.output
+
+
+def test_an_unreachable_engine_is_named_with_docker_host_and_no_requests_repr() -> None:
+    result = run("ps")
+    assert result.exit_code == 2
+    assert result.output == (
+        "pp-launch: error: cannot reach the Docker engine at unix:///nonexistent/docker.sock: no engine socket there "
+        "(is the engine running?). Start it (or set DOCKER_HOST to the engine you mean) and check that 'docker info' "
+        "works.\n"
+    )

@@ -91,10 +91,24 @@ def connect(timeout: float | None = None) -> Engine:
         client.ping()
     except docker.errors.DockerException as exc:
         raise errors.EngineUnavailable(
-            f"cannot reach the Docker engine at {engine_address()} ({_reason(exc)}). Start it "
-            "(launcher/scripts/ensure-docker.sh does, as root on Debian) and check that 'docker info' works."
+            f"cannot reach the Docker engine at {engine_address()}: {_unreachable(exc)}. Start it (or set "
+            "DOCKER_HOST to the engine you mean) and check that 'docker info' works."
         ) from None
     return Engine(client, timeout)
+
+
+def _unreachable(exc: BaseException) -> str:
+    """Why an engine does not answer, in words (never a `requests` repr)."""
+    text = str(exc)
+    if "No such file" in text or "FileNotFoundError" in text:
+        return "no engine socket there (is the engine running?)"
+    if "Connection refused" in text:
+        return "nothing answers on it (is the engine running?)"
+    if "Permission denied" in text or "PermissionError" in text:
+        return "permission denied (run as root, or add your user to the 'docker' group)"
+    if "timed out" in text.lower():
+        return "it did not answer in time"
+    return _reason(exc)
 
 
 def _reason(exc: BaseException) -> str:

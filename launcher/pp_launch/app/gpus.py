@@ -94,15 +94,16 @@ def select(
 ) -> GpuSelection:
     """mode (--gpus), read as `docker run --gpus` reads it: auto | none | all | N (a count: N GPUs for each
     stage, placed as auto places them) | device=LIST or a LIST with a comma (indices or UUIDs, in stage order)."""
+    asked = mode.strip()
     mode, per_stage = parse_gpus_flag(mode, per_stage)
     cpu = GpuSelection([()] * stages, [()] * stages, ())
     if mode == "none":
         return cpu
     if not inventory.gpus:
         why = inventory.note or "the GPU inventory lists no GPU"
-        if mode == "auto":
+        if asked == "auto":  # only auto falls back to CPU stages; a count or a list asked for GPUs
             return GpuSelection(cpu.stage_gpus, cpu.device_requests, (), f"no GPU found ({why}): stages run on CPU")
-        raise errors.NotEnoughGpus(f"--gpus {mode} asks for GPUs, but {why}")
+        raise errors.NotEnoughGpus(f"--gpus {asked} asks for GPUs, but {why}; use --gpus none for CPU stages")
     if mode == "all":
         every = tuple(g.uuid for g in inventory.gpus)
         return GpuSelection([every] * stages, [device_requests(every, attach)] * stages, ())

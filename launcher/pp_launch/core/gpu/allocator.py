@@ -186,7 +186,16 @@ def _not_enough(
         f"{len(free)} free of {len(units(inventory))}"
     ]
     lines += [f"  {why}" for why in passed_over]
-    lines.append("Free GPUs, use --allow-shared, or run with --gpus none for CPU stages.")
+    # advice that can help, by why the GPUs were passed over (sharing never lifts a filter)
+    advice = ["Ask for fewer (--stages, --gpus-per-stage)"]
+    if any(" held by pp-launch run " in why or ") busy: " in why for why in passed_over):
+        advice.append("free the GPUs held or busy, or share them (--allow-shared)")
+    if any("--min-free-mem" in why for why in passed_over):
+        advice.append("lower --min-free-mem")
+    if any("CUDA_VISIBLE_DEVICES" in why for why in passed_over):
+        advice.append("widen CUDA_VISIBLE_DEVICES")
+    advice.append("or run with --gpus none for CPU stages")
+    lines.append("; ".join(advice) + ".")
     return errors.NotEnoughGpus("\n".join(lines))
 
 

@@ -74,13 +74,24 @@ class GpuInventory:
 
     @classmethod
     def from_json(cls, doc: Any, source: str = "inventory") -> GpuInventory:
+        if not isinstance(doc, dict) or not isinstance(doc.get("gpus", []), list):
+            raise errors.ConfigError(f"{source} is not a GPU inventory: expected an object with a list 'gpus' "
+                                     "(docs/formats.md)")  # fmt: skip
+        gpus = []
+        for i, g in enumerate(doc.get("gpus", [])):
+            try:
+                gpus.append(_gpu_from(g))
+            except KeyError as exc:
+                raise errors.ConfigError(f"{source}: gpus[{i}] lacks the field {exc} (docs/formats.md)") from None
+            except (AttributeError, TypeError, ValueError) as exc:
+                raise errors.ConfigError(f"{source}: gpus[{i}] is not a GPU entry: {exc} (docs/formats.md)") from None
         try:
-            gpus = tuple(_gpu_from(g) for g in doc.get("gpus", []))
             topology = _matrix(doc.get("topology"), len(gpus), "topology")
             nvlink = _matrix(doc.get("nvlink"), len(gpus), "nvlink")
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
-            raise errors.ConfigError(f"{source} is not a GPU inventory (contract §7): {exc}") from None
-        return cls(gpus, _opt_str(doc.get("driver_version")), _opt_str(doc.get("cuda_version")), topology, nvlink)
+            raise errors.ConfigError(f"{source} is not a GPU inventory: {exc} (docs/formats.md)") from None
+        versions = _opt_str(doc.get("driver_version")), _opt_str(doc.get("cuda_version"))
+        return cls(tuple(gpus), *versions, topology, nvlink)
 
     @classmethod
     def load(cls, path: str | Path) -> GpuInventory:
