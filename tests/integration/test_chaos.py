@@ -173,7 +173,10 @@ def test_gc_and_down_all_touch_only_our_containers(engine, stub_image) -> None:
         assert Launcher("gc").wait(30) == 0
         for c in started:
             assert engine.inspect(c.get_container_id())["State"]["Running"]
-        down = Launcher("down", "--all", "--grace", "1")
+        unconfirmed = Launcher("down", "--all", "--grace", "1")  # no terminal to ask on, no --yes: refused
+        assert unconfirmed.wait(30) == 2 and "add --yes to confirm" in unconfirmed.stderr_text()
+        assert all(engine.inspect(c.get_container_id())["State"]["Running"] for c in started)
+        down = Launcher("down", "--all", "--yes", "--grace", "1")
         assert down.wait(30) == 0
         for c in decoys:
             assert engine.inspect(c.get_container_id())["State"]["Running"]  # no labels: never touched

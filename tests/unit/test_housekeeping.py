@@ -76,3 +76,26 @@ def test_the_table_escapes_what_labels_carry() -> None:
 
 def test_no_containers_says_so() -> None:
     assert housekeeping.render([]) == "no pp-launch containers"
+
+
+@pytest.mark.parametrize(
+    ("wanted", "result"),
+    [("aaaa11112222", "aaaa11112222"), ("aaaa1", "aaaa11112222"), ("b", "bbbb00000000")],
+)
+def test_a_run_is_named_by_its_id_or_a_unique_prefix(wanted: str, result: str) -> None:
+    assert housekeeping.resolve_run(wanted, {"aaaa11112222", "aaaa99990000", "bbbb00000000"}) == result
+
+
+@pytest.mark.parametrize(
+    ("wanted", "message"),
+    [
+        ("aaaa", "run 'aaaa' is ambiguous: aaaa11112222, aaaa99990000"),
+        ("typo", "no run 'typo' here; runs: aaaa11112222, aaaa99990000 ('pp-launch ps' lists them)"),
+    ],
+)
+def test_an_unknown_or_ambiguous_run_is_exit_2_naming_the_runs(wanted: str, message: str) -> None:
+    from pp_launch.core import errors
+
+    with pytest.raises(errors.ConfigError) as exc:
+        housekeeping.resolve_run(wanted, {"aaaa11112222", "aaaa99990000"})
+    assert str(exc.value) == message and exc.value.exit_code == 2

@@ -9,7 +9,7 @@ from typing import Any
 
 from pp_launch.adapters import bringup
 from pp_launch.adapters.docker_engine import ContainerInfo, DockerStageBackend, Engine
-from pp_launch.core import labels
+from pp_launch.core import errors, labels
 from pp_launch.core.chain.ports import QueueInbox
 from pp_launch.core.chain.scope import ChainOutcome, ChainScope, Found, QuietReporter
 from pp_launch.core.errors import EngineError
@@ -67,6 +67,20 @@ def describe(c: ContainerInfo) -> str:
 
 def safe(text: str) -> str:
     return display(text.encode("utf-8", "surrogateescape"))
+
+
+def resolve_run(wanted: str, runs: set[str]) -> str:
+    """A run id, or a unique prefix of one, among the runs the engine has; ConfigError (exit 2) naming the runs
+    there are otherwise."""
+    if wanted in runs:
+        return wanted
+    matches = sorted(r for r in runs if r.startswith(wanted)) if wanted else []
+    if len(matches) == 1:
+        return matches[0]
+    known = ", ".join(safe(r) for r in sorted(runs)) or "none"
+    if matches:
+        raise errors.ConfigError(f"run {safe(wanted)!r} is ambiguous: {', '.join(matches)}")
+    raise errors.ConfigError(f"no run {safe(wanted)!r} here; runs: {known} ('pp-launch ps' lists them)")
 
 
 def stop_runs(

@@ -42,24 +42,36 @@ def ps(as_json: bool) -> None:
     metavar="S",
     help="Budget between SIGTERM and SIGKILL, for all containers at once.",
 )
-def down(run_id: str | None, all_runs: bool, grace: float) -> None:
+@click.option("--yes", "-y", is_flag=True, help="With --all: do not ask first.")
+def down(run_id: str | None, all_runs: bool, grace: float, yes: bool) -> None:
     """Stop a run (or --all) with the chain's guarantees: SIGTERM, one grace, SIGKILL, removal confirmed.
 
-    Acts on containers with pp-launch labels only, of any owner (detached and compose runs included).
+    Acts on containers with pp-launch labels only, of any owner (detached and compose runs included). RUN_ID
+    may be a unique prefix. --all asks first (other people's runs may be among them) unless --yes.
 
     \b
     Examples:
       pp-launch down 3f2a9c1b7d00
-      pp-launch down --all --grace 2
+      pp-launch down 3f2a
+      pp-launch down --all --yes --grace 2
     """
     if bool(run_id) == all_runs:
         raise click.UsageError("name one RUN_ID, or --all")
-    selector = labels.run_selector(None if all_runs else run_id)
     engine = connect()
-    targets = engine.containers(selector)
+    every = engine.containers(labels.run_selector())
+    if all_runs:
+        targets = every
+        if targets and not yes:
+            runs = sorted({c.labels.get(labels.RUN, "?") for c in targets})
+            question = f"stop {len(targets)} containers of {len(runs)} runs ({', '.join(runs)}), whoever owns them?"
+            if not sys.stdin.isatty():
+                raise errors.ConfigError(f"--all would {question[:-1]}: add --yes to confirm")
+            click.confirm(f"pp-launch: {question}", abort=True, err=True)
+    else:
+        run = housekeeping.resolve_run(run_id or "", {c.labels.get(labels.RUN, "") for c in every})
+        targets = [c for c in every if c.labels.get(labels.RUN) == run]
     if not targets:
-        what = "no pp-launch containers" if all_runs else f"no containers of run {run_id}"
-        click.echo(f"pp-launch: nothing to stop ({what})", err=True)
+        click.echo("pp-launch: nothing to stop (no pp-launch containers)", err=True)
         return
     names = ", ".join(sorted(c.name for c in targets))
     click.echo(f"pp-launch: stopping {len(targets)} containers: {names}", err=True)
