@@ -45,3 +45,10 @@ def test_ctrl_c_says_what_happens_next_and_each_stage_going() -> None:
     assert err.getvalue() == (
         "pp-launch: stopping 3 stages (grace 5 s); Ctrl-C again to kill now\npp-launch: stage 1 gone (exit 143)\n"
     )
+
+
+def test_the_summary_says_what_happened_in_words_and_counts_right() -> None:
+    err = io.StringIO()
+    plain = PlainReporter("r1", 0, out=io.StringIO(), err=err)
+    plain.event(events.ChainStopped(reason=events.StopReason.STAGE_FAILED, exit_code=1, removed=("a",), orphans=()))
+    assert err.getvalue() == "pp-launch: chain stopped (a stage failed), 1 container removed; nothing left behind\n"

@@ -11,6 +11,7 @@ from pp_launch.adapters.docker_engine import connect
 from pp_launch.app import housekeeping
 from pp_launch.cli.main import main
 from pp_launch.cli.options import Seconds
+from pp_launch.cli.report import count
 from pp_launch.core import errors, labels
 
 
@@ -74,7 +75,7 @@ def down(run_id: str | None, all_runs: bool, grace: float, yes: bool) -> None:
         click.echo("pp-launch: nothing to stop (no pp-launch containers)", err=True)
         return
     names = ", ".join(sorted(c.name for c in targets))
-    click.echo(f"pp-launch: stopping {len(targets)} containers: {names}", err=True)
+    click.echo(f"pp-launch: stopping {count(len(targets), 'container')}: {names}", err=True)
     outcomes = housekeeping.stop_runs(engine, targets, grace)
     left = [ref for o in outcomes for ref in o.orphans]
     problems = [o.message for o in outcomes if o.exit_code != 0]
@@ -84,7 +85,7 @@ def down(run_id: str | None, all_runs: bool, grace: float, yes: bool) -> None:
         tail = f"; still present: {still}" if still else ""
         click.echo(f"pp-launch: error: {'; '.join(problems)}{tail}", err=True)
         sys.exit(errors.EXIT_FAILURE)
-    click.echo(f"pp-launch: stopped and removed {len(targets)} containers", err=True)
+    click.echo(f"pp-launch: stopped and removed {count(len(targets), 'container')}", err=True)
 
 
 @main.command()

@@ -21,6 +21,19 @@ def rfc3339_now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+STOP_WORDS = {
+    events.StopReason.COMPLETED: "completed",
+    events.StopReason.STAGE_FAILED: "a stage failed",
+    events.StopReason.SIGNAL: "stopped by a signal",
+    events.StopReason.ERROR: "an error in pp-launch",
+    events.StopReason.DETACHED: "detached",
+}
+
+
+def count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
 def stage_prefix(stage: int) -> str:
     return f"[stage {stage}] "
 
@@ -90,7 +103,8 @@ class PlainReporter:
             self._say(f"stage {event.stage} exited with code {event.exit_code} ({event.reason.value})")
         elif isinstance(event, events.ChainStopped):
             tail = f"; LEFT BEHIND: {', '.join(event.orphans)}" if event.orphans else "; nothing left behind"
-            self._say(f"chain stopped ({event.reason.value}), {len(event.removed)} containers removed{tail}")
+            why = STOP_WORDS.get(event.reason, event.reason.value)
+            self._say(f"chain stopped ({why}), {count(len(event.removed), 'container')} removed{tail}")
 
     def stage_line(self, stage: int, stream: str, text: str) -> None:
         if self.verbosity < 0:
