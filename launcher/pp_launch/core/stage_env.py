@@ -46,29 +46,15 @@ FORWARDED = (
 )
 FORWARDED_PREFIX = "SWACTOR_DIAG_"
 
+# Where a stage is in the chain, and what it learns of its peers: the launcher sets these.
+POSITION = (STAGE, NUM_STAGES)
+HANDOFF = (PEER_NODE_ID, PEER_DIRECT, FIRST_PEER_NODE_ID, FIRST_PEER_DIRECT)
+
 # The old docker-gpu-node.sh's own additions to the stage environment (pp-gpu-node forwards them too).
-NODE_FORWARDED = (
-    STAGE,
-    NUM_STAGES,
-    PEER_NODE_ID,
-    PEER_DIRECT,
-    FIRST_PEER_NODE_ID,
-    FIRST_PEER_DIRECT,
-    "WORKER_SCRIPT",
-)
+NODE_FORWARDED = (*POSITION, *HANDOFF, "WORKER_SCRIPT")
 
 # Set by the launcher alone: a user value would break the hand-off or the GPU pinning.
-RESERVED = frozenset(
-    {
-        STAGE,
-        NUM_STAGES,
-        PEER_NODE_ID,
-        PEER_DIRECT,
-        FIRST_PEER_NODE_ID,
-        FIRST_PEER_DIRECT,
-        NVIDIA_VISIBLE_DEVICES,
-    }
-)
+RESERVED = frozenset({*POSITION, *HANDOFF, NVIDIA_VISIBLE_DEVICES})
 
 
 def forwarded(environ: Mapping[str, str], extra: tuple[str, ...] = ()) -> dict[str, str]:
