@@ -311,3 +311,22 @@ def test_an_unreachable_engine_is_named_with_docker_host_and_no_requests_repr() 
         "(is the engine running?). Start it (or set DOCKER_HOST to the engine you mean) and check that 'docker info' "
         "works.\n"
     )
+
+
+def test_gpus_shows_mig_slices_with_their_processes() -> None:
+    out = run("gpus", "--gpu-inventory", str(DATA / "mig-2gpu.json")).output
+    slice_1 = next(line for line in out.splitlines() if line.startswith("0/1 "))
+    assert "MIG-aaaaaaaa-0000-4000-8000-000000000002" in slice_1 and "777(2000 MiB)" in slice_1
+
+
+def test_gpus_topo_is_a_matrix_with_a_legend() -> None:
+    out = run("gpus", "--topo", "--gpu-inventory", str(DATA / "pcie-2socket-4gpu.json")).output
+    assert "GPU1  PIX   X     SYS   SYS" in out and "SYS  = across sockets" in out
+    nvlink = run("gpus", "--topo", "--gpu-inventory", str(DATA / "nvlink-8gpu.json")).output
+    assert "NV" in nvlink.split("GPU0", 2)[2].splitlines()[0]
+
+
+def test_the_dry_run_names_gpus_by_index_and_uuid_and_hops_in_words() -> None:
+    out = run("chain", "--dry-run", "--stages", "2", "--gpu-inventory", str(DATA / "nvlink-8gpu.json")).output
+    assert "GPUs GPU 0 GPU-" in out and "GPUs GPU 1 GPU-" in out
+    assert "hop 0 -> 1: NVLink, 2 links" in out and "level" not in out

@@ -11,10 +11,12 @@ import click
 from pp_launch.adapters import host_state
 from pp_launch.adapters.docker_engine import connect
 from pp_launch.app import chain as launch
+from pp_launch.app import gpus as gpu_select
 from pp_launch.cli import signals
 from pp_launch.cli.main import main
 from pp_launch.cli.options import Seconds, gpu_options, stage_options, swactor_options
 from pp_launch.cli.report import JsonReporter, LiveReporter, PlainReporter
+from pp_launch.cli.tables import gpu_names
 from pp_launch.core import errors, labels
 from pp_launch.core.chain.plan import ChainRequest
 from pp_launch.core.chain.scope import ChainOutcome
@@ -177,12 +179,14 @@ def _dry_run(request: ChainRequest, gpu: launch.GpuOptions, as_json: bool) -> No
         click.echo(json.dumps(doc, separators=(",", ":")))  # JSON lines, as every --json (docs/formats.md)
         return
     click.echo(f"run {plan.run_id}: {len(plan.stages)} stages (nothing started: dry run)")
+    names = gpu_names(gpu_select.load_inventory(gpu.inventory_path)) if any(s.gpus for s in plan.stages) else {}
     for s in plan.stages:
-        click.echo(f"  stage {s.index}: {s.name}  image {s.image}  GPUs {','.join(s.gpus) or 'none'}")
+        gpus = ", ".join(f"{names.get(u, '?')} {u}" for u in s.gpus) or "none"
+        click.echo(f"  stage {s.index}: {s.name}  image {s.image}  GPUs {gpus}")
         for k, v in sorted(doc["stages"][s.index]["env"].items()):
             click.echo(f"      {k}={v}")
     for hop in doc.get("hops", []):
-        click.echo(f"  hop {hop['from']} -> {hop['to']}: topology level {hop['topology_level']}")
+        click.echo(f"  hop {hop['from']} -> {hop['to']}: {hop['link']}")
     for extra in ("note", "warning"):
         if extra in doc:
             click.echo(f"  {extra}: {doc[extra]}")

@@ -22,15 +22,18 @@ from pp_launch.core import errors
     help="Read this inventory file instead of NVML.",
 )
 @click.option("--record", type=click.Path(dir_okay=False), metavar="FILE", help="Write the inventory to FILE.")
-def gpus(as_json: bool, gpu_inventory: str | None, record: str | None) -> None:
-    """Show the GPUs NVML sees: memory, utilization, processes, and which pp-launch run holds each.
+@click.option("--topo", is_flag=True, help="Also the topology matrix, as nvidia-smi topo -m shows it.")
+def gpus(as_json: bool, gpu_inventory: str | None, record: str | None, topo: bool) -> None:
+    """Show the GPUs NVML sees, MIG slices as rows of their own: memory, utilization, processes, and which
+    pp-launch run holds each; --topo adds how they are connected.
 
     \b
     Examples:
       pp-launch gpus
+      pp-launch gpus --topo
       pp-launch gpus --record inventory.json
     """
-    from pp_launch.cli.tables import holders_by_uuid, render_table
+    from pp_launch.cli.tables import holders_by_uuid, render_table, render_topology
 
     inventory = gpu_select.load_inventory(gpu_inventory)
     if record:
@@ -45,5 +48,8 @@ def gpus(as_json: bool, gpu_inventory: str | None, record: str | None) -> None:
         click.echo(json.dumps(inventory.to_json(), separators=(",", ":")))  # JSON lines, as every --json
     elif inventory.gpus:
         click.echo(render_table(inventory, held))
+        if topo:
+            click.echo("")
+            click.echo(render_topology(inventory))
     if record:
         click.echo(f"recorded {len(inventory.gpus)} GPUs to {record}", err=True)

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from pp_launch.app.gpus import holdings_from_labels
-from pp_launch.core.gpu.inventory import GpuInventory
+from pp_launch.core.gpu.allocator import PCIE_LEVELS
+from pp_launch.core.gpu.inventory import GpuInventory, GpuProcess
 
 
 def holders_by_uuid(rows: list[Mapping[str, str]]) -> dict[str, str]:
@@ -19,30 +20,62 @@ def _mib(v: int | None) -> str:
     return "?" if v is None else f"{v}"
 
 
+def gpu_names(inventory: GpuInventory) -> dict[str, str]:
+    """UUID -> "GPU 3" or "GPU 0 MIG 1": how a person names a GPU or a slice."""
+    out: dict[str, str] = {}
+    for g in inventory.gpus:
+        out[g.uuid] = f"GPU {g.index}"
+        for k, m in enumerate(g.mig_devices):
+            out[m.uuid] = f"GPU {g.index} MIG {k}"
+    return out
+
+
+def _procs(processes: tuple[GpuProcess, ...] | None) -> str:
+    if processes is None:
+        return "?"
+    return ", ".join(f"{p.pid}({_mib(p.used_memory_mib)} MiB)" for p in processes) or "-"
+
+
+def render_topology(inventory: GpuInventory) -> str:
+    """`nvidia-smi topo -m` style: NV# for NVLink links, else the PCIe path, with a legend."""
+    n = len(inventory.gpus)
+    if inventory.topology is None and inventory.nvlink is None:
+        return "no topology known for these GPUs"
+    head = ["", *(f"GPU{g.index}" for g in inventory.gpus)]
+    rows = [head]
+    for i, g in enumerate(inventory.gpus):
+        cells = [f"GPU{g.index}"]
+        for j in range(n):
+            links = inventory.nvlink[i][j] if inventory.nvlink is not None else 0
+            if i == j:
+                cells.append("X")
+            elif links:
+                cells.append(f"NV{links}")
+            elif inventory.topology is not None:
+                cells.append(PCIE_LEVELS.get(inventory.topology[i][j], ("?", ""))[0])
+            else:
+                cells.append("?")
+        rows.append(cells)
+    width = max(len(c) for r in rows for c in r)
+    lines = ["  ".join(c.ljust(width) for c in r).rstrip() for r in rows]
+    legend = ["", "  X    = self", "  NV#  = NVLink, # links"]
+    legend += [f"  {short:<4} = {words}" for short, words in PCIE_LEVELS.values()]
+    legend.append("From closest (NV#) to farthest (SYS); pp-launch places consecutive stages on the closest GPUs.")
+    return "\n".join(lines + legend)
+
+
 def render_table(inventory: GpuInventory, held: Mapping[str, str]) -> str:
     header = ("idx", "uuid", "name", "memory used/total MiB", "util %", "processes", "held by")
     rows = []
     for g in inventory.gpus:
-        procs = (
-            "?"
-            if g.processes is None
-            else (", ".join(f"{p.pid}({_mib(p.used_memory_mib)} MiB)" for p in g.processes) or "-")
-        )
-        holder = held.get(g.uuid) or ", ".join(
-            f"{m.uuid[:12]}: {held[m.uuid]}" for m in g.mig_devices if m.uuid in held
-        )
         name = g.name + (" [MIG]" if g.mig_enabled else "")
-        rows.append(
-            (
-                str(g.index),
-                g.uuid,
-                name,
-                f"{_mib(g.memory_used_mib)}/{_mib(g.memory_total_mib)}",
-                _mib(g.utilization_gpu_pct),
-                procs,
-                holder or "-",
-            )
-        )
+        memory = f"{_mib(g.memory_used_mib)}/{_mib(g.memory_total_mib)}"
+        procs = _procs(g.processes)
+        rows.append((str(g.index), g.uuid, name, memory, _mib(g.utilization_gpu_pct), procs, held.get(g.uuid, "-")))
+        for k, m in enumerate(g.mig_devices):  # each slice its own row: its memory, its processes, its holder
+            memory = f"{_mib(m.memory_used_mib)}/{_mib(m.memory_total_mib)}"
+            slice_row = (f"{g.index}/{k}", m.uuid, "  MIG slice", memory, "-", _procs(m.processes))
+            rows.append((*slice_row, held.get(m.uuid, "-")))
     widths = [max(len(r[i]) for r in (header, *rows)) for i in range(len(header))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in (header, *rows)]
     footer = []

@@ -10,6 +10,7 @@ from typing import Any
 
 from pp_launch.core import labels, stage_env
 from pp_launch.core.announce import StageAnnouncement
+from pp_launch.core.gpu.allocator import describe_level
 
 BUILTIN_IMAGE = "pp-launch/stub-worker:latest"
 
@@ -82,7 +83,7 @@ class ChainPlan:
         doc["stages"] = stages
         if self.hop_levels:
             doc["hops"] = [
-                {"from": k, "to": (k + 1) % len(self.stages), "topology_level": lvl}
+                {"from": k, "to": (k + 1) % len(self.stages), "topology_level": lvl, "link": describe_level(lvl)}
                 for k, lvl in enumerate(self.hop_levels)
             ]
         return doc

@@ -85,6 +85,28 @@ def distance(inventory: GpuInventory, a: Unit, b: Unit) -> int:
     return UNKNOWN
 
 
+PCIE_LEVELS = {
+    10: ("PIX", "one PCIe switch"),
+    20: ("PXB", "several PCIe switches"),
+    30: ("PHB", "one host bridge"),
+    40: ("NODE", "one NUMA node"),
+    50: ("SYS", "across sockets"),
+}
+
+
+def describe_level(level: int | None) -> str:
+    """A distance() value in words: what a hop between two GPUs crosses (never a bare "level 7")."""
+    if level is None:
+        return "no GPUs (CPU stages)"
+    if level == SAME:
+        return "the same GPU, or no topology known"
+    if 1 <= level <= 8:
+        links = 9 - level
+        return f"NVLink, {links} link{'s' if links > 1 else ''}" + (" or more" if links == 8 else "")
+    short, words = PCIE_LEVELS.get(level, ("?", f"PCIe level {level}"))
+    return f"PCIe, {words} ({short})"
+
+
 def parse_visible(value: str | None) -> tuple[str, ...] | None:
     """CUDA_VISIBLE_DEVICES: unset means all; empty means none."""
     if value is None:
