@@ -189,6 +189,19 @@ class Engine:
         with contextlib.suppress(docker.errors.NotFound):
             self.api.remove_image(name, force=True)
 
+    def image_id(self, name: str) -> str | None:
+        try:
+            return str(self.api.inspect_image(name).get("Id", "")) or None
+        except docker.errors.ImageNotFound:
+            return None
+
+    def drop_replaced_image(self, old_id: str | None, tag: str) -> None:
+        """After a rebuild under `tag`: the image it replaced, now untagged, goes too (unless something uses it)."""
+        if old_id is None or old_id == self.image_id(tag):
+            return
+        with contextlib.suppress(docker.errors.APIError):  # in use by a container (404 and 409 alike): keep it
+            self.api.remove_image(old_id, force=False)
+
     # ------------------------------------------------------------------------------ containers
     def containers(self, label_filters: list[str]) -> list[ContainerInfo]:
         try:

@@ -134,7 +134,9 @@ def build_stub(engine: Engine, progress: Progress, base: str = BASE_IMAGE) -> Bu
         progress(f"{BUILTIN_IMAGE} is up to date ({digest})")
         return BuildResult(BUILTIN_IMAGE, False)
     progress(f"building {BUILTIN_IMAGE} from {context} on {base}")
+    old = engine.image_id(BUILTIN_IMAGE)
     engine.build(str(context), BUILTIN_IMAGE, {"BASE": base}, {HASH_LABEL: digest}, progress)
+    engine.drop_replaced_image(old, BUILTIN_IMAGE)  # a rebuild leaves no untagged image behind
     return BuildResult(BUILTIN_IMAGE, True)
 
 
