@@ -166,9 +166,10 @@ def adversarial(side: Any, rng: random.Random, gpu_node: str, decoy: str) -> tup
                              "pp-launch/stub-worker:latest").stdout.strip()  # fmt: skip
     launcher = Launcher(*args, env=env)
 
-    def left() -> list[str]:
+    def left(status: str | None = None) -> list[str]:
+        extra = ["--filter", f"status={status}"] if status else []
         return side.docker("ps", "-aq", "--filter", f"name={prefix}-", "--filter", "label=pp-launch.run",
-                           check=False).stdout.split()  # fmt: skip
+                           *extra, check=False).stdout.split()  # fmt: skip
 
     expected: set[int]
     try:
@@ -217,8 +218,12 @@ def adversarial(side: Any, rng: random.Random, gpu_node: str, decoy: str) -> tup
         if mix.fault == "launcher+watchdog" and mix.deaf:  # documented: only gc (or the next chain) is left
             gc = Launcher("gc", env=env)
             gc.wait(60)
-        if not wait_until(lambda: left() == [], 60):
+        if not wait_until(lambda: set(left()) <= set(left("dead")), 60):  # nothing left but what the engine killed
             problems.append(f"left behind: {left()}")
+        if left("dead") and mix.fault != "collision":  # the crashed engine's own failed removal: down removes it
+            down = Launcher("down", run, "--grace", "1", env=env)
+            if down.wait(60) != 0 or left():
+                problems.append(f"a Dead container of the run could not be removed: {down.stderr_text()[-300:]}")
         if holder is not None and side.docker("inspect", "-f", "{{.State.Running}}", holder).stdout.strip() != "true":
             problems.append("the container holding the name was touched")
         # the engine's own faults stop every container; --restart always brings the decoy back: it must exist

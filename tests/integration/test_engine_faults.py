@@ -25,7 +25,19 @@ def on(engine_host: str) -> dict[str, str]:
 
 
 def run_left(side, run: str) -> list[str]:  # type: ignore[no-untyped-def]
-    return side.docker("ps", "-aq", "--filter", f"label={labels.RUN}={run}").stdout.split()
+    """The run's containers the engine still has, but for those the engine itself marked Dead after its crash
+    (its own removal failed): those are checked by gone_or_removable()."""
+    ids = side.docker("ps", "-aq", "--filter", f"label={labels.RUN}={run}").stdout.split()
+    dead = side.docker("ps", "-aq", "--filter", f"label={labels.RUN}={run}", "--filter", "status=dead").stdout.split()
+    return [i for i in ids if i not in dead]
+
+
+def gone_or_removable(side, run: str) -> None:  # type: ignore[no-untyped-def]
+    """A container the crashed engine left Dead is ours to remove: `pp-launch down RUN` does, by id."""
+    if side.docker("ps", "-aq", "--filter", f"label={labels.RUN}={run}").stdout.split():
+        down = Launcher("down", run, "--grace", "1", env=on(side.host))
+        assert down.wait(60) == 0, down.stderr_text()
+    assert side.docker("ps", "-aq", "--filter", f"label={labels.RUN}={run}").stdout.split() == []
 
 
 def plain_failure(launcher: Launcher, side, run: str) -> None:  # type: ignore[no-untyped-def]
@@ -45,6 +57,7 @@ def test_engine_killed_under_a_chain(broken_engine, knobs: list[str]) -> None:
     plain_failure(launcher, side, run)
     side.ensure_running()  # the engine comes back; the run's watchdog was waiting for it
     assert wait_until(lambda: run_left(side, run) == [], 60), side.docker("ps", "-a").stdout
+    gone_or_removable(side, run)
 
 
 def test_engine_frozen_under_a_chain_then_ctrl_c(broken_engine) -> None:
@@ -67,6 +80,7 @@ def test_engine_frozen_under_a_chain_then_ctrl_c(broken_engine) -> None:
     assert wait_until(lambda: _age(watchdog) > 6, 20)
     side.thaw()
     assert wait_until(lambda: run_left(side, run) == [], 60), side.docker("ps", "-a").stdout
+    gone_or_removable(side, run)
 
 
 def test_engine_stopped_gracefully_under_a_chain(broken_engine) -> None:
@@ -82,6 +96,7 @@ def test_engine_stopped_gracefully_under_a_chain(broken_engine) -> None:
     assert "stopped" in text
     side.ensure_running()
     assert wait_until(lambda: run_left(side, run) == [], 60)
+    gone_or_removable(side, run)
 
 
 def test_pp_gpu_node_says_why_when_its_engine_is_killed(broken_engine, stub_image) -> None:
