@@ -5,6 +5,7 @@ session, or a launcher process a test started."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")  # Ryuk cannot be pulled here; we reap by label
 
@@ -13,6 +14,14 @@ import pytest
 from .helpers import TESTCONTAINERS_LABEL, live_launchers, ours
 
 IN_CI = os.environ.get("CI") == "true"
+
+
+@pytest.fixture(scope="session")
+def fake_nvml_lib(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The directory holding the fake libnvidia-ml.so.1, built with gcc for this session."""
+    from pp_launch.testing import fake_nvml
+
+    return fake_nvml.build(tmp_path_factory.mktemp("fake-nvml")).parent
 
 
 @pytest.fixture(scope="session")

@@ -4,6 +4,7 @@ core      pure: chain plan/ports/scope, GPU allocator/inventory/requests, worker
           labels, errors, events. Imports only the standard library and itself.
 adapters  the only I/O: the Docker engine, child processes, NVML, host state, the worker driver, the watchdog.
 app       the use cases, over core and adapters.
+testing   the fake NVIDIA host and test helpers for suites (ours and users'), beside app.
 cli       Click and rich, over everything; nothing imports it but itself.
 """
 
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 PKG = Path(__file__).resolve().parents[2] / "launcher" / "pp_launch"
-FLOORS = {"core": 0, "adapters": 1, "app": 2, "cli": 3}
+FLOORS = {"core": 0, "adapters": 1, "app": 2, "testing": 2, "cli": 3}
 FOREIGN = {"docker", "requests", "pynvml", "click", "rich"}
 ONLY = {"docker": {"adapters.docker_engine"}, "requests": {"adapters.docker_engine"}, "pynvml": {"adapters.nvml"}}
 

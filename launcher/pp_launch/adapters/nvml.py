@@ -36,8 +36,10 @@ def read_inventory(nvml: ModuleType | None = None) -> GpuInventory:
         raise NvmlUnavailable(_init_error(nvml, exc)) from None
     try:
         return _query(nvml)
+    except nvml.NVMLError as exc:  # the device count or a handle: nothing sensible can be said about the GPUs
+        raise NvmlUnavailable(f"NVML failed while listing the GPUs: {exc} (check 'nvidia-smi')") from None
     finally:
-        nvml.nvmlShutdown()
+        _try(nvml, nvml.nvmlShutdown)
 
 
 def _init_error(nvml: ModuleType, exc: Any) -> str:
@@ -92,28 +94,38 @@ def _mig(nvml: ModuleType, handle: Any) -> tuple[bool | None, tuple[MigDevice, .
     devices = []
     for i in range(_try(nvml, nvml.nvmlDeviceGetMaxMigDeviceCount, handle) or 0):
         mig = _try(nvml, nvml.nvmlDeviceGetMigDeviceHandleByIndex, handle, i)
-        if mig is None:
+        uuid = None if mig is None else _try(nvml, nvml.nvmlDeviceGetUUID, mig)
+        if uuid is None:
             continue
         total, used = _memory(nvml, mig)
-        devices.append(MigDevice(_text(nvml.nvmlDeviceGetUUID(mig)), total, used, _processes(nvml, mig)))
+        devices.append(MigDevice(_text(uuid), total, used, _processes(nvml, mig)))
     return True, tuple(devices)
 
 
 def _query(nvml: ModuleType) -> GpuInventory:
     driver = _try(nvml, nvml.nvmlSystemGetDriverVersion)
     cuda = _try(nvml, nvml.nvmlSystemGetCudaDriverVersion_v2)
-    handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
+    handles, uuids, indices, lost = [], [], [], []
+    for i in range(nvml.nvmlDeviceGetCount()):
+        try:  # a GPU that fell off the bus answers nothing, its UUID included: it is left out and said
+            h = nvml.nvmlDeviceGetHandleByIndex(i)
+            uuids.append(_text(nvml.nvmlDeviceGetUUID(h)))
+            handles.append(h)
+            indices.append(i)
+        except nvml.NVMLError as exc:
+            lost.append(f"GPU {i} is left out: NVML says {_text(exc)}")
     gpus = []
-    for i, h in enumerate(handles):
+    for i, h, uuid in zip(indices, handles, uuids, strict=True):
         total, used = _memory(nvml, h)
+        name = _try(nvml, nvml.nvmlDeviceGetName, h)
         util = _try(nvml, nvml.nvmlDeviceGetUtilizationRates, h)
         pci = _try(nvml, nvml.nvmlDeviceGetPciInfo, h)
         mig_enabled, mig_devices = _mig(nvml, h)
         gpus.append(
             Gpu(
                 index=i,
-                uuid=_text(nvml.nvmlDeviceGetUUID(h)),
-                name=_text(nvml.nvmlDeviceGetName(h)),
+                uuid=uuid,
+                name="" if name is None else _text(name),
                 pci_bus_id=_text(pci.busId) if pci is not None else "",
                 memory_total_mib=total,
                 memory_used_mib=used,
@@ -129,6 +141,7 @@ def _query(nvml: ModuleType) -> GpuInventory:
         cuda_version=None if cuda is None else f"{cuda // 1000}.{(cuda % 1000) // 10}",
         topology=_topology(nvml, handles),
         nvlink=_nvlink(nvml, handles, [g.pci_bus_id for g in gpus]),
+        note="; ".join(lost),
     )
 
 
