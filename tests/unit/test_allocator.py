@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
+import random
 from pathlib import Path
 
 import pytest
@@ -9,8 +12,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pp_launch.core import errors
-from pp_launch.core.gpu.allocator import AllocationRequest, Holding, allocate, parse_visible, units
+from pp_launch.core.gpu.allocator import (
+    AllocationRequest,
+    Holding,
+    Unit,
+    _closest_ring,
+    _greedy_ring,
+    allocate,
+    parse_visible,
+    plan_cost,
+    units,
+)
 from pp_launch.core.gpu.inventory import Gpu, GpuInventory, GpuProcess
+from pp_launch.testing.inventories import random_inventory
 
 DATA = Path(__file__).parent.parent / "data"
 
@@ -234,3 +248,63 @@ def test_no_gpu_twice_no_excluded_gpu_and_the_same_plan_every_time(
     assert all(len(s) == req.per_stage for s in p.stage_gpus)
     assert set(given_out) <= {g.uuid for g in allowed}
     assert allocate(inv, req, held) == p
+
+
+# ---------------------------------------------------------------- exact placement (issue 11)
+def brute_force_minimum(inv: GpuInventory, pool: list[Unit], need: int, per_stage: int) -> tuple[int, int]:
+    """Every subset of the pool, every order of it (the first unit fixed: a ring has no start)."""
+    best: tuple[int, int] | None = None
+    for subset in itertools.combinations(pool, need):
+        for rest in itertools.permutations(subset[1:]):
+            cost = plan_cost(inv, [subset[0], *rest], per_stage)
+            best = cost if best is None or cost < best else best
+    assert best is not None
+    return best
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_plan_costs_the_brute_force_minimum_on_random_machines(seed: int) -> None:
+    """Two sockets or one, NVLink pairs, a mesh or none, some GPUs busy (processes), some held by another run:
+    the plan's own cost equals the least any placement of the free GPUs costs."""
+    rng = random.Random(seed)
+    for trial in range(50):
+        inv = random_inventory(rng, rng.randrange(2, 10), unknowns=False, mig=False)
+        held = {g.uuid: Holding("otherrun0001", 0) for g in inv.gpus if rng.random() < 0.15}
+        free = [u for u in units(inv) if u.uuid not in held and not u.processes]
+        per_stage = rng.choice([1, 1, 2, 3])
+        if len(free) < per_stage:
+            continue
+        stages = rng.randrange(1, min(len(free), 7) // per_stage + 1)
+        if stages * per_stage > 7:  # keep the brute force to at most 7! orders
+            stages = 7 // per_stage
+        p = allocate(inv, AllocationRequest(stages=stages, per_stage=per_stage), held)
+        assert p.cost is not None and p.cost.exact
+        want = brute_force_minimum(inv, free, stages * per_stage, per_stage)
+        assert (p.cost.within, p.cost.hops) == want, f"seed {seed} trial {trial}: {stages}x{per_stage} on {inv}"
+        chosen = [u for s in p.stage_gpus for uuid in s for u in free if u.uuid == uuid]
+        assert plan_cost(inv, chosen, per_stage) == want  # the cost stated is the cost of the plan given
+
+
+def test_the_exact_search_is_never_worse_than_greedy_growth_and_often_better() -> None:
+    """Greedy subset growth (the plan before issue 11, still used beyond 16 candidates) against the search."""
+    rng = random.Random(1)
+    better = 0
+    for _ in range(200):
+        inv = random_inventory(rng, rng.randrange(4, 10), unknowns=False, mig=False)
+        pool = sorted((u for u in units(inv) if not u.processes), key=lambda u: (u.pci_bus_id, u.uuid))
+        k = rng.choice([1, 2])
+        if len(pool) < 2 * k:
+            continue
+        need = k * rng.randrange(2, len(pool) // k + 1)
+        greedy = plan_cost(inv, _greedy_ring(inv, pool, need), k)
+        exact = plan_cost(inv, _closest_ring(inv, pool, need, k), k)
+        assert exact <= greedy
+        better += exact < greedy
+    assert better >= 10, f"greedy matched the exact search on all but {better} machines"
+
+
+def test_more_than_sixteen_candidates_fall_back_to_greedy_and_say_so() -> None:
+    inv = random_inventory(random.Random(3), 20, unknowns=False, mig=False)
+    inv = dataclasses.replace(inv, gpus=tuple(dataclasses.replace(g, processes=()) for g in inv.gpus))
+    p = allocate(inv, AllocationRequest(stages=4), {})
+    assert p.cost is not None and not p.cost.exact and p.cost.candidates == 20

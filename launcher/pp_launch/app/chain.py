@@ -94,7 +94,8 @@ def plan_chain(
         reserve=reserve,
     )
     plan = build_plan(
-        request, environ, owner, selection.stage_gpus, selection.device_requests, run_id, selection.hop_levels
+        request, environ, owner, selection.stage_gpus, selection.device_requests, run_id, selection.hop_levels,
+        selection.cost,
     )
     return plan, selection.note
 

@@ -15,7 +15,7 @@ from typing import Any
 from pp_launch.adapters.host_state import Reservations, host_lock, state_dir
 from pp_launch.adapters.nvml import NvmlUnavailable, read_inventory
 from pp_launch.core import errors, labels
-from pp_launch.core.gpu.allocator import AllocationRequest, Holding, Placement, allocate, parse_visible
+from pp_launch.core.gpu.allocator import AllocationRequest, Holding, Placement, PlacementCost, allocate, parse_visible
 from pp_launch.core.gpu.inventory import GpuInventory
 from pp_launch.core.gpu.requests import device_requests
 
@@ -43,6 +43,7 @@ class GpuSelection:
     device_requests: list[tuple[Mapping[str, Any], ...]]
     hop_levels: tuple[int | None, ...]
     note: str = ""  # said plainly to the user, e.g. "no GPU found: CPU stages"
+    cost: PlacementCost | None = None
 
 
 def holdings_from_labels(rows: list[Mapping[str, str]]) -> dict[str, Holding]:
@@ -125,4 +126,4 @@ def select(
         if reserve:
             reservations.write(run_id, owner, list(placement.stage_gpus))
     gpus = list(placement.stage_gpus)
-    return GpuSelection(gpus, [device_requests(g, attach) for g in gpus], placement.hop_levels)
+    return GpuSelection(gpus, [device_requests(g, attach) for g in gpus], placement.hop_levels, cost=placement.cost)

@@ -187,6 +187,10 @@ def _dry_run(request: ChainRequest, gpu: launch.GpuOptions, as_json: bool) -> No
             click.echo(f"      {k}={v}")
     for hop in doc.get("hops", []):
         click.echo(f"  hop {hop['from']} -> {hop['to']}: {hop['link']}")
+    if cost := doc.get("placement_cost"):
+        how = ("the least possible" if cost["search"] == "exact" else "greedy (more than 16 candidates)")
+        click.echo(f"  placement cost: {cost['within_stages']} within stages, {cost['ring_hops']} round the ring "
+                   f"({how}, {cost['candidates']} candidate GPUs; lower is closer)")
     for extra in ("note", "warning"):
         if extra in doc:
             click.echo(f"  {extra}: {doc[extra]}")

@@ -10,7 +10,7 @@ from typing import Any
 
 from pp_launch.core import labels, stage_env
 from pp_launch.core.announce import StageAnnouncement
-from pp_launch.core.gpu.allocator import describe_level
+from pp_launch.core.gpu.allocator import PlacementCost, describe_level
 
 BUILTIN_IMAGE = "pp-launch/stub-worker:latest"
 
@@ -56,6 +56,7 @@ class ChainPlan:
     addr_timeout: float = 60.0
     grace: float = 5.0
     hop_levels: tuple[int | None, ...] = field(default=())  # topology level of each hop k -> k+1 and last -> 0
+    cost: PlacementCost | None = None  # the allocator's cost of the GPU placement (None: none, or listed)
 
     def to_json(self) -> dict[str, Any]:
         """The dry-run document (contract §10)."""
@@ -86,6 +87,13 @@ class ChainPlan:
                 {"from": k, "to": (k + 1) % len(self.stages), "topology_level": lvl, "link": describe_level(lvl)}
                 for k, lvl in enumerate(self.hop_levels)
             ]
+        if self.cost is not None:
+            doc["placement_cost"] = {
+                "within_stages": self.cost.within,
+                "ring_hops": self.cost.hops,
+                "search": "exact" if self.cost.exact else "greedy",
+                "candidates": self.cost.candidates,
+            }
         return doc
 
     def dumps(self) -> str:
@@ -116,6 +124,7 @@ def build_plan(
     device_requests: list[tuple[Mapping[str, Any], ...]],
     run_id: str | None = None,
     hop_levels: tuple[int | None, ...] = (),
+    cost: PlacementCost | None = None,
 ) -> ChainPlan:
     run_id = run_id or new_run_id()
     prefix = request.name_prefix or f"pp-{run_id}"
@@ -150,4 +159,5 @@ def build_plan(
         addr_timeout=request.addr_timeout,
         grace=request.grace,
         hop_levels=hop_levels,
+        cost=cost,
     )

@@ -20,7 +20,6 @@ from pp_launch.core.gpu.inventory import GpuInventory, GpuProcess
 
 SAME = 0
 UNKNOWN = 0  # no topology: every pair is as close as any other, bus id decides
-BRUTE_FORCE_MAX = 8  # exact ring search up to this many units (7! orders); greedy above
 
 
 @dataclass(frozen=True)
@@ -58,6 +57,19 @@ class AllocationRequest:
 class Placement:
     stage_gpus: tuple[tuple[str, ...], ...]
     hop_levels: tuple[int | None, ...]  # level between stage k and k+1, and last -> first
+    cost: PlacementCost | None = None  # None: the user listed the GPUs (--gpus LIST)
+
+
+@dataclass(frozen=True)
+class PlacementCost:
+    """The allocator's own measure of a plan (lower is better, `within` first): the sum of distance() between
+    the units of each stage, then the sum of the hop distances round the ring, last -> first included.
+    `exact`: the least possible for the candidates (searched exhaustively); else the greedy plan's."""
+
+    within: int
+    hops: int
+    exact: bool
+    candidates: int
 
 
 def units(inventory: GpuInventory) -> list[Unit]:
@@ -134,12 +146,15 @@ def allocate(inventory: GpuInventory, request: AllocationRequest, holdings: Mapp
         else:
             passed_over.append(f"{unit.label} ({unit.uuid}) {why}")
 
+    cost = None
     if request.explicit:
         chosen = _explicit(inventory, all_units, free, request, holdings, need)
     else:
         if len(free) < need:
             raise _not_enough(need, request, free, passed_over, inventory)
         chosen = _closest_ring(inventory, free, need, request.per_stage)
+        within, ring = plan_cost(inventory, chosen, request.per_stage)
+        cost = PlacementCost(within, ring, len(free) <= EXACT_MAX, len(free))
     k = request.per_stage
     stage_gpus = tuple(tuple(u.uuid for u in chosen[i * k : (i + 1) * k]) for i in range(request.stages))
     hops = []
@@ -147,7 +162,7 @@ def allocate(inventory: GpuInventory, request: AllocationRequest, holdings: Mapp
         t = (s + 1) % request.stages
         a, b = chosen[s * k : (s + 1) * k], chosen[t * k : (t + 1) * k]
         hops.append(_hop(inventory, a, b) if inventory.topology or inventory.nvlink else None)
-    return Placement(stage_gpus, tuple(hops) if request.stages > 1 else ())
+    return Placement(stage_gpus, tuple(hops) if request.stages > 1 else (), cost)
 
 
 def _why_not(
@@ -239,19 +254,27 @@ def _ring_cost(inventory: GpuInventory, order: Sequence[Unit], per_stage: int) -
     return within, hops
 
 
+EXACT_MAX = 16  # exact search (branch and bound) up to this many candidate units; greedy above
+WITHIN = 10**6  # cost = within * WITHIN + hops: a stage's own closeness first, then the ring
+
+
+def plan_cost(inventory: GpuInventory, order: Sequence[Unit], per_stage: int) -> tuple[int, int]:
+    """The allocator's stated cost of a placement (stages are consecutive runs of `per_stage` units):
+    (within: sum of distances inside each stage, hops: sum of hop distances round the ring, last -> first too).
+    Lower is better, compared within first."""
+    return _ring_cost(inventory, order, per_stage)
+
+
 def _closest_ring(inventory: GpuInventory, free: list[Unit], need: int, per_stage: int) -> list[Unit]:
     pool = sorted(free, key=lambda u: (u.pci_bus_id, u.uuid))
+    greedy = _greedy_ring(inventory, pool, need)
+    if len(pool) > EXACT_MAX:
+        return greedy
+    return _exact(inventory, pool, need, per_stage, greedy)
+
+
+def _greedy_ring(inventory: GpuInventory, pool: list[Unit], need: int) -> list[Unit]:
     subset = _closest_subset(inventory, pool, need)
-    if len(subset) <= BRUTE_FORCE_MAX:
-        best: tuple[tuple[int, int], list[Unit]] | None = None
-        # Fix the first unit (a ring has no start). Permutations come in bus-id order: first best wins.
-        for rest in itertools.permutations(subset[1:]):
-            order = [subset[0], *rest]
-            cost = _ring_cost(inventory, order, per_stage)
-            if best is None or cost < best[0]:
-                best = (cost, order)
-        assert best is not None
-        return best[1]
     order = [subset[0]]
     left = subset[1:]
     while left:
@@ -259,6 +282,118 @@ def _closest_ring(inventory: GpuInventory, free: list[Unit], need: int, per_stag
         order.append(nxt)
         left.remove(nxt)
     return order
+
+
+def _exact(inventory: GpuInventory, pool: list[Unit], need: int, k: int, start: list[Unit]) -> list[Unit]:
+    """Branch and bound over placements: choose `need` of the pool and order them into stages of k, minimising
+    plan_cost. Symmetries cut: the first unit is the lowest of those chosen (a ring has no start), a stage's
+    units go in pool order (a stage is a set), and of interchangeable units (twins: the same distance to
+    every other unit) the lower is used first. The bound adds to the cost so far what the units still to come
+    must at least add: each new unit's nearest distance once per stage-mate, each ring hop still open the
+    smallest distance of all. Ties keep the first found in pool order, so one inventory gives one plan."""
+    n = len(pool)
+    d = [[distance(inventory, a, b) for b in pool] for a in pool]
+    twins_below = [
+        [t for t in range(i) if d[i][t] == d[t][i] and all(d[i][x] == d[t][x] for x in range(n) if x not in (i, t))]
+        for i in range(n)
+    ]
+    dmin = min((d[i][j] for i in range(n) for j in range(n) if i != j), default=0)
+    stages = need // k
+    index = {id(u): i for i, u in enumerate(pool)}
+
+    def cost_of(seq: list[int]) -> int:
+        within, hops = _ring_cost(inventory, [pool[i] for i in seq], k)
+        return within * WITHIN + hops
+
+    best_cost = cost_of([index[id(u)] for u in start])
+    best: list[int] | None = None
+    seq: list[int] = []
+    used = [False] * n
+    # dominance: a state (see dfs) reached again at no lower cost is not searched again
+    seen: dict[tuple[int, tuple[int, ...], tuple[int, ...], tuple[int, ...]], int] = {}
+
+    near = [sorted((d[i][j], j) for j in range(n) if j != i) for i in range(n)]  # each unit's others, closest first
+
+    def smallest(v: int, q: int, among: list[bool]) -> int:
+        """The sum of v's q smallest distances to units in `among` (future pairs and edges join only those)."""
+        total = 0
+        for dist, j in near[v]:
+            if q == 0:
+                break
+            if among[j]:
+                total += dist
+                q -= 1
+        return total
+
+    def bound_rest(pos: int) -> int:
+        """A lower bound on what positions pos..need-1 and the hops not yet counted add (seq has pos units).
+        Halves are kept doubled: each pair inside a stage, each ring edge, is seen from both its ends."""
+        free = [not u for u in used]
+        free_units = [v for v in range(n) if free[v]]
+        slot = pos % k
+        q = (k - slot) % k  # units still to come in the stage being filled
+        full = (need - pos - q) // k  # stages not begun
+        mates = seq[pos - slot :] if slot else []
+        within2 = 0
+        if q:
+            within2 += sum(sorted(2 * sum(d[v][m] for m in mates) + smallest(v, q - 1, free) for v in free_units)[:q])
+        if k > 1 and full:
+            within2 += sum(sorted(smallest(v, k - 1, free) for v in free_units)[: full * k])
+        bound = -(-within2 // 2) * WITHIN
+        if stages > 1 and pos < need:
+            if k == 1:  # each unit to come has an edge in and out (the last one's out closes the ring), all
+                # among the free units and the two ends: the last unit placed and the first
+                ends = list(free)
+                ends[seq[-1]] = ends[seq[0]] = True
+                r = need - pos
+                two = sorted(smallest(v, 2, ends) for v in free_units)[:r]
+                bound += -(-(sum(two) + smallest(seq[-1], 1, free) + smallest(seq[0], 1, free)) // 2)
+            else:
+                bound += (stages - max(0, pos // k - 1)) * dmin
+        return bound
+
+    def hop(g1: list[int], g2: list[int]) -> int:
+        return min(d[a][b] for a in g1 for b in g2)
+
+    def dfs(pos: int, cost: int, mask: int) -> None:
+        nonlocal best_cost, best
+        if k <= pos < need:
+            # What is left depends only on the units used, the first stage (closing hop), the last complete
+            # stage (the next hop) and the stage being filled.
+            slot = pos % k
+            done = pos - slot
+            key = (mask, tuple(seq[:k]), tuple(seq[done - k : done]), tuple(seq[done:]))
+            if seen.get(key, cost + 1) <= cost:
+                return
+            seen[key] = cost
+        if pos == need:
+            total = cost + (hop(seq[-k:], seq[:k]) if stages > 1 else 0)
+            if total < best_cost or (best is None and total == best_cost):
+                best_cost, best = total, list(seq)
+            return
+        slot = pos % k
+        steps = []
+        for u in range(n):
+            if used[u] or (pos > 0 and u < seq[0]) or (slot > 0 and u < seq[-1]):
+                continue
+            if any(not used[t] for t in twins_below[u]):
+                continue
+            add = sum(d[u][m] for m in seq[pos - slot :]) * WITHIN
+            if slot == k - 1 and pos >= k:  # this unit completes a stage: the hop from the one before is known
+                add += hop(seq[pos - slot - k : pos - slot], [*seq[pos - slot :], u])
+            steps.append((add, u))
+        steps.sort()
+        for add, u in steps:
+            used[u] = True
+            seq.append(u)
+            floor = cost + add + bound_rest(pos + 1)
+            if floor < best_cost or (best is None and floor == best_cost):
+                dfs(pos + 1, cost + add, mask | 1 << u)
+            seq.pop()
+            used[u] = False
+
+    dfs(0, 0, 0)
+    return start if best is None else [pool[i] for i in best]
 
 
 def _closest_subset(inventory: GpuInventory, pool: list[Unit], need: int) -> list[Unit]:
