@@ -9,4 +9,4 @@ bench:
 setup:
 	bash launcher/scripts/dev.sh setup
 lint:
-	.venv/bin/ruff check launcher tests bench && .venv/bin/mypy
+	.venv/bin/ruff check launcher tests bench examples && .venv/bin/mypy

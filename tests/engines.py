@@ -22,12 +22,19 @@ from pathlib import Path
 
 
 class SideEngine:
-    def __init__(self, name: str = "side", dockerd: str = "dockerd", extra_args: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        name: str = "side",
+        dockerd: str = "dockerd",
+        extra_args: tuple[str, ...] = (),
+        path_prefix: str = "",
+    ) -> None:
         self.root = Path(f"/tmp/pp-engine-{name}-{uuid.uuid4().hex[:8]}")
         self.sock = self.root / "docker.sock"
         self.host = f"unix://{self.sock}"
         self.dockerd = dockerd
         self.extra_args = extra_args
+        self.path_prefix = path_prefix  # put first on dockerd's PATH (the fake toolkit's hook, another runc)
         self.proc: subprocess.Popen[bytes] | None = None
         self.frozen = False
 
@@ -55,6 +62,7 @@ class SideEngine:
             stderr=log,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
+            env=self._env(),
         )
         log.close()
         deadline = t0 + timeout
@@ -63,6 +71,12 @@ class SideEngine:
                 raise RuntimeError(f"the side engine did not start: {self.log_tail()}")
             time.sleep(0.1)
         return time.monotonic() - t0
+
+    def _env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        if self.path_prefix:
+            env["PATH"] = f"{self.path_prefix}:{env.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}"
+        return env
 
     def answers(self) -> bool:
         try:

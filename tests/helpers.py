@@ -151,3 +151,7 @@ def wait_until(predicate: Any, timeout: float, interval: float = 0.1) -> bool:
             return True
         time.sleep(interval)
     return bool(predicate())
+
+
+# What the launcher says on the suite's own host, whose NVML (the fake, without config) has no driver loaded.
+NO_DRIVER = "NVML found, but the NVIDIA kernel driver is not loaded (check 'nvidia-smi' and 'lsmod | grep nvidia')"

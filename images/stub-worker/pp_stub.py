@@ -11,6 +11,9 @@ Modes (STUB_MODE):
           messages and exit codes, announce first (after STUB_ANNOUNCE_DELAY, the cluster node's start), then
           "load" for STUB_LOAD_SECONDS, peers read once from PEER_*/FIRST_PEER_* only, then hold.
 
+Every mode first prints `PP_STAGE_GPUS <uuid,...|->`: the GPUs NVML lists inside the container (ctypes over
+libnvidia-ml.so.1; stderr in worker mode, whose stdout is the wire).
+
 Knobs: STUB_IGNORE_SIGTERM, STUB_ANNOUNCE_DELAY, STUB_NO_ANNOUNCE, STUB_ANNOUNCE_LINE, STUB_EXIT_AFTER,
 STUB_EXIT_CODE, STUB_LOG_RATE (contract §11); for tests of the no-orphan layers and of bad output also
 STUB_IGNORE_LIFELINE=1 (behave like an image that never reads stdin) and STUB_FLOOD=endless|random with
@@ -400,8 +403,56 @@ def run_pp_worker() -> int:
     return run_hold(listener)
 
 
+# ------------------------------------------------------------------------------------ GPUs it sees
+def nvml_gpus() -> str:
+    """What NVML inside this container lists, through its C ABI with ctypes (no package needed): a comma list
+    of GPU UUIDs (a MIG-enabled GPU's MIG devices as GPU-...:MIG-...), "-" for none, or "- (why)"."""
+    import ctypes
+
+    try:
+        lib = ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        return "- (no libnvidia-ml.so.1: no NVIDIA driver or toolkit in this container)"
+    init = getattr(lib, "nvmlInit_v2", None) or lib.nvmlInit
+    rc = init()
+    if rc != 0:
+        lib.nvmlErrorString.restype = ctypes.c_char_p
+        return f"- (nvmlInit: {lib.nvmlErrorString(rc).decode()})"
+    try:
+        count = ctypes.c_uint(0)
+        if lib.nvmlDeviceGetCount_v2(ctypes.byref(count)) != 0:
+            return "- (nvmlDeviceGetCount failed)"
+        seen = []
+        for i in range(count.value):
+            handle = ctypes.c_void_p()
+            buf = ctypes.create_string_buffer(96)
+            if lib.nvmlDeviceGetHandleByIndex_v2(i, ctypes.byref(handle)) != 0:
+                continue
+            if lib.nvmlDeviceGetUUID(handle, buf, 96) != 0:
+                continue
+            uuid = buf.value.decode()
+            mode, pending, migs = ctypes.c_uint(0), ctypes.c_uint(0), []
+            if lib.nvmlDeviceGetMigMode(handle, ctypes.byref(mode), ctypes.byref(pending)) == 0 and mode.value == 1:
+                for m in range(8):
+                    mig = ctypes.c_void_p()
+                    if lib.nvmlDeviceGetMigDeviceHandleByIndex(handle, m, ctypes.byref(mig)) == 0 and (
+                        lib.nvmlDeviceGetUUID(mig, buf, 96) == 0
+                    ):
+                        migs.append(f"{uuid}:{buf.value.decode()}")
+            seen += migs or [uuid]
+        return ",".join(seen) or "-"
+    finally:
+        lib.nvmlShutdown()
+
+
+def report_gpus(to_stderr: bool = False) -> None:
+    """`PP_STAGE_GPUS <list>` before anything else (on stderr where stdout is a wire)."""
+    print(f"PP_STAGE_GPUS {nvml_gpus()}", file=sys.stderr if to_stderr else sys.stdout, flush=True)
+
+
 def main() -> int:
     mode = ENV.get("STUB_MODE", "demo")
+    report_gpus(to_stderr=mode == "worker")
     if mode == "worker":
         from pp_stub_worker import serve  # type: ignore[import-not-found]
 

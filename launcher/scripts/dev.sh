@@ -42,7 +42,7 @@ run_tests() {
   set -e
   if [ "$rc" = 5 ]; then say "pytest collected no test: that is a failure"; exit 1; fi
   [ "$rc" = 0 ] || exit "$rc"
-  say "ruff"; "$VENV/bin/ruff" check launcher tests bench
+  say "ruff"; "$VENV/bin/ruff" check launcher tests bench examples
   say "mypy"; "$VENV/bin/mypy"
 }
 
@@ -51,7 +51,7 @@ shift || true
 case "$cmd" in
   setup) setup ;;
   demo) setup; exec "$VENV/bin/pp-launch" chain --stages "${STAGES:-4}" "$@" ;;
-  test) setup; run_tests "$@" ;;
+  test) setup; launcher/scripts/ensure-docker26.sh; run_tests "$@" ;;
   bench) setup; exec "$PY" bench/run_all.py "$@" ;;
   *) echo "usage: $0 setup|demo|test|bench [args...]" >&2; exit 2 ;;
 esac

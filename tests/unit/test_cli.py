@@ -13,6 +13,8 @@ from click.testing import CliRunner
 
 from pp_launch.cli.main import main
 
+from ..helpers import NO_DRIVER
+
 DATA = Path(__file__).parent.parent / "data"
 NO_ENGINE = {"DOCKER_HOST": "unix:///nonexistent/docker.sock", "PP_LAUNCH_GPU_INVENTORY": ""}
 
@@ -72,7 +74,7 @@ def test_bad_flags_are_usage_errors(args: tuple[str, ...], message: str) -> None
         (("--image", "Bad Image!"), "--image 'Bad Image!' is not a valid image reference"),
         (("--image", ""), "--image '' is not a valid image reference"),
         (("--name", "-x"), "--name '-x' is not a valid container name prefix"),
-        (("--gpus", "all"), "--gpus all asks for GPUs, but NVML not found: no NVIDIA driver on this host"),
+        (("--gpus", "all"), f"--gpus all asks for GPUs, but {NO_DRIVER}"),
     ],
 )
 def test_configuration_errors_are_exit_2_with_one_plain_message(args: tuple[str, ...], message: str) -> None:
@@ -164,7 +166,7 @@ def test_no_driver_means_cpu_stages_said_plainly() -> None:
     doc = json.loads(result.output)
     assert [s["env"]["NVIDIA_VISIBLE_DEVICES"] for s in doc["stages"]] == ["void", "void"]
     assert [s["labels"]["pp-launch.gpus"] for s in doc["stages"]] == ["", ""]
-    assert doc["note"] == "no GPU found (NVML not found: no NVIDIA driver on this host): stages run on CPU"
+    assert doc["note"] == f"no GPU found ({NO_DRIVER}): stages run on CPU"
 
 
 def test_not_enough_gpus_is_exit_2_naming_each_gpu() -> None:
@@ -177,7 +179,7 @@ def test_not_enough_gpus_is_exit_2_naming_each_gpu() -> None:
 def test_gpus_without_a_driver_is_one_line_and_exit_0() -> None:
     result = run("gpus")
     assert result.exit_code == 0
-    assert result.output.strip() == "NVML not found: no NVIDIA driver on this host"
+    assert result.output.strip() == NO_DRIVER
 
 
 def test_gpus_table_json_and_record(tmp_path: Path) -> None:

@@ -76,17 +76,23 @@ def services(plan: ChainPlan, project: str, worker_cmd: tuple[str, ...], addr_ti
         }
         if k > 0:
             service["depends_on"] = {f"stage-{k - 1}": {"condition": "service_healthy"}}
-        if s.gpus:
-            service["deploy"] = {
-                "resources": {
-                    "reservations": {
-                        "devices": [
-                            {"driver": "nvidia", "device_ids": list(s.gpus), "capabilities": ["gpu"]},
-                        ]
-                    }
-                }
-            }
+        # --gpu-attach request: an nvidia reservation; cdi: a cdi one with CDI names; env: NVIDIA_VISIBLE_DEVICES
+        if s.device_requests:
+            devices = [_reservation(r) for r in s.device_requests]
+            service["deploy"] = {"resources": {"reservations": {"devices": devices}}}
         out[f"stage-{k}"] = service
+    return out
+
+
+def _reservation(request: Mapping[str, Any]) -> dict[str, Any]:
+    """An engine DeviceRequest as Compose writes it (driver nvidia for `request`, cdi with CDI names for `cdi`)."""
+    out: dict[str, Any] = {"driver": request.get("Driver") or "nvidia"}
+    if request.get("DeviceIDs"):
+        out["device_ids"] = list(request["DeviceIDs"])
+    elif request.get("Count"):
+        out["count"] = "all" if request["Count"] == -1 else request["Count"]
+    # Compose requires capabilities; the engine's CDI driver ignores them
+    out["capabilities"] = [c for group in request.get("Capabilities") or [] for c in group] or ["gpu"]
     return out
 
 
