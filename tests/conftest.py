@@ -9,19 +9,37 @@ from pathlib import Path
 
 os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")  # Ryuk cannot be pulled here; we reap by label
 
+import atexit
+import ctypes
+import shutil
+import tempfile
+
 import pytest
+
+from pp_launch.testing import fake_nvml
 
 from .helpers import TESTCONTAINERS_LABEL, live_launchers, ours
 
+# The suite's own host, whatever this machine is (issue 11): a state directory (lock, reservations) of its own,
+# never the one real runs use, and an NVML that says "no GPU" unless a test gives it an inventory. The fake
+# libnvidia-ml.so.1 is loaded here before anything imports pynvml (a later dlopen of that name finds it, even on a
+# host with a driver) and is first on the library path of every child; with no config it answers as a host
+# whose driver is not loaded. Tests that mean GPUs use the fake NVIDIA host (gpu_host) or an inventory file.
+_SESSION_DIR = Path(tempfile.mkdtemp(prefix="pp-tests-"))
+atexit.register(shutil.rmtree, _SESSION_DIR, True)
+FAKE_NVML = fake_nvml.build(_SESSION_DIR / "nvml")
+ctypes.CDLL(str(FAKE_NVML), mode=ctypes.RTLD_GLOBAL)
+os.environ.update(fake_nvml.environ(FAKE_NVML.parent, _SESSION_DIR / "no-gpu"))
+os.environ["PP_LAUNCH_STATE_DIR"] = str(_SESSION_DIR / "state")
+
 IN_CI = os.environ.get("CI") == "true"
+pytest_plugins = ["pytester"]  # the testing kit's own tests run inner sessions
 
 
 @pytest.fixture(scope="session")
-def fake_nvml_lib(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def fake_nvml_lib() -> Path:
     """The directory holding the fake libnvidia-ml.so.1, built with gcc for this session."""
-    from pp_launch.testing import fake_nvml
-
-    return fake_nvml.build(tmp_path_factory.mktemp("fake-nvml")).parent
+    return FAKE_NVML.parent
 
 
 @pytest.fixture(scope="session")
@@ -101,6 +119,21 @@ def side_engine(engine, stub_image):  # type: ignore[no-untyped-def]
             pytest.fail(f"the side engine left {left}", pytrace=False)
         if had_bridge and not bridge.exists():
             pytest.fail("the side engine removed the main engine's docker0 bridge", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def gpu_host(engine, stub_image):  # type: ignore[no-untyped-def]
+    """The fake NVIDIA host (tests/gpu_host.py): fake NVML for launchers, GPU engines started on first use."""
+    from .gpu_host import FakeGpuHost
+
+    host = FakeGpuHost()
+    host.images = (stub_image,)
+    try:
+        yield host
+    finally:
+        left = host.close()
+        if left:
+            pytest.fail(f"the fake GPU host left {left}", pytrace=False)
 
 
 @pytest.fixture

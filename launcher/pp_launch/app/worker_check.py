@@ -82,6 +82,10 @@ class Conformance:
         return len(self.d.notices)
 
     def _running(self, generation: int) -> str:
+        """A worker of `generation` running: started here, unless one is running already (a test driving the
+        steps in its own order, pp_launch.testing.WorkerUnderTest)."""
+        if self.d.ctl.pid is not None and self.d.ctl.state is c.State.RUNNING:
+            return f"already running, generation {self.d.ctl.generation}, pid {self.d.ctl.pid}"
         since = self._mark()
         self.d.start()
         ready = self.d.wait_for((c.WorkerRunning, c.WorkerFailed), self.timeout, since=since)

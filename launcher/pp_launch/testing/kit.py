@@ -1,0 +1,272 @@
+"""Test your own stage images the way pp-launch tests its own: on a real engine, with our labels, lifeline,
+tini and auto-remove, and nothing left behind.
+
+- `StageContainer(image, stage=0, num_stages=1, env=..., gpus=...)`: a testcontainers `DockerContainer` that is a
+  pp-launch stage: created with our labels, tini as init, daemon-side auto-remove and the stdin lifeline, then
+  attached, then started (nothing it prints is missed). `wait_for_announcement()` returns the parsed
+  `PP_GPU_NODE_ADDR` line (contract §3), `lines()` what it printed, `exit_code()` how it ended; `stop()` is our
+  teardown (SIGTERM, the grace, then a kill through the engine), not testcontainers' bare kill.
+- `Chain(image, stages=N, ...)`: a context manager over the library's chain (the options of `pp-launch chain`:
+  GPUs, attach mode, inventory, env, grace, timeouts). It yields a `RunningChain` once every stage announced
+  (the roster, the events, each stage's lines) and tears the chain down when the block ends, however it ends.
+- `WorkerUnderTest(image)`: the steps of `pp-launch worker check` as methods a test calls in its own order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import signal
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from typing import Any
+
+from testcontainers.core.container import DockerContainer
+
+from pp_launch.adapters import docker_engine
+from pp_launch.app import chain as launch
+from pp_launch.app import worker_check
+from pp_launch.core import errors, events, labels
+from pp_launch.core.announce import StageAnnouncement, parse_line
+from pp_launch.core.chain.plan import BUILTIN_IMAGE, ChainRequest, build_plan
+from pp_launch.core.chain.ports import ChainEvent, StageGone, StageOutput
+from pp_launch.core.gpu.requests import device_requests
+
+DEFAULT_GRACE = 5.0
+
+
+class StageContainer(DockerContainer):
+    def __init__(
+        self,
+        image: str,
+        stage: int = 0,
+        num_stages: int = 1,
+        env: Mapping[str, str] | None = None,
+        gpus: tuple[str, ...] = (),
+        gpu_attach: str = "request",
+        grace: float = DEFAULT_GRACE,
+        command: tuple[str, ...] = (),
+    ) -> None:
+        super().__init__(image)
+        self.stage, self.num_stages, self.grace = stage, num_stages, grace
+        self.stage_env = dict(env or {})
+        self.gpus, self.gpu_attach, self.stage_command = tuple(gpus), gpu_attach, tuple(command)
+        self.run_id: str | None = None
+        self.ref: str | None = None
+        self._lines: list[str] = []
+        self._exit: int | None = None
+        self._gone = threading.Event()
+        self._cond = threading.Condition()
+        self._backend: docker_engine.DockerStageBackend | None = None
+
+    # ------------------------------------------------------------------------------------------ life
+    def start(self) -> StageContainer:
+        engine = docker_engine.connect()
+        request = ChainRequest(stages=self.num_stages, image=self.image, env=tuple(self.stage_env.items()))
+        gpus = [self.gpus if k == self.stage else () for k in range(self.num_stages)]
+        plan = build_plan(request, {}, labels.Owner.current().label(), gpus,
+                          [device_requests(g, self.gpu_attach) for g in gpus])  # fmt: skip
+        spec = plan.stages[self.stage]
+        if self.stage_command:
+            spec = dataclasses.replace(spec, command=self.stage_command)
+        self.run_id = plan.run_id
+        self._backend = docker_engine.DockerStageBackend(engine)
+        self.ref = self._backend.create(spec, spec.env)
+        self._backend.start(self.ref, self.stage, self._sink)
+        self._container = self.get_docker_client().client.containers.get(self.ref)
+        return self
+
+    def _sink(self, event: ChainEvent) -> None:
+        with self._cond:
+            if isinstance(event, StageOutput):
+                self._lines.append(event.data.decode("utf-8", "backslashreplace").rstrip("\n"))
+            elif isinstance(event, StageGone):
+                self._exit = event.exit_code
+                self._gone.set()
+            self._cond.notify_all()
+
+    def stop(self, force: bool = True, delete_volume: bool = True) -> None:
+        """Our teardown: SIGTERM, up to the grace for it to end, then a kill; auto-remove does the rest."""
+        if self._backend is None or self.ref is None or self._gone.is_set():
+            return
+        with suppress(errors.PpLaunchError):
+            self._backend.signal(self.ref, signal.SIGTERM)
+        if not self._gone.wait(self.grace):
+            with suppress(errors.PpLaunchError):
+                self._backend.kill(self.ref)
+        self._gone.wait(30)
+
+    # ------------------------------------------------------------------------------------------ output
+    def lines(self) -> list[str]:
+        with self._cond:
+            return list(self._lines)
+
+    def exit_code(self, timeout: float = 0.0) -> int | None:
+        """How it ended (None while it runs, or when the engine could not say); waits up to `timeout`."""
+        self._gone.wait(timeout)
+        return self._exit
+
+    def wait_for_line(self, predicate: Any, timeout: float = 60.0) -> str:
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                for line in self._lines:
+                    if predicate(line):
+                        return line
+                left = deadline - time.monotonic()
+                if left <= 0 or self._gone.is_set():
+                    raise TimeoutError(f"stage {self.stage} ({self.image}): no such line within {timeout}s; "
+                                       f"it printed {len(self._lines)} lines, exit {self._exit}")  # fmt: skip
+                self._cond.wait(min(left, 0.2))
+
+    def wait_for_announcement(self, timeout: float = 60.0) -> StageAnnouncement:
+        line = self.wait_for_line(lambda text: parse_line(text) is not None, timeout)
+        found = parse_line(line)
+        assert found is not None
+        return found
+
+
+# ---------------------------------------------------------------------------------------------- chains
+class _Collect:
+    def __init__(self) -> None:
+        self.events: list[events.Event] = []
+        self.lines: dict[int, list[str]] = {}
+        self.cond = threading.Condition()
+
+    def event(self, event: events.Event) -> None:
+        with self.cond:
+            self.events.append(event)
+            self.cond.notify_all()
+
+    def stage_line(self, stage: int, stream: str, text: str) -> None:
+        with self.cond:
+            self.lines.setdefault(stage, []).append(text)
+
+    def stage_state(self, stage: int, state: events.StageState, detail: str = "") -> None:
+        pass
+
+
+@dataclass
+class RunningChain:
+    """A chain whose stages all announced: its run id, the roster (one entry per stage, in stage order)."""
+
+    run_id: str
+    roster: tuple[events.RosterEntry, ...]
+    _collect: _Collect = field(repr=False)
+
+    def all_events(self) -> list[events.Event]:
+        """The events so far (contract §4), typed."""
+        with self._collect.cond:
+            return list(self._collect.events)
+
+    def lines(self, stage: int) -> list[str]:
+        with self._collect.cond:
+            return list(self._collect.lines.get(stage, []))
+
+    @property
+    def announcements(self) -> list[events.StageAnnounced]:
+        return [e for e in self.all_events() if isinstance(e, events.StageAnnounced)]
+
+
+@contextmanager
+def Chain(
+    image: str = BUILTIN_IMAGE,
+    stages: int = 2,
+    *,
+    gpus: str = "none",
+    gpus_per_stage: int = 1,
+    gpu_attach: str = "request",
+    gpu_inventory: str | None = None,
+    env: Mapping[str, str] | None = None,
+    grace: float = DEFAULT_GRACE,
+    addr_timeout: float = 60.0,
+    timeout: float = 120.0,
+) -> Iterator[RunningChain]:
+    """A chain for the length of a `with` block: yields once every stage announced; torn down at the end."""
+    engine = docker_engine.connect()
+    request = ChainRequest(stages=stages, image=image, env=tuple((env or {}).items()), grace=grace,
+                           addr_timeout=addr_timeout)  # fmt: skip
+    gpu = launch.GpuOptions(mode=gpus, per_stage=gpus_per_stage, attach=gpu_attach, inventory_path=gpu_inventory)
+    plan, _note = launch.plan_chain(request, gpu, engine)
+    collect = _Collect()
+    scopes: list[Any] = []
+    outcome: list[Any] = []
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            outcome.append(launch.run_chain(plan, engine, collect, on_scope=scopes.append))
+        except BaseException as exc:
+            failure.append(exc)
+        with collect.cond:
+            collect.cond.notify_all()
+
+    thread = threading.Thread(target=run, name=f"pp-chain-{plan.run_id}", daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + timeout
+        with collect.cond:
+            while not any(isinstance(e, events.StageRoster) for e in collect.events):
+                if not thread.is_alive() or time.monotonic() > deadline:
+                    why = failure[0] if failure else (outcome[0] if outcome else f"no roster within {timeout}s")
+                    raise RuntimeError(f"chain {plan.run_id} of {image} did not come up: {why}")
+                collect.cond.wait(0.2)
+            roster = next(e for e in collect.events if isinstance(e, events.StageRoster)).stages
+        yield RunningChain(plan.run_id, roster, collect)
+    finally:
+        if scopes and thread.is_alive():
+            scopes[0].request_stop(signal.SIGTERM)
+        thread.join(grace + 60)
+
+
+# ---------------------------------------------------------------------------------------------- workers
+class WorkerUnderTest:
+    """`pp-launch worker check`'s steps as methods (initialize, configure, install, readable, arena, execute,
+    release, uninstall, stale_after_restart, invalid_json, shutdown, end_of_stdin); each returns what it saw
+    and raises StepFailure with the reason. Use as a context manager: the worker container goes at the end."""
+
+    StepFailure = worker_check.StepFailure
+    STEPS = tuple(method for _name, method in worker_check.Conformance.STEPS)
+
+    def __init__(self, image: str, env: Mapping[str, str] | None = None, timeout: float = worker_check.TIMEOUT):
+        self.conformance = worker_check.Conformance(docker_engine.connect(), image, dict(env or {}),
+                                                    lambda text: None, timeout=timeout)  # fmt: skip
+
+    def __getattr__(self, name: str) -> Any:
+        if name in self.STEPS:
+            return getattr(self.conformance, name)
+        raise AttributeError(name)
+
+    def close(self) -> None:
+        self.conformance.d.close()
+
+    def __enter__(self) -> WorkerUnderTest:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def engine_answers() -> bool:
+    try:
+        docker_engine.connect(timeout=5)
+    except errors.PpLaunchError:
+        return False
+    return True
+
+
+def leftovers_of_this_process(owner: str | None = None) -> list[dict[str, Any]]:
+    """pp-launch containers on the engine whose owner label is this process (or `owner`)."""
+    engine = docker_engine.connect()
+    mine = owner or labels.Owner.current().label()
+    return [{"id": c.id, "name": c.name, "image": c.image, "labels": dict(c.labels)}
+            for c in engine.containers([labels.RUN]) if c.labels.get(labels.OWNER) == mine]  # fmt: skip
+
+
+def remove(container_id: str) -> None:
+    docker_engine.connect().remove(container_id)
+
+
+__all__ = ["BUILTIN_IMAGE", "Chain", "RunningChain", "StageContainer", "WorkerUnderTest", "engine_answers"]
