@@ -4,8 +4,9 @@
 #
 # Runs the worker ("$@") with its output passed on unchanged, and writes this stage's first valid
 # announcement (PP_GPU_NODE_ADDR <node_id> <direct>) to $PP_ANNOUNCE_DIR/stage-$STAGE.addr; the stage's
-# healthcheck waits for that file, and stage k+1 depends on stage k being healthy. Stage k >= 1 first
-# exports PEER_* (stage k-1) and FIRST_PEER_* (stage 0) from those files, validated again. A malformed
+# healthcheck waits for that file. Every service starts at once: stage k >= 1 first waits for the files of
+# stage k-1 and stage 0 (up to PP_ADDR_TIMEOUT seconds) and exports PEER_* and FIRST_PEER_* from them,
+# validated again. A malformed
 # announcement is never written: the stage stays unhealthy and says why on stderr.
 set -u
 dir=${PP_ANNOUNCE_DIR:-/pp-announce}
@@ -121,11 +122,17 @@ parse_announcement() {  # LINE -> 0 valid (sets id, direct), 1 malformed, 2 not 
 }
 # --- grammar end
 
-read_announcement() {  # FILE -> ann_id, ann_direct
-    if [ ! -s "$1" ]; then
-        say "no announcement in $1: the earlier stage is not up"
-        exit 1
-    fi
+read_announcement() {  # FILE -> ann_id, ann_direct; waits for the file up to PP_ADDR_TIMEOUT seconds
+    waited=0
+    limit=$(( ${PP_ADDR_TIMEOUT:-60} * 10 ))
+    while [ ! -s "$1" ]; do
+        if [ "$waited" -ge "$limit" ]; then
+            say "no announcement in $1 after ${PP_ADDR_TIMEOUT:-60} s: the earlier stage is not up"
+            exit 1
+        fi
+        sleep 0.1
+        waited=$((waited + 1))
+    done
     read -r ann_id ann_direct < "$1"
     if ! valid_id "$ann_id" || ! valid_direct "$ann_direct"; then
         say "the announcement in $1 is invalid; not passing it on"

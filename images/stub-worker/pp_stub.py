@@ -11,6 +11,9 @@ Modes (STUB_MODE):
           messages and exit codes, announce first (after STUB_ANNOUNCE_DELAY, the cluster node's start), then
           "load" for STUB_LOAD_SECONDS, peers read once from PEER_*/FIRST_PEER_* only, then hold.
 
+PP_HANDOFF=stdin (`pp-launch chain --handoff stdin`): stage k >= 1 announces first and reads its peers later
+from stdin as `PP_PEER <node_id> <direct>` and `PP_FIRST_PEER <node_id> <direct>` lines.
+
 Every mode first prints `PP_STAGE_GPUS <uuid,...|->`: the GPUs NVML lists inside the container (ctypes over
 libnvidia-ml.so.1; stderr in worker mode, whose stdout is the wire).
 
@@ -194,6 +197,8 @@ def announce(listener: Listener, role: str = "") -> None:
 
 def connect_ring(listener: Listener) -> tuple[socket.socket | None, socket.socket | None]:
     """(from predecessor, feedback to stage 0): stage k dials k-1; the last stage also dials stage 0."""
+    if ENV.get("PP_HANDOFF") == "stdin" and STAGE > 0:
+        _peers.wait()  # announced already; the launcher sends the peers once it knows them
     peer, first = ENV.get("PEER_DIRECT"), ENV.get("FIRST_PEER_DIRECT")
     if STAGE > 0 and (peer is None or first is None):
         if ENV.get("STUB_MODE", "demo") in ("hold", "pp-worker"):
@@ -306,19 +311,47 @@ def start_knobs() -> None:
 
         threading.Thread(target=chatter, daemon=True).start()
 
-    if ENV.get("PP_LIFELINE") == "stdin" and ENV.get("STUB_IGNORE_LIFELINE") != "1":
+    late = ENV.get("PP_HANDOFF") == "stdin"
+    if (ENV.get("PP_LIFELINE") == "stdin" and ENV.get("STUB_IGNORE_LIFELINE") != "1") or late:
 
         def lifeline() -> None:
-            seen = b""
+            """stdin: PP_PEER/PP_FIRST_PEER lines (PP_HANDOFF=stdin), PP_DETACHED, then its end (the launcher
+            is gone)."""
+            pending = b""
             while chunk := os.read(0, 4096):
-                seen = (seen + chunk)[-64:]
-                if b"PP_DETACHED\n" in seen:  # a detached run is up: the launcher's exit no longer stops us
-                    print(f"stub[{STAGE}/{NUM_STAGES}] detached: stdin is no longer a lifeline", file=sys.stderr)
-                    return
-            print(f"stub[{STAGE}/{NUM_STAGES}] lifeline closed: launcher gone, exiting", file=sys.stderr, flush=True)
-            os._exit(137)
+                pending += chunk
+                while b"\n" in pending:
+                    line, _, pending = pending.partition(b"\n")
+                    took = take_peer_line(line.decode("utf-8", "replace"))
+                    if line == b"PP_DETACHED":  # a detached run is up: the launcher's exit no longer stops us
+                        print(f"stub[{STAGE}/{NUM_STAGES}] detached: stdin is no longer a lifeline", file=sys.stderr)
+                        if not (late and not _peers.is_set()):
+                            return
+                    elif not took and late:
+                        log(f"ignoring stdin line {line[:80]!r}")
+                pending = pending[-4096:]
+            if ENV.get("PP_LIFELINE") == "stdin" and ENV.get("STUB_IGNORE_LIFELINE") != "1":
+                print(f"stub[{STAGE}/{NUM_STAGES}] lifeline closed: launcher gone, exiting", file=sys.stderr,
+                      flush=True)  # fmt: skip
+                os._exit(137)
 
         threading.Thread(target=lifeline, daemon=True).start()
+
+
+_peers = threading.Event()
+
+
+def take_peer_line(line: str) -> bool:
+    """`PP_PEER <node_id> <direct>` / `PP_FIRST_PEER <node_id> <direct>` (--handoff stdin): the peers, late."""
+    parts = line.strip().split(" ")
+    if len(parts) != 3 or parts[0] not in ("PP_PEER", "PP_FIRST_PEER"):
+        return False
+    prefix = "PEER" if parts[0] == "PP_PEER" else "FIRST_PEER"
+    ENV[f"{prefix}_NODE_ID"], ENV[f"{prefix}_DIRECT"] = parts[1], parts[2]
+    if "PEER_DIRECT" in ENV and "FIRST_PEER_DIRECT" in ENV:
+        log(f"peers from stdin: {ENV['PEER_DIRECT']} and {ENV['FIRST_PEER_DIRECT']}")
+        _peers.set()
+    return True
 
 
 def run_flood(kind: str, megabytes: int) -> None:

@@ -183,3 +183,36 @@ class RecordingReporter:
 
     def named(self, name: str) -> list[dict[str, Any]]:
         return [f for (n, f) in self.events if n == name]
+
+
+@dataclass
+class FakeHandoffBackend(FakeBackend):
+    """A backend that brings every stage up at once (issue 13): create_waiting makes a stage that announces only
+    once its hand-off arrives (deliver); a plain create (--handoff stdin) announces at once."""
+
+    waiting: set[str] = field(default_factory=set)
+    delivered: dict[int, list[str]] = field(default_factory=dict)
+
+    def create_waiting(self, spec: StageSpec, env: Mapping[str, str]) -> str:
+        ref = self.create(spec, env)
+        self.calls[-1] = ("create_waiting", spec.index)
+        self.waiting.add(ref)
+        return ref
+
+    def start(self, ref: str, stage: int, sink: Sink) -> None:
+        if ref not in self.waiting:
+            return super().start(ref, stage, sink)
+        self.calls.append(("start", stage))
+        self.sinks[ref] = (stage, sink)
+
+    def deliver(self, ref: str, data: bytes) -> None:
+        stage, sink = self.sinks[ref]
+        lines = data.decode().splitlines()
+        self.calls.append(("deliver", stage))
+        self.delivered[stage] = lines
+        if ref in self.waiting:  # the entry: NAME=value lines, then DONE, then the worker starts
+            assert lines[-1] == "PP_HANDOFF_DONE"
+            self.envs[stage].update(dict(line.split("=", 1) for line in lines[:-1]))
+            self.waiting.discard(ref)
+            super().start(ref, stage, sink)
+            self.calls.pop()  # that start was the worker's exec, not a second container start

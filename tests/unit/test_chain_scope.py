@@ -11,7 +11,7 @@ from pp_launch.core.chain.plan import ChainRequest, build_plan
 from pp_launch.core.chain.ports import StopRequested
 from pp_launch.core.chain.scope import ChainScope, Found, RosterIncomplete, resolve_roster
 
-from .fakes import FakeBackend, FakeClock, FakeInbox, RecordingReporter, StageScript, node_id
+from .fakes import FakeBackend, FakeClock, FakeHandoffBackend, FakeInbox, RecordingReporter, StageScript, node_id
 
 
 def make(n: int, scripts: dict[int, StageScript] | None = None, **req: object):
@@ -295,3 +295,58 @@ def test_an_adopted_teardown_on_a_lost_engine_gathers_the_error_and_says_what_ma
     outcome = scope.stop()
     assert outcome.exit_code == 1 and "stopped (its socket refuses connections)" in outcome.message
     assert sorted(outcome.orphans) == ["id-a", "id-b", "id-c"]
+
+
+# ---------------------------------------------------------------- parallel bring-up (issue 13)
+def make_parallel(n: int, scripts: dict[int, StageScript] | None = None, **req: object):
+    scope, _, reporter, clock = make(n, scripts, **req)
+    backend = FakeHandoffBackend(scripts=scripts or {}, inbox=scope.inbox)  # type: ignore[arg-type]
+    scope.backend = backend
+    return scope, backend, reporter, clock
+
+
+@pytest.mark.parametrize("n", [2, 3, 8])
+def test_env_handoff_creates_and_starts_every_stage_before_any_handoff(n: int) -> None:
+    scope, backend, reporter, _ = make_parallel(n)
+    scope.inbox.at(2000.0, StopRequested(signal.SIGTERM))
+    scope.run()
+    kinds = [c[0] for c in backend.calls]
+    first_deliver = kinds.index("deliver")
+    assert kinds[:first_deliver].count("create_waiting") == n and kinds[:first_deliver].count("start") == n
+    assert [c[1] for c in backend.calls if c[0] == "deliver"] == list(range(n))  # each once its peer is known
+    assert backend.delivered[0] == ["PP_HANDOFF_DONE"]
+    for k in range(1, n):
+        env = backend.envs[k]
+        assert env["PEER_NODE_ID"] == node_id(k - 1) and env["FIRST_PEER_DIRECT"] == "127.0.0.1:7000"
+    assert [e["stage_index"] for e in reporter.named("pp_stage_roster")[0]["stages"]] == list(range(n))
+    assert backend.existing == {}
+
+
+def test_stdin_handoff_starts_workers_at_once_and_sends_peer_lines() -> None:
+    scope, backend, reporter, _ = make_parallel(3, handoff="stdin")
+    scope.inbox.at(2000.0, StopRequested(signal.SIGTERM))
+    scope.run()
+    assert "create_waiting" not in [c[0] for c in backend.calls]
+    assert all(backend.envs[k]["PP_HANDOFF"] == "stdin" and "PEER_DIRECT" not in backend.envs[k] for k in range(3))
+    assert backend.delivered[2] == [f"PP_PEER {node_id(1)} 127.0.0.1:7001", f"PP_FIRST_PEER {node_id(0)} 127.0.0.1:7000"]
+    assert 0 not in backend.delivered
+    assert len(reporter.named("pp_stage_roster")) == 1
+
+
+@pytest.mark.parametrize("k", [0, 2])
+def test_parallel_create_failure_removes_every_created_stage(k: int) -> None:
+    scope, backend, reporter, _ = make_parallel(4, {k: StageScript(fail_create=True)})
+    outcome = scope.run()
+    assert outcome.exit_code == 1 and outcome.failed_stage == k
+    assert f"stage {k} (pp-abcdef012345-{k}) could not start" in outcome.message
+    assert "start" not in [c[0] for c in backend.calls]  # nothing starts when any create failed
+    assert backend.existing == {}
+    assert reporter.named("chain_stopped")[0]["orphans"] == []
+
+
+def test_a_waiting_stage_that_never_gets_its_handoff_is_stopped_with_the_rest() -> None:
+    scope, backend, reporter, _ = make_parallel(3, {0: StageScript(announce=False)})
+    outcome = scope.run()
+    assert outcome.exit_code == 1 and "stage 0" in outcome.message and "did not announce" in outcome.message
+    assert [c[1] for c in backend.calls if c[0] == "deliver"] == [0]  # stages 1 and 2 still waiting
+    assert backend.existing == {}

@@ -9,6 +9,7 @@ moment after it exits, so "no such container" always means "already removed", ne
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import signal as _signal
@@ -25,6 +26,7 @@ import docker.errors
 import requests
 
 from pp_launch.core import errors, labels
+from pp_launch.core.chain import handoff
 from pp_launch.core.chain.plan import StageSpec
 from pp_launch.core.chain.ports import HANDED_OVER, Sink, StageGone, StageOutput
 from pp_launch.core.lines import LineSplitter
@@ -386,6 +388,24 @@ class DockerStageBackend:
         while reader.is_alive() and time.monotonic() < deadline and not self._tearing_down.is_set():
             reader.join(timeout=0.1)
         sink(gone)
+
+    def create_waiting(self, spec: StageSpec, env: Mapping[str, str]) -> str:
+        """The stage under the hand-off entry: /bin/sh waits for its peers on stdin, then execs what the engine
+        would have run (the user's or the image's entrypoint, then the command)."""
+        config = self.engine.image_config(spec.image)
+        if config is None:
+            return self.create(spec, env)  # the engine says the image is missing, in its words
+        entry = list(spec.entrypoint) if spec.entrypoint is not None else list(config.get("Entrypoint") or [])
+        default_cmd = [] if spec.entrypoint is not None else list(config.get("Cmd") or [])
+        command = list(spec.command) if spec.command else default_cmd
+        argv = tuple(handoff.wrapped_command(entry, command))
+        return self.create(dataclasses.replace(spec, entrypoint=handoff.ENTRYPOINT, command=argv), env)
+
+    def deliver(self, ref: str, data: bytes) -> None:
+        try:
+            self.write_stdin(ref, data)
+        except KeyError:
+            raise errors.EngineError(f"stage {ref[:12]} has no open stdin to hand off on") from None
 
     def write_stdin(self, ref: str, data: bytes) -> None:
         """To a stage created with an open stdin (PP_LIFELINE=stdin). OSError once it is gone."""

@@ -3,8 +3,9 @@
 Compose has no "start stage k once stage k-1 has printed its address". The hand-off is built from what it
 has: every stage runs under `pp-stage-entry` (images/stage-entry, POSIX sh, delivered as a compose config
 so any image with /bin/sh works), which writes the stage's validated announcement to a directory shared by
-all stages; the stage is healthy once that file exists; stage k depends on stage k-1 being healthy and
-exports PEER_* and FIRST_PEER_* from the files before it starts its worker.
+all stages; the stage is healthy once that file exists. Every service starts at once (issue 13): stage k
+waits for the files of stage k-1 and stage 0 (up to --addr-timeout) and exports PEER_* and FIRST_PEER_*
+from them before it starts its worker, so container start and image boot overlap.
 
 The shared directory is a host bind mount, not a volume, so `docker compose down` leaves no container,
 network or volume of the project behind.
@@ -49,6 +50,7 @@ def services(plan: ChainPlan, project: str, worker_cmd: tuple[str, ...], addr_ti
         k = s.index
         env = dict(s.env)
         env["PP_ANNOUNCE_DIR"] = ANNOUNCE_MOUNT
+        env["PP_ADDR_TIMEOUT"] = str(max(1, int(addr_timeout)))
         service: dict[str, Any] = {
             "image": s.image,
             "container_name": f"{project}-stage-{k}",
@@ -74,8 +76,6 @@ def services(plan: ChainPlan, project: str, worker_cmd: tuple[str, ...], addr_ti
                 "retries": retries,
             },
         }
-        if k > 0:
-            service["depends_on"] = {f"stage-{k - 1}": {"condition": "service_healthy"}}
         # --gpu-attach request: an nvidia reservation; cdi: a cdi one with CDI names; env: NVIDIA_VISIBLE_DEVICES
         if s.device_requests:
             devices = [_reservation(r) for r in s.device_requests]

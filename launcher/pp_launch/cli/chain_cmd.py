@@ -44,6 +44,16 @@ from pp_launch.core.chain.scope import ChainOutcome
     metavar="S",
     help="Each stage's budget between SIGTERM and SIGKILL at teardown (all stages at once).",
 )
+@click.option(
+    "--handoff",
+    type=click.Choice(["env", "stdin"]),
+    default="env",
+    show_default=True,
+    help="How stage k learns stage k-1's and stage 0's addresses. Every container starts at once either way. "
+    "env: the worker starts under a small sh entry once its peers are known, with PEER_*/FIRST_PEER_* set (any "
+    "image with /bin/sh). stdin: the worker starts at once (PP_HANDOFF=stdin) and reads 'PP_PEER <id> <addrs>' "
+    "and 'PP_FIRST_PEER <id> <addrs>' lines on stdin later, so all stages load side by side.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Events as JSON lines on stdout; stage lines on stderr.")
 @click.option("--dry-run", is_flag=True, help="Print the plan (GPUs, env, labels) and start nothing.")
 @click.option(
@@ -73,15 +83,17 @@ def chain(
     stage_env: tuple[tuple[int, str, str], ...],
     addr_timeout: float,
     grace: float,
+    handoff: str,
     as_json: bool,
     dry_run: bool,
     detach: bool,
     gpu_node: str | None,
 ) -> None:
-    """Start STAGES stages one after another and supervise them until they end.
+    """Start STAGES stages at once and supervise them until they end.
 
-    Each stage is a container with tini as init and daemon-side auto-remove. Stage k >= 1 receives stage
-    k-1's announcement (PEER_*) and stage 0's (FIRST_PEER_*). Exit: 0 when every stage exits 0, 1 when one
+    Each stage is a container with tini as init and daemon-side auto-remove; all are created and started
+    together. Stage k >= 1 receives stage k-1's announcement (PEER_*) and stage 0's (FIRST_PEER_*) as soon as
+    they are known (--handoff). Exit: 0 when every stage exits 0, 1 when one
     fails, 2 on bad configuration, 128+N after signal N. Nothing is left behind either way.
 
     \b
@@ -102,7 +114,11 @@ def chain(
         grace=grace,
         lifeline=True,  # a detached run is its launcher's until it is up (bringup.py)
         entrypoint=(entrypoint,) if entrypoint else None,
+        handoff=handoff,
     )
+    if handoff == "stdin" and gpu_node:
+        raise click.UsageError("--handoff stdin and --gpu-node do not go together: pp-gpu-node children take "
+                               "their peers from the environment")  # fmt: skip
     if detach and gpu_node:
         raise click.UsageError("--detach and --gpu-node do not go together: child processes end with the launcher")
     if dry_run:

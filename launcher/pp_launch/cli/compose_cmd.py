@@ -70,7 +70,8 @@ def compose(
 
     One service per stage: init, host network, the stage environment, pp-launch labels (owner
     compose:PROJECT), GPUs pinned by UUID. Each stage runs under pp-stage-entry, which hands its
-    announcement to the next stage through a shared directory; stage k starts once stage k-1 is healthy.
+    announcement to the next stage through a shared directory; all services start at once and stage k's
+    worker starts once stage k-1 (and stage 0) announced.
 
     \b
     Examples:

@@ -10,6 +10,7 @@ from typing import Any
 
 from pp_launch.core import labels, stage_env
 from pp_launch.core.announce import StageAnnouncement
+from pp_launch.core.chain import handoff
 from pp_launch.core.gpu.allocator import PlacementCost, describe_level
 
 BUILTIN_IMAGE = "pp-launch/stub-worker:latest"
@@ -57,13 +58,14 @@ class ChainPlan:
     grace: float = 5.0
     hop_levels: tuple[int | None, ...] = field(default=())  # topology level of each hop k -> k+1 and last -> 0
     cost: PlacementCost | None = None  # the allocator's cost of the GPU placement (None: none, or listed)
+    handoff: str = "env"  # how later stages learn their peers (core/chain/handoff.py)
 
     def to_json(self) -> dict[str, Any]:
         """The dry-run document (contract §10)."""
         stages = []
         for s in self.stages:
             env = dict(s.env)
-            if s.index > 0:
+            if s.index > 0 and self.handoff == "env":
                 env.update(stage_env.peer_placeholders(s.index))
             stages.append(
                 {
@@ -81,6 +83,7 @@ class ChainPlan:
                 }
             )
         doc: dict[str, Any] = {"run": self.run_id, "addr_timeout": self.addr_timeout, "grace": self.grace}
+        doc["handoff"] = self.handoff
         doc["stages"] = stages
         if self.hop_levels:
             doc["hops"] = [
@@ -114,6 +117,7 @@ class ChainRequest:
     grace: float = 5.0
     lifeline: bool = True
     entrypoint: tuple[str, ...] | None = None  # None: the image's own
+    handoff: str = "env"  # env | stdin (core/chain/handoff.py)
 
 
 def build_plan(
@@ -132,6 +136,8 @@ def build_plan(
     base.update(request.env)
     if request.lifeline:
         base[stage_env.LIFELINE] = "stdin"
+    if request.handoff == "stdin":
+        base[handoff.MODE_ENV] = "stdin"
     specs = []
     for k in range(request.stages):
         env = dict(base)
@@ -160,4 +166,5 @@ def build_plan(
         grace=request.grace,
         hop_levels=hop_levels,
         cost=cost,
+        handoff=request.handoff,
     )

@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from pp_launch.core.chain.plan import StageSpec
 from pp_launch.core.lines import Line
@@ -162,6 +162,20 @@ class StageBackend(Protocol):
 
     def hand_over(self, ref: str) -> None:
         """A detached run is up: the stage's stdin stops being the launcher's lifeline (HANDED_OVER)."""
+        ...
+
+
+@runtime_checkable
+class HandoffBackend(StageBackend, Protocol):
+    """A backend whose stages can all start at once and get their hand-off later on stdin (issue 13)."""
+
+    def create_waiting(self, spec: StageSpec, env: Mapping[str, str]) -> str:
+        """Create the stage under the hand-off entry (core/chain/handoff.py): it waits for its peers on stdin,
+        then execs the image's own entrypoint and command."""
+        ...
+
+    def deliver(self, ref: str, data: bytes) -> None:
+        """Write hand-off lines on the stage's stdin (the lifeline stays open)."""
         ...
 
 

@@ -18,10 +18,19 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from pp_launch.core import errors, events
+from pp_launch.core import errors, events, stage_env
 from pp_launch.core.announce import PREFIX, AnnouncementError, StageAnnouncement, parse_line
+from pp_launch.core.chain import handoff
 from pp_launch.core.chain.plan import ChainPlan, StageSpec
-from pp_launch.core.chain.ports import ChainEvent, Inbox, StageBackend, StageGone, StageOutput, StopRequested
+from pp_launch.core.chain.ports import (
+    ChainEvent,
+    HandoffBackend,
+    Inbox,
+    StageBackend,
+    StageGone,
+    StageOutput,
+    StopRequested,
+)
 from pp_launch.core.events import RosterEntry
 from pp_launch.core.lines import display
 
@@ -223,14 +232,9 @@ class ChainScope:
     def _bring_up(self) -> _End | None:
         image = self.plan.stages[0].image if self.stages else ""
         self.reporter.event(events.ChainStarting(stages=len(self.stages), image=image))
-        first: StageAnnouncement | None = None
-        prev: StageAnnouncement | None = None
-        for st in self.stages:
-            end = self._start_stage(st, prev, first)
-            if end is not None:
-                return end
-            prev = st.announcement
-            first = first or prev
+        end = self._bring_up_parallel() if self._parallel() else self._bring_up_in_turn()
+        if end is not None:
+            return end
         self._roster = resolve_roster({s.spec.index: s.announcement for s in self.stages}, len(self.stages))
         self.reporter.event(events.StageRoster(drive_seq=1, stages=tuple(self._roster)))
         for st in self.stages:
@@ -242,6 +246,119 @@ class ChainScope:
                     self.backend.hand_over(st.ref)
             return _End(0, "detached", f"run {self.plan.run_id} is up with {len(self.stages)} stages")
         return None
+
+    def _parallel(self) -> bool:
+        """Every container at once (issue 13) where the backend can hand off later and stdin is the lifeline."""
+        lifeline = all(s.env.get(stage_env.LIFELINE) == "stdin" for s in self.plan.stages)
+        return len(self.stages) > 1 and lifeline and isinstance(self.backend, HandoffBackend)
+
+    def _bring_up_in_turn(self) -> _End | None:
+        first: StageAnnouncement | None = None
+        prev: StageAnnouncement | None = None
+        for st in self.stages:
+            end = self._start_stage(st, prev, first)
+            if end is not None:
+                return end
+            prev = st.announcement
+            first = first or prev
+        return None
+
+    def _bring_up_parallel(self) -> _End | None:
+        """Create and start every stage at once; then hand each stage its peers the moment they are known:
+        `env`, stage k's entry gets PEER_*/FIRST_PEER_* once stage k-1 announced and execs the worker;
+        `stdin`, the workers run from the start and stage k >= 1 reads PP_PEER/PP_FIRST_PEER lines."""
+        backend = self.backend
+        assert isinstance(backend, HandoffBackend)
+        waiting = self.plan.handoff == "env"
+        for st in self.stages:
+            self._move(st, events.StageInput.START)
+            st.attempted = True
+
+        def create(st: _Stage) -> str:
+            env = dict(st.spec.env)
+            return backend.create_waiting(st.spec, env) if waiting else backend.create(st.spec, env)
+
+        def start(st: _Stage) -> None:
+            assert st.ref is not None
+            st.started_at = self.clock()
+            backend.start(st.ref, st.spec.index, self.inbox.put)
+
+        for step, verb in ((create, "create"), (start, "start")):
+            todo = [st for st in self.stages if verb == "create" or st.ref is not None]
+            with ThreadPoolExecutor(max_workers=min(16, len(todo)), thread_name_prefix=f"stage-{verb}") as pool:
+                done = [(st, pool.submit(step, st)) for st in todo]
+            failed: tuple[_Stage, errors.PpLaunchError] | None = None
+            for st, future in done:
+                try:
+                    result = future.result()
+                except errors.PpLaunchError as exc:
+                    failed = failed or (st, exc)
+                    continue
+                if verb == "create":
+                    st.ref = result
+                else:
+                    st.started = True
+            if verb == "start":
+                for st in self.stages:
+                    if st.started:
+                        spec = st.spec
+                        self.reporter.event(events.StageStarted(stage=spec.index, container=spec.name,
+                                                                image=spec.image, gpus=spec.gpus))  # fmt: skip
+            if failed is not None:
+                bad, why = failed
+                k = bad.spec.index
+                code = why.exit_code if not any(s.started for s in self.stages) else errors.EXIT_FAILURE
+                return _End(code, "stage_failed", f"stage {k} ({bad.spec.name}) could not start: {why}", k)
+
+        first: StageAnnouncement | None = None
+        prev: StageAnnouncement | None = None
+        if waiting:
+            end = self._deliver(self.stages[0], handoff.env_lines(None, None))
+            if end is not None:
+                return end
+        for k, st in enumerate(self.stages):
+            end = self._pump(self._announced(st), st.started_at + self.plan.addr_timeout)
+            if end is not None:
+                return end
+            if st.announcement is None:
+                return self._not_announced(st)
+            prev = st.announcement
+            first = first or prev
+            if k + 1 < len(self.stages):
+                data = handoff.env_lines(prev, first) if waiting else handoff.peer_lines(prev, first)
+                end = self._deliver(self.stages[k + 1], data, restart_clock=waiting)
+                if end is not None:
+                    return end
+        return None
+
+    @staticmethod
+    def _announced(st: _Stage) -> Callable[[], bool]:
+        return lambda: st.announcement is not None
+
+    def _deliver(self, st: _Stage, data: bytes, restart_clock: bool = True) -> _End | None:
+        backend = self.backend
+        assert isinstance(backend, HandoffBackend) and st.ref is not None
+        if st.gone:
+            return None  # its exit is handled as any exit
+        try:
+            backend.deliver(st.ref, data)
+        except (OSError, errors.PpLaunchError) as exc:
+            k = st.spec.index
+            return _End(errors.EXIT_FAILURE, "stage_failed", f"stage {k} ({st.spec.name}): hand-off failed: {exc}", k)
+        if restart_clock:  # its worker starts now: --addr-timeout counts from here
+            st.started_at = self.clock()
+        return None
+
+    def _not_announced(self, st: _Stage) -> _End:
+        k = st.spec.index
+        missing = ", ".join(str(s.spec.index) for s in self.stages if s.announcement is None)
+        return _End(
+            errors.EXIT_FAILURE,
+            "stage_failed",
+            f"stage {k} ({st.spec.name}) did not announce its address within {self.plan.addr_timeout:g} s "
+            f"(--addr-timeout); stages not announced: {missing}" + self._tail(st),
+            k,
+        )
 
     def _start_stage(self, st: _Stage, prev: StageAnnouncement | None, first: StageAnnouncement | None) -> _End | None:
         spec, k = st.spec, st.spec.index
@@ -263,14 +380,7 @@ class ChainScope:
         if end is not None:
             return end
         if st.announcement is None:
-            missing = ", ".join(str(s.spec.index) for s in self.stages if s.announcement is None)
-            return _End(
-                errors.EXIT_FAILURE,
-                "stage_failed",
-                f"stage {k} ({spec.name}) did not announce its address within {self.plan.addr_timeout:g} s "
-                f"(--addr-timeout); stages not announced: {missing}" + self._tail(st),
-                k,
-            )
+            return self._not_announced(st)
         return None
 
     def _supervise(self) -> _End:

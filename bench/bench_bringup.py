@@ -1,0 +1,126 @@
+"""Parallel bring-up (issue 13): `pp-launch chain --handoff env|stdin` against the seed-style docker-CLI chain.
+
+Timed from process launch to the last stage's announcement, on both sides: the baseline spawns one
+`docker run --rm --init` per stage in sequence, each waited on for its announcement before the next (the
+seed's way); pp-launch is timed from spawning the launcher (interpreter start and imports included) to its
+roster event. STUB_ANNOUNCE_DELAY is the stand-in for a model load before the worker announces; it is the same
+on both sides. Medians; every chain is torn down and counted for leftovers.
+
+Usage: python bench/bench_bringup.py [--repeats 3] [--out bench/results/bringup.md]
+Only loopback traffic; stops by itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import docker
+
+from bench_chain import IMAGE, PREFIX, leftovers, reap  # type: ignore[import-not-found]
+
+CASES = [(8, 0.0, 3), (8, 2.0, 3), (16, 0.0, 1), (32, 0.0, 1)]  # stages, announce delay, repeats (x --repeats/3)
+
+
+def baseline(client: docker.DockerClient, n: int, delay: float) -> tuple[float, int]:
+    run = "bench" + uuid.uuid4().hex[:7]
+    children: list[subprocess.Popen[str]] = []
+    first = prev = None
+    t0 = time.monotonic()
+    for k in range(n):
+        env = ["-e", f"STAGE={k}", "-e", f"NUM_STAGES={n}", "-e", "STUB_MODE=hold"]
+        env += ["-e", f"STUB_ANNOUNCE_DELAY={delay}"]
+        if k:
+            assert prev is not None and first is not None
+            env += ["-e", f"PEER_NODE_ID={prev[0]}", "-e", f"PEER_DIRECT={prev[1]}"]
+            env += ["-e", f"FIRST_PEER_NODE_ID={first[0]}", "-e", f"FIRST_PEER_DIRECT={first[1]}"]
+        child = subprocess.Popen(
+            ["docker", "run", "--rm", "--init", "--network", "host", "--label", f"pp-launch.run={run}", "--label",
+             "pp-launch.owner=bench-baseline", *env, IMAGE],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, text=True,
+        )  # fmt: skip
+        children.append(child)
+        assert child.stdout is not None
+        for line in child.stdout:
+            if line.startswith(PREFIX):
+                _, node, direct = line.split()
+                prev = (node, direct)
+                first = first or prev
+                break
+    took = time.monotonic() - t0
+    for child in children:
+        child.send_signal(signal.SIGTERM)
+    for child in children:
+        try:
+            child.wait(10)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+    time.sleep(1.0)
+    left = len(leftovers(client, run))
+    reap(client, run)
+    return took, left
+
+
+def ours(client: docker.DockerClient, n: int, delay: float, handoff: str) -> tuple[float, int]:
+    args = [sys.executable, "-m", "pp_launch", "chain", "--stages", str(n), "--json", "--gpus", "none", "--grace",
+            "2", "--env", "STUB_MODE=hold", "--env", f"STUB_ANNOUNCE_DELAY={delay}", "--handoff", handoff]  # fmt: skip
+    t0 = time.monotonic()
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+                            text=True)  # fmt: skip
+    assert proc.stdout is not None
+    run, took = None, float("nan")
+    for line in proc.stdout:
+        event = json.loads(line)
+        run = event["run"]
+        if event["event"] == "pp_stage_roster":
+            took = time.monotonic() - t0
+            break
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=120)
+    assert run is not None
+    left = len(leftovers(client, run))
+    reap(client, run)
+    return took, left
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--out", default="bench/results/bringup.md")
+    opts = ap.parse_args()
+    client = docker.from_env()
+    rows = ["| stages | announce delay s | CLI chain s | --handoff env s | ratio | --handoff stdin s | ratio | left |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    left_total = 0
+    for n, delay, reps in CASES:
+        reps = max(1, reps * opts.repeats // 3)
+        base, env, stdin = [], [], []
+        for _ in range(reps):
+            for sink, handoff in ((base, None), (env, "env"), (stdin, "stdin")):
+                took, left = baseline(client, n, delay) if handoff is None else ours(client, n, delay, handoff)
+                sink.append(took)
+                left_total += left
+        b, e, s = statistics.median(base), statistics.median(env), statistics.median(stdin)
+        row = f"| {n} | {delay:g} | {b:.2f} | {e:.2f} | {e / b:.2f} | {s:.2f} | {s / b:.2f} | {left_total} |"
+        print(row, flush=True)
+        rows.append(row)
+    note = (f"\nMedians ({opts.repeats} runs for 8 stages, 1 beyond); timed from process launch to the last "
+            f"announcement; {os.cpu_count()} CPUs; `python bench/bench_bringup.py`.\n")  # fmt: skip
+    text = "\n".join(rows) + "\n" + note
+    Path(opts.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(opts.out).write_text(text)
+    print(text)
+    return 0 if left_total == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

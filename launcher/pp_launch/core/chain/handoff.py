@@ -1,0 +1,62 @@
+"""The hand-off of a chain brought up in parallel (issue 13): every container is created and started at once;
+what a stage learns from the stages before it reaches it later, on the stdin that is already its lifeline.
+
+`env` (the default; the seed's contract): the stage runs under ENTRY, a POSIX sh entry that reads
+`NAME=value` lines of the hand-off (PEER_*/FIRST_PEER_* only, values already validated by the launcher) up to
+DONE, exports them and execs the image's own entrypoint and command: the worker starts with exactly the
+environment a sequential start gives it. If stdin ends first (the launcher is gone), it exits 1; a signal
+while it waits ends it as any signal ends sh. tini stays PID 1; after the exec the worker is sh's successor.
+
+`stdin` (opt-in, for workers that take their peers late): the worker starts at once with PP_HANDOFF=stdin and
+no PEER_*; once the peers are known, stage k >= 1 reads these two lines on stdin (contract §3 grammar for
+<node_id> and <direct>):
+
+    PP_PEER <node_id> <direct>          stage k-1's announcement
+    PP_FIRST_PEER <node_id> <direct>    stage 0's announcement
+"""
+
+from __future__ import annotations
+
+from pp_launch.core import stage_env
+from pp_launch.core.announce import StageAnnouncement
+
+MODES = ("env", "stdin")
+MODE_ENV = "PP_HANDOFF"  # set to "stdin" in the stage's environment in stdin mode
+DONE = "PP_HANDOFF_DONE"
+PEER = "PP_PEER"
+FIRST_PEER = "PP_FIRST_PEER"
+
+ENTRY = f"""\
+ok=
+while IFS= read -r line; do
+  case $line in
+    {DONE}) ok=1; break ;;
+    PEER_NODE_ID=*|PEER_DIRECT=*|FIRST_PEER_NODE_ID=*|FIRST_PEER_DIRECT=*) export "$line" ;;
+  esac
+done
+if [ -z "$ok" ]; then
+  echo "pp-handoff: stdin ended before the hand-off (the launcher is gone): not starting" >&2
+  exit 1
+fi
+exec "$@"
+"""
+ENTRYPOINT = ("/bin/sh", "-c", ENTRY, "pp-handoff")
+
+
+def env_lines(prev: StageAnnouncement | None, first: StageAnnouncement | None) -> bytes:
+    """What stage k's entry reads in `env` mode: its PEER_*/FIRST_PEER_* (none for stage 0), then DONE."""
+    lines = []
+    if prev is not None and first is not None:
+        lines = [f"{k}={v}" for k, v in stage_env.peer_env(prev, first).items()]
+    return "".join(f"{line}\n" for line in [*lines, DONE]).encode()
+
+
+def peer_lines(prev: StageAnnouncement, first: StageAnnouncement) -> bytes:
+    """What a stage k >= 1 reads in `stdin` mode."""
+    return f"{PEER} {prev.node_id_hex} {prev.direct}\n{FIRST_PEER} {first.node_id_hex} {first.direct}\n".encode()
+
+
+def wrapped_command(entrypoint: list[str] | None, command: list[str] | None) -> list[str]:
+    """The argv the entry execs: the image's (or the user's) entrypoint, then the command, as the engine
+    would have run them."""
+    return [*(entrypoint or []), *(command or [])]
