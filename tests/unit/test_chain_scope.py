@@ -328,7 +328,8 @@ def test_stdin_handoff_starts_workers_at_once_and_sends_peer_lines() -> None:
     scope.run()
     assert "create_waiting" not in [c[0] for c in backend.calls]
     assert all(backend.envs[k]["PP_HANDOFF"] == "stdin" and "PEER_DIRECT" not in backend.envs[k] for k in range(3))
-    assert backend.delivered[2] == [f"PP_PEER {node_id(1)} 127.0.0.1:7001", f"PP_FIRST_PEER {node_id(0)} 127.0.0.1:7000"]
+    want = [f"PP_PEER {node_id(1)} 127.0.0.1:7001", f"PP_FIRST_PEER {node_id(0)} 127.0.0.1:7000"]
+    assert backend.delivered[2] == want
     assert 0 not in backend.delivered
     assert len(reporter.named("pp_stage_roster")) == 1
 
