@@ -38,7 +38,8 @@ def test_a_chain_of_pp_worker_stages_joins_the_seed_and_each_stage_gets_its_peer
         assert f"[stage {k}] pp-worker: also joining first-stage peer {ids[0]}" in log
     run = launcher.run_id
     inspect = engine.inspect(run_containers(engine, run)[0])
-    assert inspect["Config"]["Entrypoint"] == [PP_WORKER]
+    # under the hand-off entry (parallel bring-up), which execs the --entrypoint once the peers are known
+    assert inspect["Config"]["Entrypoint"][-1] == "pp-handoff" and inspect["Config"]["Cmd"] == [PP_WORKER]
     assert f"SEED_ADDR={SEED}" in inspect["Config"]["Env"]
     launcher.signal(signal.SIGINT)
     assert launcher.wait(30) == 130

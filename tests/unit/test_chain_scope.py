@@ -346,7 +346,7 @@ def test_parallel_create_failure_removes_every_created_stage(k: int) -> None:
 
 
 def test_a_waiting_stage_that_never_gets_its_handoff_is_stopped_with_the_rest() -> None:
-    scope, backend, reporter, _ = make_parallel(3, {0: StageScript(announce=False)})
+    scope, backend, _, _ = make_parallel(3, {0: StageScript(announce=False)})
     outcome = scope.run()
     assert outcome.exit_code == 1 and "stage 0" in outcome.message and "did not announce" in outcome.message
     assert [c[1] for c in backend.calls if c[0] == "deliver"] == [0]  # stages 1 and 2 still waiting
