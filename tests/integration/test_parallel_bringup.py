@@ -93,3 +93,18 @@ def test_sigterm_while_stages_wait_stops_them_within_the_grace(engine, stub_imag
     stopped = launcher.wait_event("chain_stopped")
     assert stopped["orphans"] == [] and len(stopped["removed"]) == 3
     assert run_containers(engine, run) == []
+
+
+def test_bring_up_in_turn_starts_each_stage_after_the_one_before_announced_with_no_entry(engine, stub_image) -> None:
+    launcher = Launcher("chain", "--stages", "3", "--json", "--gpus", "none", "--bring-up", "in-turn",
+                        "--env", "STUB_MODE=hold")  # fmt: skip
+    try:
+        launcher.wait_event("pp_stage_roster", timeout=60)
+        wanted = ("stage_started", "stage_announced")
+        kinds = [(e["event"], e.get("stage")) for e in launcher.events if e["event"] in wanted]
+        assert kinds == [(kind, k) for k in range(3) for kind in ("stage_started", "stage_announced")]
+        name = launcher.wait_event("stage_started", stage=2)["container"]
+        assert "pp-handoff" not in (engine.inspect(name)["Config"]["Entrypoint"] or [])
+    finally:
+        launcher.signal()
+        launcher.wait(60)

@@ -54,6 +54,16 @@ from pp_launch.core.chain.scope import ChainOutcome
     "image with /bin/sh). stdin: the worker starts at once (PP_HANDOFF=stdin) and reads 'PP_PEER <id> <addrs>' "
     "and 'PP_FIRST_PEER <id> <addrs>' lines on stdin later, so all stages load side by side.",
 )
+@click.option(
+    "--bring-up",
+    "bring_up",
+    type=click.Choice(["parallel", "in-turn"]),
+    default="parallel",
+    show_default=True,
+    help="parallel: create and start every container at once (--handoff env needs /bin/sh in the image). "
+    "in-turn: start stage k only once stage k-1 announced, PEER_* in its create-time environment (images "
+    "without /bin/sh; the seed's order).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Events as JSON lines on stdout; stage lines on stderr.")
 @click.option("--dry-run", is_flag=True, help="Print the plan (GPUs, env, labels) and start nothing.")
 @click.option(
@@ -84,6 +94,7 @@ def chain(
     addr_timeout: float,
     grace: float,
     handoff: str,
+    bring_up: str,
     as_json: bool,
     dry_run: bool,
     detach: bool,
@@ -115,7 +126,10 @@ def chain(
         lifeline=True,  # a detached run is its launcher's until it is up (bringup.py)
         entrypoint=(entrypoint,) if entrypoint else None,
         handoff=handoff,
+        parallel=bring_up == "parallel",
     )
+    if handoff == "stdin" and bring_up == "in-turn":
+        raise click.UsageError("--handoff stdin needs --bring-up parallel: it starts every worker at once")
     if handoff == "stdin" and gpu_node:
         raise click.UsageError("--handoff stdin and --gpu-node do not go together: pp-gpu-node children take "
                                "their peers from the environment")  # fmt: skip

@@ -59,6 +59,7 @@ class ChainPlan:
     hop_levels: tuple[int | None, ...] = field(default=())  # topology level of each hop k -> k+1 and last -> 0
     cost: PlacementCost | None = None  # the allocator's cost of the GPU placement (None: none, or listed)
     handoff: str = "env"  # how later stages learn their peers (core/chain/handoff.py)
+    parallel: bool = True  # bring-up: every container at once, or one after another
 
     def to_json(self) -> dict[str, Any]:
         """The dry-run document (contract §10)."""
@@ -118,6 +119,7 @@ class ChainRequest:
     lifeline: bool = True
     entrypoint: tuple[str, ...] | None = None  # None: the image's own
     handoff: str = "env"  # env | stdin (core/chain/handoff.py)
+    parallel: bool = True  # every container at once; False: one after another (images without /bin/sh)
 
 
 def build_plan(
@@ -167,4 +169,5 @@ def build_plan(
         hop_levels=hop_levels,
         cost=cost,
         handoff=request.handoff,
+        parallel=request.parallel,
     )

@@ -250,7 +250,7 @@ class ChainScope:
     def _parallel(self) -> bool:
         """Every container at once (issue 13) where the backend can hand off later and stdin is the lifeline."""
         lifeline = all(s.env.get(stage_env.LIFELINE) == "stdin" for s in self.plan.stages)
-        return len(self.stages) > 1 and lifeline and isinstance(self.backend, HandoffBackend)
+        return self.plan.parallel and len(self.stages) > 1 and lifeline and isinstance(self.backend, HandoffBackend)
 
     def _bring_up_in_turn(self) -> _End | None:
         first: StageAnnouncement | None = None
