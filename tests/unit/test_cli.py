@@ -332,3 +332,37 @@ def test_the_dry_run_names_gpus_by_index_and_uuid_and_hops_in_words() -> None:
     out = run("chain", "--dry-run", "--stages", "2", "--gpu-inventory", str(DATA / "nvlink-8gpu.json")).output
     assert "GPUs GPU 0 GPU-" in out and "GPUs GPU 1 GPU-" in out
     assert "hop 0 -> 1: NVLink, 2 links" in out and "level" not in out
+
+
+# ---------------------------------------------------------------- chain file and PP_LAUNCH_* defaults (issue 14)
+def test_a_chain_file_sets_defaults_and_flags_override_it(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    f = tmp_path / "chain.toml"
+    f.write_text('stages = 4\ngrace = 3\ngpus = "none"\n[env]\nA = "1"\n[stage_env.2]\nB = "2"\n')
+    doc = json.loads(run("chain", "-f", str(f), "--stages", "3", "--dry-run", "--json").output)
+    assert len(doc["stages"]) == 3 and doc["grace"] == 3.0
+    assert doc["stages"][0]["env"]["A"] == "1" and doc["stages"][2]["env"]["B"] == "2" and "B" not in doc["stages"][1]["env"]
+
+
+def test_the_example_chain_file_is_valid() -> None:
+    example = Path(__file__).resolve().parents[2] / "examples" / "chain.toml"
+    result = run("chain", "-f", str(example), "--dry-run", "--json")
+    assert result.exit_code == 0, result.output
+    assert len(json.loads(result.output)["stages"]) == 4
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [("stagez = 2\n", "unknown key 'stagez'"), ("stages = \n", "is not TOML"), ("env = 3\n", "env must be a table")],
+)
+def test_a_bad_chain_file_is_exit_2_naming_the_problem(tmp_path, text: str, message: str) -> None:  # type: ignore[no-untyped-def]
+    f = tmp_path / "chain.toml"
+    f.write_text(text)
+    result = run("chain", "-f", str(f), "--dry-run")
+    assert result.exit_code == 2 and message in result.output
+
+
+def test_pp_launch_environment_variables_set_option_defaults(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("PP_LAUNCH_CHAIN_GRACE", "2")
+    monkeypatch.setenv("PP_LAUNCH_CHAIN_STAGES", "3")
+    doc = json.loads(run("chain", "--gpus", "none", "--dry-run", "--json").output)
+    assert doc["grace"] == 2.0 and len(doc["stages"]) == 3

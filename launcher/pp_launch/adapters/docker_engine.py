@@ -236,6 +236,38 @@ class Engine:
         except docker.errors.NotFound:
             return None
 
+    def log_lines(self, ref: str, follow: bool = False, since: int | None = None) -> Iterator[bytes]:
+        """The container's output (stdout and stderr, as the engine kept it), line by line; with follow, until
+        the container is gone. Nothing when it is gone already."""
+        try:
+            stream = self.api.logs(ref, stream=True, follow=follow, since=since, stdout=True, stderr=True)
+        except docker.errors.NotFound:
+            return
+        except docker.errors.APIError as exc:
+            raise errors.EngineError(f"cannot read the logs of {ref[:12]}: {_reason(exc)}") from None
+        pending = b""
+        try:
+            for chunk in stream:
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                yield from lines
+        except (docker.errors.NotFound, requests.exceptions.RequestException):
+            pass  # removed while we read: what came is what there is
+        if pending:
+            yield pending
+
+    def wait_removed(self, ref: str, timeout: float | None = None) -> int | None:
+        """Block until the container is gone (auto-remove) and return its exit code; None if it was gone already
+        or the engine could not say."""
+        try:
+            resp = self.api.wait(ref, timeout=timeout, condition="removed")
+        except docker.errors.NotFound:
+            return None
+        except requests.exceptions.ReadTimeout:
+            raise errors.EngineError(f"container {ref[:12]} still runs after {timeout:g} s") from None
+        code = resp.get("StatusCode") if isinstance(resp, dict) else None
+        return int(code) if isinstance(code, int) else None
+
     def signal(self, ref: str, signum: int) -> None:
         try:
             self.api.kill(ref, signal=int(signum))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import calendar
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -10,9 +12,11 @@ from typing import Any
 from pp_launch.adapters import bringup
 from pp_launch.adapters.docker_engine import ContainerInfo, DockerStageBackend, Engine
 from pp_launch.core import errors, labels
+from pp_launch.core.announce import AnnouncementError, parse_line
 from pp_launch.core.chain.ports import QueueInbox
 from pp_launch.core.chain.scope import ChainOutcome, ChainScope, Found, QuietReporter
 from pp_launch.core.errors import EngineError
+from pp_launch.core.gpu.inventory import GpuInventory
 from pp_launch.core.lines import display
 
 
@@ -117,10 +121,39 @@ def owner_status(owner: str) -> str:
     return "alive" if parsed.is_alive() else "gone"
 
 
-def list_stages(engine: Engine) -> list[dict[str, Any]]:
+ANNOUNCE_SCAN_LINES = 2000  # an announcement comes early; a stage that floods without one is not read to its end
+
+
+def announced(engine: Engine, ref: str) -> str | None:
+    """The addresses a running stage announced (its first valid PP_GPU_NODE_ADDR line), from its logs."""
+    for n, line in enumerate(engine.log_lines(ref)):
+        if n >= ANNOUNCE_SCAN_LINES:
+            return None
+        try:
+            found = parse_line(line.decode("utf-8", "backslashreplace"))
+        except AnnouncementError:
+            return None  # a malformed announcement: the stage was failed for it
+        if found is not None:
+            return found.direct
+    return None
+
+
+def _started(info: dict[str, Any] | None) -> float | None:
+    text = ((info or {}).get("State") or {}).get("StartedAt") or ""
+    m = re.match(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)", text)
+    if not m or text.startswith("0001"):
+        return None
+    return calendar.timegm(time.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S"))
+
+
+def list_stages(engine: Engine, run: str | None = None, details: bool = False,
+                gpus: GpuInventory | None = None) -> list[dict[str, Any]]:  # fmt: skip
+    """Every stage container of every run (or of `run`). details: also each running stage's announced address
+    and uptime (a look at each container); gpus: each GPU's index, memory and utilisation from that inventory."""
     now = time.time()
-    rows = []
-    for c in engine.containers(labels.run_selector()):
+    rows: list[dict[str, Any]] = []
+    by_uuid = {g.uuid: g for g in (gpus.gpus if gpus is not None else ())}
+    for c in engine.containers(labels.run_selector(run) if run else labels.run_selector()):
         owner = c.labels.get(labels.OWNER, "")
         stage = c.labels.get(labels.STAGE, "")
         rows.append(
@@ -136,24 +169,47 @@ def list_stages(engine: Engine) -> list[dict[str, Any]]:
                 "age_s": max(0, int(now - c.created)),
             }
         )
+        row = rows[-1]
+        if by_uuid:
+            held = [by_uuid[u] for u in row["gpus"] if u in by_uuid]
+            row["gpu_index"] = [g.index for g in held]
+            row["gpu_memory_used_mib"] = [g.memory_used_mib for g in held]
+            row["gpu_utilization_pct"] = [g.utilization_gpu_pct for g in held]
+        if details:
+            started = _started(engine.inspect(c.id)) if c.state == "running" else None
+            row["uptime_s"] = None if started is None else max(0, int(now - started))
+            row["address"] = announced(engine, c.id) if c.state == "running" else None
     return sorted(rows, key=lambda r: (r["run"], r["stage"] if r["stage"] is not None else -1))
+
+
+def _gpus_cell(r: dict[str, Any]) -> str:
+    """GPU indices with memory and utilisation where NVML told them, else short UUIDs."""
+    if r.get("gpu_index"):
+        cells = []
+        for i, mem, util in zip(r["gpu_index"], r["gpu_memory_used_mib"], r["gpu_utilization_pct"], strict=True):
+            parts = (None if mem is None else f"{mem}MiB", None if util is None else f"{util}%")
+            extra = "/".join(x for x in parts if x)
+            cells.append(f"{i}" + (f"({extra})" if extra else ""))
+        return ",".join(cells)
+    return ",".join(g[:12] for g in r["gpus"]) or "-"
 
 
 def render(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return "no pp-launch containers"
-    header = ("run", "stage", "container", "image", "gpus", "owner", "owner is", "state", "age")
+    header = ("run", "stage", "container", "image", "gpus", "address", "owner", "owner is", "state", "up")
     table = [header] + [
         (
             r["run"],
             str(r["stage"]),
             r["container"],
             r["image"],
-            ",".join(g[:12] for g in r["gpus"]) or "-",
+            _gpus_cell(r),
+            r.get("address") or "-",
             r["owner"],
             r["owner_status"],
             r["state"],
-            f"{r['age_s']}s",
+            f"{r['uptime_s']}s" if r.get("uptime_s") is not None else f"{r['age_s']}s old",
         )
         for r in rows
     ]

@@ -21,8 +21,57 @@ from pp_launch.core import errors, labels
 from pp_launch.core.chain.plan import ChainRequest
 from pp_launch.core.chain.scope import ChainOutcome
 
+FILE_SKIPS = {"file", "as_json", "dry_run", "detach", "help", "verbose", "quiet"}  # not settable from a chain file
+
+
+def load_chain_file(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """-f FILE: a TOML chain file whose keys are chain's options (dashes or underscores); it sets their
+    defaults, so flags given on the command line override it. `env` is a table, `stage_env` a table of tables
+    keyed by stage."""
+    if value is None:
+        return None
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        raise errors.ConfigError("chain files need Python 3.11 or later (tomllib)") from None
+    try:
+        with open(value, "rb") as f:
+            doc = tomllib.load(f)
+    except OSError as exc:
+        raise errors.ConfigError(f"cannot read chain file {value}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise errors.ConfigError(f"chain file {value} is not TOML: {exc}") from None
+    names = {p.name for p in ctx.command.params if p.name} - FILE_SKIPS
+    defaults: dict[str, Any] = {}
+    for raw_key, item in doc.items():
+        key = {"name": "name_prefix"}.get(raw_key.replace("-", "_"), raw_key.replace("-", "_"))
+        if key not in names:
+            raise errors.ConfigError(f"chain file {value}: unknown key {raw_key!r}; keys: {', '.join(sorted(names))}")
+        if key == "env":
+            if not isinstance(item, dict):
+                raise errors.ConfigError(f"chain file {value}: env must be a table of NAME = \"value\"")
+            defaults[key] = [f"{k}={v}" for k, v in item.items()]
+        elif key == "stage_env":
+            if not isinstance(item, dict) or not all(isinstance(t, dict) for t in item.values()):
+                raise errors.ConfigError(f"chain file {value}: stage_env must be tables by stage: [stage_env.1]")
+            defaults[key] = [f"{k}:{n}={v}" for k, table in item.items() for n, v in table.items()]
+        else:
+            defaults[key] = item
+    ctx.default_map = {**(ctx.default_map or {}), **defaults}
+    return value
+
 
 @main.command()
+@click.option(
+    "-f",
+    "--file",
+    type=click.Path(dir_okay=False),
+    is_eager=True,
+    expose_value=False,
+    callback=load_chain_file,
+    metavar="FILE",
+    help="A TOML chain file (examples/chain.toml): its keys are this command's options; flags override it.",
+)
 @stage_options
 @gpu_options
 @swactor_options

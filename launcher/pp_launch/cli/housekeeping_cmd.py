@@ -8,23 +8,41 @@ import sys
 import click
 
 from pp_launch.adapters.docker_engine import connect
+from pp_launch.adapters.nvml import NvmlUnavailable, read_inventory
 from pp_launch.app import housekeeping
+from pp_launch.cli import runs_cmd
 from pp_launch.cli.main import main
 from pp_launch.cli.options import Seconds
 from pp_launch.cli.report import count
 from pp_launch.core import errors, labels
+from pp_launch.core.gpu.inventory import GpuInventory
 
 
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per container.")
-def ps(as_json: bool) -> None:
-    """List pp-launch runs and their stages: run, stage, container, image, GPUs, owner, alive or gone, age.
+@click.option("-q", "--quiet", "ids_only", is_flag=True, help="Only the run ids, one per line (as docker ps -q).")
+@click.option("--run", "run_id", metavar="RUN", shell_complete=runs_cmd.complete_runs,
+              help="Only this run (a unique prefix is enough).")  # fmt: skip
+def ps(as_json: bool, ids_only: bool, run_id: str | None) -> None:
+    """List pp-launch runs and their stages: run, stage, container, image, GPUs (index, memory, utilisation
+    where NVML answers), announced address, owner, alive or gone, uptime.
 
     \b
-    Example:
+    Examples:
       pp-launch ps
+      pp-launch ps -q | xargs -n1 pp-launch down
+      pp-launch ps --run 3f2a --json
     """
-    rows = housekeeping.list_stages(connect())
+    engine = connect()
+    run = None
+    if run_id is not None:
+        every = engine.containers(labels.run_selector())
+        run = housekeeping.resolve_run(run_id, {c.labels.get(labels.RUN, "") for c in every})
+    if ids_only:
+        for r in sorted({row["run"] for row in housekeeping.list_stages(engine, run)}):
+            click.echo(r)
+        return
+    rows = housekeeping.list_stages(engine, run, details=True, gpus=_inventory())
     if as_json:
         for row in rows:
             click.echo(json.dumps(row))
@@ -33,7 +51,7 @@ def ps(as_json: bool) -> None:
 
 
 @main.command()
-@click.argument("run_id", required=False)
+@click.argument("run_id", required=False, shell_complete=runs_cmd.complete_runs)
 @click.option("--all", "all_runs", is_flag=True, help="Every pp-launch container, whatever its owner.")
 @click.option(
     "--grace",
@@ -86,6 +104,13 @@ def down(run_id: str | None, all_runs: bool, grace: float, yes: bool) -> None:
         click.echo(f"pp-launch: error: {'; '.join(problems)}{tail}", err=True)
         sys.exit(errors.EXIT_FAILURE)
     click.echo(f"pp-launch: stopped and removed {count(len(targets), 'container')}", err=True)
+
+
+def _inventory() -> GpuInventory | None:
+    try:
+        return read_inventory()
+    except NvmlUnavailable:
+        return None
 
 
 @main.command()

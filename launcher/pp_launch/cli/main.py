@@ -10,6 +10,8 @@ from pp_launch import __version__
 from pp_launch.cli import signals
 from pp_launch.cli.options import mapped_errors
 
+ENVVARS = "PP_LAUNCH"
+
 
 def _verbosity(ctx: click.Context, param: click.Parameter, value: Any) -> None:
     """-v/-q after the command name mean what they mean before it (the root's callback has run by then)."""
@@ -28,17 +30,25 @@ class Commands(click.Group):
             return super().invoke(ctx)
 
     def add_command(self, cmd: click.Command, name: str | None = None) -> None:
-        if (name or cmd.name) != "node":
+        name = name or cmd.name
+        if name != "node":
             cmd.params += [
                 click.Option(["-v", "--verbose"], count=True, expose_value=False, callback=_verbosity,
                              help="Say more (-vv: every stage's state changes too)."),
-                click.Option(["-q", "--quiet"], is_flag=True, expose_value=False, callback=_verbosity,
-                             help="Only errors and the result; no stage lines."),
-            ]  # fmt: skip
+            ]
+            if name != "ps":  # ps -q is docker's: run ids only
+                quiet = "Only errors and the result; no stage lines."
+                cmd.params.append(
+                    click.Option(["-q", "--quiet"], is_flag=True, expose_value=False, callback=_verbosity, help=quiet)
+                )
         super().add_command(cmd, name)
 
 
-@click.group(cls=Commands, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.group(
+    cls=Commands,
+    # PP_LAUNCH_<COMMAND>_<OPTION> sets any option's default, e.g. PP_LAUNCH_CHAIN_GRACE=2
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110, "auto_envvar_prefix": ENVVARS},
+)
 @click.version_option(__version__, prog_name="pp-launch")
 @click.option("-v", "--verbose", count=True, help="Say more (-vv: every stage's state changes too).")
 @click.option("-q", "--quiet", is_flag=True, help="Only errors and the final result; no stage lines.")
@@ -65,5 +75,6 @@ from pp_launch.cli import (  # noqa: E402, F401
     housekeeping_cmd,
     images_cmd,
     node_cmd,
+    runs_cmd,
     worker_cmd,
 )

@@ -7,7 +7,7 @@ tini and auto-remove, and nothing left behind.
   `PP_GPU_NODE_ADDR` line (contract §3), `lines()` what it printed, `exit_code()` how it ended; `stop()` is our
   teardown (SIGTERM, the grace, then a kill through the engine), not testcontainers' bare kill.
 - `Chain(image, stages=N, ...)`: a context manager over the library's chain (the options of `pp-launch chain`:
-  GPUs, attach mode, inventory, env, grace, timeouts). It yields a `RunningChain` once every stage announced
+  GPUs, attach mode, inventory, env, grace, timeouts, hand-off and bring-up modes). It yields a `RunningChain` once every stage announced
   (the roster, the events, each stage's lines) and tears the chain down when the block ends, however it ends.
 - `WorkerUnderTest(image)`: the steps of `pp-launch worker check` as methods a test calls in its own order.
 """
@@ -182,12 +182,14 @@ def Chain(
     env: Mapping[str, str] | None = None,
     grace: float = DEFAULT_GRACE,
     addr_timeout: float = 60.0,
+    handoff: str = "env",
+    bring_up: str = "parallel",
     timeout: float = 120.0,
 ) -> Iterator[RunningChain]:
     """A chain for the length of a `with` block: yields once every stage announced; torn down at the end."""
     engine = docker_engine.connect()
     request = ChainRequest(stages=stages, image=image, env=tuple((env or {}).items()), grace=grace,
-                           addr_timeout=addr_timeout)  # fmt: skip
+                           addr_timeout=addr_timeout, handoff=handoff, parallel=bring_up == "parallel")  # fmt: skip
     gpu = launch.GpuOptions(mode=gpus, per_stage=gpus_per_stage, attach=gpu_attach, inventory_path=gpu_inventory)
     plan, _note = launch.plan_chain(request, gpu, engine)
     collect = _Collect()

@@ -1,0 +1,183 @@
+"""`pp-launch logs` and `pp-launch wait`: a run's output and its state, for runs of any owner (detached too)."""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import re
+import sys
+import threading
+import time
+from typing import Any
+
+import click
+from click.shell_completion import CompletionItem
+
+from pp_launch.adapters.docker_engine import Engine, connect
+from pp_launch.app import housekeeping
+from pp_launch.cli.main import main
+from pp_launch.cli.options import Seconds
+from pp_launch.core import errors, labels
+from pp_launch.core.lines import display
+
+
+def complete_runs(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
+    """Shell completion of run ids, from the engine's labels (nothing when no engine answers)."""
+    try:
+        runs = {c.labels.get(labels.RUN, "") for c in connect(timeout=3).containers(labels.run_selector())}
+    except Exception:
+        return []
+    return [CompletionItem(r) for r in sorted(runs) if r and r.startswith(incomplete)]
+
+
+def run_stages(engine: Engine, run_id: str) -> tuple[str, list[Any]]:
+    every = engine.containers(labels.run_selector())
+    run = housekeeping.resolve_run(run_id, {c.labels.get(labels.RUN, "") for c in every})
+    mine = [c for c in every if c.labels.get(labels.RUN) == run]
+    mine.sort(key=lambda c: labels.ascii_int(c.labels.get(labels.STAGE, "")) or 0)
+    return run, mine
+
+
+def _since(value: str | None) -> int | None:
+    """--since: seconds ago (`90`, `90s`, `5m`, `2h`) -> a Unix time for the engine."""
+    if value is None:
+        return None
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", value)
+    if not m:
+        raise click.BadParameter(f"{value!r} is not a duration: use 90, 90s, 5m or 2h", param_hint="--since")
+    seconds = float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[m.group(2)]
+    return int(time.time() - seconds)
+
+
+@main.command()
+@click.argument("run_id", shell_complete=complete_runs)
+@click.option("-f", "--follow", is_flag=True, help="Keep printing until every stage of the run is gone.")
+@click.option("--stage", "stages", type=int, multiple=True, metavar="K", help="Only stage K (repeatable).")
+@click.option("--since", metavar="DURATION", help="Only lines of the last DURATION (90, 90s, 5m, 2h).")
+def logs(run_id: str, follow: bool, stages: tuple[int, ...], since: str | None) -> None:
+    """Print a run's output, each line prefixed with its stage, as `docker compose logs` does.
+
+    Works for any run the engine has (foreground, detached, compose). RUN_ID may be a unique prefix. Without
+    -f, each stage's output so far in stage order; with -f, every stage's lines as they come, until the run ends.
+
+    \b
+    Examples:
+      pp-launch logs 3f2a
+      pp-launch logs 3f2a -f --stage 0 --since 5m
+    """
+    engine = connect()
+    run, found = run_stages(engine, run_id)
+    if stages:
+        found = [c for c in found if labels.ascii_int(c.labels.get(labels.STAGE, "")) in stages]
+        if not found:
+            raise errors.ConfigError(f"run {run} has no stage {', '.join(map(str, stages))}")
+    when = _since(since)
+    out = sys.stdout
+
+    def prefix(c: Any) -> str:
+        return f"[stage {display(c.labels.get(labels.STAGE, '?').encode())}] "
+
+    if not follow:
+        for c in found:
+            for line in engine.log_lines(c.id, since=when):
+                out.write(prefix(c) + display(line) + "\n")
+        out.flush()
+        return
+    lines: queue.Queue[tuple[str, bytes] | None] = queue.Queue(maxsize=10000)
+
+    def pump(c: Any) -> None:
+        try:
+            for line in engine.log_lines(c.id, follow=True, since=when):
+                lines.put((prefix(c), line))
+        finally:
+            lines.put(None)
+
+    for c in found:
+        threading.Thread(target=pump, args=(c,), daemon=True, name=f"logs-{c.name}").start()
+    running = len(found)
+    while running:
+        item = lines.get()
+        if item is None:
+            running -= 1
+            continue
+        out.write(item[0] + display(item[1]) + "\n")
+        out.flush()
+
+
+@main.command()
+@click.argument("run_id", shell_complete=complete_runs)
+@click.option(
+    "--until",
+    type=click.Choice(["announced", "exit"]),
+    default="exit",
+    show_default=True,
+    help="announced: until every stage printed its address (prints them); exit: until every stage is gone "
+    "(prints each exit code).",
+)
+@click.option("--timeout", type=Seconds(), default=None, metavar="S", help="Give up after S seconds (exit 1).")
+def wait(run_id: str, until: str, timeout: float | None) -> None:
+    """Wait for a run: until every stage announced, or until every stage ended.
+
+    Exit 0 when the condition is met (for --until exit: when every stage exited 0), 1 when a stage failed,
+    ended before announcing, or the timeout passed; 2 when there is no such run. RUN_ID may be a unique prefix.
+
+    \b
+    Examples:
+      RUN=$(pp-launch chain --stages 4 --detach) && pp-launch wait "$RUN" --until announced
+      pp-launch wait 3f2a --timeout 600
+    """
+    engine = connect()
+    run, found = run_stages(engine, run_id)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    if until == "announced":
+        _wait_announced(engine, run, found, deadline)
+    else:
+        _wait_exit(engine, run, found, deadline)
+
+
+def _stage(c: Any) -> str:
+    return display(c.labels.get(labels.STAGE, "?").encode())
+
+
+def _wait_announced(engine: Engine, run: str, found: list[Any], deadline: float | None) -> None:
+    addresses: dict[str, str] = {}
+    while True:
+        for c in found:
+            if c.id in addresses:
+                continue
+            if engine.inspect(c.id) is None:
+                raise errors.PpLaunchError(f"run {run}: stage {_stage(c)} ({c.name}) ended before it announced")
+            addr = housekeeping.announced(engine, c.id)
+            if addr is not None:
+                addresses[c.id] = addr
+                click.echo(f"stage {_stage(c)} {c.name} {addr}")
+        if len(addresses) == len(found):
+            return
+        if deadline is not None and time.monotonic() > deadline:
+            missing = ", ".join(_stage(c) for c in found if c.id not in addresses)
+            raise errors.PpLaunchError(f"run {run}: stages {missing} did not announce within the timeout")
+        time.sleep(0.25)
+
+
+def _wait_exit(engine: Engine, run: str, found: list[Any], deadline: float | None) -> None:
+    codes: dict[str, int | None] = {}
+
+    def one(c: Any) -> None:
+        left = None if deadline is None else max(0.1, deadline - time.monotonic())
+        with contextlib.suppress(errors.PpLaunchError):
+            codes[c.id] = engine.wait_removed(c.id, left)
+
+    threads = [threading.Thread(target=one, args=(c,), daemon=True) for c in found]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    worst = 0
+    for c in found:
+        if c.id not in codes:
+            raise errors.PpLaunchError(f"run {run}: stage {_stage(c)} ({c.name}) still runs after the timeout")
+        code = codes[c.id]
+        click.echo(f"stage {_stage(c)} {c.name} exited {'with an unknown code' if code is None else code}")
+        if code != 0 and worst == 0:
+            worst = 1
+    sys.exit(worst)

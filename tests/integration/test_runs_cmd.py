@@ -1,0 +1,86 @@
+"""`pp-launch logs`, `wait` and `ps` (-q, --run, addresses, uptime) on the real engine, on detached runs as users
+drive them from scripts."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ..helpers import Launcher, remember_run, run_containers, wait_until
+
+pytestmark = pytest.mark.docker
+
+
+def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "pp_launch", *args], capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture
+def detached(engine, stub_image):  # type: ignore[no-untyped-def]
+    up = cli("chain", "--stages", "2", "--gpus", "none", "--detach", "--env", "STUB_MODE=hold", "--env",
+             "STUB_LOG_RATE=5")  # fmt: skip
+    assert up.returncode == 0, up.stderr
+    run = up.stdout.strip()
+    remember_run(run)
+    yield run
+    cli("down", run, "--grace", "1")
+    assert run_containers(engine, run) == []
+
+
+def test_logs_prints_every_stage_prefixed_and_takes_a_prefix_of_the_run(detached: str) -> None:
+    done = cli("logs", detached[:6])
+    assert done.returncode == 0, done.stderr
+    for k in range(2):
+        assert any(line.startswith(f"[stage {k}] PP_GPU_NODE_ADDR ") for line in done.stdout.splitlines())
+    only = cli("logs", detached, "--stage", "1")
+    assert only.stdout and all(line.startswith("[stage 1] ") for line in only.stdout.splitlines())
+    recent = cli("logs", detached, "--since", "1s")
+    assert "PP_GPU_NODE_ADDR" not in recent.stdout  # announced more than a second ago
+    bad = cli("logs", detached, "--since", "soon")
+    assert bad.returncode == 2 and "is not a duration" in bad.stderr
+
+
+def test_logs_follow_streams_until_the_run_ends(engine, detached: str) -> None:
+    follow = Launcher("logs", detached, "-f")
+    assert wait_until(lambda: sum("chatter" in line or "stub[" in line for line in follow.stdout_lines) > 3, 30)
+    cli("down", detached, "--grace", "1")
+    assert follow.wait(30) == 0  # ends by itself once every stage is gone
+
+
+def test_wait_until_announced_prints_each_address_and_until_exit_each_code(engine, stub_image) -> None:
+    up = cli("chain", "--stages", "2", "--gpus", "none", "--detach", "--env", "STUB_MODE=hold", "--env",
+             "STUB_EXIT_AFTER=3", "--stage-env", "1:STUB_EXIT_CODE=3")  # fmt: skip
+    assert up.returncode == 0, up.stderr
+    run = up.stdout.strip()
+    remember_run(run)
+    announced = cli("wait", run, "--until", "announced")
+    assert announced.returncode == 0, announced.stderr
+    assert [line.split()[:2] for line in announced.stdout.splitlines()] == [["stage", "0"], ["stage", "1"]]
+    assert all("127.0.0.1:" in line for line in announced.stdout.splitlines())
+    ended = cli("wait", run, timeout=60)
+    assert ended.returncode == 1
+    assert "stage 0" in ended.stdout and "exited 0" in ended.stdout and "exited 3" in ended.stdout
+    assert run_containers(engine, run) == []
+
+
+def test_wait_gives_up_after_its_timeout_and_names_no_such_run(detached: str) -> None:
+    t0 = time.monotonic()
+    done = cli("wait", detached, "--timeout", "1")
+    assert done.returncode == 1 and "still runs after the timeout" in done.stderr
+    assert time.monotonic() - t0 < 20
+    missing = cli("wait", "zzzzzz")
+    assert missing.returncode == 2 and "no run 'zzzzzz'" in missing.stderr
+
+
+def test_ps_quiet_lists_run_ids_and_run_filters_and_shows_addresses(detached: str) -> None:
+    quiet = cli("ps", "-q")
+    assert detached in quiet.stdout.split()
+    one = cli("ps", "--run", detached[:6], "--json")
+    rows = [__import__("json").loads(line) for line in one.stdout.splitlines()]
+    assert {r["run"] for r in rows} == {detached} and sorted(r["stage"] for r in rows) == [0, 1]
+    assert all(r["address"].startswith("127.0.0.1:") and r["uptime_s"] is not None for r in rows)
+    table = cli("ps", "--run", detached)
+    assert "address" in table.stdout.splitlines()[0] and "127.0.0.1:" in table.stdout
