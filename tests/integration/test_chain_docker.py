@@ -195,3 +195,13 @@ def test_plain_output_prefixes_stage_lines_on_stdout(engine, stub_image) -> None
     assert any(line.startswith("[stage 0] PP_DEMO_RESULT") for line in launcher.stdout_lines)
     assert all(line.startswith("[stage ") for line in launcher.stdout_lines)
     assert wait_until(lambda: "nothing left behind" in launcher.stderr_text(), 2)
+
+
+def test_a_failed_chain_says_the_cause_before_the_teardown_summary_and_once(engine, stub_image) -> None:
+    launcher = Launcher("chain", "--gpus", "none", "--network", "nosuchnet")
+    assert launcher.wait(60) == 1
+    lines = launcher.stderr_lines
+    cause = [i for i, line in enumerate(lines) if "network nosuchnet not found" in line]
+    summary = [i for i, line in enumerate(lines) if line.startswith("pp-launch: chain stopped")]
+    assert len(cause) == 1 and len(summary) == 1 and cause[0] < summary[0], lines
+    assert lines[cause[0]].startswith("pp-launch: error: stage ")

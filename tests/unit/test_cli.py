@@ -340,7 +340,8 @@ def test_a_chain_file_sets_defaults_and_flags_override_it(tmp_path) -> None:  # 
     f.write_text('stages = 4\ngrace = 3\ngpus = "none"\n[env]\nA = "1"\n[stage_env.2]\nB = "2"\n')
     doc = json.loads(run("chain", "-f", str(f), "--stages", "3", "--dry-run", "--json").output)
     assert len(doc["stages"]) == 3 and doc["grace"] == 3.0
-    assert doc["stages"][0]["env"]["A"] == "1" and doc["stages"][2]["env"]["B"] == "2" and "B" not in doc["stages"][1]["env"]
+    envs = [s["env"] for s in doc["stages"]]
+    assert envs[0]["A"] == "1" and envs[2]["B"] == "2" and "B" not in envs[1]
 
 
 def test_the_example_chain_file_is_valid() -> None:

@@ -212,7 +212,7 @@ def chain(
         )
     finally:
         reporter.close()
-    _finish(outcome, plan.run_id, as_json)
+    _finish(outcome, plan.run_id, as_json, said=getattr(reporter, "said", ""))
 
 
 def _reporter(run_id: str, stages: int, verbosity: int, as_json: bool, detach: bool) -> Any:
@@ -233,13 +233,18 @@ def _reporter(run_id: str, stages: int, verbosity: int, as_json: bool, detach: b
     return PlainReporter(run_id, verbosity)
 
 
-def _finish(outcome: ChainOutcome, run_id: str, as_json: bool) -> None:
+def _finish(outcome: ChainOutcome, run_id: str, as_json: bool, said: str = "") -> None:
+    """The result last; a failure's cause was said before the teardown summary (only what it did not say yet)."""
     if outcome.reason == "detached":
         if not as_json:  # --json: stdout carries events only, and every event names the run
             click.echo(run_id)
         click.echo(f"pp-launch: {outcome.message}; stop it with 'pp-launch down {run_id}'", err=True)
     elif outcome.exit_code != 0:
-        click.echo(f"pp-launch: {'error: ' if outcome.reason != 'signal' else ''}{outcome.message}", err=True)
+        rest = outcome.message[len(said) :].lstrip("; ") if said and outcome.message.startswith(said) else None
+        if rest is None:
+            click.echo(f"pp-launch: {'error: ' if outcome.reason != 'signal' else ''}{outcome.message}", err=True)
+        elif rest:
+            click.echo(f"pp-launch: {rest}", err=True)
     sys.exit(outcome.exit_code)
 
 

@@ -47,6 +47,7 @@ class JsonReporter:
         self.out = out or sys.stdout
         self.err = err or sys.stderr
         self._lock = threading.Lock()
+        self.said = ""  # the cause of a failed chain, once said (before the teardown summary)
 
     def event(self, event: events.Event) -> None:
         doc = events.to_json(event, self.run_id, rfc3339_now())
@@ -102,6 +103,9 @@ class PlainReporter:
         elif isinstance(event, events.StageExited) and self.verbosity > 0:
             self._say(f"stage {event.stage} exited with code {event.exit_code} ({event.reason.value})")
         elif isinstance(event, events.ChainStopped):
+            if event.message:  # the cause first, then what the teardown did
+                self._say(f"error: {event.message}")
+                self.said = event.message
             tail = f"; LEFT BEHIND: {', '.join(event.orphans)}" if event.orphans else "; nothing left behind"
             why = STOP_WORDS.get(event.reason, event.reason.value)
             self._say(f"chain stopped ({why}), {count(len(event.removed), 'container')} removed{tail}")

@@ -7,8 +7,9 @@ tini and auto-remove, and nothing left behind.
   `PP_GPU_NODE_ADDR` line (contract §3), `lines()` what it printed, `exit_code()` how it ended; `stop()` is our
   teardown (SIGTERM, the grace, then a kill through the engine), not testcontainers' bare kill.
 - `Chain(image, stages=N, ...)`: a context manager over the library's chain (the options of `pp-launch chain`:
-  GPUs, attach mode, inventory, env, grace, timeouts, hand-off and bring-up modes). It yields a `RunningChain` once every stage announced
-  (the roster, the events, each stage's lines) and tears the chain down when the block ends, however it ends.
+  GPUs, attach mode, inventory, env, grace, timeouts, hand-off and bring-up modes). It yields a `RunningChain`
+  once every stage announced (the roster, the events, each stage's lines) and tears the chain down when the
+  block ends, however it ends.
 - `WorkerUnderTest(image)`: the steps of `pp-launch worker check` as methods a test calls in its own order.
 """
 

@@ -190,7 +190,7 @@ class ChainScope:
             raise
         if end.reason == "detached":
             return ChainOutcome(0, "detached", end.message, roster=tuple(self._roster))
-        removed, orphans, exit_code = self._teardown(end.reason, end.exit_code)
+        removed, orphans, exit_code = self._teardown(end.reason, end.exit_code, end.message)
         message = end.message
         if self._lost is not None:
             run = self.plan.run_id
@@ -499,7 +499,7 @@ class ChainScope:
             return found
         return [st.ref for st in self.stages if st.ref is not None and not st.gone]
 
-    def _teardown(self, reason: str, exit_code: int) -> tuple[tuple[str, ...], tuple[str, ...], int]:
+    def _teardown(self, reason: str, exit_code: int, message: str = "") -> tuple[tuple[str, ...], tuple[str, ...], int]:
         """SIGTERM to every stage at once, one shared grace (each stage's own budget, all running
         together), SIGKILL through the engine, then confirm with the engine that nothing is left."""
         self._tearing_down = True
@@ -544,6 +544,7 @@ class ChainScope:
                 removed=removed,
                 orphans=tuple(orphans),
                 output_dropped_bytes=self.inbox.dropped_bytes or None,
+                message=message if message and reason in ("stage_failed", "error") else None,
             )
         )
         return removed, tuple(orphans), exit_code
