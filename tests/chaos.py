@@ -13,7 +13,7 @@ from typing import Any
 
 from .helpers import Launcher, wait_until
 
-PHASES = ("starting", "roster", "logging", "teardown")
+PHASES = ("starting", "waiting", "roster", "logging", "teardown")  # waiting: stages 1-3 wait for their hand-off
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGKILL)
 GRACE = 1.0
 
@@ -50,6 +50,8 @@ def _args(case: Case) -> list[str]:
         args += ["--env", "STUB_IGNORE_SIGTERM=1"]
     if case.phase == "starting":
         args += ["--stage-env", "2:STUB_ANNOUNCE_DELAY=3"]
+    if case.phase == "waiting":  # every container started; stage 0 not announced, so 1-3 wait in their entry
+        args += ["--stage-env", "0:STUB_ANNOUNCE_DELAY=3"]
     if case.phase == "logging":
         args += ["--env", "STUB_LOG_RATE=1000"]
     if case.phase == "teardown" and not case.ignore_sigterm:
@@ -62,6 +64,8 @@ def run_case(engine: Any, case: Case) -> Result:
     run = launcher.run_id
     if case.phase == "starting":
         launcher.wait_event("stage_started", stage=2, timeout=60)
+    elif case.phase == "waiting":
+        launcher.wait_event("stage_started", stage=3, timeout=60)
     else:
         launcher.wait_event("pp_stage_roster", timeout=60)
     if case.phase == "logging":
@@ -97,6 +101,8 @@ def random_kill(engine: Any, rng: random.Random) -> Result:
     args = ["chain", "--stages", "4", "--json", "--gpus", "none", "--grace", str(GRACE), "--env", "STUB_MODE=hold"]
     if ignore:
         args += ["--env", "STUB_IGNORE_SIGTERM=1"]
+    if rng.random() < 0.5:  # stage 0 slow to announce: the moment often falls while stages 1-3 wait for it
+        args += ["--stage-env", "0:STUB_ANNOUNCE_DELAY=1.5"]
     launcher = Launcher(*args)
     time.sleep(rng.uniform(0.05, 2.5))
     t0 = time.monotonic()

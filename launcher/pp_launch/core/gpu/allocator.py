@@ -325,29 +325,41 @@ def _exact(inventory: GpuInventory, pool: list[Unit], need: int, k: int, start: 
                 q -= 1
         return total
 
-    def bound_rest(pos: int) -> int:
+    Parts = tuple[list[bool], list[int], list[int], list[int]]
+
+    def node_parts() -> Parts:
+        """What every child of this node shares, computed once: the free units (the child's own unit still among
+        them, which only loosens the bounds below) and the sorted per-unit terms of the bounds."""
+        free = [not x for x in used]
+        free_units = [v for v in range(n) if free[v]]
+        full_terms = sorted(smallest(v, k - 1, free) for v in free_units) if k > 1 else []
+        two_terms: list[int] = []
+        if k == 1 and stages > 1:  # edges to come join the free units and the two ends (the first unit is free
+            ends = list(free)  # itself at the root, the last placed is the child's unit, free here)
+            if seq:
+                ends[seq[0]] = True
+            two_terms = sorted(smallest(v, 2, ends) for v in free_units)
+        return free, free_units, full_terms, two_terms
+
+    def bound_rest(pos: int, parts: Parts) -> int:
         """A lower bound on what positions pos..need-1 and the hops not yet counted add (seq has pos units).
         Halves are kept doubled: each pair inside a stage, each ring edge, is seen from both its ends."""
-        free = [not u for u in used]
-        free_units = [v for v in range(n) if free[v]]
+        free, free_units, full_terms, two_terms = parts
         slot = pos % k
         q = (k - slot) % k  # units still to come in the stage being filled
         full = (need - pos - q) // k  # stages not begun
         mates = seq[pos - slot :] if slot else []
         within2 = 0
         if q:
-            within2 += sum(sorted(2 * sum(d[v][m] for m in mates) + smallest(v, q - 1, free) for v in free_units)[:q])
+            terms = (2 * sum(d[v][m] for m in mates) + smallest(v, q - 1, free) for v in free_units if not used[v])
+            within2 += sum(sorted(terms)[:q])
         if k > 1 and full:
-            within2 += sum(sorted(smallest(v, k - 1, free) for v in free_units)[: full * k])
+            within2 += sum(full_terms[: full * k])
         bound = -(-within2 // 2) * WITHIN
         if stages > 1 and pos < need:
-            if k == 1:  # each unit to come has an edge in and out (the last one's out closes the ring), all
-                # among the free units and the two ends: the last unit placed and the first
-                ends = list(free)
-                ends[seq[-1]] = ends[seq[0]] = True
+            if k == 1:  # each unit to come has an edge in and out (the last one's out closes the ring)
                 r = need - pos
-                two = sorted(smallest(v, 2, ends) for v in free_units)[:r]
-                bound += -(-(sum(two) + smallest(seq[-1], 1, free) + smallest(seq[0], 1, free)) // 2)
+                bound += -(-(sum(two_terms[:r]) + smallest(seq[-1], 1, free) + smallest(seq[0], 1, free)) // 2)
             else:
                 bound += (stages - max(0, pos // k - 1)) * dmin
         return bound
@@ -383,10 +395,11 @@ def _exact(inventory: GpuInventory, pool: list[Unit], need: int, k: int, start: 
                 add += hop(seq[pos - slot - k : pos - slot], [*seq[pos - slot :], u])
             steps.append((add, u))
         steps.sort()
+        parts = node_parts()
         for add, u in steps:
             used[u] = True
             seq.append(u)
-            floor = cost + add + bound_rest(pos + 1)
+            floor = cost + add + bound_rest(pos + 1, parts)
             if floor < best_cost or (best is None and floor == best_cost):
                 dfs(pos + 1, cost + add, mask | 1 << u)
             seq.pop()
