@@ -100,7 +100,8 @@ def test_docker_kill_of_stage_1_from_outside_fails_the_chain(engine, stub_image)
     engine.signal(f"{prefix}-1", signal.SIGKILL)
     rc = launcher.wait(30)
     assert rc == 1
-    assert time.monotonic() - t0 < 2.0 + 1.0  # noticed within 2 s, plus the teardown of the rest
+    took = time.monotonic() - t0
+    assert took < 2.0 + 1.0, f"{took:.1f} s; {launcher.stderr_text()}"  # noticed within 2 s, plus the teardown
     assert f"stage 1 ({prefix}-1) exited with code 137" in launcher.stderr_text()
     assert run_containers(engine, launcher.run_id) == []
 

@@ -86,3 +86,16 @@ def test_the_cdi_spec_names_each_gpu_by_index_and_uuid(tmp_path: Path) -> None:
     assert names == [n for g in EIGHT.gpus for n in (str(g.index), g.uuid)]
     inside = {m["containerPath"] for m in spec["containerEdits"]["mounts"]}
     assert inside == {fake_nvml.CONTAINER_LIBRARY, f"{fake_nvml.CONTAINER_CONFIG}/00-system"}
+
+
+@pytest.mark.parametrize(
+    ("argv", "launcher"),
+    [(["/venv/bin/python", "/venv/bin/pp-launch", "chain"], True), (["pp-gpu-node"], True),
+     (["python", "-m", "pp_launch", "chain"], True), (["python", "-m", "pp_launch.adapters.watchdog", "r", "5"], True),
+     (["/opt/pp-launch/docker26/usr/sbin/dockerd", "-H", "unix:///tmp/pp-launch.sock"], False),
+     (["python", "-m", "pytest", "-p", "pp_launch"], False), (["bash", "wrappers/docker-gpu-node.sh"], True)],
+)
+def test_the_leak_guard_knows_a_launcher_from_a_path_with_pp_launch_in_it(argv: list[str], launcher: bool) -> None:
+    from pp_launch.testing.plugin import is_launcher
+
+    assert is_launcher(argv) is launcher

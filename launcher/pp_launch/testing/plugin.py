@@ -17,6 +17,7 @@ labels; what it left is then removed.
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import time
@@ -86,6 +87,17 @@ def _descends_from(pid: int, ancestor: int) -> bool:
     return False
 
 
+LAUNCHER_PROGRAMS = {"pp-launch", "pp-gpu-node", "docker-gpu-node.sh"}
+
+
+def is_launcher(argv: list[str]) -> bool:
+    """pp-launch, pp-gpu-node or the old shim as a program or a script, or `python -m pp_launch[.…]` (the
+    launcher, its watchdog); not anything that merely has "pp-launch" in a path."""
+    if any(os.path.basename(a) in LAUNCHER_PROGRAMS for a in argv[:2]):
+        return True
+    return any(a == "-m" and b.split(".")[0] == "pp_launch" for a, b in itertools.pairwise(argv))
+
+
 def _launchers() -> list[tuple[int, str]]:
     """Launcher processes started by this process (or its children) that still run."""
     me, out = os.getpid(), []
@@ -93,11 +105,11 @@ def _launchers() -> list[tuple[int, str]]:
         if not entry.isdigit() or int(entry) == me:
             continue
         try:
-            cmd = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            argv = [a.decode(errors="replace") for a in Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0") if a]
         except OSError:
             continue
-        if ("pp_launch" in cmd or "pp-launch" in cmd or "pp-gpu-node" in cmd) and _descends_from(int(entry), me):
-            out.append((int(entry), cmd.strip()))
+        if is_launcher(argv) and _descends_from(int(entry), me):
+            out.append((int(entry), " ".join(argv)))
     return out
 
 
