@@ -20,54 +20,19 @@ import statistics
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import docker
 
-from bench_chain import IMAGE, PREFIX, leftovers, reap  # type: ignore[import-not-found]
+from bench_chain import baseline as chain_baseline  # type: ignore[import-not-found]
+from bench_chain import leftovers, reap
 
 CASES = [(8, 0.0, 3), (8, 2.0, 3), (16, 0.0, 1), (32, 0.0, 1)]  # stages, announce delay, repeats (x --repeats/3)
 
 
 def baseline(client: docker.DockerClient, n: int, delay: float) -> tuple[float, int]:
-    run = "bench" + uuid.uuid4().hex[:7]
-    children: list[subprocess.Popen[str]] = []
-    first = prev = None
-    t0 = time.monotonic()
-    for k in range(n):
-        env = ["-e", f"STAGE={k}", "-e", f"NUM_STAGES={n}", "-e", "STUB_MODE=hold"]
-        env += ["-e", f"STUB_ANNOUNCE_DELAY={delay}"]
-        if k:
-            assert prev is not None and first is not None
-            env += ["-e", f"PEER_NODE_ID={prev[0]}", "-e", f"PEER_DIRECT={prev[1]}"]
-            env += ["-e", f"FIRST_PEER_NODE_ID={first[0]}", "-e", f"FIRST_PEER_DIRECT={first[1]}"]
-        child = subprocess.Popen(
-            ["docker", "run", "--rm", "--init", "--network", "host", "--label", f"pp-launch.run={run}", "--label",
-             "pp-launch.owner=bench-baseline", *env, IMAGE],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, text=True,
-        )  # fmt: skip
-        children.append(child)
-        assert child.stdout is not None
-        for line in child.stdout:
-            if line.startswith(PREFIX):
-                _, node, direct = line.split()
-                prev = (node, direct)
-                first = first or prev
-                break
-    took = time.monotonic() - t0
-    for child in children:
-        child.send_signal(signal.SIGTERM)
-    for child in children:
-        try:
-            child.wait(10)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait()
-    time.sleep(1.0)
-    left = len(leftovers(client, run))
-    reap(client, run)
-    return took, left
+    sample = chain_baseline(client, n, 2.0, False, (f"STUB_ANNOUNCE_DELAY={delay}",))
+    return sample.bring_up_s, sample.left
 
 
 def ours(client: docker.DockerClient, n: int, delay: float, handoff: str) -> tuple[float, int]:

@@ -59,7 +59,10 @@ def wait_gone(client: docker.DockerClient, run: str, timeout: float) -> None:
         time.sleep(0.1)
 
 
-def baseline(client: docker.DockerClient, n: int, grace: float, ignore: bool) -> Sample:
+def baseline(
+    client: docker.DockerClient, n: int, grace: float, ignore: bool, extra_env: tuple[str, ...] = ()
+) -> Sample:
+    """The seed's way; extra_env: NAME=VALUE for every stage."""
     run = "bench" + uuid.uuid4().hex[:7]
     children: list[subprocess.Popen[str]] = []
     first = prev = None
@@ -68,6 +71,8 @@ def baseline(client: docker.DockerClient, n: int, grace: float, ignore: bool) ->
         env = ["-e", f"STAGE={k}", "-e", f"NUM_STAGES={n}", "-e", "STUB_MODE=hold"]
         if ignore:
             env += ["-e", "STUB_IGNORE_SIGTERM=1"]
+        for item in extra_env:
+            env += ["-e", item]
         if k:
             assert prev is not None and first is not None
             env += ["-e", f"PEER_NODE_ID={prev[0]}", "-e", f"PEER_DIRECT={prev[1]}"]
