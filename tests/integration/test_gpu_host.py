@@ -60,6 +60,8 @@ def test_four_stages_of_two_gpus_each_see_exactly_their_planned_gpus(gpu_host, m
         planned = {e["stage"]: sorted(e["gpus"]) for e in launcher.events_named("stage_started")}
         assert [len(planned[k]) for k in range(4)] == [2, 2, 2, 2]
         assert len({u for g in planned.values() for u in g}) == 8  # all eight, none twice
+        # stage lines come on stderr, events on stdout: wait for the lines, not only the events
+        assert wait_until(lambda: len(seen_by_stage(launcher)) == 4, 10), launcher.stderr_text()
         seen = seen_by_stage(launcher)
         assert {k: sorted(v) for k, v in seen.items()} == planned, launcher.stderr_text()
     finally:
@@ -90,6 +92,7 @@ def test_two_chains_at_once_get_disjoint_gpus_and_a_third_is_refused(gpu_host, m
         held = [{u for e in launcher.events_named("stage_started") for u in e["gpus"]} for launcher in launchers]
         assert len(held[0]) == len(held[1]) == 4 and not held[0] & held[1]
         for launcher, gpus in zip(launchers, held, strict=True):
+            assert wait_until(lambda launcher=launcher: len(seen_by_stage(launcher)) == 2, 10)  # stderr lines
             assert {u for v in seen_by_stage(launcher).values() for u in v} == gpus
         third = subprocess.run([sys.executable, "-m", "pp_launch", "chain", "--stages", "2", "--gpus-per-stage", "2",
                                 "--gpus", "auto", "--gpu-attach", mode], env={**os.environ, **gpu_host.env(mode)},
