@@ -87,6 +87,15 @@ def resolve_run(wanted: str, runs: set[str]) -> str:
     raise errors.ConfigError(f"no run {safe(wanted)!r} here; runs: {known} ('pp-launch ps' lists them)")
 
 
+def find_run(engine: Engine, wanted: str) -> tuple[str, list[ContainerInfo]]:
+    """The run a user named (its id or a unique prefix) and its containers in stage order; ConfigError otherwise."""
+    every = engine.containers(labels.run_selector())
+    run = resolve_run(wanted, {c.labels.get(labels.RUN, "") for c in every})
+    mine = [c for c in every if c.labels.get(labels.RUN) == run]
+    mine.sort(key=lambda c: labels.ascii_int(c.labels.get(labels.STAGE, "")) or 0)
+    return run, mine
+
+
 def stop_runs(
     engine: Engine, targets: list[ContainerInfo], grace: float, reason: str = "down", kill_wait: float = 15.0
 ) -> list[ChainOutcome]:

@@ -34,10 +34,7 @@ def ps(as_json: bool, ids_only: bool, run_id: str | None) -> None:
       pp-launch ps --run 3f2a --json
     """
     engine = connect()
-    run = None
-    if run_id is not None:
-        every = engine.containers(labels.run_selector())
-        run = housekeeping.resolve_run(run_id, {c.labels.get(labels.RUN, "") for c in every})
+    run = None if run_id is None else housekeeping.find_run(engine, run_id)[0]
     if ids_only:
         for r in sorted({row["run"] for row in housekeeping.list_stages(engine, run)}):
             click.echo(r)
@@ -77,9 +74,8 @@ def down(run_id: str | None, all_runs: bool, grace: float, yes: bool) -> None:
     if bool(run_id) == all_runs:
         raise click.UsageError("name one RUN_ID, or --all")
     engine = connect()
-    every = engine.containers(labels.run_selector())
     if all_runs:
-        targets = every
+        targets = engine.containers(labels.run_selector())
         if targets and not yes:
             runs = sorted({c.labels.get(labels.RUN, "?") for c in targets})
             question = f"stop {len(targets)} containers of {len(runs)} runs ({', '.join(runs)}), whoever owns them?"
@@ -87,8 +83,7 @@ def down(run_id: str | None, all_runs: bool, grace: float, yes: bool) -> None:
                 raise errors.ConfigError(f"--all would {question[:-1]}: add --yes to confirm")
             click.confirm(f"pp-launch: {question}", abort=True, err=True)
     else:
-        run = housekeeping.resolve_run(run_id or "", {c.labels.get(labels.RUN, "") for c in every})
-        targets = [c for c in every if c.labels.get(labels.RUN) == run]
+        targets = housekeeping.find_run(engine, run_id or "")[1]
     if not targets:
         click.echo("pp-launch: nothing to stop (no pp-launch containers)", err=True)
         return

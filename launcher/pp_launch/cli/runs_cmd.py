@@ -30,14 +30,6 @@ def complete_runs(ctx: click.Context, param: click.Parameter, incomplete: str) -
     return [CompletionItem(r) for r in sorted(runs) if r and r.startswith(incomplete)]
 
 
-def run_stages(engine: Engine, run_id: str) -> tuple[str, list[Any]]:
-    every = engine.containers(labels.run_selector())
-    run = housekeeping.resolve_run(run_id, {c.labels.get(labels.RUN, "") for c in every})
-    mine = [c for c in every if c.labels.get(labels.RUN) == run]
-    mine.sort(key=lambda c: labels.ascii_int(c.labels.get(labels.STAGE, "")) or 0)
-    return run, mine
-
-
 def _since(value: str | None) -> int | None:
     """--since: seconds ago (`90`, `90s`, `5m`, `2h`) -> a Unix time for the engine."""
     if value is None:
@@ -66,7 +58,7 @@ def logs(run_id: str, follow: bool, stages: tuple[int, ...], since: str | None) 
       pp-launch logs 3f2a -f --stage 0 --since 5m
     """
     engine = connect()
-    run, found = run_stages(engine, run_id)
+    run, found = housekeeping.find_run(engine, run_id)
     if stages:
         found = [c for c in found if labels.ascii_int(c.labels.get(labels.STAGE, "")) in stages]
         if not found:
@@ -127,7 +119,7 @@ def wait(run_id: str, until: str, timeout: float | None) -> None:
       pp-launch wait 3f2a --timeout 600
     """
     engine = connect()
-    run, found = run_stages(engine, run_id)
+    run, found = housekeeping.find_run(engine, run_id)
     deadline = None if timeout is None else time.monotonic() + timeout
     if until == "announced":
         _wait_announced(engine, run, found, deadline)
