@@ -20,7 +20,9 @@ libnvidia-ml.so.1; stderr in worker mode, whose stdout is the wire).
 Knobs: STUB_IGNORE_SIGTERM, STUB_ANNOUNCE_DELAY, STUB_NO_ANNOUNCE, STUB_ANNOUNCE_LINE, STUB_EXIT_AFTER,
 STUB_EXIT_CODE, STUB_LOG_RATE (contract §11); for tests of the no-orphan layers and of bad output also
 STUB_IGNORE_LIFELINE=1 (behave like an image that never reads stdin) and STUB_FLOOD=endless|random with
-STUB_FLOOD_MB (one endless line, or random bytes, after announcing). With PP_LIFELINE=stdin the stage exits as soon as its stdin closes: the
+STUB_FLOOD_MB (one endless line, or random bytes, after announcing). Across hosts: STUB_BIND (listen address,
+default 127.0.0.1; 0.0.0.0 for every interface) and STUB_ADVERTISE (the address announced: an address, or `auto`
+for this host's own; default the bound one, loopback for 0.0.0.0). With PP_LIFELINE=stdin the stage exits as soon as its stdin closes: the
 engine closes it when the launcher that attached it dies, whatever signals the stage ignores.
 
 Standard library plus numpy only: it runs on the Debian base image, which has nothing else.
@@ -154,7 +156,7 @@ class Listener:
     def __init__(self) -> None:
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", int(ENV.get("STUB_PORT", "0"))))
+        self.sock.bind((ENV.get("STUB_BIND") or "127.0.0.1", int(ENV.get("STUB_PORT", "0"))))
         self.sock.listen(8)
         self.port = self.sock.getsockname()[1]
         self.peers: dict[bytes, socket.socket] = {}
@@ -177,6 +179,16 @@ class Listener:
 
 
 # ------------------------------------------------------------------------------------------- stages
+def advertised() -> str:
+    """The address peers on other hosts dial: STUB_ADVERTISE (an address, or `auto`: this host's name as it
+    resolves), else the bound address, else loopback."""
+    value = ENV.get("STUB_ADVERTISE", "")
+    if value == "auto":
+        return socket.gethostbyname(socket.gethostname())
+    bound = ENV.get("STUB_BIND") or "127.0.0.1"
+    return value or ("127.0.0.1" if bound in ("0.0.0.0", "") else bound)
+
+
 def announce(listener: Listener, role: str = "") -> None:
     delay = float(ENV.get("STUB_ANNOUNCE_DELAY", "0") or 0)
     if delay:
@@ -188,7 +200,7 @@ def announce(listener: Listener, role: str = "") -> None:
     if line is None:
         seed = f"{socket.gethostname()}-{STAGE}-{os.getpid()}-{time.time_ns()}-{os.urandom(8).hex()}"
         node_id = hashlib.sha256(seed.encode()).hexdigest()
-        line = f"PP_GPU_NODE_ADDR {node_id} 127.0.0.1:{listener.port}"
+        line = f"PP_GPU_NODE_ADDR {node_id} {advertised()}:{listener.port}"
         if role:
             print(f"pp-worker: stage {STAGE}/{NUM_STAGES} ({role}) started (node_id: {node_id})", file=sys.stderr)
     sys.stdout.write(line + "\n")

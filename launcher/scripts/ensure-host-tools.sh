@@ -14,6 +14,7 @@ TOOLS=(
   "tar:tar"
   "setsid:util-linux"
   "pgrep:procps"
+  "sshd:openssh-server"  # the test suite reaches one engine the way remote hosts are: over ssh://
 )
 
 missing=()

@@ -25,6 +25,7 @@ EXAMPLES: dict[type[errors.PpLaunchError], errors.PpLaunchError] = {
     errors.NameInUse: errors.NameInUse("container name pp-0 is held by a container not made by pp-launch"),
     errors.EngineError: errors.EngineError("the engine refused to create pp-0"),
     errors.EngineLost: errors.EngineLost("the Docker engine at unix:///x.sock stopped"),
+    errors.HostLost: errors.HostLost("host gpu2: the Docker engine at ssh://root@127.0.0.1:2222 stopped"),
     AnnouncementError: AnnouncementError("malformed announcement 'PP_GPU_NODE_ADDR x'"),
     NvmlUnavailable: NvmlUnavailable("NVML not found: no NVIDIA driver on this host"),
     ProtocolFault: ProtocolFault("InvalidJson: oops", b"{", 3),

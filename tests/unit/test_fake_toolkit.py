@@ -83,7 +83,9 @@ def test_the_cdi_spec_names_each_gpu_by_index_and_uuid(tmp_path: Path) -> None:
                       .read_text())  # fmt: skip
     assert spec["kind"] == "nvidia.com/gpu"
     names = [d["name"] for d in spec["devices"]]
-    assert names == [n for g in EIGHT.gpus for n in (str(g.index), g.uuid)]
+    assert names == [n for g in EIGHT.gpus for n in (str(g.index), g.uuid)] + ["all"]
+    every = spec["devices"][-1]["containerEdits"]["mounts"]
+    assert len(every) == len(EIGHT.gpus)  # `all` mounts every GPU's part of the config
     inside = {m["containerPath"] for m in spec["containerEdits"]["mounts"]}
     assert inside == {fake_nvml.CONTAINER_LIBRARY, f"{fake_nvml.CONTAINER_CONFIG}/00-system"}
 

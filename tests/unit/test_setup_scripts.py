@@ -44,16 +44,17 @@ def test_missing_tools_are_installed_by_package_name(tmp_path: Path) -> None:
         assert result.returncode == 0, result.stderr
         assert calls[0] == "update -qq"
         assert calls[1].split()[:3] == ["install", "-y", "-qq"]
-        assert {"debootstrap", "gcc", "tar", "util-linux", "procps"} <= set(calls[1].split())
+        assert {"debootstrap", "gcc", "tar", "util-linux", "procps", "openssh-server"} <= set(calls[1].split())
     else:
         assert result.returncode == 1
         assert "install the packages debootstrap" in result.stderr
 
 
 def test_present_tools_are_left_alone(tmp_path: Path) -> None:
-    tools = [t for t in ("debootstrap", "gcc", "tar", "setsid", "pgrep") if shutil.which(t)]
+    every = ("debootstrap", "gcc", "tar", "setsid", "pgrep", "sshd")
+    tools = [t for t in every if shutil.which(t)]
     result, calls = run(tmp_path, bare_path(tmp_path, *tools))
-    missing = {"debootstrap", "gcc", "tar", "setsid", "pgrep"} - set(tools)
+    missing = set(every) - set(tools)
     if not missing:
         assert result.returncode == 0 and calls == []
     else:

@@ -78,16 +78,27 @@ class _Guarded:
                 return attr(*args, **kwargs)
             except docker.errors.APIError:
                 raise
-            except (requests.exceptions.RequestException, docker.errors.DockerException, OSError) as exc:
-                raise lost(exc, self._address) from None
+            except Exception as exc:
+                if _transport_error(exc):
+                    raise lost(exc, self._address) from None
+                raise
 
         return call
 
 
-def connect(timeout: float | None = None) -> Engine:
-    """timeout: seconds one engine call may take before the engine counts as lost (PP_ENGINE_TIMEOUT, 30)."""
+def _transport_error(exc: BaseException) -> bool:
+    """The connection to the engine failed (socket, HTTP, docker-py, or paramiko for ssh:// hosts)."""
+    known = (requests.exceptions.RequestException, docker.errors.DockerException, OSError, EOFError)
+    return isinstance(exc, known) or type(exc).__module__.startswith("paramiko")
+
+
+def connect(timeout: float | None = None, host: str | None = None) -> Engine:
+    """timeout: seconds one engine call may take before the engine counts as lost (PP_ENGINE_TIMEOUT, 30).
+    host: a Docker context name or an engine URL (--host); None for DOCKER_HOST or the default socket."""
     if timeout is None:
         timeout = float(os.environ.get("PP_ENGINE_TIMEOUT", "30"))
+    if host is not None:
+        return Engine(_host_client(host, timeout), timeout, host)
     try:
         client = docker.from_env(timeout=max(1, int(timeout)))
         client.ping()
@@ -97,6 +108,47 @@ def connect(timeout: float | None = None) -> Engine:
             "DOCKER_HOST to the engine you mean) and check that 'docker info' works."
         ) from None
     return Engine(client, timeout)
+
+
+def host_url(host: str) -> str:
+    """The engine URL of a --host value: a URL as given, a context's endpoint as the docker CLI resolves it
+    (DOCKER_CONFIG, else ~/.docker). EngineUnavailable for a context that does not exist."""
+    if "://" in host:
+        return host
+    if host == "default":
+        return engine_address()
+    context = docker.ContextAPI.get_context(host)
+    if context is None:
+        where = os.environ.get("DOCKER_CONFIG", "~/.docker")
+        raise errors.EngineUnavailable(
+            f"host {host}: no Docker context of that name in {where}/contexts ('docker context ls' lists them; "
+            f"'docker context create {host} --docker host=ssh://USER@HOST:PORT' makes one), and it is not an "
+            "engine URL (unix://, tcp://, ssh://)"
+        )
+    return str(context.Host or engine_address())
+
+
+def _host_client(host: str, timeout: float) -> docker.DockerClient:
+    url = host_url(host)
+    tls: Any = False
+    if "://" not in host and host != "default":
+        context = docker.ContextAPI.get_context(host)
+        tls = (context.TLSConfig if context is not None else None) or False
+    where = host if url == host else f"{host} ({url})"
+    try:
+        client = docker.DockerClient(base_url=url, tls=tls, timeout=max(1, int(timeout)), use_ssh_client=False)
+        client.ping()
+    except Exception as exc:  # docker-py, requests, paramiko (ssh://) and socket errors alike: say why, in words
+        hint = ""
+        if url.startswith("ssh://"):
+            hint = (
+                " For ssh://, key authentication must work without a prompt ('ssh -p PORT USER@HOST docker version'"
+                " answers), the host key must be in ~/.ssh/known_hosts, and docker must be on the remote PATH."
+            )
+        raise errors.EngineUnavailable(
+            f"cannot reach the Docker engine of host {where}: {_unreachable(exc)}.{hint}"
+        ) from None
+    return client
 
 
 def _unreachable(exc: BaseException) -> str:
@@ -132,11 +184,25 @@ class ContainerInfo:
 class Engine:
     """Thin, typed wrapper over docker-py's low-level API."""
 
-    def __init__(self, client: docker.DockerClient, timeout: float = 30.0) -> None:
+    def __init__(self, client: docker.DockerClient, timeout: float = 30.0, host: str | None = None) -> None:
         self.client = client
         self.timeout = timeout
-        self.address = engine_address()
+        self.host = host  # as the user named it (--host); None: DOCKER_HOST or the default socket
+        self.address = engine_address() if host is None else f"{host_url(host)} (host {host})"
         self.api: Any = _Guarded(client.api, self.address)
+
+    def identity(self) -> tuple[str, str]:
+        """(engine id, API version): the id tells two names of one engine apart from two engines."""
+        try:
+            info = self.api.info()
+            version = self.api.version()
+        except docker.errors.APIError as exc:
+            raise errors.EngineError(f"the engine at {self.address} does not say what it is: {_reason(exc)}") from None
+        return str(info.get("ID", "")), str(version.get("ApiVersion", ""))
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.client.close()
 
     # ------------------------------------------------------------------------------ images
     def image_config(self, name: str) -> Mapping[str, Any] | None:
@@ -276,6 +342,74 @@ class Engine:
         except docker.errors.APIError as exc:
             if exc.status_code != 409:  # 409: not running (exited, or never started)
                 raise errors.EngineError(f"cannot signal container {ref}: {_reason(exc)}") from None
+
+    def run_helper(
+        self,
+        image: str,
+        argv: list[str],
+        files: Mapping[str, bytes],
+        labels: Mapping[str, str],
+        env: Mapping[str, str],
+        device_requests: list[Mapping[str, Any]],
+        timeout: float = 60.0,
+    ) -> tuple[int | None, bytes, bytes]:
+        """Run a short-lived helper container (`--rm`, no network) with `files` put under /tmp first; its exit
+        code (None: it never started or did not end in time), stdout and stderr. Its removal is the engine's
+        (auto-remove), or ours by force when it did not start or end: nothing of it is left either way."""
+        import io
+        import tarfile
+
+        host_config = self.api.create_host_config(auto_remove=True, network_mode="none")
+        if device_requests:
+            host_config["DeviceRequests"] = [dict(r) for r in device_requests]
+        config = self.api.create_container_config(
+            image=image, entrypoint=argv, environment=dict(env), labels=dict(labels), host_config=host_config
+        )
+        try:
+            ref = str(self.api.create_container_from_config(config, None)["Id"])
+        except docker.errors.ImageNotFound:
+            raise errors.ImageMissing(f"image {image} is not present on the engine at {self.address}") from None
+        except docker.errors.APIError as exc:
+            raise errors.EngineError(f"the engine at {self.address} refused the helper: {_reason(exc)}") from None
+        out: dict[str, bytearray] = {"stdout": bytearray(), "stderr": bytearray()}
+        try:
+            buf = io.BytesIO()
+            with tarfile.open(fileobj=buf, mode="w") as tar:
+                for path, data in files.items():
+                    entry = tarfile.TarInfo(path)
+                    entry.size, entry.mode = len(data), 0o644
+                    tar.addfile(entry, io.BytesIO(data))
+            self.api.put_archive(ref, "/tmp", buf.getvalue())
+            stream = self.api.attach(ref, stdout=True, stderr=True, stream=True, demux=True)
+            wait = self.api.post(
+                self.api._url("/containers/{0}/wait", ref), params={"condition": "removed"}, stream=True, timeout=None
+            )
+            self.api._raise_for_status(wait)
+            self.api.start(ref)
+        except docker.errors.APIError as exc:
+            self.remove(ref)
+            raise errors.EngineError(f"the helper did not start: {_reason(exc)}") from None
+        except BaseException:
+            self.remove(ref)
+            raise
+
+        def read() -> None:
+            with contextlib.suppress(Exception):  # the stream ends (or breaks) when the helper is gone
+                for chunk_out, chunk_err in stream:
+                    out["stdout"] += chunk_out or b""
+                    out["stderr"] += chunk_err or b""
+
+        reader = threading.Thread(target=read, daemon=True, name="helper-output")
+        reader.start()
+        reader.join(timeout)
+        code = None
+        if reader.is_alive():
+            self.remove(ref)
+        else:
+            with contextlib.suppress(Exception):
+                status = json.loads(wait.content or b"{}").get("StatusCode")
+                code = int(status) if isinstance(status, int) else None
+        return code, bytes(out["stdout"]), bytes(out["stderr"])
 
     def remove(self, ref: str) -> None:
         try:
@@ -468,7 +602,7 @@ class DockerStageBackend:
         engine that is stopping has closed its listener but still serves the connections already open, and
         only a new one tells that it is going away."""
         try:
-            fresh = connect(timeout=self.engine.timeout)
+            fresh = connect(timeout=self.engine.timeout, host=self.engine.host)
         except errors.EngineUnavailable as exc:
             raise errors.EngineLost(f"the Docker engine at {self.engine.address} stopped ({exc})") from None
         return sorted(c.id for c in fresh.containers(labels.run_selector(run_id)))

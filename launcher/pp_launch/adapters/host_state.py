@@ -59,3 +59,48 @@ class Reservations:
 
     def release(self, run_id: str) -> None:
         (self.dir / f"{run_id}.json").unlink(missing_ok=True)
+
+
+class RunHosts:
+    """The hosts of each chain across hosts started here (`state_dir()/hosts/<run>.json`), so that `ps`, `down`
+    and `gc` with --all-hosts know where to look. Written before anything starts; dropped once nothing of the
+    run is left anywhere."""
+
+    def __init__(self, directory: Path) -> None:
+        self.dir = directory / "hosts"
+        self.dir.mkdir(exist_ok=True)
+
+    def write(self, run_id: str, hosts: tuple[str, ...]) -> None:
+        (self.dir / f"{run_id}.json").write_text(json.dumps({"run": run_id, "hosts": list(hosts)}))
+
+    def of(self, run_id: str) -> tuple[str, ...]:
+        try:
+            doc = json.loads((self.dir / f"{run_id}.json").read_text())
+        except (OSError, json.JSONDecodeError):
+            return ()
+        return tuple(str(h) for h in doc.get("hosts", []) if isinstance(h, str))
+
+    def every(self) -> tuple[str, ...]:
+        """Every host any recorded run uses, in the order first seen."""
+        seen: dict[str, None] = {}
+        for path in sorted(self.dir.glob("*.json")):
+            seen.update(dict.fromkeys(self.of(path.stem)))
+        return tuple(seen)
+
+    def forget(self, run_id: str) -> None:
+        (self.dir / f"{run_id}.json").unlink(missing_ok=True)
+
+    def _matching(self, prefix: str) -> list[str]:
+        return sorted(p.stem for p in self.dir.glob("*.json") if p.stem.startswith(prefix)) if prefix else []
+
+    def of_prefix(self, prefix: str) -> tuple[str, ...]:
+        """The hosts of the recorded runs whose id starts with `prefix` (a run id, or a unique prefix of one)."""
+        seen: dict[str, None] = {}
+        for run in self._matching(prefix):
+            seen.update(dict.fromkeys(self.of(run)))
+        return tuple(seen)
+
+    def forget_prefix(self, prefix: str) -> None:
+        matching = self._matching(prefix)
+        if len(matching) == 1:
+            self.forget(matching[0])

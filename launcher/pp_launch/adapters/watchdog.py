@@ -26,11 +26,13 @@ PATIENCE = 900.0  # how long it waits for a lost engine to come back (PP_WATCHDO
 RETRY = 2.0
 
 
-def spawn(run_id: str, grace: float, detached: bool = False) -> subprocess.Popen[bytes]:
+def spawn(run_id: str, grace: float, detached: bool = False, host: str | None = None) -> subprocess.Popen[bytes]:
     """Start the watchdog for `run_id`; keep the returned Popen (its stdin is the lifeline) until exit. For a
-    detached run it sweeps only while the run is still coming up (see bringup.py)."""
+    detached run it sweeps only while the run is still coming up (see bringup.py). `host`: the engine it
+    watches (--host; a chain across hosts has one watchdog per host), None for DOCKER_HOST or the default."""
+    extra = (["detached"] if detached else []) + ([f"--host={host}"] if host is not None else [])
     return subprocess.Popen(
-        [sys.executable, "-m", "pp_launch.adapters.watchdog", run_id, str(grace), *(["detached"] if detached else [])],
+        [sys.executable, "-m", "pp_launch.adapters.watchdog", run_id, str(grace), *extra],
         stdin=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -39,7 +41,7 @@ def spawn(run_id: str, grace: float, detached: bool = False) -> subprocess.Popen
     )
 
 
-def sweep(run_id: str, grace: float) -> list[str]:
+def sweep(run_id: str, grace: float, host: str | None = None) -> list[str]:
     """The chain's own teardown for the run's containers (adopted by label): SIGTERM, at most MAX_GRACE, SIGKILL,
     removal confirmed. Raises while anything of the run is left, so that the caller tries again."""
     from pp_launch.adapters.docker_engine import DockerStageBackend, connect
@@ -47,7 +49,7 @@ def sweep(run_id: str, grace: float) -> list[str]:
     from pp_launch.core.chain.ports import QueueInbox
     from pp_launch.core.chain.scope import ChainScope, Found, QuietReporter
 
-    engine = connect(timeout=5)
+    engine = connect(timeout=5, host=host)
     found = engine.containers(labels.run_selector(run_id))
     if not found:
         return []
@@ -62,6 +64,9 @@ def sweep(run_id: str, grace: float) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
+    hosts = [a.removeprefix("--host=") for a in argv if a.startswith("--host=")]
+    argv = [a for a in argv if not a.startswith("--host=")]
+    host = hosts[0] if hosts else None
     run_id, grace = argv[0], float(argv[1]) if len(argv) > 1 else MAX_GRACE
     detached = argv[2:3] == ["detached"]
     while os.read(0, 4096):  # the launcher never writes; EOF means it is gone
@@ -75,7 +80,7 @@ def main(argv: list[str]) -> int:
     deadline = time.monotonic() + patience
     while True:
         try:
-            sweep(run_id, grace)
+            sweep(run_id, grace, host)
             break
         except Exception:  # the engine is lost (or not back yet): try again while it may come back
             if time.monotonic() + RETRY > deadline:

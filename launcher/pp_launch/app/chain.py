@@ -4,6 +4,7 @@ The CLI parses and maps errors to exit codes; everything a program embedding pp-
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -11,9 +12,12 @@ from dataclasses import dataclass
 
 from pp_launch.adapters import bringup, host_state, watchdog
 from pp_launch.adapters.docker_engine import DockerStageBackend, Engine
+from pp_launch.adapters.multi_host import MultiHostBackend
 from pp_launch.adapters.process_backend import ProcessStageBackend
 from pp_launch.app import gpus as gpu_select
+from pp_launch.app import hosts as across
 from pp_launch.app import housekeeping, images
+from pp_launch.app.hosts import live_gpu_labels
 from pp_launch.core import errors, labels
 from pp_launch.core.announce import escape
 from pp_launch.core.chain.plan import BUILTIN_IMAGE, ChainPlan, ChainRequest, build_plan, new_run_id
@@ -49,15 +53,7 @@ class GpuOptions:
     inventory_path: str | None = None
     allow_shared: bool = False
     min_free_mib: int | None = None
-
-
-def live_gpu_labels(engine: Engine) -> list[Mapping[str, str]]:
-    """Labels of every existing pp-launch container that holds GPUs (exited ones hold nothing)."""
-    return [
-        c.labels
-        for c in engine.containers([labels.GPUS])
-        if c.state not in ("exited", "dead") and c.labels.get(labels.GPUS)
-    ]
+    host_inventories: tuple[tuple[str, str], ...] = ()  # --gpu-inventory HOST=FILE (chains across hosts)
 
 
 def plan_chain(
@@ -94,9 +90,73 @@ def plan_chain(
         reserve=reserve,
     )
     plan = build_plan(
-        request, environ, owner, selection.stage_gpus, selection.device_requests, run_id, selection.hop_levels,
+        request,
+        environ,
+        owner,
+        selection.stage_gpus,
+        selection.device_requests,
+        run_id,
+        selection.hop_levels,
         selection.cost,
     )
+    return plan, selection.note
+
+
+@dataclass(frozen=True)
+class HostOptions:
+    """A chain across hosts (--host ...): where stages go, and per-host inventories (--gpu-inventory HOST=FILE)."""
+
+    names: tuple[str, ...]
+    placement: str = "pack"
+    stages_per_host: int | None = None
+
+
+def plan_chain_across(
+    request: ChainRequest,
+    gpu: GpuOptions,
+    reached: list[across.Host],
+    where: HostOptions,
+    environ: Mapping[str, str] | None = None,
+    owner: str | None = None,
+    reserve: bool = True,
+) -> tuple[ChainPlan, str]:
+    """The plan of a chain across hosts: each host's GPUs (its probe, or its inventory file), stages in blocks of
+    consecutive stages per host, placed on each host by the allocator, one reservation for all."""
+    check_image_name(request.image)
+    if request.name_prefix is not None:
+        check_name_prefix(request.name_prefix)
+    environ = os.environ if environ is None else environ
+    run_id = new_run_id()
+    owner = owner or labels.Owner.current().label()
+    overrides = dict(gpu.host_inventories)
+    if unknown := sorted(set(overrides) - set(where.names)):
+        raise errors.ConfigError(
+            f"--gpu-inventory {unknown[0]}=FILE: {unknown[0]} is not one of the hosts ({', '.join(where.names)})"
+        )
+    every = gpu.inventory_path or environ.get(gpu_select.INVENTORY_ENV) or None
+    if gpu.mode.strip() == "none":
+        host_gpus = [gpu_select.HostGpus(h.name, GpuInventory(), list) for h in reached]
+    else:
+        host_gpus = across.host_gpus(reached, request.image, gpu.attach, run_id, owner, overrides, every)
+    stage_hosts, selection = gpu_select.select_across(
+        mode=gpu.mode,
+        stages=request.stages,
+        per_stage=gpu.per_stage,
+        attach=gpu.attach,
+        hosts_gpus=host_gpus,
+        run_id=run_id,
+        owner=owner,
+        environ=environ,
+        placement=where.placement,
+        stages_per_host=where.stages_per_host,
+        allow_shared=gpu.allow_shared,
+        min_free_mib=gpu.min_free_mib,
+        reserve=reserve,
+    )
+    plan = build_plan(
+        request, environ, owner, selection.stage_gpus, selection.device_requests, run_id, selection.hop_levels,
+        selection.cost, tuple(stage_hosts),
+    )  # fmt: skip
     return plan, selection.note
 
 
@@ -123,10 +183,13 @@ def sweep_dead_owners(engine: Engine, say: Callable[[str], None]) -> None:
         say(f"could not remove {gone}: {housekeeping.safe(why)}")
 
 
-def check_names_free(engine: Engine, plan: ChainPlan) -> None:
+def check_names_free(engine: Engine, plan: ChainPlan, host: str | None = None) -> None:
     """A stage's name held by any container, ours or not, is exit 2 before anything starts. The holder is named
-    and never touched: a container is ours only by the id the engine gave us for our own create."""
+    and never touched: a container is ours only by the id the engine gave us for our own create. `host`: only
+    the stages of that host (a chain across hosts), on its engine."""
     for spec in plan.stages:
+        if host is not None and spec.host != host:
+            continue
         info = engine.inspect(spec.name)
         if info is None or str(info.get("Name", "")).lstrip("/") != spec.name:
             continue
@@ -140,8 +203,9 @@ def check_names_free(engine: Engine, plan: ChainPlan) -> None:
                 f"(owner {escape(held.get(labels.OWNER, '?'))})"
             )
             fix = f", or end that run first ('pp-launch down {escape(run)}')"
+        on = f" on host {host}" if host is not None else ""
         raise errors.NameInUse(
-            f"container name {spec.name} is held by {holder}, id {str(info.get('Id', ''))[:12]}; it was left "
+            f"container name {spec.name}{on} is held by {holder}, id {str(info.get('Id', ''))[:12]}; it was left "
             f"untouched. Choose another --name{fix}"
         )
 
@@ -153,10 +217,13 @@ def run_chain(
     on_scope: Callable[[ChainScope], None] = lambda scope: None,
     detach: bool = False,
     gpu_node: str | None = None,
+    reached: list[across.Host] | None = None,
 ) -> ChainOutcome:
     """Run the chain to its end. `on_scope` receives the scope before anything starts (the CLI installs its
     signal handlers there). A watchdog removes the run's containers if this process dies; the GPU
     reservation is released whatever happens."""
+    if reached:
+        return _run_across(plan, reached, reporter, on_scope, detach)
     backend: StageBackend
     if gpu_node is not None:
         backend = ProcessStageBackend(
@@ -183,3 +250,50 @@ def run_chain(
             bringup.complete(plan.run_id)  # the hand-over: from here on only `down` ends the run
         if guard is not None:
             guard.stdin.close()  # type: ignore[union-attr]  # a clean end: the watchdog finds nothing and exits
+
+
+def _run_across(
+    plan: ChainPlan,
+    reached: list[across.Host],
+    reporter: Reporter,
+    on_scope: Callable[[ChainScope], None],
+    detach: bool,
+) -> ChainOutcome:
+    """run_chain for a chain across hosts: one scope over every host's engine, a watchdog per engine, the run's
+    hosts recorded (ps/down/gc --all-hosts); a host lost on the way is named with the command to run later."""
+    backend = MultiHostBackend({h.name: DockerStageBackend(h.engine) for h in reached})
+    scope = ChainScope(plan, backend, QueueInbox(), reporter, detach=detach)
+    on_scope(scope)
+    record = host_state.RunHosts(host_state.state_dir())
+    record.write(plan.run_id, plan.hosts)
+    guards = []
+    outcome: ChainOutcome | None = None
+    try:
+        for h in reached:
+            check_names_free(h.engine, plan, h.name)
+        if detach:
+            bringup.begin(plan.run_id, labels.Owner.current().label())
+        guards = [watchdog.spawn(plan.run_id, plan.grace, detached=detach, host=h.name) for h in reached]
+        outcome = scope.run()
+    finally:
+        host_state.Reservations(host_state.state_dir()).release(plan.run_id)
+        if detach:
+            bringup.complete(plan.run_id)
+        for guard in guards:
+            guard.stdin.close()  # type: ignore[union-attr]
+        if outcome is not None and not outcome.orphans and not backend.lost and outcome.reason != "detached":
+            record.forget(plan.run_id)
+    assert outcome is not None  # scope.run() returned, or its exception went up through the finally
+    if backend.lost:
+        run = plan.run_id
+        said = []
+        for host, why in backend.lost.items():
+            left = [ref[:12] for ref in outcome.orphans if backend.where(ref) == host]
+            maybe = f"containers {', '.join(left)} of run {run} may still be there" if left else "none known left"
+            said.append(
+                f"host {host} could not be reached ({why}): {maybe}; this run's watchdog for that host removes them "
+                f"if it comes back soon, else run 'pp-launch down {run} --host {host}' when it is back"
+            )
+        message = f"{outcome.message}; {'; '.join(said)}"
+        outcome = dataclasses.replace(outcome, exit_code=errors.EXIT_FAILURE, message=message)
+    return outcome

@@ -7,15 +7,25 @@ write our own reservation; it lives until the launch ends (or its owner dies, wh
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from pp_launch.adapters.host_state import Reservations, host_lock, state_dir
 from pp_launch.adapters.nvml import NvmlUnavailable, read_inventory
-from pp_launch.core import errors, labels
-from pp_launch.core.gpu.allocator import AllocationRequest, Holding, Placement, PlacementCost, allocate, parse_visible
+from pp_launch.core import errors, hosts, labels
+from pp_launch.core.gpu.allocator import (
+    HOST_LEVEL,
+    AllocationRequest,
+    Holding,
+    Placement,
+    PlacementCost,
+    allocate,
+    free_units,
+    parse_visible,
+)
 from pp_launch.core.gpu.inventory import GpuInventory
 from pp_launch.core.gpu.requests import device_requests
 
@@ -127,3 +137,117 @@ def select(
             reservations.write(run_id, owner, list(placement.stage_gpus))
     gpus = list(placement.stage_gpus)
     return GpuSelection(gpus, [device_requests(g, attach) for g in gpus], placement.hop_levels, cost=placement.cost)
+
+
+@dataclass(frozen=True)
+class HostGpus:
+    """One host of a chain across hosts: its GPUs, and the labels of its engine's live containers."""
+
+    host: str
+    inventory: GpuInventory
+    engine_labels: Callable[[], list[Mapping[str, str]]]
+
+
+def select_across(
+    *,
+    mode: str,
+    stages: int,
+    per_stage: int,
+    attach: str,
+    hosts_gpus: Sequence[HostGpus],
+    run_id: str,
+    owner: str,
+    environ: Mapping[str, str],
+    placement: str = "pack",
+    stages_per_host: int | None = None,
+    allow_shared: bool = False,
+    min_free_mib: int | None = None,
+    reserve: bool = True,
+) -> tuple[list[str], GpuSelection]:
+    """Each stage's host and GPUs for a chain across hosts: consecutive stages per host in --host order (core
+    hosts.assign), then the allocator on each host for its block, all under one lock and one reservation (GPU
+    UUIDs are unique across hosts). Exclusivity per host: that engine's labels and this machine's reservations."""
+    asked = mode.strip()
+    mode, per_stage = parse_gpus_flag(mode, per_stage)
+    names = [h.host for h in hosts_gpus]
+    notes = [h.inventory.note for h in hosts_gpus if h.inventory.note and not h.inventory.gpus]
+    explicit = mode not in ("auto", "none", "all")
+    if explicit and len(hosts_gpus) > 1:
+        raise errors.ConfigError(
+            f"--gpus {asked} lists GPUs of one host; over several --host use auto, a count, all or none"
+        )
+    with_gpus = [h for h in hosts_gpus if h.inventory.gpus]
+    cpu = mode == "none" or (asked == "auto" and not with_gpus)
+    if not cpu and not with_gpus:
+        raise errors.NotEnoughGpus(f"--gpus {asked} asks for GPUs, but no host has any ({'; '.join(notes)})")
+    request = AllocationRequest(
+        stages=1,
+        per_stage=per_stage,
+        explicit=tuple(t for t in mode.split(",") if t) if explicit else (),
+        visible=parse_visible(environ.get("CUDA_VISIBLE_DEVICES")),
+        allow_shared=allow_shared,
+        min_free_mib=min_free_mib,
+    )
+    directory = state_dir()
+    reservations = Reservations(directory)
+    with host_lock(directory):
+        held = reservations.live() if not cpu else {}
+        holdings = []
+        for each in hosts_gpus:
+            mine = holdings_from_labels(each.engine_labels()) if not cpu and each.inventory.gpus else {}
+            mine.update(held)
+            holdings.append(mine)
+        capacity: list[int | None] = [
+            _capacity(h.inventory, request, got, cpu or mode == "all")
+            for h, got in zip(hosts_gpus, holdings, strict=True)
+        ]
+        assignment = hosts.assign(stages, names, capacity, placement, stages_per_host)
+        stage_gpus: list[tuple[str, ...]] = [()] * stages
+        requests: list[tuple[Mapping[str, Any], ...]] = [()] * stages
+        hops: list[int | None] = [None] * stages
+        within = ring = 0
+        exact, candidates, costed = True, 0, False
+        blocks = hosts.blocks(assignment)
+        for h, block in blocks:
+            host = hosts_gpus[h]
+            if cpu:
+                placed = Placement(((),) * len(block), (None,) * len(block) if len(block) > 1 else ())
+            elif mode == "all":
+                every = tuple(g.uuid for g in host.inventory.gpus)
+                placed = Placement((every,) * len(block), ())
+            else:
+                sub = dataclasses.replace(request, stages=len(block))
+                placed = allocate(host.inventory, sub, holdings[h])
+            for i, k in enumerate(block):
+                stage_gpus[k] = placed.stage_gpus[i]
+                requests[k] = device_requests(placed.stage_gpus[i], attach)
+                if i + 1 < len(block):
+                    hops[k] = placed.hop_levels[i] if placed.hop_levels else None
+            last = block[-1]
+            if len(blocks) > 1:
+                hops[last] = HOST_LEVEL  # out of this host, to the next one (or back to stage 0's)
+            elif len(block) > 1:
+                hops[last] = placed.hop_levels[-1] if placed.hop_levels else None
+            if placed.cost is not None:
+                costed = True
+                within, ring = within + placed.cost.within, ring + placed.cost.hops
+                exact, candidates = exact and placed.cost.exact, candidates + placed.cost.candidates
+        if reserve and not cpu:
+            reservations.write(run_id, owner, stage_gpus)
+    hosts_of = [names[h] for h in assignment]
+    cost = PlacementCost(within, ring, exact, candidates) if costed else None
+    note = ""
+    if cpu and asked == "auto":
+        note = f"no GPU found on any host ({'; '.join(notes)}): stages run on CPU"
+    elif notes:
+        note = "hosts without GPUs take no GPU stage: " + "; ".join(notes)
+    return hosts_of, GpuSelection(stage_gpus, requests, tuple(hops) if stages > 1 else (), note, cost)
+
+
+def _capacity(
+    inventory: GpuInventory, request: AllocationRequest, held: Mapping[str, Holding], any_number: bool
+) -> int | None:
+    """How many stages a host can take now (None: no limit, for CPU stages or --gpus all)."""
+    if any_number:
+        return None
+    return free_units(inventory, request, held) // request.per_stage if inventory.gpus else 0

@@ -64,9 +64,7 @@ def gc(engine: Engine) -> Collected:
 def describe(c: ContainerInfo) -> str:
     """A container as a message names it, with everything from its labels escaped for the terminal."""
     name = c.name if c.name and c.name != "?" else f"(unnamed, id {c.id[:12]})"
-    return (
-        f"{safe(name)} (run {safe(c.labels.get(labels.RUN, '?'))}, owner {safe(c.labels.get(labels.OWNER, '?'))})"
-    )
+    return f"{safe(name)} (run {safe(c.labels.get(labels.RUN, '?'))}, owner {safe(c.labels.get(labels.OWNER, '?'))})"
 
 
 def safe(text: str) -> str:
@@ -156,7 +154,7 @@ def _started(info: dict[str, Any] | None) -> float | None:
 
 
 def list_stages(engine: Engine, run: str | None = None, details: bool = False,
-                gpus: GpuInventory | None = None) -> list[dict[str, Any]]:  # fmt: skip
+                gpus: GpuInventory | None = None, host: str | None = None) -> list[dict[str, Any]]:  # fmt: skip
     """Every stage container of every run (or of `run`). details: also each running stage's announced address
     and uptime (a look at each container); gpus: each GPU's index, memory and utilisation from that inventory."""
     now = time.time()
@@ -179,6 +177,8 @@ def list_stages(engine: Engine, run: str | None = None, details: bool = False,
             }
         )
         row = rows[-1]
+        if host is not None:
+            row["host"] = host
         if by_uuid:
             held = [by_uuid[u] for u in row["gpus"] if u in by_uuid]
             row["gpu_index"] = [g.index for g in held]
@@ -188,7 +188,7 @@ def list_stages(engine: Engine, run: str | None = None, details: bool = False,
             started = _started(engine.inspect(c.id)) if c.state == "running" else None
             row["uptime_s"] = None if started is None else max(0, int(now - started))
             row["address"] = announced(engine, c.id) if c.state == "running" else None
-    return sorted(rows, key=lambda r: (r["run"], r["stage"] if r["stage"] is not None else -1))
+    return sorted(rows, key=lambda r: (r["run"], r["stage"] if r["stage"] is not None else -1, r.get("host") or ""))
 
 
 def _gpus_cell(r: dict[str, Any]) -> str:
@@ -206,11 +206,14 @@ def _gpus_cell(r: dict[str, Any]) -> str:
 def render(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return "no pp-launch containers"
-    header = ("run", "stage", "container", "image", "gpus", "address", "owner", "owner is", "state", "up")
+    hosts = any(r.get("host") for r in rows)
+    header = ("run", "stage", *(("host",) if hosts else ()), "container", "image", "gpus", "address", "owner",
+              "owner is", "state", "up")  # fmt: skip
     table = [header] + [
         (
             r["run"],
             str(r["stage"]),
+            *((r.get("host") or "-",) if hosts else ()),
             r["container"],
             r["image"],
             _gpus_cell(r),

@@ -27,7 +27,8 @@ from typing import Any
 from pp_launch.adapters import host_state, watchdog
 from pp_launch.adapters.docker_engine import DockerStageBackend, Engine, connect
 from pp_launch.app import gpus as gpu_select
-from pp_launch.app.chain import ensure_image, live_gpu_labels, sweep_dead_owners
+from pp_launch.app.chain import ensure_image, sweep_dead_owners
+from pp_launch.app.hosts import live_gpu_labels
 from pp_launch.core import errors, labels, stage_env
 from pp_launch.core.chain.plan import BUILTIN_IMAGE, Mount, StageSpec, new_run_id
 from pp_launch.core.chain.ports import Inbox, QueueInbox, StageBackend, StageGone, StageOutput, StopRequested

@@ -12,12 +12,13 @@ from pp_launch.adapters import host_state
 from pp_launch.adapters.docker_engine import connect
 from pp_launch.app import chain as launch
 from pp_launch.app import gpus as gpu_select
+from pp_launch.app import hosts as across
 from pp_launch.cli import signals
 from pp_launch.cli.main import main
-from pp_launch.cli.options import Seconds, gpu_options, stage_options, swactor_options
+from pp_launch.cli.options import Seconds, gpu_options, host_options, stage_options, swactor_options
 from pp_launch.cli.report import JsonReporter, LiveReporter, PlainReporter
 from pp_launch.cli.tables import gpu_names
-from pp_launch.core import errors, labels
+from pp_launch.core import errors, hosts, labels
 from pp_launch.core.chain.plan import ChainRequest
 from pp_launch.core.chain.scope import ChainOutcome
 
@@ -49,7 +50,7 @@ def load_chain_file(ctx: click.Context, param: click.Parameter, value: str | Non
             raise errors.ConfigError(f"chain file {value}: unknown key {raw_key!r}; keys: {', '.join(sorted(names))}")
         if key == "env":
             if not isinstance(item, dict):
-                raise errors.ConfigError(f"chain file {value}: env must be a table of NAME = \"value\"")
+                raise errors.ConfigError(f'chain file {value}: env must be a table of NAME = "value"')
             defaults[key] = [f"{k}={v}" for k, v in item.items()]
         elif key == "stage_env":
             if not isinstance(item, dict) or not all(isinstance(t, dict) for t in item.values()):
@@ -113,6 +114,21 @@ def load_chain_file(ctx: click.Context, param: click.Parameter, value: str | Non
     "in-turn: start stage k only once stage k-1 announced, PEER_* in its create-time environment (images "
     "without /bin/sh; the seed's order).",
 )
+@host_options
+@click.option(
+    "--placement",
+    type=click.Choice(hosts.PLACEMENTS),
+    default="pack",
+    show_default=True,
+    help="With several --host: pack fills each host (in --host order) before the next, so the ring crosses as "
+    "few host boundaries as it can; spread shares the stages out evenly. Stages on a host are always consecutive.",
+)
+@click.option(
+    "--stages-per-host",
+    type=click.IntRange(min=1),
+    metavar="N",
+    help="With several --host: N consecutive stages on each host in turn.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Events as JSON lines on stdout; stage lines on stderr.")
 @click.option("--dry-run", is_flag=True, help="Print the plan (GPUs, env, labels) and start nothing.")
 @click.option(
@@ -144,6 +160,9 @@ def chain(
     grace: float,
     handoff: str,
     bring_up: str,
+    host_names: tuple[str, ...],
+    placement: str,
+    stages_per_host: int | None,
     as_json: bool,
     dry_run: bool,
     detach: bool,
@@ -161,6 +180,7 @@ def chain(
       pp-launch chain --stages 4
       pp-launch chain --stages 8 --gpus auto --gpus-per-stage 1 --json
       pp-launch chain --stages 2 --dry-run --json --gpu-inventory inventory.json
+      pp-launch chain --stages 8 --host gpu1 --host gpu2 --gpus-per-stage 2   (Docker contexts)
     """
     verbosity = ctx.obj["verbosity"]
     request = ChainRequest(
@@ -184,12 +204,20 @@ def chain(
                                "their peers from the environment")  # fmt: skip
     if detach and gpu_node:
         raise click.UsageError("--detach and --gpu-node do not go together: child processes end with the launcher")
+    names = hosts.parse_hosts(host_names)
+    if stages_per_host is not None and not names:
+        raise click.UsageError("--stages-per-host needs --host (a chain across hosts)")
+    if names and gpu_node:
+        raise click.UsageError("--host and --gpu-node do not go together: child processes run on this machine")
+    say = (lambda t: click.echo(f"pp-launch: {t}", err=True)) if verbosity >= 0 or as_json else (lambda t: None)
+    if names:
+        _across(ctx, request, gpu, launch.HostOptions(names, placement, stages_per_host), as_json, dry_run, detach, say)
+        return
     if dry_run:
         _dry_run(request, gpu, as_json)
         return
     launch.check_image_name(image)
     engine = connect()
-    say = (lambda t: click.echo(f"pp-launch: {t}", err=True)) if verbosity >= 0 or as_json else (lambda t: None)
     launch.ensure_image(engine, image, say)
     launch.sweep_dead_owners(engine, say)
     owner = labels.OWNER_DETACHED if detach else None
@@ -254,27 +282,82 @@ def _dry_run(request: ChainRequest, gpu: launch.GpuOptions, as_json: bool) -> No
     except errors.EngineUnavailable:
         engine = None
     plan, note = launch.plan_chain(request, gpu, engine, reserve=False)
+    warning = (
+        "" if engine is not None else "no Docker engine answered: GPUs held by running containers were not checked"
+    )
+    names = gpu_names(gpu_select.load_inventory(gpu.inventory_path)) if any(s.gpus for s in plan.stages) else {}
+    _print_plan(plan, note, as_json, names, warning)
+
+
+def _print_plan(plan: Any, note: str, as_json: bool, names: dict[str, str], warning: str = "") -> None:
     doc = plan.to_json()
     if note:
         doc["note"] = note
-    if engine is None:
-        doc["warning"] = "no Docker engine answered: GPUs held by running containers were not checked"
+    if warning:
+        doc["warning"] = warning
     if as_json:
         click.echo(json.dumps(doc, separators=(",", ":")))  # JSON lines, as every --json (docs/formats.md)
         return
     click.echo(f"run {plan.run_id}: {len(plan.stages)} stages (nothing started: dry run)")
-    names = gpu_names(gpu_select.load_inventory(gpu.inventory_path)) if any(s.gpus for s in plan.stages) else {}
     for s in plan.stages:
-        gpus = ", ".join(f"{names.get(u, '?')} {u}" for u in s.gpus) or "none"
-        click.echo(f"  stage {s.index}: {s.name}  image {s.image}  GPUs {gpus}")
+        gpus = ", ".join(f"{names[u]} {u}" if u in names else u for u in s.gpus) or "none"
+        on = f"  host {s.host}" if s.host else ""
+        click.echo(f"  stage {s.index}: {s.name}{on}  image {s.image}  GPUs {gpus}")
         for k, v in sorted(doc["stages"][s.index]["env"].items()):
             click.echo(f"      {k}={v}")
     for hop in doc.get("hops", []):
         click.echo(f"  hop {hop['from']} -> {hop['to']}: {hop['link']}")
     if cost := doc.get("placement_cost"):
-        how = ("the least possible" if cost["search"] == "exact" else "greedy (more than 16 candidates)")
-        click.echo(f"  placement cost: {cost['within_stages']} within stages, {cost['ring_hops']} round the ring "
-                   f"({how}, {cost['candidates']} candidate GPUs; lower is closer)")
+        how = "the least possible" if cost["search"] == "exact" else "greedy (more than 16 candidates)"
+        click.echo(
+            f"  placement cost: {cost['within_stages']} within stages, {cost['ring_hops']} round the ring "
+            f"({how}, {cost['candidates']} candidate GPUs; lower is closer)"
+        )
     for extra in ("note", "warning"):
         if extra in doc:
             click.echo(f"  {extra}: {doc[extra]}")
+
+
+def _across(
+    ctx: click.Context,
+    request: ChainRequest,
+    gpu: launch.GpuOptions,
+    where: launch.HostOptions,
+    as_json: bool,
+    dry_run: bool,
+    detach: bool,
+    say: Any,
+) -> None:
+    """A chain across hosts: every host reached and checked before anything starts, then one run over all."""
+    launch.check_image_name(request.image)
+    reached = across.connect_all(where.names)
+    try:
+        across.check_image(reached, request.image)
+        if dry_run:
+            plan, note = launch.plan_chain_across(request, gpu, reached, where, reserve=False)
+            _print_plan(plan, note, as_json, {})
+            return
+        for h in reached:
+            launch.sweep_dead_owners(h.engine, say)
+        owner = labels.OWNER_DETACHED if detach else None
+        plan, note = launch.plan_chain_across(request, gpu, reached, where, owner=owner)
+        if note:
+            say(note)
+        say(f"run {plan.run_id} across {len(reached)} hosts: " + "; ".join(
+            f"{h}: stages {', '.join(str(s.index) for s in plan.stages if s.host == h)}" for h in plan.hosts
+        ))  # fmt: skip
+        reporter = _reporter(plan.run_id, request.stages, ctx.obj["verbosity"], as_json, detach)
+        signals.install()
+        if (held := signals.pending()) is not None:
+            host_state.Reservations(host_state.state_dir()).release(plan.run_id)
+            sys.exit(errors.exit_code_for_signal(held))
+        try:
+            outcome = launch.run_chain(
+                plan, reached[0].engine, reporter, lambda scope: signals.route_to(scope.request_stop),
+                detach=detach, reached=reached,
+            )  # fmt: skip
+        finally:
+            reporter.close()
+    finally:
+        across.close_all(reached)
+    _finish(outcome, plan.run_id, as_json, said=getattr(reporter, "said", ""))

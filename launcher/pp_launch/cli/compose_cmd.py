@@ -106,6 +106,4 @@ def compose(
     )
     if note:
         click.echo(f"pp-launch: {note}", err=True)
-    click.echo(
-        compose_file.render(plan, project, _canonical(ctx), command, addr_timeout), nl=False
-    )
+    click.echo(compose_file.render(plan, project, _canonical(ctx), command, addr_timeout), nl=False)

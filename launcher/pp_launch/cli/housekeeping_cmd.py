@@ -7,15 +7,62 @@ import sys
 
 import click
 
-from pp_launch.adapters.docker_engine import connect
+from pp_launch.adapters import host_state
+from pp_launch.adapters.docker_engine import Engine, connect
 from pp_launch.adapters.nvml import NvmlUnavailable, read_inventory
 from pp_launch.app import housekeeping
 from pp_launch.cli import runs_cmd
 from pp_launch.cli.main import main
-from pp_launch.cli.options import Seconds
+from pp_launch.cli.options import Seconds, host_options
 from pp_launch.cli.report import count
-from pp_launch.core import errors, labels
+from pp_launch.core import errors, hosts, labels
 from pp_launch.core.gpu.inventory import GpuInventory
+
+ALL_HOSTS = click.option(
+    "--all-hosts",
+    is_flag=True,
+    help="This engine and every host of the chains across hosts started from this machine (or of RUN's).",
+)
+
+
+class Engines:
+    """The engines a housekeeping command looks at: the one engine (no --host), the named hosts, or with
+    --all-hosts the hosts recorded for the runs started here (and RUN's own, from its labels). A host that does
+    not answer is said, and the command goes on with the others and exits 1 at its end."""
+
+    def __init__(self, names: tuple[str, ...], all_hosts: bool, run: str | None = None) -> None:
+        wanted = list(hosts.parse_hosts(names))
+        self.failed = False
+        self.reached: list[tuple[str | None, Engine]] = []
+        if all_hosts:
+            record = host_state.RunHosts(host_state.state_dir())
+            self.reached.append((None, connect()))
+            recorded = record.of_prefix(run) if run else record.every()
+            labelled = self._labelled_hosts(run) if run else ()
+            wanted += [h for h in (*recorded, *labelled) if h not in wanted]
+        elif not wanted:
+            self.reached.append((None, connect()))
+        for name in wanted:
+            try:
+                self.reached.append((name, connect(host=name)))
+            except errors.PpLaunchError as exc:
+                self.failed = True
+                click.echo(f"pp-launch: error: {exc}", err=True)
+        self.several = len(self.reached) > 1 or any(name for name, _ in self.reached)
+
+    def _labelled_hosts(self, run: str) -> tuple[str, ...]:
+        found: dict[str, None] = {}
+        for _, engine in self.reached:
+            for c in engine.containers(labels.run_selector()):
+                if c.labels.get(labels.RUN, "").startswith(run):
+                    found.update(dict.fromkeys(h for h in c.labels.get(labels.HOSTS, "").split(",") if h))
+        return tuple(found)
+
+    def finish(self) -> None:
+        for _, engine in self.reached:
+            engine.close()
+        if self.failed:
+            sys.exit(errors.EXIT_FAILURE)
 
 
 @main.command()
@@ -23,7 +70,9 @@ from pp_launch.core.gpu.inventory import GpuInventory
 @click.option("-q", "--quiet", "ids_only", is_flag=True, help="Only the run ids, one per line (as docker ps -q).")
 @click.option("--run", "run_id", metavar="RUN", shell_complete=runs_cmd.complete_runs,
               help="Only this run (a unique prefix is enough).")  # fmt: skip
-def ps(as_json: bool, ids_only: bool, run_id: str | None) -> None:
+@host_options
+@ALL_HOSTS
+def ps(as_json: bool, ids_only: bool, run_id: str | None, host_names: tuple[str, ...], all_hosts: bool) -> None:
     """List pp-launch runs and their stages: run, stage, container, image, GPUs (index, memory, utilisation
     where NVML answers), announced address, owner, alive or gone, uptime.
 
@@ -32,19 +81,34 @@ def ps(as_json: bool, ids_only: bool, run_id: str | None) -> None:
       pp-launch ps
       pp-launch ps -q | xargs -n1 pp-launch down
       pp-launch ps --run 3f2a --json
+      pp-launch ps --all-hosts
     """
-    engine = connect()
-    run = None if run_id is None else housekeeping.find_run(engine, run_id)[0]
+    engines = Engines(host_names, all_hosts, run_id)
+    rows = []
+    for name, engine in engines.reached:
+        try:
+            run = None if run_id is None else housekeeping.find_run(engine, run_id)[0]
+        except errors.ConfigError:
+            if engines.several:
+                continue  # not on this host
+            raise
+        gpus = _inventory() if name is None else None  # NVML of this machine: only its own engine's GPUs
+        where = (name or "local") if engines.several else None
+        rows += housekeeping.list_stages(engine, run, details=not ids_only, gpus=gpus, host=where)
+    if run_id is not None and not rows and engines.several:
+        raise errors.ConfigError(f"no run {housekeeping.safe(run_id)!r} on any of these hosts")
     if ids_only:
-        for r in sorted({row["run"] for row in housekeeping.list_stages(engine, run)}):
+        for r in sorted({row["run"] for row in rows}):
             click.echo(r)
+        engines.finish()
         return
-    rows = housekeeping.list_stages(engine, run, details=True, gpus=_inventory())
+    rows.sort(key=lambda r: (r["run"], r["stage"] if r["stage"] is not None else -1, r.get("host") or ""))
     if as_json:
         for row in rows:
             click.echo(json.dumps(row))
     else:
         click.echo(housekeeping.render(rows))
+    engines.finish()
 
 
 @main.command()
@@ -59,7 +123,11 @@ def ps(as_json: bool, ids_only: bool, run_id: str | None) -> None:
     help="Budget between SIGTERM and SIGKILL, for all containers at once.",
 )
 @click.option("--yes", "-y", is_flag=True, help="With --all: do not ask first.")
-def down(run_id: str | None, all_runs: bool, grace: float, yes: bool) -> None:
+@host_options
+@ALL_HOSTS
+def down(
+    run_id: str | None, all_runs: bool, grace: float, yes: bool, host_names: tuple[str, ...], all_hosts: bool
+) -> None:
     """Stop a run (or --all) with the chain's guarantees: SIGTERM, one grace, SIGKILL, removal confirmed.
 
     Acts on containers with pp-launch labels only, of any owner (detached and compose runs included). RUN_ID
@@ -70,10 +138,35 @@ def down(run_id: str | None, all_runs: bool, grace: float, yes: bool) -> None:
       pp-launch down 3f2a9c1b7d00
       pp-launch down 3f2a
       pp-launch down --all --yes --grace 2
+      pp-launch down 3f2a --all-hosts
     """
     if bool(run_id) == all_runs:
         raise click.UsageError("name one RUN_ID, or --all")
-    engine = connect()
+    engines = Engines(host_names, all_hosts, run_id)
+    if not engines.several:
+        _down_on(engines.reached[0][1], run_id, all_runs, grace, yes, None)
+        engines.finish()
+        return
+    found_any = False
+    for name, engine in engines.reached:
+        try:
+            found_any = _down_on(engine, run_id, all_runs, grace, yes, name or "local") or found_any
+        except SystemExit as stop:
+            if stop.code not in (None, 0):
+                engines.failed = True
+        except errors.ConfigError as exc:
+            if all_runs or "no run" not in str(exc):
+                raise
+    if run_id and not found_any and not engines.failed:
+        raise errors.ConfigError(f"no run {housekeeping.safe(run_id)!r} on any of these hosts")
+    if run_id and not engines.failed:
+        host_state.RunHosts(host_state.state_dir()).forget_prefix(run_id)
+    engines.finish()
+
+
+def _down_on(engine: Engine, run_id: str | None, all_runs: bool, grace: float, yes: bool, host: str | None) -> bool:
+    """down on one engine; False when it had nothing to stop. Exits 1 when something stays."""
+    on = f" on host {host}" if host else ""
     if all_runs:
         targets = engine.containers(labels.run_selector())
         if targets and not yes:
@@ -85,10 +178,10 @@ def down(run_id: str | None, all_runs: bool, grace: float, yes: bool) -> None:
     else:
         targets = housekeeping.find_run(engine, run_id or "")[1]
     if not targets:
-        click.echo("pp-launch: nothing to stop (no pp-launch containers)", err=True)
-        return
+        click.echo(f"pp-launch: nothing to stop{on} (no pp-launch containers)", err=True)
+        return False
     names = ", ".join(sorted(c.name for c in targets))
-    click.echo(f"pp-launch: stopping {count(len(targets), 'container')}: {names}", err=True)
+    click.echo(f"pp-launch: stopping {count(len(targets), 'container')}{on}: {names}", err=True)
     outcomes = housekeeping.stop_runs(engine, targets, grace)
     left = [ref for o in outcomes for ref in o.orphans]
     problems = [o.message for o in outcomes if o.exit_code != 0]
@@ -96,9 +189,10 @@ def down(run_id: str | None, all_runs: bool, grace: float, yes: bool) -> None:
         by_id = {c.id: c.name for c in targets}
         still = ", ".join(by_id.get(ref, ref[:12]) for ref in left)
         tail = f"; still present: {still}" if still else ""
-        click.echo(f"pp-launch: error: {'; '.join(problems)}{tail}", err=True)
+        click.echo(f"pp-launch: error{on}: {'; '.join(problems)}{tail}", err=True)
         sys.exit(errors.EXIT_FAILURE)
-    click.echo(f"pp-launch: stopped and removed {count(len(targets), 'container')}", err=True)
+    click.echo(f"pp-launch: stopped and removed {count(len(targets), 'container')}{on}", err=True)
+    return True
 
 
 def _inventory() -> GpuInventory | None:
@@ -109,7 +203,9 @@ def _inventory() -> GpuInventory | None:
 
 
 @main.command()
-def gc() -> None:
+@host_options
+@ALL_HOSTS
+def gc(host_names: tuple[str, ...], all_hosts: bool) -> None:
     """Remove containers whose launcher is gone (a process on this host that no longer runs).
 
     Never touches detached or compose runs, runs of another host, or containers without pp-launch labels.
@@ -118,13 +214,20 @@ def gc() -> None:
     \b
     Example:
       pp-launch gc
+      pp-launch gc --host gpu2
     """
-    collected = housekeeping.gc(connect())
-    for c in collected.removed:
-        click.echo(f"removed {housekeeping.describe(c)}: its owner is gone")
-    for c, why in collected.failed:
-        click.echo(f"pp-launch: error: could not remove {housekeeping.describe(c)}: {housekeeping.safe(why)}", err=True)
-    if not collected.removed and not collected.failed:
+    engines = Engines(host_names, all_hosts)
+    anything = False
+    for name, engine in engines.reached:
+        on = f" on host {name or 'local'}" if engines.several else ""
+        collected = housekeeping.gc(engine)
+        for c in collected.removed:
+            click.echo(f"removed {housekeeping.describe(c)}{on}: its owner is gone")
+        for c, why in collected.failed:
+            what = f"{housekeeping.describe(c)}{on}: {housekeeping.safe(why)}"
+            click.echo(f"pp-launch: error: could not remove {what}", err=True)
+        anything = anything or bool(collected.removed or collected.failed)
+        engines.failed = engines.failed or bool(collected.failed)
+    if not anything:
         click.echo("nothing to collect", err=True)
-    if collected.failed:
-        sys.exit(errors.EXIT_FAILURE)
+    engines.finish()

@@ -33,8 +33,13 @@ class Commands(click.Group):
         name = name or cmd.name
         if name != "node":
             cmd.params += [
-                click.Option(["-v", "--verbose"], count=True, expose_value=False, callback=_verbosity,
-                             help="Say more (-vv: every stage's state changes too)."),
+                click.Option(
+                    ["-v", "--verbose"],
+                    count=True,
+                    expose_value=False,
+                    callback=_verbosity,
+                    help="Say more (-vv: every stage's state changes too).",
+                ),
             ]
             if name != "ps":  # ps -q is docker's: run ids only
                 quiet = "Only errors and the result; no stage lines."

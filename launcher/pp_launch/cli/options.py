@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import os
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
@@ -13,7 +14,7 @@ import click
 
 from pp_launch.app import chain as launch
 from pp_launch.app import gpus as gpu_select
-from pp_launch.core import errors
+from pp_launch.core import errors, hosts
 from pp_launch.core import stage_env as stage_env_names
 from pp_launch.core.chain.plan import BUILTIN_IMAGE
 from pp_launch.core.stage_env import parse_assignment
@@ -94,10 +95,11 @@ def gpu_options(f: F) -> F:
         ),
         click.option(
             "--gpu-inventory",
-            type=click.Path(dir_okay=False),
+            multiple=True,
+            metavar="[HOST=]FILE",
             envvar=gpu_select.INVENTORY_ENV,
             help="Read the GPU inventory from this file (the format of 'pp-launch gpus --record'; "
-            "docs/formats.md) instead of NVML.",
+            "docs/formats.md) instead of NVML. HOST=FILE: for that --host only (repeatable), instead of its probe.",
         ),
         click.option(
             "--gpu-attach",
@@ -118,13 +120,15 @@ def gpu_options(f: F) -> F:
 
     @functools.wraps(f)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        plain, per_host = split_inventories(kwargs.pop("gpu_inventory"))
         kwargs["gpu"] = launch.GpuOptions(
             kwargs.pop("gpus"),
             kwargs.pop("gpus_per_stage"),
             kwargs.pop("gpu_attach"),
-            kwargs.pop("gpu_inventory"),
+            plain,
             kwargs.pop("allow_shared"),
             kwargs.pop("min_free_mem"),
+            per_host,
         )
         return f(*args, **kwargs)
 
@@ -132,6 +136,34 @@ def gpu_options(f: F) -> F:
     for d in reversed(decorators):
         command = d(command)
     return command  # type: ignore[no-any-return]
+
+
+def split_inventories(values: tuple[str, ...]) -> tuple[str | None, tuple[tuple[str, str], ...]]:
+    """--gpu-inventory values: FILE (the last one counts) and HOST=FILE (a host name has no '/', and an
+    existing file of that exact name is a file)."""
+    plain: str | None = None
+    per_host: list[tuple[str, str]] = []
+    for value in values:
+        host, sep, path = value.partition("=")
+        if sep and host and "/" not in host and path and not os.path.exists(value):
+            per_host.append((host, path))
+        else:
+            plain = value
+    return plain, tuple(per_host)
+
+
+def host_options(f: Any) -> Any:
+    """--host, repeatable (or a comma list, or PP_LAUNCH_HOSTS): Docker contexts or engine URLs."""
+    return click.option(
+        "--host",
+        "host_names",
+        multiple=True,
+        metavar="CONTEXT|URL",
+        envvar=hosts.HOSTS_ENV,
+        help="Run on these Docker engines, in ring order: a Docker context ('docker context ls') or an engine URL "
+        "(unix://, tcp://, ssh://USER@HOST:PORT). Repeat it or give a comma list (also PP_LAUNCH_HOSTS). "
+        "Default: the one engine of DOCKER_HOST.",
+    )(f)
 
 
 class Seconds(click.ParamType):  # type: ignore[type-arg]  # generic only in newer Click stubs

@@ -39,9 +39,7 @@ def stage_prefix(stage: int) -> str:
 
 
 class JsonReporter:
-    def __init__(
-        self, run_id: str, out: TextIO | None = None, err: TextIO | None = None, verbosity: int = 0
-    ) -> None:
+    def __init__(self, run_id: str, out: TextIO | None = None, err: TextIO | None = None, verbosity: int = 0) -> None:
         self.run_id = run_id
         self.verbosity = verbosity  # -1 (-q): events only, no stage lines
         self.out = out or sys.stdout

@@ -51,3 +51,8 @@ class EngineError(PpLaunchError):
 class EngineLost(EngineError):
     """The engine stopped answering mid-way (stopped, killed, frozen, restarted): a connection error or a
     timeout, never a refusal. What it held may still be there; the message says what to run when it is back."""
+
+
+class HostLost(EngineError):
+    """One host of a chain across hosts stopped answering. Not EngineLost: the chain's other hosts are still
+    asked (and torn down); what that host held is reported as possibly left, with the command to run later."""

@@ -14,6 +14,8 @@ RUN = "pp-launch.run"
 STAGE = "pp-launch.stage"
 OWNER = "pp-launch.owner"
 GPUS = "pp-launch.gpus"
+HOST = "pp-launch.host"  # the engine it runs on, as the launcher named it (--host; absent on one engine)
+HOSTS = "pp-launch.hosts"  # every host of its run, comma-separated in ring order (absent on one engine)
 
 OWNER_DETACHED = "detached"
 OWNER_COMPOSE_PREFIX = "compose:"
@@ -122,5 +124,10 @@ def run_selector(run_id: str | None = None) -> list[str]:
     return [RUN] if run_id is None else [f"{RUN}={run_id}"]
 
 
-def stage_labels(run_id: str, stage: int, owner: str, gpus: tuple[str, ...]) -> dict[str, str]:
-    return {RUN: run_id, STAGE: str(stage), OWNER: owner, GPUS: ",".join(gpus)}
+def stage_labels(
+    run_id: str, stage: int, owner: str, gpus: tuple[str, ...], host: str = "", hosts: tuple[str, ...] = ()
+) -> dict[str, str]:
+    out = {RUN: run_id, STAGE: str(stage), OWNER: owner, GPUS: ",".join(gpus)}
+    if hosts:
+        out.update({HOST: host, HOSTS: ",".join(hosts)})
+    return out

@@ -83,7 +83,7 @@ def _procs(lines: list[str], procs: tuple[GpuProcess, ...] | None) -> None:
 
 
 def _cuda_number(version: str) -> int | None:
-    """"13.0" -> 13000, as nvmlSystemGetCudaDriverVersion_v2 gives it (major*1000 + minor*10)."""
+    """ "13.0" -> 13000, as nvmlSystemGetCudaDriverVersion_v2 gives it (major*1000 + minor*10)."""
     major, _, minor = version.partition(".")
     try:
         return int(major) * 1000 + int(minor or 0) * 10

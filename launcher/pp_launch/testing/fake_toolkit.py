@@ -220,6 +220,8 @@ def write_cdi_spec(spec_dir: str | Path, inventory: GpuInventory, library: str |
         edits = {"mounts": [mount(parts[pos], f"{fake_nvml.CONTAINER_CONFIG}/{parts[pos].name}")]}
         devices.append({"name": str(gpu.index), "containerEdits": edits})
         devices.append({"name": gpu.uuid, "containerEdits": edits})
+    every = [mount(parts[pos], f"{fake_nvml.CONTAINER_CONFIG}/{parts[pos].name}") for pos in range(len(inventory.gpus))]
+    devices.append({"name": "all", "containerEdits": {"mounts": every}})  # as nvidia-ctk cdi generate names it
     spec = {
         "cdiVersion": "0.5.0",
         "kind": "nvidia.com/gpu",

@@ -11,7 +11,7 @@ from typing import Any
 from pp_launch.core import labels, stage_env
 from pp_launch.core.announce import StageAnnouncement
 from pp_launch.core.chain import handoff
-from pp_launch.core.gpu.allocator import PlacementCost, describe_level
+from pp_launch.core.gpu.allocator import HOST_LEVEL, PlacementCost, describe_level
 
 BUILTIN_IMAGE = "pp-launch/stub-worker:latest"
 
@@ -40,6 +40,11 @@ class StageSpec:
     command: tuple[str, ...] | None = None
     entrypoint: tuple[str, ...] | None = None  # None: the image's own
     mounts: tuple[Mount, ...] = ()
+    host: str = ""  # the engine it runs on, as the user named it (--host); "" for the one engine
+
+    def where(self) -> str:
+        """How messages name the stage: its container, and its host when the chain spans several."""
+        return f"{self.name} on host {self.host}" if self.host else self.name
 
     def launch_env(self, prev: StageAnnouncement | None, first: StageAnnouncement | None) -> dict[str, str]:
         env = dict(self.env)
@@ -60,6 +65,7 @@ class ChainPlan:
     cost: PlacementCost | None = None  # the allocator's cost of the GPU placement (None: none, or listed)
     handoff: str = "env"  # how later stages learn their peers (core/chain/handoff.py)
     parallel: bool = True  # bring-up: every container at once, or one after another
+    hosts: tuple[str, ...] = ()  # the engines of a chain across hosts, in ring order; () for the one engine
 
     def to_json(self) -> dict[str, Any]:
         """The dry-run document (contract §10)."""
@@ -81,14 +87,22 @@ class ChainPlan:
                     "entrypoint": list(s.entrypoint) if s.entrypoint is not None else None,
                     "init": True,
                     "auto_remove": True,
+                    **({"host": s.host} if self.hosts else {}),
                 }
             )
         doc: dict[str, Any] = {"run": self.run_id, "addr_timeout": self.addr_timeout, "grace": self.grace}
         doc["handoff"] = self.handoff
+        if self.hosts:
+            doc["hosts"] = list(self.hosts)
         doc["stages"] = stages
         if self.hop_levels:
             doc["hops"] = [
-                {"from": k, "to": (k + 1) % len(self.stages), "topology_level": lvl, "link": describe_level(lvl)}
+                {
+                    "from": k,
+                    "to": (k + 1) % len(self.stages),
+                    "topology_level": "host" if lvl is not None and lvl >= HOST_LEVEL else lvl,
+                    "link": describe_level(lvl),
+                }
                 for k, lvl in enumerate(self.hop_levels)
             ]
         if self.cost is not None:
@@ -131,7 +145,9 @@ def build_plan(
     run_id: str | None = None,
     hop_levels: tuple[int | None, ...] = (),
     cost: PlacementCost | None = None,
+    stage_hosts: tuple[str, ...] = (),
 ) -> ChainPlan:
+    """stage_hosts: each stage's host (a chain across hosts), () for the one engine."""
     run_id = run_id or new_run_id()
     prefix = request.name_prefix or f"pp-{run_id}"
     base = stage_env.forwarded(environ)
@@ -154,11 +170,14 @@ def build_plan(
                 name=f"{prefix}-{k}",
                 image=request.image,
                 env=env,
-                labels=labels.stage_labels(run_id, k, owner, gpus),
+                labels=labels.stage_labels(
+                    run_id, k, owner, gpus, stage_hosts[k] if stage_hosts else "", tuple(dict.fromkeys(stage_hosts))
+                ),
                 gpus=gpus,
                 device_requests=device_requests[k],
                 network=request.network,
                 entrypoint=request.entrypoint,
+                host=stage_hosts[k] if stage_hosts else "",
             )
         )
     return ChainPlan(
@@ -170,4 +189,5 @@ def build_plan(
         cost=cost,
         handoff=request.handoff,
         parallel=request.parallel,
+        hosts=tuple(dict.fromkeys(stage_hosts)),
     )

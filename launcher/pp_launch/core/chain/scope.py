@@ -308,7 +308,7 @@ class ChainScope:
                 bad, why = failed
                 k = bad.spec.index
                 code = why.exit_code if not any(s.started for s in self.stages) else errors.EXIT_FAILURE
-                return _End(code, "stage_failed", f"stage {k} ({bad.spec.name}) could not start: {why}", k)
+                return _End(code, "stage_failed", f"stage {k} ({bad.spec.where()}) could not start: {why}", k)
 
         first: StageAnnouncement | None = None
         prev: StageAnnouncement | None = None
@@ -344,7 +344,8 @@ class ChainScope:
             backend.deliver(st.ref, data)
         except (OSError, errors.PpLaunchError) as exc:
             k = st.spec.index
-            return _End(errors.EXIT_FAILURE, "stage_failed", f"stage {k} ({st.spec.name}): hand-off failed: {exc}", k)
+            msg = f"stage {k} ({st.spec.where()}): hand-off failed: {exc}"
+            return _End(errors.EXIT_FAILURE, "stage_failed", msg, k)
         if restart_clock:  # its worker starts now: --addr-timeout counts from here
             st.started_at = self.clock()
         return None
@@ -355,7 +356,7 @@ class ChainScope:
         return _End(
             errors.EXIT_FAILURE,
             "stage_failed",
-            f"stage {k} ({st.spec.name}) did not announce its address within {self.plan.addr_timeout:g} s "
+            f"stage {k} ({st.spec.where()}) did not announce its address within {self.plan.addr_timeout:g} s "
             f"(--addr-timeout); stages not announced: {missing}" + self._tail(st),
             k,
         )
@@ -373,7 +374,7 @@ class ChainScope:
         except errors.PpLaunchError as exc:
             # Before any container of ours started, a configuration error (a name held by someone) is exit 2.
             code = exc.exit_code if not any(s.started for s in self.stages) else errors.EXIT_FAILURE
-            return _End(code, "stage_failed", f"stage {k} ({spec.name}) could not start: {exc}", k)
+            return _End(code, "stage_failed", f"stage {k} ({spec.where()}) could not start: {exc}", k)
         self.reporter.event(events.StageStarted(stage=k, container=spec.name, image=spec.image, gpus=spec.gpus))
         deadline = st.started_at + self.plan.addr_timeout
         end = self._pump(lambda: st.announcement is not None, deadline)
@@ -429,14 +430,14 @@ class ChainScope:
         if event.partial:  # longer than the line limit: never handed on, even cut to its first piece
             if event.data.lstrip(b" \t").startswith(PREFIX.encode()):
                 k = st.spec.index
-                msg = f"stage {k} ({st.spec.name}): an announcement longer than the line limit was rejected"
+                msg = f"stage {k} ({st.spec.where()}): an announcement longer than the line limit was rejected"
                 return _End(errors.EXIT_FAILURE, "stage_failed", msg, k)
             return None
         try:
             announcement = parse_line(event.data.decode("utf-8", errors="backslashreplace"))
         except AnnouncementError as exc:
             k = st.spec.index
-            return _End(errors.EXIT_FAILURE, "stage_failed", f"stage {k} ({st.spec.name}): {exc}", k)
+            return _End(errors.EXIT_FAILURE, "stage_failed", f"stage {k} ({st.spec.where()}): {exc}", k)
         if announcement is not None:
             st.announcement = announcement
             elapsed = round(self.clock() - st.started_at, 3)
@@ -472,10 +473,10 @@ class ChainScope:
         if reason is why.FAILED:
             code = "unknown" if event.exit_code is None else str(event.exit_code)
             detail = f" ({event.detail})" if event.detail else ""
-            msg = f"stage {k} ({st.spec.name}) exited with code {code}{detail}" + self._tail(st)
+            msg = f"stage {k} ({st.spec.where()}) exited with code {code}{detail}" + self._tail(st)
             return _End(errors.EXIT_FAILURE, "stage_failed", msg, k)
         if reason is why.DIED_EARLY:
-            msg = f"stage {k} ({st.spec.name}) exited with code 0 before announcing its address" + self._tail(st)
+            msg = f"stage {k} ({st.spec.where()}) exited with code 0 before announcing its address" + self._tail(st)
             return _End(errors.EXIT_FAILURE, "stage_failed", msg, k)
         return None
 

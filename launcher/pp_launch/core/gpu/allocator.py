@@ -19,6 +19,7 @@ from pp_launch.core import errors
 from pp_launch.core.gpu.inventory import GpuInventory, GpuProcess
 
 SAME = 0
+HOST_LEVEL = 1000  # a hop between two hosts (core/hosts.py): farther than any link inside one
 UNKNOWN = 0  # no topology: every pair is as close as any other, bus id decides
 
 
@@ -112,6 +113,8 @@ def describe_level(level: int | None) -> str:
         return "no GPUs (CPU stages)"
     if level == SAME:
         return "the same GPU, or no topology known"
+    if level >= HOST_LEVEL:
+        return "host: across hosts, over the network"
     if 1 <= level <= 8:
         links = 9 - level
         return f"NVLink, {links} link{'s' if links > 1 else ''}" + (" or more" if links == 8 else "")
@@ -130,6 +133,11 @@ def _matches(token: str, unit: Unit, inventory: GpuInventory) -> bool:
     if token.isdigit():
         return inventory.gpus[unit.gpu_pos].index == int(token)
     return unit.uuid == token or (token.startswith("GPU-") and inventory.gpus[unit.gpu_pos].uuid == token)
+
+
+def free_units(inventory: GpuInventory, request: AllocationRequest, holdings: Mapping[str, Holding]) -> int:
+    """How many units (GPUs, or MIG slices) `request` could be given now: what a host can take."""
+    return sum(1 for unit in units(inventory) if _why_not(unit, inventory, request, holdings) is None)
 
 
 def allocate(inventory: GpuInventory, request: AllocationRequest, holdings: Mapping[str, Holding]) -> Placement:

@@ -1,0 +1,229 @@
+"""Chains across hosts: reach and check every host's engine, and learn each host's GPUs through it.
+
+No code of ours is installed on a host: the Docker API is the only channel. A host's GPUs are read by a
+short-lived probe container (labelled, `--rm`, no network) of the chain's image, with every GPU attached as
+the NVIDIA toolkit attaches them (`--gpus all`, CDI `nvidia.com/gpu=all`, or NVIDIA_VISIBLE_DEVICES=all);
+inside it, our NVML reader (adapters/nvml.py with nvidia-ml-py's pynvml.py, copied in with the create call's
+archive) prints the inventory of contract §7. The GPUs held there are read from that engine's labels.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pp_launch.adapters.docker_engine import Engine, connect
+from pp_launch.app import gpus as gpu_select
+from pp_launch.core import errors, labels
+from pp_launch.core.chain.plan import BUILTIN_IMAGE
+from pp_launch.core.gpu.inventory import GpuInventory
+from pp_launch.core.gpu.requests import gpu_request
+
+MIN_API = (1, 40)  # DeviceRequests (--gpus) came with API 1.40 (Docker 19.03)
+PROBE_DIR = "pp-probe"
+PROBE_MODULES = (
+    "pp_launch/__init__.py",
+    "pp_launch/core/__init__.py",
+    "pp_launch/core/errors.py",
+    "pp_launch/core/gpu/__init__.py",
+    "pp_launch/core/gpu/inventory.py",
+    "pp_launch/adapters/__init__.py",
+    "pp_launch/adapters/nvml.py",
+)
+PROBE_BOOT = f"""
+import json, sys
+sys.path.insert(0, "/tmp/{PROBE_DIR}")
+from pp_launch.adapters import nvml
+try:
+    doc = {{"inventory": nvml.read_inventory().to_json()}}
+except nvml.NvmlUnavailable as exc:
+    doc = {{"note": str(exc)}}
+print(json.dumps(doc))
+"""
+
+
+@dataclass
+class Host:
+    """One engine of a chain across hosts, reached and checked."""
+
+    name: str  # as the user named it (--host)
+    engine: Engine
+    engine_id: str
+    api_version: str
+
+
+def load_hint(host: str, image: str) -> str:
+    """How a user copies an image onto a host (pp-launch never pulls)."""
+    target = f"--context {host}" if "://" not in host else f"-H {host}"
+    return f"docker save {image} | docker {target} load"
+
+
+def connect_all(names: Sequence[str], timeout: float | None = None) -> list[Host]:
+    """Reach every host at once. EngineUnavailable (exit 2) names each one that does not answer; ConfigError
+    when two names reach one engine (stages would share its GPUs' lock under two names)."""
+
+    def reach(name: str) -> Host | errors.PpLaunchError:
+        try:
+            engine = connect(timeout, host=name)
+            engine_id, api = engine.identity()
+        except errors.PpLaunchError as exc:
+            return exc
+        return Host(name, engine, engine_id, api)
+
+    with ThreadPoolExecutor(max_workers=min(len(names), 16) or 1, thread_name_prefix="host-connect") as pool:
+        reached = list(pool.map(reach, names))
+    failures = [str(r) for r in reached if isinstance(r, errors.PpLaunchError)]
+    hosts = [r for r in reached if isinstance(r, Host)]
+    if failures:
+        close_all(hosts)
+        raise errors.EngineUnavailable("; ".join(failures))
+    old = [h for h in hosts if _api(h.api_version) < MIN_API]
+    seen: dict[str, str] = {}
+    for h in hosts:
+        if h.engine_id and h.engine_id in seen:
+            close_all(hosts)
+            raise errors.ConfigError(
+                f"--host {seen[h.engine_id]} and --host {h.name} reach the same Docker engine "
+                f"(id {h.engine_id[:12]}): name each host once"
+            )
+        seen[h.engine_id] = h.name
+    if old:
+        close_all(hosts)
+        named = ", ".join(f"{h.name} (API {h.api_version})" for h in old)
+        raise errors.EngineUnavailable(f"hosts with a Docker engine older than API 1.40 (Docker 19.03): {named}")
+    return hosts
+
+
+def close_all(hosts: Sequence[Host]) -> None:
+    for h in hosts:
+        h.engine.close()
+
+
+def _api(version: str) -> tuple[int, int]:
+    major, _, minor = version.partition(".")
+    return (int(major), int(minor)) if major.isdigit() and minor.isdigit() else (0, 0)
+
+
+def check_image(hosts: Sequence[Host], image: str) -> None:
+    """The image is on every host with one id (the same bits everywhere); never pulled. ImageMissing (exit 2)
+    names each host without it and how to load it there."""
+    ids = {h.name: h.engine.image_id(image) for h in hosts}
+    missing = [name for name, found in ids.items() if found is None]
+    if missing:
+        how = "; ".join(f"{name}: {load_hint(name, image)}" for name in missing)
+        build = " (or 'pp-launch images build' with DOCKER_HOST set to that engine)" if image == BUILTIN_IMAGE else ""
+        raise errors.ImageMissing(
+            f"image {image} is not present on host{'s' if len(missing) > 1 else ''} {', '.join(missing)}, and "
+            f"pp-launch never pulls. Load it there: {how}{build}"
+        )
+    if len(set(ids.values())) > 1:
+        listed = ", ".join(f"{name}: {str(found)[:19]}" for name, found in ids.items())
+        raise errors.ConfigError(
+            f"image {image} differs between hosts ({listed}): every stage must run the same image. Copy one "
+            f"build to every host ({load_hint('HOST', image)})"
+        )
+
+
+def probe_files() -> dict[str, bytes]:
+    """What the probe needs inside the container: our NVML reader, its imports, and nvidia-ml-py's pynvml."""
+    package = Path(__file__).resolve().parents[2]  # the folder that holds pp_launch/
+    files = {f"{PROBE_DIR}/{rel}": (package / rel).read_bytes() for rel in PROBE_MODULES}
+    spec = importlib.util.find_spec("pynvml")
+    if spec is None or spec.origin is None:
+        raise errors.ConfigError("the nvidia-ml-py package is not installed: the GPU probe needs its pynvml.py")
+    files[f"{PROBE_DIR}/pynvml.py"] = Path(spec.origin).read_bytes()
+    return files
+
+
+def probe_requests(attach: str) -> tuple[list[Mapping[str, Any]], dict[str, str]]:
+    """Every GPU of the host, attached the way the chain's stages will be (--gpu-attach)."""
+    env = {"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "utility"}
+    if attach == "env":
+        return [], env
+    if attach == "cdi":
+        cdi = {"Driver": "cdi", "Count": 0, "DeviceIDs": ["nvidia.com/gpu=all"], "Capabilities": [], "Options": {}}
+        return [cdi], env
+    request = gpu_request(count=-1)
+    request["Capabilities"] = [["gpu", "utility"]]
+    return [request], env
+
+
+def probe_inventory(host: Host, image: str, attach: str, run_id: str, owner: str) -> GpuInventory:
+    """The host's GPUs as NVML shows them inside a container given all of them. A host without the NVIDIA
+    toolkit, or without GPUs, gives an empty inventory with the reason in `note` (its stages run on CPU)."""
+    requests, env = probe_requests(attach)
+    probe_labels = {labels.RUN: run_id, labels.STAGE: "probe", labels.OWNER: owner, labels.GPUS: ""}
+    try:
+        code, out, err = host.engine.run_helper(
+            image, ["python3", "-c", PROBE_BOOT], probe_files(), probe_labels, env, requests
+        )
+    except errors.EngineLost:
+        raise
+    except errors.EngineError as exc:
+        return GpuInventory(note=f"host {host.name}: no GPU can be attached there ({exc})")
+    last = out.decode("utf-8", "replace").strip().splitlines()[-1:] or [""]
+    try:
+        doc = json.loads(last[0])
+    except json.JSONDecodeError:
+        doc = None
+    if code != 0 or not isinstance(doc, dict):
+        why = err.decode("utf-8", "replace").strip().splitlines()[-1:] or [f"exit code {code}"]
+        raise errors.ConfigError(
+            f"host {host.name}: the GPU probe (python3 in image {image}) failed: {why[0]}. Give that host's "
+            f"inventory instead: run 'pp-launch gpus --record FILE' there and pass --gpu-inventory {host.name}=FILE"
+        )
+    if "inventory" in doc:
+        return GpuInventory.from_json(doc["inventory"], source=f"host {host.name}")
+    return GpuInventory(note=f"host {host.name}: {doc.get('note', 'no GPU')}")
+
+
+def live_gpu_labels(engine: Engine) -> list[Mapping[str, str]]:
+    """Labels of every existing pp-launch container that holds GPUs (exited ones hold nothing)."""
+    return [
+        c.labels
+        for c in engine.containers([labels.GPUS])
+        if c.state not in ("exited", "dead") and c.labels.get(labels.GPUS)
+    ]
+
+
+def parse_inventory_overrides(values: Sequence[str], hosts: Sequence[str]) -> tuple[str | None, dict[str, str]]:
+    """--gpu-inventory values: FILE (every host, or the one engine) or HOST=FILE (that host)."""
+    plain: str | None = None
+    per_host: dict[str, str] = {}
+    for value in values:
+        name, sep, path = value.partition("=")
+        if sep and name in hosts:
+            per_host[name] = path
+        elif sep and hosts and not Path(value).exists():
+            raise errors.ConfigError(
+                f"--gpu-inventory {value}: {name} is not one of the hosts ({', '.join(hosts)}); use HOST=FILE"
+            )
+        else:
+            plain = value
+    return plain, per_host
+
+
+def host_gpus(
+    hosts: Sequence[Host],
+    image: str,
+    attach: str,
+    run_id: str,
+    owner: str,
+    overrides: Mapping[str, str],
+    every: str | None = None,
+) -> list[gpu_select.HostGpus]:
+    """Each host's inventory (a file where one is given, else its probe; all probes at once) and holdings."""
+
+    def one(h: Host) -> gpu_select.HostGpus:
+        path = overrides.get(h.name) or every
+        inventory = GpuInventory.load(path) if path else probe_inventory(h, image, attach, run_id, owner)
+        engine = h.engine
+        return gpu_select.HostGpus(h.name, inventory, lambda: live_gpu_labels(engine))
+
+    with ThreadPoolExecutor(max_workers=min(len(hosts), 16) or 1, thread_name_prefix="host-probe") as pool:
+        return list(pool.map(one, hosts))
