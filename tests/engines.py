@@ -4,7 +4,9 @@ Each is a second dockerd with its own socket, data root, exec root and pidfile, 
 folder of its own under /tmp, and in a network namespace of its own (loopback up): dockerd started with
 `--bridge none` deletes the host's `docker0` (moby's configureNetworking calls removeDefaultBridgeInterface),
 which would break the main engine's default network. Its stages' host network is that namespace, so stages of
-one side engine reach each other on 127.0.0.1, as on the main engine. Images are copied in from the main engine
+one side engine reach each other on 127.0.0.1, as on the main engine. With `netns_of`, it joins another side
+engine's namespace instead: two "hosts" whose stages reach each other on 127.0.0.1 (chains across
+hosts). Images are copied in from the main engine
 with `docker save | docker load`. `close()` leaves nothing: no dockerd, containerd or shim of it, no mount
 under its folder, not the folder.
 """
@@ -28,6 +30,7 @@ class SideEngine:
         dockerd: str = "dockerd",
         extra_args: tuple[str, ...] = (),
         path_prefix: str = "",
+        netns_of: SideEngine | None = None,
     ) -> None:
         self.root = Path(f"/tmp/pp-engine-{name}-{uuid.uuid4().hex[:8]}")
         self.sock = self.root / "docker.sock"
@@ -37,6 +40,7 @@ class SideEngine:
         self.path_prefix = path_prefix  # put first on dockerd's PATH (the fake toolkit's hook, another runc)
         self.proc: subprocess.Popen[bytes] | None = None
         self.frozen = False
+        self.netns_of = netns_of  # share that engine's network namespace (its stages reach ours on 127.0.0.1)
 
     # ------------------------------------------------------------------------------------------ life
     def start(self, timeout: float = 60.0) -> float:
@@ -44,9 +48,14 @@ class SideEngine:
         self.root.mkdir(parents=True, exist_ok=True)
         t0 = time.monotonic()
         log = open(self.root / "dockerd.log", "ab")  # noqa: SIM115  (the engine writes it while it runs)
+        if self.netns_of is not None:
+            assert self.netns_of.proc is not None
+            netns = ["nsenter", f"--net=/proc/{self.netns_of.proc.pid}/ns/net", "--"]
+        else:
+            netns = ["unshare", "--net", "--"]
         self.proc = subprocess.Popen(
             [
-                "unshare", "--net", "--",
+                *netns,
                 "sh", "-c", 'ip link set lo up && exec "$@"', "side-engine",
                 self.dockerd,
                 "-H", self.host,

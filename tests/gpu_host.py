@@ -31,7 +31,7 @@ DOCKER26 = Path(os.environ.get("PP_DOCKER26_DIR", "/opt/pp-launch/docker26"))
 
 
 class FakeGpuHost:
-    def __init__(self, inventory: Path = DATA / "nvlink-8gpu.json") -> None:
+    def __init__(self, inventory: Path = DATA / "nvlink-8gpu.json", netns_of: SideEngine | None = None) -> None:
         self.root = Path(tempfile.mkdtemp(prefix="pp-gpu-host-"))
         self.inventory_path = self.root / "inventory.json"
         shutil.copyfile(inventory, self.inventory_path)
@@ -44,6 +44,7 @@ class FakeGpuHost:
         self.engines: dict[str, SideEngine] = {}
         self.start_seconds: dict[str, float] = {}
         self.images: tuple[str, ...] = ()
+        self.netns_of = netns_of  # the request engine joins that engine's network namespace
 
     # ------------------------------------------------------------------------------------------ engines
     def engine(self, mode: str) -> SideEngine:
@@ -54,7 +55,7 @@ class FakeGpuHost:
     def _start(self, mode: str) -> SideEngine:
         runtime = str(self.bin / fake_toolkit.RUNTIME)
         if mode == "request":
-            side = SideEngine("gpu-request", path_prefix=str(self.bin))
+            side = SideEngine("gpu-request", path_prefix=str(self.bin), netns_of=self.netns_of)
         elif mode == "env":
             args = ("--add-runtime", f"nvidia={runtime}", "--default-runtime", "nvidia")
             side = SideEngine("gpu-env", path_prefix=str(self.bin), extra_args=args)

@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import docker
@@ -110,30 +111,57 @@ def connect(timeout: float | None = None, host: str | None = None) -> Engine:
     return Engine(client, timeout)
 
 
+@dataclass(frozen=True)
+class _Context:
+    url: str
+    tls: Any  # docker.tls.TLSConfig, or False
+
+
+def _context(host: str) -> _Context:
+    """A Docker context as the docker CLI stores it: DOCKER_CONFIG (else ~/.docker)/contexts/meta/<sha256 of the
+    name>/meta.json for the endpoint, contexts/tls/<same>/docker/{ca,cert,key}.pem for its TLS material."""
+    if "://" in host:
+        return _Context(host, False)
+    if host == "default":
+        return _Context(engine_address(), False)
+    import hashlib
+
+    config = Path(os.environ.get("DOCKER_CONFIG") or Path.home() / ".docker")
+    digest = hashlib.sha256(host.encode()).hexdigest()
+    try:
+        meta = json.loads((config / "contexts" / "meta" / digest / "meta.json").read_text())
+        endpoint = meta["Endpoints"]["docker"]
+        url = str(endpoint["Host"])
+    except (OSError, ValueError, KeyError, TypeError):
+        raise errors.EngineUnavailable(
+            f"host {host}: no Docker context of that name in {config}/contexts ('docker context ls' lists them; "
+            f"'docker context create {host} --docker host=ssh://USER@HOST:PORT' makes one), and it is not an "
+            "engine URL (unix://, tcp://, ssh://)"
+        ) from None
+    tls_dir = config / "contexts" / "tls" / digest / "docker"
+    tls: Any = False
+    if tls_dir.is_dir() or url.startswith("https://"):
+        import docker.tls
+
+        files = {name: tls_dir / f"{name}.pem" for name in ("ca", "cert", "key")}
+        present = {name: str(path) for name, path in files.items() if path.exists()}
+        cert = (present["cert"], present["key"]) if "cert" in present and "key" in present else None
+        tls = docker.tls.TLSConfig(
+            client_cert=cert, ca_cert=present.get("ca"), verify=not endpoint.get("SkipTLSVerify", False)
+        )
+        url = url.replace("tcp://", "https://", 1)
+    return _Context(url, tls)
+
+
 def host_url(host: str) -> str:
     """The engine URL of a --host value: a URL as given, a context's endpoint as the docker CLI resolves it
     (DOCKER_CONFIG, else ~/.docker). EngineUnavailable for a context that does not exist."""
-    if "://" in host:
-        return host
-    if host == "default":
-        return engine_address()
-    context = docker.ContextAPI.get_context(host)
-    if context is None:
-        where = os.environ.get("DOCKER_CONFIG", "~/.docker")
-        raise errors.EngineUnavailable(
-            f"host {host}: no Docker context of that name in {where}/contexts ('docker context ls' lists them; "
-            f"'docker context create {host} --docker host=ssh://USER@HOST:PORT' makes one), and it is not an "
-            "engine URL (unix://, tcp://, ssh://)"
-        )
-    return str(context.Host or engine_address())
+    return _context(host).url
 
 
 def _host_client(host: str, timeout: float) -> docker.DockerClient:
-    url = host_url(host)
-    tls: Any = False
-    if "://" not in host and host != "default":
-        context = docker.ContextAPI.get_context(host)
-        tls = (context.TLSConfig if context is not None else None) or False
+    context = _context(host)
+    url, tls = context.url, context.tls
     where = host if url == host else f"{host} ({url})"
     try:
         client = docker.DockerClient(base_url=url, tls=tls, timeout=max(1, int(timeout)), use_ssh_client=False)
@@ -192,13 +220,15 @@ class Engine:
         self.api: Any = _Guarded(client.api, self.address)
 
     def identity(self) -> tuple[str, str]:
-        """(engine id, API version): the id tells two names of one engine apart from two engines."""
+        """(identity, API version). The identity tells two names of one engine from two engines: the engine's
+        id with its host name and data root (engines of one machine, and cloned machines, can share an id)."""
         try:
             info = self.api.info()
             version = self.api.version()
         except docker.errors.APIError as exc:
             raise errors.EngineError(f"the engine at {self.address} does not say what it is: {_reason(exc)}") from None
-        return str(info.get("ID", "")), str(version.get("ApiVersion", ""))
+        identity = "|".join(str(info.get(k, "")) for k in ("ID", "Name", "DockerRootDir"))
+        return identity, str(version.get("ApiVersion", ""))
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
@@ -363,8 +393,9 @@ class Engine:
         if device_requests:
             host_config["DeviceRequests"] = [dict(r) for r in device_requests]
         config = self.api.create_container_config(
-            image=image, entrypoint=argv, environment=dict(env), labels=dict(labels), host_config=host_config
-        )
+            image=image, command=None, entrypoint=argv, environment=dict(env), labels=dict(labels),
+            host_config=host_config,
+        )  # fmt: skip
         try:
             ref = str(self.api.create_container_from_config(config, None)["Id"])
         except docker.errors.ImageNotFound:

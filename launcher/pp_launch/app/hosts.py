@@ -89,7 +89,7 @@ def connect_all(names: Sequence[str], timeout: float | None = None) -> list[Host
             close_all(hosts)
             raise errors.ConfigError(
                 f"--host {seen[h.engine_id]} and --host {h.name} reach the same Docker engine "
-                f"(id {h.engine_id[:12]}): name each host once"
+                f"(data root {h.engine_id.rsplit('|', 1)[-1]}): name each host once"
             )
         seen[h.engine_id] = h.name
     if old:
