@@ -222,5 +222,5 @@ def test_contexts_are_read_where_the_docker_cli_writes_them(tmp_path: Path, monk
     assert docker_engine.host_url("gpu2") == "ssh://ops@gpu2:2222"
     assert docker_engine.host_url("gpu3") == "https://gpu3:2376"
     assert docker_engine.host_url("unix:///run/x.sock") == "unix:///run/x.sock"
-    with pytest.raises(errors.EngineUnavailable, match="no Docker context of that name.*docker context ls"):
+    with pytest.raises(errors.EngineUnavailable, match=r"no Docker context of that name.*docker context ls"):
         docker_engine.host_url("nosuch")
