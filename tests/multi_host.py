@@ -110,7 +110,7 @@ class Sshd:
                 self.proc.wait()
 
 
-class Testbed:
+class ThreeHosts:
     def __init__(self, images: tuple[str, ...]) -> None:
         self.root = Path(tempfile.mkdtemp(prefix="pp-hosts-"))
         self.home = self.root / "home"

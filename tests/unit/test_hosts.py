@@ -16,11 +16,12 @@ from pp_launch.adapters.multi_host import MultiHostBackend
 from pp_launch.app import gpus as gpu_select
 from pp_launch.core import errors, hosts, labels
 from pp_launch.core.chain.plan import ChainRequest, build_plan
-from pp_launch.core.chain.ports import StopRequested
+from pp_launch.core.chain.ports import StageGone, StopRequested
 from pp_launch.core.chain.scope import ChainScope
 from pp_launch.core.gpu.allocator import HOST_LEVEL
 from pp_launch.core.gpu.inventory import GpuInventory
 
+from ..helpers import wait_until
 from .fakes import FakeClock, FakeHandoffBackend, FakeInbox, RecordingReporter
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -153,14 +154,14 @@ def test_the_dry_run_shows_each_stage_host_and_host_hops() -> None:
 
 
 # ---------------------------------------------------------------------------------------------------- backend
-def across(n: int, lost_after_start: str | None = None) -> tuple[ChainScope, dict[str, FakeHandoffBackend], Any]:
+def across(n: int, check: Any = lambda host: None) -> tuple[ChainScope, dict[str, FakeHandoffBackend], Any]:
     where = ["a"] * (n // 2) + ["b"] * (n - n // 2)
     plan = build_plan(ChainRequest(stages=n, addr_timeout=5.0, grace=2.0), {}, "h:1:2", [()] * n, [()] * n,
                       "abcdef012345", stage_hosts=tuple(where))  # fmt: skip
     clock = FakeClock()
     inbox = FakeInbox(clock)
     fakes = {"a": FakeHandoffBackend(inbox=inbox), "b": FakeHandoffBackend(inbox=inbox)}
-    backend = MultiHostBackend(fakes)  # type: ignore[arg-type]  # the fakes stand in for DockerStageBackend
+    backend = MultiHostBackend(fakes, check, heartbeat=0)  # type: ignore[arg-type]  # fakes for DockerStageBackend
     scope = ChainScope(plan, backend, inbox, RecordingReporter(), clock=clock)
     return scope, fakes, backend
 
@@ -200,6 +201,37 @@ def test_a_lost_host_is_reported_with_what_may_be_left_and_the_others_are_still_
     assert "host a" in outcome.message
     a_calls_after_loss = [c for c in fakes["a"].calls if c[0] in ("kill", "remove")]
     assert len(a_calls_after_loss) <= 2, "a lost host is not asked again for every stage"
+
+
+def two_stages(check: Any, heartbeat: float = 0) -> tuple[MultiHostBackend, dict[str, FakeHandoffBackend], list[Any]]:
+    fakes = {"a": FakeHandoffBackend(), "b": FakeHandoffBackend()}
+    backend = MultiHostBackend(fakes, check, heartbeat=heartbeat)  # type: ignore[arg-type]
+    got: list[Any] = []
+    plan = build_plan(ChainRequest(stages=2), {}, "h:1:2", [(), ()], [(), ()], "abcdef012345", stage_hosts=("a", "b"))
+    for k, spec in enumerate(plan.stages):
+        backend.start(backend.create(spec, {}), k, got.append)
+    return backend, fakes, got
+
+
+def test_a_stage_that_ends_on_a_host_that_no_longer_answers_is_lost_not_exited() -> None:
+    """An engine that is stopping stops its containers first: they may exit 0. A fresh connection then fails."""
+    backend, fakes, got = two_stages(lambda host: "refused" if host == "b" else None)
+    fakes["a"]._gone("pp-abcdef012345-0", 0)
+    fakes["b"]._gone("pp-abcdef012345-1", 0)
+    gone = [(e.stage, e.exit_code, e.detail) for e in got if isinstance(e, StageGone)]
+    assert gone == [(0, 0, ""), (1, None, "lost the connection to host b (refused)")]
+    assert set(backend.lost) == {"b"}
+
+
+def test_the_heartbeat_ends_the_stages_of_a_host_that_stops_answering() -> None:
+    answering = {"a": True, "b": True}
+    backend, _, got = two_stages(lambda h: None if answering[h] else "timed out", heartbeat=0.01)
+    answering["b"] = False
+    assert wait_until(lambda: any(isinstance(e, StageGone) for e in got), 5)
+    gone = [e for e in got if isinstance(e, StageGone)]
+    assert [(e.stage, e.exit_code) for e in gone] == [(1, None)]
+    assert "host b (timed out)" in gone[0].detail
+    backend.tearing_down()
 
 
 # ---------------------------------------------------------------------------------------------------- contexts

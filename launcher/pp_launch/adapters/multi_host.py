@@ -7,16 +7,23 @@ host's own connection: a launcher that dies, or an SSH session that drops, close
 A host that stops answering is that host's problem alone: it is marked lost and asked nothing more (each call
 would wait out its timeout), while the other hosts are torn down as usual. What was created there and never
 seen gone is reported as possibly left, with the `down` command to run when the host is back.
+
+How a lost host is noticed: a call to it fails; a stage's wait on it breaks (no exit code); a stage there ends
+and a fresh connection to its engine then fails (an engine that is stopping stops its containers first, and
+they may exit 0); or the heartbeat, a fresh connection to each host every PP_HOST_HEARTBEAT seconds (5), fails
+(a network that drops packets without a reset). Each of these ends that host's stages with "lost the
+connection to host H", which fails the chain.
 """
 
 from __future__ import annotations
 
+import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from pp_launch.adapters.docker_engine import DockerStageBackend
+from pp_launch.adapters.docker_engine import DockerStageBackend, connect
 from pp_launch.core import errors
 from pp_launch.core.chain.plan import StageSpec
 from pp_launch.core.chain.ports import Sink, StageGone
@@ -24,13 +31,33 @@ from pp_launch.core.chain.ports import Sink, StageGone
 HostLost = errors.HostLost
 
 
+def answers(host: str) -> str | None:
+    """None when the host's engine answers a fresh connection (as a stopping engine no longer does), else why."""
+    try:
+        engine = connect(timeout=5, host=host)
+    except errors.PpLaunchError as exc:
+        return str(exc)
+    engine.close()
+    return None
+
+
 class MultiHostBackend:
-    def __init__(self, backends: Mapping[str, DockerStageBackend]) -> None:
+    def __init__(
+        self,
+        backends: Mapping[str, DockerStageBackend],
+        check: Callable[[str], str | None] = answers,
+        heartbeat: float | None = None,
+    ) -> None:
         self.backends = dict(backends)
         self._host_of: dict[str, str] = {}
         self._gone: set[str] = set()
+        self._sinks: dict[str, tuple[int, Sink]] = {}
         self.lost: dict[str, errors.EngineLost] = {}
         self._lock = threading.Lock()
+        self._check = check
+        self._heartbeat = float(os.environ.get("PP_HOST_HEARTBEAT", "5")) if heartbeat is None else heartbeat
+        self._stopping = threading.Event()
+        self._beating = False
 
     # ------------------------------------------------------------------------------ dispatch
     def _call(self, host: str, what: str, fn: Any, *args: Any) -> Any:
@@ -57,27 +84,61 @@ class MultiHostBackend:
         self._host_of[ref] = spec.host
         return ref
 
-    def _sink(self, ref: str, host: str, sink: Sink) -> Sink:
+    def _sink(self, ref: str, host: str, stage: int, sink: Sink) -> Sink:
         """Marks the stage gone, and says which host when the engine's wait broke (no exit code: the
-        connection to that host ended, not the stage)."""
+        connection to that host ended, not the stage), or when the host no longer answers after the stage
+        ended (its engine stopped it)."""
+        self._sinks[ref] = (stage, sink)
 
         def put(event: Any) -> None:
             if isinstance(event, StageGone):
-                self._gone.add(ref)
+                with self._lock:
+                    if ref in self._gone:
+                        return  # already ended for it (its host was lost)
+                    self._gone.add(ref)
                 if event.exit_code is None:
                     why = f": {event.detail}" if event.detail else ""
                     event = StageGone(event.stage, None, f"lost the connection to host {host}{why}")
+                elif not self._stopping.is_set() and (reason := self._check(host)) is not None:
+                    self._mark_lost(host, reason)
+                    event = StageGone(event.stage, None, f"lost the connection to host {host} ({reason})")
             sink(event)
 
         return put
 
+    def _mark_lost(self, host: str, why: str) -> None:
+        with self._lock:
+            self.lost.setdefault(host, errors.EngineLost(why))
+
+    def _end_host(self, host: str, why: str) -> None:
+        """The host is lost: each of its stages not yet gone ends now, as far as the chain knows."""
+        self._mark_lost(host, why)
+        for ref, (stage, sink) in list(self._sinks.items()):
+            with self._lock:
+                if self._host_of.get(ref) != host or ref in self._gone:
+                    continue
+                self._gone.add(ref)
+            sink(StageGone(stage, None, f"lost the connection to host {host} ({why})"))
+
+    def _beat(self) -> None:
+        while not self._stopping.wait(self._heartbeat):
+            for host in self.backends:
+                if host in self.lost or self._stopping.is_set():
+                    continue
+                why = self._check(host)
+                if why is not None and not self._stopping.is_set():
+                    self._end_host(host, why)
+
     def start(self, ref: str, stage: int, sink: Sink) -> None:
         host, backend = self._on(ref)
-        self._call(host, "start", backend.start, ref, stage, self._sink(ref, host, sink))
+        if not self._beating and self._heartbeat > 0:
+            self._beating = True
+            threading.Thread(target=self._beat, daemon=True, name="host-heartbeat").start()
+        self._call(host, "start", backend.start, ref, stage, self._sink(ref, host, stage, sink))
 
     def watch(self, ref: str, stage: int, sink: Sink) -> None:
         host, backend = self._on(ref)
-        self._call(host, "watch", backend.watch, ref, stage, self._sink(ref, host, sink))
+        self._call(host, "watch", backend.watch, ref, stage, self._sink(ref, host, stage, sink))
 
     def deliver(self, ref: str, data: bytes) -> None:
         host, backend = self._on(ref)
@@ -98,6 +159,7 @@ class MultiHostBackend:
         self._call(host, "remove", backend.remove, ref)
 
     def tearing_down(self) -> None:
+        self._stopping.set()
         for backend in self.backends.values():
             backend.tearing_down()
 

@@ -1,0 +1,227 @@
+"""Chains across hosts (issue 16) on three engines of this machine (tests/multi_host.py): `local` (the suite's
+engine, no GPU), `gpu-a` (4 fake GPUs, named by a Docker context) and `gpu-b` (8 fake GPUs, reached over
+ssh://root@127.0.0.1:PORT through an sshd of the test's own). Stages of a and b share a network namespace and
+reach each other on 127.0.0.1, as stages of two real hosts reach each other over the network."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from ..helpers import Launcher, remember_run, spawn, wait_until
+from ..multi_host import ThreeHosts
+
+pytestmark = pytest.mark.docker
+
+
+@pytest.fixture(scope="module")
+def bed(stub_image: str) -> Iterator[ThreeHosts]:
+    testbed = ThreeHosts((stub_image,))
+    try:
+        yield testbed
+    finally:
+        left = testbed.close()
+        if left:
+            pytest.fail(f"the hosts testbed left {left}", pytrace=False)
+
+
+@pytest.fixture
+def clean(bed: ThreeHosts) -> Iterator[ThreeHosts]:
+    """Each test starts and ends with no container of ours on any of the three engines."""
+    assert bed.ours() == {"local": [], "a": [], "b": []}
+    yield bed
+    left = bed.ours()
+    for name, ids in left.items():
+        if ids:
+            subprocess.run(["docker", "-H", bed.engines()[name], "rm", "-f", *ids], capture_output=True, check=False)
+    assert left == {"local": [], "a": [], "b": []}, f"left behind: {left}"
+
+
+def pp(bed: ThreeHosts, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    env.update(bed.env())
+    proc = spawn([sys.executable, "-m", "pp_launch", *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = proc.communicate(timeout=timeout)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out.decode(), err.decode())
+
+
+def chain(bed: ThreeHosts, *args: str, **env: str) -> Launcher:
+    return Launcher("chain", "--json", "--env", "STUB_MODE=hold", *args, env=bed.env(**env))
+
+
+def seen_gpus(text: str) -> dict[int, list[str]]:
+    found = re.findall(r"\[stage (\d+)\] PP_STAGE_GPUS (\S+)", text)
+    return {int(k): ([] if v == "-" else v.split(",")) for k, v in found}
+
+
+def gone_everywhere(bed: ThreeHosts, timeout: float = 30) -> bool:
+    return wait_until(lambda: bed.ours() == {"local": [], "a": [], "b": []}, timeout, 0.3)
+
+
+# ---------------------------------------------------------------------------------------------------- runs
+def test_the_demo_runs_over_two_hosts_one_reached_over_ssh(clean: ThreeHosts) -> None:
+    bed = clean
+    done = pp(bed, "chain", "--stages", "4", "--host", f"{bed.a},{bed.b}", "--stages-per-host", "2")
+    assert done.returncode == 0, done.stderr
+    assert re.search(r"\[stage 0\] PP_DEMO_RESULT tokens=\[.*\] match=true", done.stdout + done.stderr)
+    seen = seen_gpus(done.stdout + done.stderr)
+    a = {g.uuid for g in bed.gpu_a.inventory.gpus}
+    b = {g.uuid for g in bed.gpu_b.inventory.gpus}  # type: ignore[union-attr]
+    assert set(seen) == {0, 1, 2, 3}
+    assert all(len(seen[k]) == 1 for k in seen)
+    assert {seen[0][0], seen[1][0]} <= a and {seen[2][0], seen[3][0]} <= b  # each stage sees its host's GPU
+    assert f"{bed.a}: stages 0, 1; {bed.b}: stages 2, 3" in done.stderr
+    assert "nothing left behind" in done.stderr
+
+
+def test_the_dry_run_places_consecutive_blocks_and_marks_hops_between_hosts(clean: ThreeHosts) -> None:
+    bed = clean
+    hosts = f"{bed.local},{bed.a},{bed.b}"
+    done = pp(bed, "chain", "--stages", "8", "--host", hosts, "--dry-run", "--json")
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    where = [s["host"] for s in doc["stages"]]
+    # pack: local has no GPU (no NVIDIA toolkit there), a has 3 free (its GPU 0 is busy), b takes the rest
+    assert where == [bed.a] * 3 + [bed.b] * 5, doc
+    assert [h["topology_level"] == "host" for h in doc["hops"]] == [False, False, True, False, False, False, False,
+                                                                     True]  # fmt: skip
+    a = {g.uuid for g in bed.gpu_a.inventory.gpus}
+    assert all(set(s["gpus"]) <= a for s in doc["stages"][:3])
+    assert "no GPU can be attached there" in doc["note"] and bed.local in doc["note"]
+    spread = json.loads(pp(bed, "chain", "--stages", "6", "--host", hosts, "--gpus", "none", "--placement", "spread",
+                           "--dry-run", "--json").stdout)  # fmt: skip
+    assert [s["host"] for s in spread["stages"]] == [bed.local] * 2 + [bed.a] * 2 + [bed.b] * 2
+    text = pp(bed, "chain", "--stages", "4", "--host", f"{bed.a},{bed.b}", "--stages-per-host", "2", "--dry-run")
+    assert f"host {bed.b}" in text.stdout and "hop 1 -> 2: host: across hosts" in text.stdout, text.stdout
+
+
+def test_gpus_of_a_host_are_read_through_its_engine(clean: ThreeHosts) -> None:
+    bed = clean
+    shown = pp(bed, "gpus", "--host", bed.b, "--json")
+    assert shown.returncode == 0, shown.stderr
+    assert [g["uuid"] for g in json.loads(shown.stdout)["gpus"]] == [g.uuid for g in bed.gpu_b.inventory.gpus]  # type: ignore[union-attr]
+    local = pp(bed, "gpus", "--host", bed.local)
+    assert local.returncode == 0 and "no GPU can be attached there" in local.stderr
+
+
+def test_exclusivity_holds_per_host_and_down_all_hosts_ends_the_run_everywhere(clean: ThreeHosts) -> None:
+    bed = clean
+    first = pp(bed, "chain", "--detach", "--stages", "6", "--host", f"{bed.a},{bed.b}", "--env", "STUB_MODE=hold")
+    assert first.returncode == 0, first.stderr
+    run = first.stdout.strip()
+    remember_run(run)
+    try:
+        listed = pp(bed, "ps", "--all-hosts", "--json")
+        rows = [json.loads(line) for line in listed.stdout.splitlines()]
+        mine = [r for r in rows if r["run"] == run]
+        assert sorted((r["stage"], r["host"]) for r in mine) == [(k, bed.a) for k in range(3)] + [
+            (k, bed.b) for k in range(3, 6)]  # fmt: skip
+        held = {u for r in mine for u in r["gpus"]}
+        # a second chain: a is full (3 free GPUs, all held), b has 5 left
+        refused = pp(bed, "chain", "--stages", "6", "--host", f"{bed.a},{bed.b}", "--dry-run", "--json")
+        assert refused.returncode == 2 and f"{bed.a}: 0; {bed.b}: 5" in refused.stderr, refused.stderr
+        second = json.loads(pp(bed, "chain", "--stages", "5", "--host", f"{bed.a},{bed.b}", "--dry-run",
+                               "--json").stdout)  # fmt: skip
+        assert [s["host"] for s in second["stages"]] == [bed.b] * 5
+        assert not held & {u for s in second["stages"] for u in s["gpus"]}
+        only_a = pp(bed, "ps", "--host", bed.a, "--run", run)
+        assert only_a.stdout.count(f"pp-{run}-") == 3 and bed.b not in only_a.stdout, only_a.stdout
+    finally:
+        down = pp(bed, "down", run, "--all-hosts", "--grace", "1")
+    assert down.returncode == 0, down.stderr
+    assert f"on host {bed.a}" in down.stderr and f"on host {bed.b}" in down.stderr
+    assert bed.ours() == {"local": [], "a": [], "b": []}
+
+
+# ---------------------------------------------------------------------------------------------------- faults
+def test_sigkill_of_the_launcher_leaves_nothing_on_any_host(clean: ThreeHosts) -> None:
+    bed = clean
+    launcher = chain(bed, "--stages", "4", "--host", f"{bed.a},{bed.b}", "--stages-per-host", "2",
+                     "--env", "STUB_IGNORE_SIGTERM=1")  # fmt: skip
+    for k in range(4):
+        launcher.wait_event("stage_announced", stage=k, timeout=60)
+    assert bed.ours()["a"] and bed.ours()["b"]
+    launcher.signal(signal.SIGKILL)
+    launcher.wait(10)
+    assert gone_everywhere(bed, 20), bed.ours()
+
+
+def test_an_ssh_connection_cut_mid_run_ends_that_hosts_stages_and_fails_the_chain_naming_it(clean: ThreeHosts) -> None:
+    bed = clean
+    assert bed.sshd is not None
+    launcher = chain(bed, "--stages", "4", "--host", f"{bed.a},{bed.b}", "--stages-per-host", "2", "--grace", "2")
+    for k in range(4):
+        launcher.wait_event("stage_announced", stage=k, timeout=60)
+    assert bed.sshd.cut(), "no ssh session to cut"
+    assert launcher.wait(60) == 1, launcher.stderr_text()
+    text = launcher.stderr_text()
+    assert f"on host {bed.b}" in text and f"lost the connection to host {bed.b}" in text, text
+    assert gone_everywhere(bed, 30), bed.ours()  # b's stages ended through their lifeline; a's were torn down
+
+
+def test_a_host_engine_stopped_mid_run_fails_the_chain_and_leaves_nothing_on_the_others(clean: ThreeHosts) -> None:
+    bed = clean
+    side_b = bed.gpu_b.engine("request")  # type: ignore[union-attr]
+    launcher = chain(bed, "--stages", "4", "--host", f"{bed.a},{bed.b}", "--stages-per-host", "2", "--grace", "2")
+    try:
+        for k in range(4):
+            launcher.wait_event("stage_announced", stage=k, timeout=60)
+        side_b.stop()
+        assert launcher.wait(90) == 1, launcher.stderr_text()
+        text = launcher.stderr_text()
+        assert f"on host {bed.b}" in text, text
+        assert wait_until(lambda: bed.ours()["a"] == [], 20), bed.ours()
+    finally:
+        side_b.ensure_running()  # joins gpu-a's network namespace again (netns_of)
+    assert gone_everywhere(bed, 30), bed.ours()
+
+
+def test_unreachable_hosts_missing_images_and_unknown_contexts_stop_before_anything_starts(clean: ThreeHosts) -> None:
+    bed = clean
+    closed = "ssh://root@127.0.0.1:1"
+    down = pp(bed, "chain", "--host", f"{bed.a},{closed}")
+    assert down.returncode == 2 and f"host {closed}" in down.stderr and "Traceback" not in down.stderr, down.stderr
+    nosuch = pp(bed, "chain", "--host", "nosuch-context")
+    assert nosuch.returncode == 2 and "no Docker context of that name" in nosuch.stderr
+    tag = "pp-launch/only-local:test"
+    subprocess.run(["docker", "-H", bed.local, "tag", "pp-launch/stub-worker:latest", tag], check=True)
+    try:
+        missing = pp(bed, "chain", "--image", tag, "--host", f"{bed.local},{bed.a}", "--gpus", "none")
+    finally:
+        subprocess.run(["docker", "-H", bed.local, "rmi", tag], capture_output=True, check=False)
+    assert missing.returncode == 2, missing.stderr
+    assert f"not present on host {bed.a}" in missing.stderr
+    assert f"docker save {tag} | docker --context {bed.a} load" in missing.stderr
+    twice = pp(bed, "chain", "--host", f"{bed.a},unix://{bed.a_host.removeprefix('unix://')}")
+    assert twice.returncode == 2 and "reach the same Docker engine" in twice.stderr
+
+
+def test_gc_per_host_removes_what_a_dead_launcher_left_there_and_nothing_else(clean: ThreeHosts) -> None:
+    bed = clean
+    launcher = chain(bed, "--stages", "2", "--host", f"{bed.a},{bed.b}", "--stages-per-host", "1",
+                     "--env", "STUB_IGNORE_LIFELINE=1")  # fmt: skip
+    for k in range(2):
+        launcher.wait_event("stage_announced", stage=k, timeout=60)
+    run = launcher.run_id
+    # the launcher and its watchdogs die together (a lost machine): only gc can clean up now
+    watchdogs = subprocess.run(["pgrep", "-f", f"pp_launch.adapters.watchdog {run}"], capture_output=True, text=True)
+    pids = [int(p) for p in watchdogs.stdout.split()]
+    assert len(pids) == 2, watchdogs.stdout  # one per host
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    launcher.signal(signal.SIGKILL)
+    launcher.wait(10)
+    assert bed.ours()["a"] and bed.ours()["b"]
+    only_b = pp(bed, "gc", "--host", bed.b)
+    assert only_b.returncode == 0 and f"on host {bed.b}" in only_b.stdout, only_b.stderr
+    assert wait_until(lambda: bed.ours()["b"] == [], 10) and bed.ours()["a"]
+    rest = pp(bed, "gc", "--host", bed.a)
+    assert rest.returncode == 0 and f"pp-{run}-0" in rest.stdout, rest.stdout + rest.stderr
+    assert gone_everywhere(bed, 10)
