@@ -6,7 +6,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-BENCHES = ["bench_chain.py", "chaos_report.py", "bench_planning.py"]
+BENCHES = [
+    "bench_chain.py",
+    "chaos_report.py",
+    "bench_planning.py",
+    "bench_placement.py",
+    "bench_bringup.py",
+    "bench_gpu_bringup.py",
+    "bench_hosts.py",
+]
 
 
 def main() -> int:

@@ -463,6 +463,7 @@ class DockerStageBackend:
         self.split_lines = split_lines
         self._stdin: dict[str, socket.socket] = {}
         self._tearing_down = threading.Event()
+        self._image_configs: dict[str, Mapping[str, Any] | None] = {}  # one inspect per image, not per stage
 
     def create(self, spec: StageSpec, env: Mapping[str, str]) -> str:
         lifeline = env.get(LIFELINE) == "stdin"
@@ -589,7 +590,9 @@ class DockerStageBackend:
     def create_waiting(self, spec: StageSpec, env: Mapping[str, str]) -> str:
         """The stage under the hand-off entry: /bin/sh waits for its peers on stdin, then execs what the engine
         would have run (the user's or the image's entrypoint, then the command)."""
-        config = self.engine.image_config(spec.image)
+        if spec.image not in self._image_configs:
+            self._image_configs[spec.image] = self.engine.image_config(spec.image)
+        config = self._image_configs[spec.image]
         if config is None:
             return self.create(spec, env)  # the engine says the image is missing, in its words
         entry = list(spec.entrypoint) if spec.entrypoint is not None else list(config.get("Entrypoint") or [])
