@@ -15,6 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from ..gpu_host import DATA
 from ..helpers import Launcher, remember_run, spawn, wait_until
 from ..multi_host import ThreeHosts
 
@@ -95,6 +96,13 @@ def test_the_dry_run_places_consecutive_blocks_and_marks_hops_between_hosts(clea
     a = {g.uuid for g in bed.gpu_a.inventory.gpus}
     assert all(set(s["gpus"]) <= a for s in doc["stages"][:3])
     assert "no GPU can be attached there" in doc["note"] and bed.local in doc["note"]
+    # --gpu-inventory HOST=FILE replaces that host's probe: the default engine gets 4 (fake) GPUs of its own
+    plain = DATA / "plain-4gpu.json"
+    given = json.loads(pp(bed, "chain", "--stages", "8", "--host", hosts, "--dry-run", "--json",
+                          "--gpu-inventory", f"{bed.local}={plain}").stdout)  # fmt: skip
+    assert [s["host"] for s in given["stages"]] == [bed.local] * 4 + [bed.a] * 3 + [bed.b], given
+    local = {g["uuid"] for g in json.loads(plain.read_text())["gpus"]}
+    assert {u for s in given["stages"][:4] for u in s["gpus"]} == local
     spread = json.loads(pp(bed, "chain", "--stages", "6", "--host", hosts, "--gpus", "none", "--placement", "spread",
                            "--dry-run", "--json").stdout)  # fmt: skip
     assert [s["host"] for s in spread["stages"]] == [bed.local] * 2 + [bed.a] * 2 + [bed.b] * 2

@@ -60,6 +60,10 @@ def test_every_command_has_help_with_an_example(path: tuple[str, ...]) -> None:
         (("--seed-direct", "127.0.0.1"), "SEED_DIRECT 127.0.0.1 is not host:port[,host:port...]"),
         (("--seed-relay", "ftp://relay"), "SEED_RELAY ftp://relay is not an http(s) URL"),
         (("--entrypoint", " "), "Invalid value for --entrypoint: must name a program"),
+        (("--stages-per-host", "2"), "--stages-per-host needs --host"),
+        (("--stages-per-host", "0", "--host", "a"), "Invalid value for '--stages-per-host'"),
+        (("--placement", "random"), "Invalid value for '--placement'"),
+        (("--host", "gpu1", "--gpu-node", __file__), "--host and --gpu-node do not go together"),
     ],
 )
 def test_bad_flags_are_usage_errors(args: tuple[str, ...], message: str) -> None:
@@ -75,6 +79,8 @@ def test_bad_flags_are_usage_errors(args: tuple[str, ...], message: str) -> None
         (("--image", ""), "--image '' is not a valid image reference"),
         (("--name", "-x"), "--name '-x' is not a valid container name prefix"),
         (("--gpus", "all"), f"--gpus all asks for GPUs, but {NO_DRIVER}"),
+        (("--host", "gpu1,gpu1"), "--host gpu1 is named twice"),
+        (("--host", "http://x"), "--host 'http://x' is neither a Docker context name nor an engine URL"),
     ],
 )
 def test_configuration_errors_are_exit_2_with_one_plain_message(args: tuple[str, ...], message: str) -> None:
@@ -367,3 +373,41 @@ def test_pp_launch_environment_variables_set_option_defaults(monkeypatch) -> Non
     monkeypatch.setenv("PP_LAUNCH_CHAIN_STAGES", "3")
     doc = json.loads(run("chain", "--gpus", "none", "--dry-run", "--json").output)
     assert doc["grace"] == 2.0 and len(doc["stages"]) == 3
+
+
+@pytest.mark.parametrize(
+    ("values", "plain", "per_host"),
+    [
+        (("inv.json",), "inv.json", ()),
+        (("gpu2=b.json", "a.json"), "a.json", (("gpu2", "b.json"),)),
+        (("unix:///run/d.sock=/tmp/x.json",), None, (("unix:///run/d.sock", "/tmp/x.json"),)),
+        (("ssh://root@h:22=x.json", "gpu3=y.json"), None, (("ssh://root@h:22", "x.json"), ("gpu3", "y.json"))),
+        (("dir/with=sign.json",), "dir/with=sign.json", ()),
+    ],
+)
+def test_gpu_inventory_takes_a_file_or_host_equals_file(
+    values: tuple[str, ...], plain: str | None, per_host: tuple[tuple[str, str], ...]
+) -> None:
+    from pp_launch.cli.options import split_inventories
+
+    assert split_inventories(values) == (plain, per_host)
+
+
+@pytest.mark.parametrize(
+    ("env", "announced"),
+    [
+        ({}, "127.0.0.1"),
+        ({"STUB_BIND": "0.0.0.0"}, "127.0.0.1"),
+        ({"STUB_BIND": "0.0.0.0", "STUB_ADVERTISE": "10.1.2.3"}, "10.1.2.3"),
+        ({"STUB_BIND": "127.0.0.2"}, "127.0.0.2"),
+    ],
+)
+def test_the_stub_announces_the_address_it_is_told_for_other_hosts(env: dict[str, str], announced: str) -> None:
+    """Across hosts a stage binds beyond loopback and announces an address its peers reach (issue 16)."""
+    import subprocess
+    import sys
+
+    stub = Path(__file__).resolve().parents[2] / "images" / "stub-worker"
+    got = subprocess.run([sys.executable, "-c", "import pp_stub; print(pp_stub.advertised())"], cwd=stub,
+                         env={"PATH": "/usr/bin:/bin", **env}, capture_output=True, text=True, check=True)  # fmt: skip
+    assert got.stdout.strip() == announced

@@ -65,6 +65,20 @@ def holdings_from_labels(rows: list[Mapping[str, str]]) -> dict[str, Holding]:
     return out
 
 
+def _request(
+    mode: str, stages: int, per_stage: int, environ: Mapping[str, str], allow_shared: bool, min_free_mib: int | None
+) -> AllocationRequest:
+    """The allocator's request for a parsed --gpus mode (auto, or a list of indices/UUIDs)."""
+    return AllocationRequest(
+        stages=stages,
+        per_stage=per_stage,
+        explicit=() if mode == "auto" else tuple(t.strip() for t in mode.split(",") if t.strip()),
+        visible=parse_visible(environ.get("CUDA_VISIBLE_DEVICES")),
+        allow_shared=allow_shared,
+        min_free_mib=min_free_mib,
+    )
+
+
 def parse_gpus_flag(value: str, per_stage: int) -> tuple[str, int]:
     """(mode, GPUs per stage) from --gpus: a bare number is a count, as in `docker run --gpus 2`; indices are
     `device=3` or a list with a comma (`3,` or `0,3`). ConfigError (exit 2) for anything else."""
@@ -118,15 +132,7 @@ def select(
     if mode == "all":
         every = tuple(g.uuid for g in inventory.gpus)
         return GpuSelection([every] * stages, [device_requests(every, attach)] * stages, ())
-    explicit = () if mode == "auto" else tuple(t.strip() for t in mode.split(",") if t.strip())
-    request = AllocationRequest(
-        stages=stages,
-        per_stage=per_stage,
-        explicit=explicit,
-        visible=parse_visible(environ.get("CUDA_VISIBLE_DEVICES")),
-        allow_shared=allow_shared,
-        min_free_mib=min_free_mib,
-    )
+    request = _request(mode, stages, per_stage, environ, allow_shared, min_free_mib)
     directory = state_dir()
     reservations = Reservations(directory)
     with host_lock(directory):
@@ -180,14 +186,7 @@ def select_across(
     cpu = mode == "none" or (asked == "auto" and not with_gpus)
     if not cpu and not with_gpus:
         raise errors.NotEnoughGpus(f"--gpus {asked} asks for GPUs, but no host has any ({'; '.join(notes)})")
-    request = AllocationRequest(
-        stages=1,
-        per_stage=per_stage,
-        explicit=tuple(t for t in mode.split(",") if t) if explicit else (),
-        visible=parse_visible(environ.get("CUDA_VISIBLE_DEVICES")),
-        allow_shared=allow_shared,
-        min_free_mib=min_free_mib,
-    )
+    request = _request(mode if explicit else "auto", 1, per_stage, environ, allow_shared, min_free_mib)
     directory = state_dir()
     reservations = Reservations(directory)
     with host_lock(directory):

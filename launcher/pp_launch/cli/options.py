@@ -139,13 +139,13 @@ def gpu_options(f: F) -> F:
 
 
 def split_inventories(values: tuple[str, ...]) -> tuple[str | None, tuple[tuple[str, str], ...]]:
-    """--gpu-inventory values: FILE (the last one counts) and HOST=FILE (a host name has no '/', and an
-    existing file of that exact name is a file)."""
+    """--gpu-inventory values: FILE (the last one counts) and HOST=FILE (HOST a context name, without '/', or an
+    engine URL; an existing file of that exact name is a file)."""
     plain: str | None = None
     per_host: list[tuple[str, str]] = []
     for value in values:
         host, sep, path = value.partition("=")
-        if sep and host and "/" not in host and path and not os.path.exists(value):
+        if sep and host and ("://" in host or "/" not in host) and path and not os.path.exists(value):
             per_host.append((host, path))
         else:
             plain = value
