@@ -141,6 +141,10 @@ def test_exclusivity_holds_per_host_and_down_all_hosts_ends_the_run_everywhere(c
         assert not held & {u for s in second["stages"] for u in s["gpus"]}
         only_a = pp(bed, "ps", "--host", bed.a, "--run", run)
         assert only_a.stdout.count(f"pp-{run}-") == 3 and bed.b not in only_a.stdout, only_a.stdout
+        waited = pp(bed, "wait", run[:6], "--until", "announced", "--all-hosts", "--timeout", "30")
+        assert waited.returncode == 0 and waited.stdout.count("127.0.0.1:") == 6, waited.stdout + waited.stderr
+        logged = pp(bed, "logs", run, "--host", bed.a, "--host", bed.b)
+        assert [f"[stage {k}] PP_GPU_NODE_ADDR" in logged.stdout for k in range(6)] == [True] * 6, logged.stdout
     finally:
         down = pp(bed, "down", run, "--all-hosts", "--grace", "1")
     assert down.returncode == 0, down.stderr

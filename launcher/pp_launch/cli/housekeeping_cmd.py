@@ -8,61 +8,16 @@ import sys
 import click
 
 from pp_launch.adapters import host_state
-from pp_launch.adapters.docker_engine import Engine, connect
+from pp_launch.adapters.docker_engine import Engine
 from pp_launch.adapters.nvml import NvmlUnavailable, read_inventory
 from pp_launch.app import housekeeping
 from pp_launch.cli import runs_cmd
+from pp_launch.cli.engines import Engines, host_choice
 from pp_launch.cli.main import main
-from pp_launch.cli.options import Seconds, host_options
+from pp_launch.cli.options import Seconds
 from pp_launch.cli.report import count
-from pp_launch.core import errors, hosts, labels
+from pp_launch.core import errors, labels
 from pp_launch.core.gpu.inventory import GpuInventory
-
-ALL_HOSTS = click.option(
-    "--all-hosts",
-    is_flag=True,
-    help="This engine and every host of the chains across hosts started from this machine (or of RUN's).",
-)
-
-
-class Engines:
-    """The engines a housekeeping command looks at: the one engine (no --host), the named hosts, or with
-    --all-hosts the hosts recorded for the runs started here (and RUN's own, from its labels). A host that does
-    not answer is said, and the command goes on with the others and exits 1 at its end."""
-
-    def __init__(self, names: tuple[str, ...], all_hosts: bool, run: str | None = None) -> None:
-        wanted = list(hosts.parse_hosts(names))
-        self.failed = False
-        self.reached: list[tuple[str | None, Engine]] = []
-        if all_hosts:
-            record = host_state.RunHosts(host_state.state_dir())
-            self.reached.append((None, connect()))
-            recorded = record.of_prefix(run) if run else record.every()
-            labelled = self._labelled_hosts(run) if run else ()
-            wanted += [h for h in (*recorded, *labelled) if h not in wanted]
-        elif not wanted:
-            self.reached.append((None, connect()))
-        for name in wanted:
-            try:
-                self.reached.append((name, connect(host=name)))
-            except errors.PpLaunchError as exc:
-                self.failed = True
-                click.echo(f"pp-launch: error: {exc}", err=True)
-        self.several = len(self.reached) > 1 or any(name for name, _ in self.reached)
-
-    def _labelled_hosts(self, run: str) -> tuple[str, ...]:
-        found: dict[str, None] = {}
-        for _, engine in self.reached:
-            for c in engine.containers(labels.run_selector()):
-                if c.labels.get(labels.RUN, "").startswith(run):
-                    found.update(dict.fromkeys(h for h in c.labels.get(labels.HOSTS, "").split(",") if h))
-        return tuple(found)
-
-    def finish(self) -> None:
-        for _, engine in self.reached:
-            engine.close()
-        if self.failed:
-            sys.exit(errors.EXIT_FAILURE)
 
 
 @main.command()
@@ -70,8 +25,7 @@ class Engines:
 @click.option("-q", "--quiet", "ids_only", is_flag=True, help="Only the run ids, one per line (as docker ps -q).")
 @click.option("--run", "run_id", metavar="RUN", shell_complete=runs_cmd.complete_runs,
               help="Only this run (a unique prefix is enough).")  # fmt: skip
-@host_options
-@ALL_HOSTS
+@host_choice
 def ps(as_json: bool, ids_only: bool, run_id: str | None, host_names: tuple[str, ...], all_hosts: bool) -> None:
     """List pp-launch runs and their stages: run, stage, container, image, GPUs (index, memory, utilisation
     where NVML answers), announced address, owner, alive or gone, uptime.
@@ -123,8 +77,7 @@ def ps(as_json: bool, ids_only: bool, run_id: str | None, host_names: tuple[str,
     help="Budget between SIGTERM and SIGKILL, for all containers at once.",
 )
 @click.option("--yes", "-y", is_flag=True, help="With --all: do not ask first.")
-@host_options
-@ALL_HOSTS
+@host_choice
 def down(
     run_id: str | None, all_runs: bool, grace: float, yes: bool, host_names: tuple[str, ...], all_hosts: bool
 ) -> None:
@@ -203,8 +156,7 @@ def _inventory() -> GpuInventory | None:
 
 
 @main.command()
-@host_options
-@ALL_HOSTS
+@host_choice
 def gc(host_names: tuple[str, ...], all_hosts: bool) -> None:
     """Remove containers whose launcher is gone (a process on this host that no longer runs).
 

@@ -15,6 +15,7 @@ from click.shell_completion import CompletionItem
 
 from pp_launch.adapters.docker_engine import Engine, connect
 from pp_launch.app import housekeeping
+from pp_launch.cli.engines import Engines, host_choice
 from pp_launch.cli.main import main
 from pp_launch.cli.options import Seconds
 from pp_launch.core import errors, labels
@@ -46,7 +47,10 @@ def _since(value: str | None) -> int | None:
 @click.option("-f", "--follow", is_flag=True, help="Keep printing until every stage of the run is gone.")
 @click.option("--stage", "stages", type=int, multiple=True, metavar="K", help="Only stage K (repeatable).")
 @click.option("--since", metavar="DURATION", help="Only lines of the last DURATION (90, 90s, 5m, 2h).")
-def logs(run_id: str, follow: bool, stages: tuple[int, ...], since: str | None) -> None:
+@host_choice
+def logs(
+    run_id: str, follow: bool, stages: tuple[int, ...], since: str | None, host_names: tuple[str, ...], all_hosts: bool
+) -> None:
     """Print a run's output, each line prefixed with its stage, as `docker compose logs` does.
 
     Works for any run the engine has (foreground, detached, compose). RUN_ID may be a unique prefix. Without
@@ -56,11 +60,12 @@ def logs(run_id: str, follow: bool, stages: tuple[int, ...], since: str | None) 
     Examples:
       pp-launch logs 3f2a
       pp-launch logs 3f2a -f --stage 0 --since 5m
+      pp-launch logs 3f2a --all-hosts
     """
-    engine = connect()
-    run, found = housekeeping.find_run(engine, run_id)
+    engines = Engines(host_names, all_hosts, run_id)
+    run, found = engines.find_run(run_id)
     if stages:
-        found = [c for c in found if labels.ascii_int(c.labels.get(labels.STAGE, "")) in stages]
+        found = [(e, c) for e, c in found if labels.ascii_int(c.labels.get(labels.STAGE, "")) in stages]
         if not found:
             raise errors.ConfigError(f"run {run} has no stage {', '.join(map(str, stages))}")
     when = _since(since)
@@ -70,22 +75,23 @@ def logs(run_id: str, follow: bool, stages: tuple[int, ...], since: str | None) 
         return f"[stage {display(c.labels.get(labels.STAGE, '?').encode())}] "
 
     if not follow:
-        for c in found:
+        for engine, c in found:
             for line in engine.log_lines(c.id, since=when):
                 out.write(prefix(c) + display(line) + "\n")
         out.flush()
+        engines.finish()
         return
     lines: queue.Queue[tuple[str, bytes] | None] = queue.Queue(maxsize=10000)
 
-    def pump(c: Any) -> None:
+    def pump(engine: Engine, c: Any) -> None:
         try:
             for line in engine.log_lines(c.id, follow=True, since=when):
                 lines.put((prefix(c), line))
         finally:
             lines.put(None)
 
-    for c in found:
-        threading.Thread(target=pump, args=(c,), daemon=True, name=f"logs-{c.name}").start()
+    for engine, c in found:
+        threading.Thread(target=pump, args=(engine, c), daemon=True, name=f"logs-{c.name}").start()
     running = len(found)
     while running:
         item = lines.get()
@@ -94,6 +100,7 @@ def logs(run_id: str, follow: bool, stages: tuple[int, ...], since: str | None) 
             continue
         out.write(item[0] + display(item[1]) + "\n")
         out.flush()
+    engines.finish()
 
 
 @main.command()
@@ -107,7 +114,8 @@ def logs(run_id: str, follow: bool, stages: tuple[int, ...], since: str | None) 
     "(prints each exit code).",
 )
 @click.option("--timeout", type=Seconds(), default=None, metavar="S", help="Give up after S seconds (exit 1).")
-def wait(run_id: str, until: str, timeout: float | None) -> None:
+@host_choice
+def wait(run_id: str, until: str, timeout: float | None, host_names: tuple[str, ...], all_hosts: bool) -> None:
     """Wait for a run: until every stage announced, or until every stage ended.
 
     Exit 0 when the condition is met (for --until exit: when every stage exited 0), 1 when a stage failed,
@@ -118,23 +126,24 @@ def wait(run_id: str, until: str, timeout: float | None) -> None:
       RUN=$(pp-launch chain --stages 4 --detach) && pp-launch wait "$RUN" --until announced
       pp-launch wait 3f2a --timeout 600
     """
-    engine = connect()
-    run, found = housekeeping.find_run(engine, run_id)
+    engines = Engines(host_names, all_hosts, run_id)
+    run, found = engines.find_run(run_id)
     deadline = None if timeout is None else time.monotonic() + timeout
     if until == "announced":
-        _wait_announced(engine, run, found, deadline)
+        _wait_announced(run, found, deadline)
     else:
-        _wait_exit(engine, run, found, deadline)
+        _wait_exit(run, found, deadline)
+    engines.finish()
 
 
 def _stage(c: Any) -> str:
     return display(c.labels.get(labels.STAGE, "?").encode())
 
 
-def _wait_announced(engine: Engine, run: str, found: list[Any], deadline: float | None) -> None:
+def _wait_announced(run: str, found: list[tuple[Engine, Any]], deadline: float | None) -> None:
     addresses: dict[str, str] = {}
     while True:
-        for c in found:
+        for engine, c in found:
             if c.id in addresses:
                 continue
             if engine.inspect(c.id) is None:
@@ -146,26 +155,26 @@ def _wait_announced(engine: Engine, run: str, found: list[Any], deadline: float 
         if len(addresses) == len(found):
             return
         if deadline is not None and time.monotonic() > deadline:
-            missing = ", ".join(_stage(c) for c in found if c.id not in addresses)
+            missing = ", ".join(_stage(c) for _, c in found if c.id not in addresses)
             raise errors.PpLaunchError(f"run {run}: stages {missing} did not announce within the timeout")
         time.sleep(0.25)
 
 
-def _wait_exit(engine: Engine, run: str, found: list[Any], deadline: float | None) -> None:
+def _wait_exit(run: str, found: list[tuple[Engine, Any]], deadline: float | None) -> None:
     codes: dict[str, int | None] = {}
 
-    def one(c: Any) -> None:
+    def one(engine: Engine, c: Any) -> None:
         left = None if deadline is None else max(0.1, deadline - time.monotonic())
         with contextlib.suppress(errors.PpLaunchError):
             codes[c.id] = engine.wait_removed(c.id, left)
 
-    threads = [threading.Thread(target=one, args=(c,), daemon=True) for c in found]
+    threads = [threading.Thread(target=one, args=(e, c), daemon=True) for e, c in found]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     worst = 0
-    for c in found:
+    for _, c in found:
         if c.id not in codes:
             raise errors.PpLaunchError(f"run {run}: stage {_stage(c)} ({c.name}) still runs after the timeout")
         code = codes[c.id]
