@@ -9,6 +9,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -45,9 +46,10 @@ def clean(bed: ThreeHosts) -> Iterator[ThreeHosts]:
     assert left == {"local": [], "a": [], "b": []}, f"left behind: {left}"
 
 
-def pp(bed: ThreeHosts, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ)
-    env.update(bed.env())
+def pp(
+    bed: ThreeHosts, *args: str, timeout: float = 120, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, **bed.env(), **(env or {})}
     proc = spawn([sys.executable, "-m", "pp_launch", *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     out, err = proc.communicate(timeout=timeout)
     return subprocess.CompletedProcess(proc.args, proc.returncode, out.decode(), err.decode())
@@ -237,3 +239,54 @@ def test_gc_per_host_removes_what_a_dead_launcher_left_there_and_nothing_else(cl
     rest = pp(bed, "gc", "--host", bed.a)
     assert rest.returncode == 0 and f"pp-{run}-0" in rest.stdout, rest.stdout + rest.stderr
     assert gone_everywhere(bed, 10)
+
+
+# ---------------------------------------------------------------------------------------------------- host locks
+def lock_on(bed: ThreeHosts, host: str, owner: str) -> str:
+    argv = ["docker", "-H", host, "create", "--name", "pp-launch-gpu-lock", "--label", "pp-launch.run=ffffffffffff",
+            "--label", f"pp-launch.owner={owner}", "--label", "pp-launch.stage=lock", "--network", "none",
+            "pp-launch/stub-worker:latest", "true"]  # fmt: skip
+    return subprocess.run(argv, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def test_two_launchers_of_two_machines_never_place_on_one_host_at_once(clean: ThreeHosts) -> None:
+    """Two state directories are two machines: only the engine's own lock keeps them apart. The first chain
+    comes up in turn (stage k is created once stage k-1 announced, 2 s each), so for seconds it holds GPUs its
+    containers do not show yet; the second, started meanwhile, must wait for the lock and then find host a full."""
+    bed = clean
+    env = [bed.env(PP_LAUNCH_STATE_DIR=str(bed.root / f"machine-{k}")) for k in (1, 2)]
+    first = Launcher("chain", "--json", "--env", "STUB_MODE=hold", "--stages", "3", "--host", bed.a, "--grace", "1",
+                     "--bring-up", "in-turn", "--env", "STUB_ANNOUNCE_DELAY=2", env=env[0])  # fmt: skip
+    second = None
+    try:
+        first.wait_event("stage_started", stage=0, timeout=60)  # it holds a's lock now, one container made
+        second = Launcher("chain", "--json", "--env", "STUB_MODE=hold", "--stages", "2", "--host", bed.a,
+                          "--grace", "1", env=env[1])  # fmt: skip
+        assert second.wait(90) == 2, second.stderr_text()
+        assert f"{bed.a}: 0" in second.stderr_text(), second.stderr_text()
+        assert not second.events_named("stage_started")
+        first.wait_event("pp_stage_roster", timeout=60)
+        assert len({u for e in first.events_named("stage_started") for u in e["gpus"]}) == 3
+    finally:
+        for x in (first, second):
+            if x is not None and x.proc.poll() is None:
+                x.signal()
+                x.wait(60)
+
+
+def test_a_lock_held_elsewhere_is_waited_for_and_a_dead_launchers_lock_is_taken_over(clean: ThreeHosts) -> None:
+    bed = clean
+    foreign = lock_on(bed, bed.a_host, "otherbox:1:1:boot-0")
+    try:
+        held = pp(bed, "chain", "--stages", "2", "--host", f"{bed.a},{bed.b}", "--stages-per-host", "1",
+                  env={"PP_HOST_LOCK_TIMEOUT": "2"})
+        assert held.returncode == 2, held.stderr
+        assert f"host {bed.a}: the GPU lock (pp-launch-gpu-lock) is held by otherbox:1:1:boot-0" in held.stderr
+    finally:
+        subprocess.run(["docker", "-H", bed.a_host, "rm", "-f", foreign], capture_output=True, check=False)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    lock_on(bed, bed.a_host, f"{socket.gethostname()}:{dead.pid}:1")
+    done = pp(bed, "chain", "--stages", "2", "--host", f"{bed.a},{bed.b}", "--stages-per-host", "1")
+    assert done.returncode == 0, done.stderr
+    assert "match=true" in done.stdout + done.stderr

@@ -318,6 +318,24 @@ class Engine:
             for r in rows
         ]
 
+    def create_placeholder(self, name: str, image: str, labels: Mapping[str, str]) -> str | None:
+        """A container that is never started, held for its name (names are unique per engine: a lock that needs
+        nothing of ours on the host). Its id, or None when the name is taken."""
+        host_config = self.api.create_host_config(network_mode="none")
+        config = self.api.create_container_config(
+            image=image, command=None, entrypoint=["true"], labels=dict(labels), host_config=host_config
+        )
+        try:
+            return str(self.api.create_container_from_config(config, name)["Id"])
+        except docker.errors.APIError as exc:
+            if exc.status_code == 409:
+                return None
+            raise errors.EngineError(f"the engine at {self.address} refused {name}: {_reason(exc)}") from None
+
+    def clock(self) -> str:
+        """The engine's own time (RFC 3339): ages of its containers are judged on its clock, never ours."""
+        return str(self.api.info().get("SystemTime", ""))
+
     def container_owner(self, name: str) -> str | None:
         """The owner label of the container with this exact name, '' if it has none, None if absent."""
         try:

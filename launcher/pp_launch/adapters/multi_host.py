@@ -47,7 +47,11 @@ class MultiHostBackend:
         backends: Mapping[str, DockerStageBackend],
         check: Callable[[str], str | None] = answers,
         heartbeat: float | None = None,
+        expected: int = 0,
+        on_all_created: Callable[[], None] = lambda: None,
     ) -> None:
+        """expected/on_all_created: called once when that many stages exist, or teardown begins (the hosts'
+        GPU locks are released then: the stages' labels now say which GPUs they hold)."""
         self.backends = dict(backends)
         self._host_of: dict[str, str] = {}
         self._gone: set[str] = set()
@@ -58,6 +62,8 @@ class MultiHostBackend:
         self._heartbeat = float(os.environ.get("PP_HOST_HEARTBEAT", "5")) if heartbeat is None else heartbeat
         self._stopping = threading.Event()
         self._beating = False
+        self._expected = expected
+        self._on_all_created: Callable[[], None] | None = on_all_created
 
     # ------------------------------------------------------------------------------ dispatch
     def _call(self, host: str, what: str, fn: Any, *args: Any) -> Any:
@@ -75,14 +81,25 @@ class MultiHostBackend:
         return host, self.backends[host]
 
     def create(self, spec: StageSpec, env: Mapping[str, str]) -> str:
-        ref = str(self._call(spec.host, "create", self.backends[spec.host].create, spec, env))
-        self._host_of[ref] = spec.host
-        return ref
+        return self._created(spec, self._call(spec.host, "create", self.backends[spec.host].create, spec, env))
 
     def create_waiting(self, spec: StageSpec, env: Mapping[str, str]) -> str:
-        ref = str(self._call(spec.host, "create", self.backends[spec.host].create_waiting, spec, env))
-        self._host_of[ref] = spec.host
-        return ref
+        made = self._call(spec.host, "create", self.backends[spec.host].create_waiting, spec, env)
+        return self._created(spec, made)
+
+    def _created(self, spec: StageSpec, ref: Any) -> str:
+        with self._lock:
+            self._host_of[str(ref)] = spec.host
+            done = len(self._host_of) >= self._expected
+        if done:
+            self._all_created()
+        return str(ref)
+
+    def _all_created(self) -> None:
+        with self._lock:
+            call, self._on_all_created = self._on_all_created, None
+        if call is not None:
+            call()
 
     def _sink(self, ref: str, host: str, stage: int, sink: Sink) -> Sink:
         """Marks the stage gone, and says which host when the engine's wait broke (no exit code: the
@@ -160,6 +177,7 @@ class MultiHostBackend:
 
     def tearing_down(self) -> None:
         self._stopping.set()
+        self._all_created()
         for backend in self.backends.values():
             backend.tearing_down()
 

@@ -119,6 +119,7 @@ def plan_chain_across(
     environ: Mapping[str, str] | None = None,
     owner: str | None = None,
     reserve: bool = True,
+    run_id: str | None = None,
 ) -> tuple[ChainPlan, str]:
     """The plan of a chain across hosts: each host's GPUs (its probe, or its inventory file), stages in blocks of
     consecutive stages per host, placed on each host by the allocator, one reservation for all."""
@@ -126,7 +127,7 @@ def plan_chain_across(
     if request.name_prefix is not None:
         check_name_prefix(request.name_prefix)
     environ = os.environ if environ is None else environ
-    run_id = new_run_id()
+    run_id = run_id or new_run_id()
     owner = owner or labels.Owner.current().label()
     overrides = dict(gpu.host_inventories)
     if unknown := sorted(set(overrides) - set(where.names)):
@@ -218,12 +219,13 @@ def run_chain(
     detach: bool = False,
     gpu_node: str | None = None,
     reached: list[across.Host] | None = None,
+    locks: across.EngineLocks | None = None,
 ) -> ChainOutcome:
     """Run the chain to its end. `on_scope` receives the scope before anything starts (the CLI installs its
     signal handlers there). A watchdog removes the run's containers if this process dies; the GPU
     reservation is released whatever happens."""
     if reached:
-        return _run_across(plan, reached, reporter, on_scope, detach)
+        return _run_across(plan, reached, reporter, on_scope, detach, locks)
     backend: StageBackend
     if gpu_node is not None:
         backend = ProcessStageBackend(
@@ -258,10 +260,14 @@ def _run_across(
     reporter: Reporter,
     on_scope: Callable[[ChainScope], None],
     detach: bool,
+    locks: across.EngineLocks | None,
 ) -> ChainOutcome:
     """run_chain for a chain across hosts: one scope over every host's engine, a watchdog per engine, the run's
-    hosts recorded (ps/down/gc --all-hosts); a host lost on the way is named with the command to run later."""
-    backend = MultiHostBackend({h.name: DockerStageBackend(h.engine) for h in reached})
+    hosts recorded (ps/down/gc --all-hosts); a host lost on the way is named with the command to run later.
+    The hosts' GPU locks (taken before planning) are released once every stage's container exists."""
+    release = locks.release if locks is not None else (lambda: None)
+    backends = {h.name: DockerStageBackend(h.engine) for h in reached}
+    backend = MultiHostBackend(backends, expected=len(plan.stages), on_all_created=release)
     scope = ChainScope(plan, backend, QueueInbox(), reporter, detach=detach)
     on_scope(scope)
     record = host_state.RunHosts(host_state.state_dir())
@@ -276,6 +282,7 @@ def _run_across(
         guards = [watchdog.spawn(plan.run_id, plan.grace, detached=detach, host=h.name) for h in reached]
         outcome = scope.run()
     finally:
+        release()
         host_state.Reservations(host_state.state_dir()).release(plan.run_id)
         if detach:
             bringup.complete(plan.run_id)

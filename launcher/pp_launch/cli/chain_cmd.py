@@ -19,7 +19,7 @@ from pp_launch.cli.options import Seconds, gpu_options, host_options, stage_opti
 from pp_launch.cli.report import JsonReporter, LiveReporter, PlainReporter
 from pp_launch.cli.tables import gpu_names
 from pp_launch.core import errors, hosts, labels
-from pp_launch.core.chain.plan import ChainRequest
+from pp_launch.core.chain.plan import ChainRequest, new_run_id
 from pp_launch.core.chain.scope import ChainOutcome
 
 FILE_SKIPS = {"file", "as_json", "dry_run", "detach", "help", "verbose", "quiet"}  # not settable from a chain file
@@ -331,6 +331,7 @@ def _across(
     """A chain across hosts: every host reached and checked before anything starts, then one run over all."""
     launch.check_image_name(request.image)
     reached = across.connect_all(where.names)
+    locks = across.EngineLocks(reached, request.image, new_run_id(), labels.Owner.current().label())
     try:
         across.check_image(reached, request.image)
         if dry_run:
@@ -340,7 +341,8 @@ def _across(
         for h in reached:
             launch.sweep_dead_owners(h.engine, say)
         owner = labels.OWNER_DETACHED if detach else None
-        plan, note = launch.plan_chain_across(request, gpu, reached, where, owner=owner)
+        locks.acquire()  # released once every stage exists (their labels then hold the GPUs), or on the way out
+        plan, note = launch.plan_chain_across(request, gpu, reached, where, owner=owner, run_id=locks.run_id)
         if note:
             say(note)
         say(f"run {plan.run_id} across {len(reached)} hosts: " + "; ".join(
@@ -354,10 +356,11 @@ def _across(
         try:
             outcome = launch.run_chain(
                 plan, reached[0].engine, reporter, lambda scope: signals.route_to(scope.request_stop),
-                detach=detach, reached=reached,
+                detach=detach, reached=reached, locks=locks,
             )  # fmt: skip
         finally:
             reporter.close()
     finally:
+        locks.release()
         across.close_all(reached)
     _finish(outcome, plan.run_id, as_json, said=getattr(reporter, "said", ""))
