@@ -8,7 +8,7 @@ from click.testing import CliRunner
 
 from pp_launch.adapters.nvml import NvmlUnavailable
 from pp_launch.app.worker_check import StepFailure
-from pp_launch.cli import housekeeping_cmd, node_cmd
+from pp_launch.cli import engines, node_cmd
 from pp_launch.cli.main import main
 from pp_launch.core import errors, events
 from pp_launch.core.announce import AnnouncementError
@@ -55,7 +55,7 @@ def test_every_error_type_through_a_command_is_one_plain_line_and_its_exit_code(
     def boom() -> None:
         raise error
 
-    monkeypatch.setattr(housekeeping_cmd, "connect", boom)  # what `pp-launch ps` calls first
+    monkeypatch.setattr(engines, "connect", boom)  # what `pp-launch ps` calls first (cli/engines.py)
     result = CliRunner().invoke(main, ["ps"], catch_exceptions=False)
     assert result.exit_code == error.exit_code
     assert result.output == f"pp-launch: error: {error}\n"
