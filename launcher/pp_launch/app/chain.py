@@ -45,6 +45,13 @@ def check_name_prefix(prefix: str) -> None:
         raise errors.ConfigError(f"--name {prefix!r} is not a valid container name prefix ([a-zA-Z0-9][a-zA-Z0-9_.-]*)")
 
 
+def check_request(request: ChainRequest) -> None:
+    """What a plan checks of the request before anything else (exit 2)."""
+    check_image_name(request.image)
+    if request.name_prefix is not None:
+        check_name_prefix(request.name_prefix)
+
+
 @dataclass(frozen=True)
 class GpuOptions:
     mode: str = "auto"
@@ -68,9 +75,7 @@ def plan_chain(
 ) -> tuple[ChainPlan, str]:
     """The plan and a note for the user (e.g. why stages run on CPU). `engine` None: a dry run without an
     engine, which cannot see GPUs held by running containers."""
-    check_image_name(request.image)
-    if request.name_prefix is not None:
-        check_name_prefix(request.name_prefix)
+    check_request(request)
     environ = os.environ if environ is None else environ
     run_id = run_id or new_run_id()
     owner = owner or labels.Owner.current().label()
@@ -123,9 +128,7 @@ def plan_chain_across(
 ) -> tuple[ChainPlan, str]:
     """The plan of a chain across hosts: each host's GPUs (its probe, or its inventory file), stages in blocks of
     consecutive stages per host, placed on each host by the allocator, one reservation for all."""
-    check_image_name(request.image)
-    if request.name_prefix is not None:
-        check_name_prefix(request.name_prefix)
+    check_request(request)
     environ = os.environ if environ is None else environ
     run_id = run_id or new_run_id()
     owner = owner or labels.Owner.current().label()
