@@ -99,7 +99,8 @@ def connect(timeout: float | None = None, host: str | None = None) -> Engine:
     if timeout is None:
         timeout = float(os.environ.get("PP_ENGINE_TIMEOUT", "30"))
     if host is not None:
-        return Engine(_host_client(host, timeout), timeout, host)
+        context = _context(host)
+        return Engine(_host_client(host, context, timeout), timeout, host, context.url)
     try:
         client = docker.from_env(timeout=max(1, int(timeout)))
         client.ping()
@@ -159,8 +160,7 @@ def host_url(host: str) -> str:
     return _context(host).url
 
 
-def _host_client(host: str, timeout: float) -> docker.DockerClient:
-    context = _context(host)
+def _host_client(host: str, context: _Context, timeout: float) -> docker.DockerClient:
     url, tls = context.url, context.tls
     where = host if url == host else f"{host} ({url})"
     try:
@@ -212,11 +212,13 @@ class ContainerInfo:
 class Engine:
     """Thin, typed wrapper over docker-py's low-level API."""
 
-    def __init__(self, client: docker.DockerClient, timeout: float = 30.0, host: str | None = None) -> None:
+    def __init__(
+        self, client: docker.DockerClient, timeout: float = 30.0, host: str | None = None, url: str | None = None
+    ) -> None:
         self.client = client
         self.timeout = timeout
         self.host = host  # as the user named it (--host); None: DOCKER_HOST or the default socket
-        self.address = engine_address() if host is None else f"{host_url(host)} (host {host})"
+        self.address = engine_address() if host is None else f"{url or host} (host {host})"
         self.api: Any = _Guarded(client.api, self.address)
 
     def identity(self) -> tuple[str, str]:

@@ -195,23 +195,6 @@ def live_gpu_labels(engine: Engine) -> list[Mapping[str, str]]:
     ]
 
 
-def parse_inventory_overrides(values: Sequence[str], hosts: Sequence[str]) -> tuple[str | None, dict[str, str]]:
-    """--gpu-inventory values: FILE (every host, or the one engine) or HOST=FILE (that host)."""
-    plain: str | None = None
-    per_host: dict[str, str] = {}
-    for value in values:
-        name, sep, path = value.partition("=")
-        if sep and name in hosts:
-            per_host[name] = path
-        elif sep and hosts and not Path(value).exists():
-            raise errors.ConfigError(
-                f"--gpu-inventory {value}: {name} is not one of the hosts ({', '.join(hosts)}); use HOST=FILE"
-            )
-        else:
-            plain = value
-    return plain, per_host
-
-
 def host_gpus(
     hosts: Sequence[Host],
     image: str,
