@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import random
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,9 @@ from pp_launch.core.gpu.allocator import (
     Unit,
     _closest_ring,
     _greedy_ring,
+    _ring_order,
     allocate,
+    distance,
     parse_visible,
     plan_cost,
     units,
@@ -301,6 +304,90 @@ def test_the_exact_search_is_never_worse_than_greedy_growth_and_often_better() -
         assert exact <= greedy
         better += exact < greedy
     assert better >= 10, f"greedy matched the exact search on all but {better} machines"
+
+
+def arbitrary_machine(rng: random.Random, n: int) -> GpuInventory:
+    """n GPUs whose pairwise distances are drawn at random from a few levels: none of a real machine's structure
+    (a PCIe tree, NVLink pairs) for the search to lean on, many ties."""
+    levels = rng.choice([[10, 50], [10, 20, 30, 40, 50], [7, 10, 40]])
+    topo = [[0] * n for _ in range(n)]
+    for i, j in itertools.combinations(range(n), 2):
+        topo[i][j] = topo[j][i] = rng.choice(levels)
+    gpus = tuple(Gpu(index=i, uuid=f"GPU-{i:04d}", pci_bus_id=f"00000000:{0x18 + i:02X}:00.0") for i in range(n))
+    return GpuInventory(gpus=gpus, topology=tuple(tuple(r) for r in topo))
+
+
+def split_minimum(inv: GpuInventory, pool: list[Unit], need: int, k: int) -> tuple[int, int]:
+    """Every choice of `need` units, every split of them into stages of k (each split once: a stage is a set),
+    every order of the stages round the ring (the first fixed): the least (within, hops)."""
+    dist = {(a.uuid, b.uuid): distance(inv, a, b) for a in pool for b in pool}
+
+    def splits(rest: list[Unit]) -> Iterator[list[list[Unit]]]:
+        if not rest:
+            yield []
+            return
+        for mates in itertools.combinations(rest[1:], k - 1):
+            left = [u for u in rest[1:] if u not in mates]
+            for more in splits(left):
+                yield [[rest[0], *mates], *more]
+
+    best: tuple[int, int] | None = None
+    for chosen in itertools.combinations(pool, need):
+        for groups in splits(list(chosen)):
+            within = sum(dist[a.uuid, b.uuid] for g in groups for a, b in itertools.combinations(g, 2))
+            if best is not None and within > best[0]:
+                continue
+            s = len(groups)
+            hop = [[min(dist[a.uuid, b.uuid] for a in g1 for b in g2) for g2 in groups] for g1 in groups]
+            rings = (hop[0][o[0]] + sum(hop[x][y] for x, y in itertools.pairwise(o)) + hop[o[-1]][0]
+                     for o in itertools.permutations(range(1, s))) if s > 1 else iter([0])  # fmt: skip
+            cost = (within, min(rings))
+            best = cost if best is None or cost < best else best
+    assert best is not None
+    return best
+
+
+@pytest.mark.parametrize(
+    ("gpus", "stages", "per_stage"), [(16, 2, 8), (12, 3, 4), (12, 4, 3), (12, 2, 6), (10, 5, 2), (9, 3, 3)]
+)
+def test_stages_of_several_gpus_cost_the_exhaustive_minimum_up_to_sixteen_gpus(
+    gpus: int, stages: int, per_stage: int
+) -> None:
+    """Stages of several GPUs are searched as splits of the candidates with interchangeable GPUs and
+    interchangeable pairs of GPUs (two NVLink pairs on one socket) cut; against every split, on machines built
+    like real ones (all GPUs free, or some busy) and on arbitrary distances."""
+    rng = random.Random(gpus * 100 + stages * 10 + per_stage)
+    for trial in range(4):
+        if trial < 3:
+            inv = random_inventory(rng, gpus, unknowns=False, mig=False)
+            busy = (GpuProcess(4242, 10),)
+            taken = set(rng.sample(range(gpus), trial)) if gpus - trial >= stages * per_stage else set()
+            inv = dataclasses.replace(
+                inv, gpus=tuple(dataclasses.replace(g, processes=busy if g.index in taken else ()) for g in inv.gpus)
+            )
+        else:
+            inv = arbitrary_machine(rng, gpus)
+        free = [u for u in units(inv) if not u.processes]
+        p = allocate(inv, AllocationRequest(stages=stages, per_stage=per_stage), {})
+        assert p.cost is not None and p.cost.exact
+        want = split_minimum(inv, free, stages * per_stage, per_stage)
+        assert (p.cost.within, p.cost.hops) == want, f"trial {trial}: {stages}x{per_stage} on {inv}"
+
+
+@pytest.mark.parametrize("stages", [2, 3, 4, 5, 6, 7, 8])
+def test_the_ring_of_stages_is_the_cheapest_and_the_first_of_equals(stages: int) -> None:
+    """Every order up to five stages, Held-Karp above: both give the least ring and, of equal rings, the first
+    order in lexicographic order (one inventory, one plan)."""
+    rng = random.Random(stages)
+    for _ in range(20):
+        h = [[0] * stages for _ in range(stages)]
+        for i, j in itertools.combinations(range(stages), 2):
+            h[i][j] = h[j][i] = rng.choice([7, 10, 40, 50])
+        want = min(
+            (sum(h[o[i]][o[(i + 1) % stages]] for i in range(stages)), list(o))
+            for o in ((0, *rest) for rest in itertools.permutations(range(1, stages)))
+        )
+        assert _ring_order(h) == want
 
 
 def test_more_than_sixteen_candidates_fall_back_to_greedy_and_say_so() -> None:

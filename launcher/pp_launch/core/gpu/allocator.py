@@ -263,7 +263,6 @@ def _ring_cost(inventory: GpuInventory, order: Sequence[Unit], per_stage: int) -
 
 
 EXACT_MAX = 16  # exact search (branch and bound) up to this many candidate units; greedy above
-WITHIN = 10**6  # cost = within * WITHIN + hops: a stage's own closeness first, then the ring
 
 
 def plan_cost(inventory: GpuInventory, order: Sequence[Unit], per_stage: int) -> tuple[int, int]:
@@ -278,7 +277,275 @@ def _closest_ring(inventory: GpuInventory, free: list[Unit], need: int, per_stag
     greedy = _greedy_ring(inventory, pool, need)
     if len(pool) > EXACT_MAX:
         return greedy
-    return _exact(inventory, pool, need, per_stage, greedy)
+    d = [[distance(inventory, a, b) for b in pool] for a in pool]
+    index = {id(u): i for i, u in enumerate(pool)}
+    start = [index[id(u)] for u in greedy]
+    found = _exact_ring(d, need, start) if per_stage == 1 else _exact_stages(d, need, per_stage, start)
+    return greedy if found is None else [pool[i] for i in found]
+
+
+def _twins_below(d: list[list[int]]) -> list[list[int]]:
+    """For each unit, the lower units interchangeable with it (twins: one distance apart each way, and alike
+    to every other unit). Twins are all alike to each other too, so they form classes."""
+    n = len(d)
+    return [
+        [t for t in range(i) if d[i][t] == d[t][i] and all(d[i][x] == d[t][x] for x in range(n) if x not in (i, t))]
+        for i in range(n)
+    ]
+
+
+def _nearest(d: list[list[int]]) -> list[list[tuple[int, int]]]:
+    """Each unit's others, closest first: (distance, unit)."""
+    return [sorted((row[j], j) for j in range(len(d)) if j != i) for i, row in enumerate(d)]
+
+
+def _exact_ring(d: list[list[int]], need: int, start: list[int]) -> list[int] | None:
+    """One unit per stage: choose `need` units of the pool and their order round the ring, minimising the sum of
+    hop distances (last -> first included). Branch and bound; None when nothing beats `start` (the greedy plan).
+    Symmetries cut: the first unit is the lowest chosen (a ring has no start) and of twins the lower is used
+    first. The bound: each unit still to come has an edge in and an edge out, each at least its nearest
+    distances to the units that can still be joined; every edge is seen from both ends, so the sum is halved.
+    A state (units used, first and last unit) reached again at no lower cost is not searched again. Ties keep
+    the first found in pool order (bus ids), so one inventory gives one plan."""
+    n = len(d)
+    twins_below = _twins_below(d)
+    near = _nearest(d)
+
+    def ring(seq: list[int]) -> int:
+        return sum(d[seq[i]][seq[(i + 1) % len(seq)]] for i in range(len(seq))) if len(seq) > 1 else 0
+
+    best_cost = ring(start)
+    best: list[int] | None = None
+    seq: list[int] = []
+    used = [False] * n
+    seen: dict[tuple[int, int, int], int] = {}
+
+    def smallest(v: int, q: int, among: list[bool]) -> int:
+        """The sum of v's q smallest distances to units in `among`."""
+        total = 0
+        for dist, j in near[v]:
+            if q == 0:
+                break
+            if among[j]:
+                total += dist
+                q -= 1
+        return total
+
+    def dfs(pos: int, cost: int, mask: int) -> None:
+        nonlocal best_cost, best
+        if 0 < pos < need:
+            key = (mask, seq[0], seq[-1])  # what is left depends only on these
+            if seen.get(key, cost + 1) <= cost:
+                return
+            seen[key] = cost
+        if pos == need:
+            total = cost + (d[seq[-1]][seq[0]] if need > 1 else 0)
+            if total < best_cost or (best is None and total == best_cost):
+                best_cost, best = total, list(seq)
+            return
+        steps = sorted(
+            (d[seq[-1]][u] if pos else 0, u)
+            for u in range(n)
+            if not used[u] and not (pos and u < seq[0]) and all(used[t] for t in twins_below[u])
+        )
+        # what every child shares: the units still free (the child's own unit among them, which only loosens
+        # the bound) and, for each, its two nearest among the free units and the ends (the first unit, and the
+        # last placed, which is the child's own unit, free here)
+        free = [not x for x in used]
+        ends = list(free)
+        if seq:
+            ends[seq[0]] = True
+        two = sorted(smallest(v, 2, ends) for v in range(n) if free[v])
+        for add, u in steps:
+            used[u] = True
+            seq.append(u)
+            floor = cost + add
+            if need > 1 and pos + 1 < need:
+                floor += -(-(sum(two[: need - pos - 1]) + smallest(u, 1, free) + smallest(seq[0], 1, free)) // 2)
+            if floor < best_cost or (best is None and floor == best_cost):
+                dfs(pos + 1, cost + add, mask | 1 << u)
+            seq.pop()
+            used[u] = False
+
+    dfs(0, 0, 0)
+    return best
+
+
+def _exact_stages(d: list[list[int]], need: int, k: int, start: list[int]) -> list[int] | None:
+    """Stages of k > 1 units: the least (within, hops) over every way to choose `need` units of the pool, split
+    them into stages and order the stages round the ring; None when nothing beats `start` (the greedy plan).
+    Since `within` comes first, the search runs over the split alone (stages as sets, in order of their lowest
+    unit, each stage's units ascending) and orders the stages of each split it completes exactly (_ring_order).
+    Symmetries cut: of twins the lower is used first, and of interchangeable classes of twins (same size,
+    same distance inside, alike to every other unit: two NVLink pairs on one switch level, say) the lower is
+    opened first. Bounds: each unit still to come is at least its nearest distances to the units it can still
+    share a stage with; each stage of the ring has two hops, at least its two nearest units outside it. Ties
+    keep the first found, so one inventory gives one plan."""
+    n = len(d)
+    stages = need // k
+    twins_below = _twins_below(d)
+    near = _nearest(d)
+    klass = list(range(n))  # each unit's class of twins, named by its lowest unit
+    for i in range(n):
+        if twins_below[i]:
+            klass[i] = klass[twins_below[i][0]]
+    size = {c: klass.count(c) for c in set(klass)}
+    heads = sorted(size)
+
+    def alike(a: int, b: int) -> bool:
+        """Classes a and b (by their lowest units) can be swapped whole without changing any cost."""
+        inner_a = next((d[a][x] for x in range(n) if x != a and klass[x] == a), None)
+        inner_b = next((d[b][x] for x in range(n) if x != b and klass[x] == b), None)
+        return (
+            size[a] == size[b]
+            and inner_a == inner_b
+            and d[a][b] == d[b][a]
+            and all(d[a][x] == d[b][x] for x in heads if x not in (a, b))
+        )
+
+    opens_after: list[list[int]] = [[] for _ in range(n)]  # a class's lowest unit: lower alike classes' lowest
+    for j in heads:
+        opens_after[j] = [i for i in heads if i < j and alike(i, j)]
+    dmin = min((d[i][j] for i in range(n) for j in range(n) if i != j), default=0)
+
+    def cost_of(seq: list[int]) -> tuple[int, int]:
+        groups = [seq[i : i + k] for i in range(0, need, k)]
+        within = sum(d[a][b] for g in groups for a, b in itertools.combinations(g, 2))
+        if stages == 1:
+            return within, 0
+        return within, sum(min(d[a][b] for a in groups[i] for b in groups[(i + 1) % stages]) for i in range(stages))
+
+    best_w, best_h = cost_of(start)
+    best: list[int] | None = None
+    seq: list[int] = []
+    used = [False] * n
+    hrows: list[list[int]] = []  # hrows[j][i]: the hop between complete stages j and i < j
+    outs: list[int] = []  # each complete stage's two hops at least (its two nearest units outside it)
+
+    def smallest(v: int, q: int, above: int) -> int:
+        """The sum of v's q smallest distances to unused units above `above`."""
+        total = 0
+        for dist, j in near[v]:
+            if q == 0:
+                break
+            if j > above and not used[j]:
+                total += dist
+                q -= 1
+        return total
+
+    def within_floor(pos: int) -> int:
+        """At least what the units still to come add to `within` (seq holds pos > 0 units). The stage being
+        filled takes units above its last; stages not begun take units above the lowest of the latest stage.
+        Each pair is seen from both its ends, so the sum is halved."""
+        slot = pos % k
+        q = (k - slot) % k  # units still to come in the stage being filled
+        full = (need - pos - q) // k  # stages not begun
+        twice = 0
+        if q:
+            first, last, mates = seq[pos - slot], seq[-1], seq[pos - slot :]
+            terms = sorted(
+                2 * sum(d[v][m] for m in mates) + smallest(v, q - 1, last) for v in range(last + 1, n) if not used[v]
+            )
+            twice += sum(terms[:q])
+        else:
+            first = seq[pos - k]
+        if full:
+            twice += sum(sorted(smallest(v, k - 1, first) for v in range(first + 1, n) if not used[v])[: full * k])
+        return -(-twice // 2)
+
+    def leaf(within: int) -> None:
+        nonlocal best_w, best_h, best
+        hops, order = 0, [0]
+        if stages > 1:
+            h = [[0] * stages for _ in range(stages)]
+            for j in range(stages):
+                for i in range(j):
+                    h[i][j] = h[j][i] = hrows[j][i]
+            # a ring enters and leaves each stage: at least its two nearest stages (one, twice, for two stages)
+            ends = (sorted(h[g][x] for x in range(stages) if x != g) for g in range(stages))
+            floor = 2 * h[0][1] if stages == 2 else -(-sum(e[0] + e[1] for e in ends) // 2)
+            if within == best_w and (floor > best_h or (floor == best_h and best is not None)):
+                return
+            hops, order = _ring_order(h)
+        if (within, hops) < (best_w, best_h) or (best is None and (within, hops) == (best_w, best_h)):
+            best_w, best_h = within, hops
+            best = [u for s in order for u in seq[s * k : (s + 1) * k]]
+
+    def dfs(pos: int, within: int) -> None:
+        if pos == need:
+            leaf(within)
+            return
+        slot = pos % k
+        lo = (seq[pos - k] if pos else -1) if slot == 0 else seq[-1]
+        twice_hops = sum(outs) + (stages - len(outs)) * 2 * dmin if stages > 1 else 0
+        children = []
+        for u in range(lo + 1, n):
+            if used[u] or not all(used[t] for t in twins_below[u]) or not all(used[t] for t in opens_after[u]):
+                continue
+            if slot == 0 and sum(1 for v in range(u + 1, n) if not used[v]) < need - pos - 1:
+                break  # too few units above u left to fill the stages: the same for every higher u
+            add = sum(d[u][m] for m in seq[pos - slot :])
+            used[u] = True
+            seq.append(u)
+            out, twice = 0, twice_hops
+            if stages > 1 and slot == k - 1:  # u completes a stage: its units' nearest outside it (in another
+                g = seq[pos + 1 - k :]  # stage, or still to be placed: above its lowest)
+                reach = sorted(min(d[v][x] for v in g) for x in range(n) if x not in g and (used[x] or x > g[0]))
+                out = reach[0] + reach[1] if stages > 2 else 2 * reach[0]
+                twice += out - 2 * dmin
+            floor = within + add + (within_floor(pos + 1) if pos + 1 < need else 0)
+            seq.pop()
+            used[u] = False
+            children.append((floor, -(-twice // 2), u, add, out))
+        children.sort()  # the most promising first: a good plan found early prunes the rest
+        for floor, hop_floor, u, add, out in children:
+            if (floor, hop_floor) > (best_w, best_h) or ((floor, hop_floor) == (best_w, best_h) and best is not None):
+                continue  # (best may have improved since the children were listed)
+            used[u] = True
+            seq.append(u)
+            completes = stages > 1 and slot == k - 1
+            if completes:
+                g = seq[pos + 1 - k :]
+                hrows.append([min(d[a][b] for a in g for b in seq[i * k : (i + 1) * k]) for i in range(len(outs))])
+                outs.append(out)
+            dfs(pos + 1, within + add)
+            if completes:
+                hrows.pop()
+                outs.pop()
+            seq.pop()
+            used[u] = False
+
+    dfs(0, 0)
+    return best
+
+
+def _ring_order(h: list[list[int]]) -> tuple[int, list[int]]:
+    """The cheapest ring through the stages (h: the hop between each two), from stage 0; of equal rings the
+    first in lexicographic order. Every order up to five stages, Held-Karp above."""
+    s = len(h)
+    if s <= 5:
+        return min(
+            (sum(h[o[i]][o[(i + 1) % s]] for i in range(s)), list(o))
+            for o in ((0, *rest) for rest in itertools.permutations(range(1, s)))
+        )
+    full = (1 << s) - 1
+    memo: dict[tuple[int, int], int] = {}
+
+    def rest(mask: int, v: int) -> int:
+        """The least cost from stage v through the stages not in mask and back to stage 0."""
+        if mask == full:
+            return h[v][0]
+        if (mask, v) not in memo:
+            memo[mask, v] = min(h[v][w] + rest(mask | 1 << w, w) for w in range(1, s) if not mask >> w & 1)
+        return memo[mask, v]
+
+    order, mask, v = [0], 1, 0
+    while mask != full:
+        here = rest(mask, v)
+        v = next(w for w in range(1, s) if not mask >> w & 1 and h[v][w] + rest(mask | 1 << w, w) == here)
+        order.append(v)
+        mask |= 1 << v
+    return rest(1, 0), order
 
 
 def _greedy_ring(inventory: GpuInventory, pool: list[Unit], need: int) -> list[Unit]:
@@ -290,131 +557,6 @@ def _greedy_ring(inventory: GpuInventory, pool: list[Unit], need: int) -> list[U
         order.append(nxt)
         left.remove(nxt)
     return order
-
-
-def _exact(inventory: GpuInventory, pool: list[Unit], need: int, k: int, start: list[Unit]) -> list[Unit]:
-    """Branch and bound over placements: choose `need` of the pool and order them into stages of k, minimising
-    plan_cost. Symmetries cut: the first unit is the lowest of those chosen (a ring has no start), a stage's
-    units go in pool order (a stage is a set), and of interchangeable units (twins: the same distance to
-    every other unit) the lower is used first. The bound adds to the cost so far what the units still to come
-    must at least add: each new unit's nearest distance once per stage-mate, each ring hop still open the
-    smallest distance of all. Ties keep the first found in pool order, so one inventory gives one plan."""
-    n = len(pool)
-    d = [[distance(inventory, a, b) for b in pool] for a in pool]
-    twins_below = [
-        [t for t in range(i) if d[i][t] == d[t][i] and all(d[i][x] == d[t][x] for x in range(n) if x not in (i, t))]
-        for i in range(n)
-    ]
-    dmin = min((d[i][j] for i in range(n) for j in range(n) if i != j), default=0)
-    stages = need // k
-    index = {id(u): i for i, u in enumerate(pool)}
-
-    def cost_of(seq: list[int]) -> int:
-        within, hops = _ring_cost(inventory, [pool[i] for i in seq], k)
-        return within * WITHIN + hops
-
-    best_cost = cost_of([index[id(u)] for u in start])
-    best: list[int] | None = None
-    seq: list[int] = []
-    used = [False] * n
-    # dominance: a state (see dfs) reached again at no lower cost is not searched again
-    seen: dict[tuple[int, tuple[int, ...], tuple[int, ...], tuple[int, ...]], int] = {}
-
-    near = [sorted((d[i][j], j) for j in range(n) if j != i) for i in range(n)]  # each unit's others, closest first
-
-    def smallest(v: int, q: int, among: list[bool]) -> int:
-        """The sum of v's q smallest distances to units in `among` (future pairs and edges join only those)."""
-        total = 0
-        for dist, j in near[v]:
-            if q == 0:
-                break
-            if among[j]:
-                total += dist
-                q -= 1
-        return total
-
-    Parts = tuple[list[bool], list[int], list[int], list[int]]
-
-    def node_parts() -> Parts:
-        """What every child of this node shares, computed once: the free units (the child's own unit still among
-        them, which only loosens the bounds below) and the sorted per-unit terms of the bounds."""
-        free = [not x for x in used]
-        free_units = [v for v in range(n) if free[v]]
-        full_terms = sorted(smallest(v, k - 1, free) for v in free_units) if k > 1 else []
-        two_terms: list[int] = []
-        if k == 1 and stages > 1:  # edges to come join the free units and the two ends (the first unit is free
-            ends = list(free)  # itself at the root, the last placed is the child's unit, free here)
-            if seq:
-                ends[seq[0]] = True
-            two_terms = sorted(smallest(v, 2, ends) for v in free_units)
-        return free, free_units, full_terms, two_terms
-
-    def bound_rest(pos: int, parts: Parts) -> int:
-        """A lower bound on what positions pos..need-1 and the hops not yet counted add (seq has pos units).
-        Halves are kept doubled: each pair inside a stage, each ring edge, is seen from both its ends."""
-        free, free_units, full_terms, two_terms = parts
-        slot = pos % k
-        q = (k - slot) % k  # units still to come in the stage being filled
-        full = (need - pos - q) // k  # stages not begun
-        mates = seq[pos - slot :] if slot else []
-        within2 = 0
-        if q:
-            terms = (2 * sum(d[v][m] for m in mates) + smallest(v, q - 1, free) for v in free_units if not used[v])
-            within2 += sum(sorted(terms)[:q])
-        if k > 1 and full:
-            within2 += sum(full_terms[: full * k])
-        bound = -(-within2 // 2) * WITHIN
-        if stages > 1 and pos < need:
-            if k == 1:  # each unit to come has an edge in and out (the last one's out closes the ring)
-                r = need - pos
-                bound += -(-(sum(two_terms[:r]) + smallest(seq[-1], 1, free) + smallest(seq[0], 1, free)) // 2)
-            else:
-                bound += (stages - max(0, pos // k - 1)) * dmin
-        return bound
-
-    def hop(g1: list[int], g2: list[int]) -> int:
-        return min(d[a][b] for a in g1 for b in g2)
-
-    def dfs(pos: int, cost: int, mask: int) -> None:
-        nonlocal best_cost, best
-        if k <= pos < need:
-            # What is left depends only on the units used, the first stage (closing hop), the last complete
-            # stage (the next hop) and the stage being filled.
-            slot = pos % k
-            done = pos - slot
-            key = (mask, tuple(seq[:k]), tuple(seq[done - k : done]), tuple(seq[done:]))
-            if seen.get(key, cost + 1) <= cost:
-                return
-            seen[key] = cost
-        if pos == need:
-            total = cost + (hop(seq[-k:], seq[:k]) if stages > 1 else 0)
-            if total < best_cost or (best is None and total == best_cost):
-                best_cost, best = total, list(seq)
-            return
-        slot = pos % k
-        steps = []
-        for u in range(n):
-            if used[u] or (pos > 0 and u < seq[0]) or (slot > 0 and u < seq[-1]):
-                continue
-            if any(not used[t] for t in twins_below[u]):
-                continue
-            add = sum(d[u][m] for m in seq[pos - slot :]) * WITHIN
-            if slot == k - 1 and pos >= k:  # this unit completes a stage: the hop from the one before is known
-                add += hop(seq[pos - slot - k : pos - slot], [*seq[pos - slot :], u])
-            steps.append((add, u))
-        steps.sort()
-        parts = node_parts()
-        for add, u in steps:
-            used[u] = True
-            seq.append(u)
-            floor = cost + add + bound_rest(pos + 1, parts)
-            if floor < best_cost or (best is None and floor == best_cost):
-                dfs(pos + 1, cost + add, mask | 1 << u)
-            seq.pop()
-            used[u] = False
-
-    dfs(0, 0, 0)
-    return start if best is None else [pool[i] for i in best]
 
 
 def _closest_subset(inventory: GpuInventory, pool: list[Unit], need: int) -> list[Unit]:
