@@ -12,7 +12,7 @@ Rules (issue 4):
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from pp_launch.core import errors
@@ -433,25 +433,33 @@ def _exact_stages(d: list[list[int]], need: int, k: int, start: list[int]) -> li
                 q -= 1
         return total
 
-    def within_floor(pos: int) -> int:
-        """At least what the units still to come add to `within` (seq holds pos > 0 units). The stage being
-        filled takes units above its last; stages not begun take units above the lowest of the latest stage.
-        Each pair is seen from both its ends, so the sum is halved."""
+    def within_floors(pos: int, lo: int) -> Callable[[int], int]:
+        """For the children of a node (seq holds pos units, a child puts a unit u > lo at pos): at least what the
+        units after u add to `within`. The rest of u's stage takes units above u; stages not begun take units
+        above their lowest, so above the lowest of u's stage. Each pair is seen from both its ends, so the sum is
+        halved. What the children share is worked out once here: there u itself still counts as free and the
+        nearest are sought above lo (slot 0) or above its stage's lowest, which can only lower the floor."""
         slot = pos % k
-        q = (k - slot) % k  # units still to come in the stage being filled
-        full = (need - pos - q) // k  # stages not begun
-        twice = 0
-        if q:
-            first, last, mates = seq[pos - slot], seq[-1], seq[pos - slot :]
-            terms = sorted(
-                2 * sum(d[v][m] for m in mates) + smallest(v, q - 1, last) for v in range(last + 1, n) if not used[v]
-            )
-            twice += sum(terms[:q])
-        else:
-            first = seq[pos - k]
-        if full:
-            twice += sum(sorted(smallest(v, k - 1, first) for v in range(first + 1, n) if not used[v])[: full * k])
-        return -(-twice // 2)
+        q = k - slot - 1  # units after u in its stage
+        rest = need - pos - 1 - q  # units in stages not begun
+        base = seq[pos - slot] if slot else lo
+        full = sorted((smallest(v, k - 1, base), v) for v in range(base + 1, n) if not used[v]) if rest else []
+        mates = seq[pos - slot :]
+        part = (
+            {v: 2 * sum(d[v][m] for m in mates) + smallest(v, q - 1, lo) for v in range(lo + 1, n) if not used[v]}
+            if q
+            else {}
+        )
+
+        def floor(u: int) -> int:
+            twice = 0
+            if q:
+                twice += sum(sorted(part[v] + 2 * d[v][u] for v in range(u + 1, n) if not used[v])[:q])
+            if rest:
+                twice += sum(itertools.islice((t for t, v in full if v != u and (slot or v > u)), rest))
+            return -(-twice // 2)
+
+        return floor
 
     def leaf(within: int) -> None:
         nonlocal best_w, best_h, best
@@ -478,6 +486,7 @@ def _exact_stages(d: list[list[int]], need: int, k: int, start: list[int]) -> li
         slot = pos % k
         lo = (seq[pos - k] if pos else -1) if slot == 0 else seq[-1]
         twice_hops = sum(outs) + (stages - len(outs)) * 2 * dmin if stages > 1 else 0
+        within_floor = within_floors(pos, lo) if pos + 1 < need else lambda u: 0
         children = []
         for u in range(lo + 1, n):
             if used[u] or not all(used[t] for t in twins_below[u]) or not all(used[t] for t in opens_after[u]):
@@ -493,9 +502,9 @@ def _exact_stages(d: list[list[int]], need: int, k: int, start: list[int]) -> li
                 reach = sorted(min(d[v][x] for v in g) for x in range(n) if x not in g and (used[x] or x > g[0]))
                 out = reach[0] + reach[1] if stages > 2 else 2 * reach[0]
                 twice += out - 2 * dmin
-            floor = within + add + (within_floor(pos + 1) if pos + 1 < need else 0)
             seq.pop()
             used[u] = False
+            floor = within + add + within_floor(u)
             children.append((floor, -(-twice // 2), u, add, out))
         children.sort()  # the most promising first: a good plan found early prunes the rest
         for floor, hop_floor, u, add, out in children:
