@@ -88,13 +88,16 @@ def units(inventory: GpuInventory) -> list[Unit]:
 
 
 def distance(inventory: GpuInventory, a: Unit, b: Unit) -> int:
-    """Lower is closer. NVLink beats any PCIe path (more links, closer); then NVML's common-ancestor level."""
-    if a.gpu_pos == b.gpu_pos:
+    """Lower is closer. NVLink beats any PCIe path (more links, closer); then NVML's common-ancestor level.
+    The same both ways (the search's bounds count on it) even where an inventory's matrices are not: links seen
+    from either end count, and the farther of two levels read is taken."""
+    i, j = a.gpu_pos, b.gpu_pos
+    if i == j:
         return SAME
-    if inventory.nvlink is not None and (links := inventory.nvlink[a.gpu_pos][b.gpu_pos]) > 0:
+    if inventory.nvlink is not None and (links := max(inventory.nvlink[i][j], inventory.nvlink[j][i])) > 0:
         return max(1, 9 - links)
     if inventory.topology is not None:
-        return inventory.topology[a.gpu_pos][b.gpu_pos]
+        return max(inventory.topology[i][j], inventory.topology[j][i])
     return UNKNOWN
 
 
