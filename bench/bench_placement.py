@@ -25,7 +25,7 @@ from pp_launch.core.gpu import allocator
 from pp_launch.core.gpu.inventory import Gpu, GpuInventory, GpuProcess
 from pp_launch.testing.inventories import random_inventory
 
-SHAPES = [(2, 1), (4, 1), (8, 1), (16, 1), (2, 2), (4, 2), (8, 2), (2, 4), (4, 4), (2, 8), (3, 3), (5, 3)]
+SHAPES = [(2, 1), (4, 1), (8, 1), (12, 1), (16, 1), (2, 2), (4, 2), (8, 2), (2, 4), (4, 4), (2, 8), (3, 3), (5, 3)]
 BUSY_SHAPES = [(2, 1), (4, 1), (8, 1), (12, 1), (2, 2), (4, 2), (6, 2), (2, 4), (3, 4), (2, 6), (3, 3), (4, 3)]
 ARBITRARY = [(16, 1), (8, 2), (4, 4), (2, 8), (5, 3)]
 LEVELS = ([10, 50], [10, 20, 30, 40, 50], [7, 10, 40])

@@ -374,6 +374,22 @@ def test_stages_of_several_gpus_cost_the_exhaustive_minimum_up_to_sixteen_gpus(
         assert (p.cost.within, p.cost.hops) == want, f"trial {trial}: {stages}x{per_stage} on {inv}"
 
 
+@pytest.mark.parametrize("gpus", [10, 11, 12])
+def test_single_gpu_stages_over_every_free_gpu_cost_the_least_ring(gpus: int) -> None:
+    """One GPU per stage on every free GPU of a machine (a ring through all of them): the plan's hops equal the
+    least ring by Held-Karp (checked against every order itself below), on machines built like real ones (NVLink
+    pairs and PCIe pairs make classes of GPUs the search opens in order) and on arbitrary distances."""
+    rng = random.Random(gpus)
+    for trial in range(6):
+        inv = random_inventory(rng, gpus, unknowns=False, mig=False) if trial < 4 else arbitrary_machine(rng, gpus)
+        inv = dataclasses.replace(inv, gpus=tuple(dataclasses.replace(g, processes=()) for g in inv.gpus))
+        pool = units(inv)
+        p = allocate(inv, AllocationRequest(stages=gpus), {})
+        assert p.cost is not None and p.cost.exact
+        least, _ = _ring_order([[distance(inv, a, b) for b in pool] for a in pool])
+        assert p.cost.hops == least, f"trial {trial} on {inv}"
+
+
 @pytest.mark.parametrize("stages", [2, 3, 4, 5, 6, 7, 8])
 def test_the_ring_of_stages_is_the_cheapest_and_the_first_of_equals(stages: int) -> None:
     """Every order up to five stages, Held-Karp above: both give the least ring and, of equal rings, the first

@@ -297,6 +297,35 @@ def _twins_below(d: list[list[int]]) -> list[list[int]]:
     ]
 
 
+def _opens_after(d: list[list[int]], twins_below: list[list[int]]) -> list[list[int]]:
+    """Interchangeable classes of twins: two classes of one size, one distance inside and one distance to every
+    other unit (two NVLink pairs on one socket, two pairs behind PCIe switches of one host bridge) can be swapped
+    whole without changing any cost. For each class's lowest unit: the lowest units of the lower classes alike
+    to it (a search opens those first; for any other unit, nothing)."""
+    n = len(d)
+    klass = list(range(n))  # each unit's class of twins, named by its lowest unit
+    for i in range(n):
+        if twins_below[i]:
+            klass[i] = klass[twins_below[i][0]]
+    size = {c: klass.count(c) for c in set(klass)}
+    heads = sorted(size)
+
+    def alike(a: int, b: int) -> bool:
+        inner_a = next((d[a][x] for x in range(n) if x != a and klass[x] == a), None)
+        inner_b = next((d[b][x] for x in range(n) if x != b and klass[x] == b), None)
+        return (
+            size[a] == size[b]
+            and inner_a == inner_b
+            and d[a][b] == d[b][a]
+            and all(d[a][x] == d[b][x] for x in heads if x not in (a, b))
+        )
+
+    opens_after: list[list[int]] = [[] for _ in range(n)]
+    for j in heads:
+        opens_after[j] = [i for i in heads if i < j and alike(i, j)]
+    return opens_after
+
+
 def _nearest(d: list[list[int]]) -> list[list[tuple[int, int]]]:
     """Each unit's others, closest first: (distance, unit)."""
     return [sorted((row[j], j) for j in range(len(d)) if j != i) for i, row in enumerate(d)]
@@ -305,13 +334,16 @@ def _nearest(d: list[list[int]]) -> list[list[tuple[int, int]]]:
 def _exact_ring(d: list[list[int]], need: int, start: list[int]) -> list[int] | None:
     """One unit per stage: choose `need` units of the pool and their order round the ring, minimising the sum of
     hop distances (last -> first included). Branch and bound; None when nothing beats `start` (the greedy plan).
-    Symmetries cut: the first unit is the lowest chosen (a ring has no start) and of twins the lower is used
-    first. The bound: each unit still to come has an edge in and an edge out, each at least its nearest
+    Symmetries cut: the first unit is the lowest chosen (a ring has no start), of twins the lower is used first
+    and of interchangeable classes the lower is opened first (the lexicographically least of a plan's equals,
+    all rotations and swaps, obeys all three; each rule depends only on the units used, so the state memo below
+    stays sound). The bound: each unit still to come has an edge in and an edge out, each at least its nearest
     distances to the units that can still be joined; every edge is seen from both ends, so the sum is halved.
     A state (units used, first and last unit) reached again at no lower cost is not searched again. Ties keep
     the first found in pool order (bus ids), so one inventory gives one plan."""
     n = len(d)
     twins_below = _twins_below(d)
+    opens_after = _opens_after(d, twins_below)
     near = _nearest(d)
 
     def ring(seq: list[int]) -> int:
@@ -349,7 +381,10 @@ def _exact_ring(d: list[list[int]], need: int, start: list[int]) -> list[int] | 
         steps = sorted(
             (d[seq[-1]][u] if pos else 0, u)
             for u in range(n)
-            if not used[u] and not (pos and u < seq[0]) and all(used[t] for t in twins_below[u])
+            if not used[u]
+            and not (pos and u < seq[0])
+            and all(used[t] for t in twins_below[u])
+            and all(used[t] for t in opens_after[u])
         )
         # what every child shares: the units still free (the child's own unit among them, which only loosens
         # the bound) and, for each, its two nearest among the free units and the ends (the first unit, and the
@@ -388,27 +423,7 @@ def _exact_stages(d: list[list[int]], need: int, k: int, start: list[int]) -> li
     stages = need // k
     twins_below = _twins_below(d)
     near = _nearest(d)
-    klass = list(range(n))  # each unit's class of twins, named by its lowest unit
-    for i in range(n):
-        if twins_below[i]:
-            klass[i] = klass[twins_below[i][0]]
-    size = {c: klass.count(c) for c in set(klass)}
-    heads = sorted(size)
-
-    def alike(a: int, b: int) -> bool:
-        """Classes a and b (by their lowest units) can be swapped whole without changing any cost."""
-        inner_a = next((d[a][x] for x in range(n) if x != a and klass[x] == a), None)
-        inner_b = next((d[b][x] for x in range(n) if x != b and klass[x] == b), None)
-        return (
-            size[a] == size[b]
-            and inner_a == inner_b
-            and d[a][b] == d[b][a]
-            and all(d[a][x] == d[b][x] for x in heads if x not in (a, b))
-        )
-
-    opens_after: list[list[int]] = [[] for _ in range(n)]  # a class's lowest unit: lower alike classes' lowest
-    for j in heads:
-        opens_after[j] = [i for i in heads if i < j and alike(i, j)]
+    opens_after = _opens_after(d, twins_below)
     dmin = min((d[i][j] for i in range(n) for j in range(n) if i != j), default=0)
 
     def cost_of(seq: list[int]) -> tuple[int, int]:
