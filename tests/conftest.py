@@ -1,6 +1,6 @@
 """Shared fixtures. Docker tests fail (never skip) under CI=true when no engine answers, and the session
 fails if anything of ours is left: a container labelled pp-launch.run, a testcontainers container of this
-session, or a launcher process a test started."""
+session, a launcher process a test started, or a watchdog of a launcher of this session."""
 
 from __future__ import annotations
 
@@ -10,15 +10,17 @@ from pathlib import Path
 os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")  # Ryuk cannot be pulled here; we reap by label
 
 import atexit
+import contextlib
 import ctypes
 import shutil
+import signal
 import tempfile
 
 import pytest
 
 from pp_launch.testing import fake_nvml
 
-from .helpers import TESTCONTAINERS_LABEL, live_launchers, ours
+from .helpers import TESTCONTAINERS_LABEL, live_launchers, ours, wait_until, watchdogs
 
 # The suite's own host, whatever this machine is (issue 11): a state directory (lock, reservations) of its own,
 # never the one real runs use, and an NVML that says "no GPU" unless a test gives it an inventory. The fake
@@ -31,6 +33,8 @@ FAKE_NVML = fake_nvml.build(_SESSION_DIR / "nvml")
 ctypes.CDLL(str(FAKE_NVML), mode=ctypes.RTLD_GLOBAL)
 os.environ.update(fake_nvml.environ(FAKE_NVML.parent, _SESSION_DIR / "no-gpu"))
 os.environ["PP_LAUNCH_STATE_DIR"] = str(_SESSION_DIR / "state")
+SESSION_MARK = {"PP_TESTS_SESSION": str(_SESSION_DIR)}  # every child inherits it: how our watchdogs are known
+os.environ.update(SESSION_MARK)
 
 IN_CI = os.environ.get("CI") == "true"
 pytest_plugins = ["pytester"]  # the testing kit's own tests run inner sessions
@@ -72,6 +76,14 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     for proc in live_launchers():
         proc.kill()
         problems.append(f"launcher process {proc.pid} ({' '.join(proc.args[3:6])}...) was still running")
+    # A watchdog still at work when its test ended (a sweep under way) is given a moment; one still retrying
+    # after that waits for an engine that will not come back (torn down under it): a process left behind.
+    if not wait_until(lambda: not watchdogs(**SESSION_MARK), 20, 0.5):
+        for pid in watchdogs(**SESSION_MARK):
+            with contextlib.suppress(OSError):
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                os.kill(pid, signal.SIGKILL)
+                problems.append(f"watchdog process {pid} ({cmd.strip()}) was still running")
     try:
         from pp_launch.adapters.docker_engine import connect
 

@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 from testcontainers.core.labels import SESSION_ID
@@ -30,6 +31,25 @@ def spawn(argv: list[str], env: dict[str, str], **kwargs: Any) -> subprocess.Pop
     proc = subprocess.Popen(argv, env=env, **kwargs)
     _launchers.append(proc)
     return proc
+
+
+def watchdogs(**environ: str) -> list[int]:
+    """The pids of watchdog processes (`python -m pp_launch.adapters.watchdog`, started by launchers in sessions
+    of their own, so not among the processes a test started) whose environment has every one of `environ`."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            if b"pp_launch.adapters.watchdog" not in Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0"):
+                continue
+            items = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        env = dict(item.split(b"=", 1) for item in items if b"=" in item)
+        if all(env.get(k.encode()) == v.encode() for k, v in environ.items()):
+            found.append(int(entry))
+    return found
 
 
 def remember_run(run_id: str) -> None:

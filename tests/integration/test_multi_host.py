@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import pytest
 
 from ..gpu_host import DATA
-from ..helpers import Launcher, remember_run, spawn, wait_until
+from ..helpers import Launcher, remember_run, spawn, wait_until, watchdogs
 from ..multi_host import ThreeHosts
 
 pytestmark = pytest.mark.docker
@@ -39,6 +39,8 @@ def clean(bed: ThreeHosts) -> Iterator[ThreeHosts]:
     """Each test starts and ends with no container of ours on any of the three engines."""
     assert bed.ours() == {"local": [], "a": [], "b": []}
     yield bed
+    # the run's watchdogs finish their sweep before the next test (or the testbed's end) takes a host away
+    assert wait_until(lambda: not watchdogs(PP_LAUNCH_STATE_DIR=str(bed.state_dir)), 60, 0.5), "watchdogs left"
     left = bed.ours()
     for name, ids in left.items():
         if ids:
