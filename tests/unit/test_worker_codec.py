@@ -47,11 +47,13 @@ def test_the_golden_lines_carry_the_seed_types() -> None:
     step = w.decode(GOLDEN["commands"][5], w.COMMANDS)
     assert isinstance(step, w.ExecuteStep)
     assert step.inputs == [
-        w.InputBinding(device_handle=w.DeviceHandle(worker_generation=1, id=1), object_id=1, sequence=0)
+        w.InputBinding(
+            device_handle=w.DeviceHandle(worker_generation=1, id=1), object_id=1, sequence=0, port_id="input"
+        )
     ]
-    assert step.outputs == [w.OutputBinding(ring_id=2, object_id=500, sequence=0, flags=0)]
+    assert step.outputs == [w.OutputBinding(ring_id=2, object_id=500, sequence=0, flags=0, port_id="output", extent=4)]
     produced = w.decode(GOLDEN["events"][5], w.EVENTS)
-    assert isinstance(produced, w.ObjectProduced) and produced.committed_bytes == 256 and produced.edge_id == 102
+    assert isinstance(produced, w.ObjectProduced) and produced.committed_bytes == 44 and produced.edge_id == 102
 
 
 def test_unsolicited_ring_events_decode_as_events_not_commands() -> None:

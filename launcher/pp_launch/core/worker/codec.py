@@ -63,16 +63,19 @@ class InputBinding(_Checked):
     device_handle: DeviceHandle
     object_id: int
     sequence: int
+    port_id: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
 class OutputBinding(_Checked):
-    """An `ExecuteStep` output: the object the step must write to an egress ring."""
+    """An `ExecuteStep` output: the object the step must write to an egress ring (`extent`: its payload bytes)."""
 
     ring_id: int
     object_id: int
     sequence: int
     flags: int = 0
+    port_id: str | None = None
+    extent: int | None = None
 
 
 NESTED: tuple[type, ...] = (DeviceHandle, InputBinding, OutputBinding)
@@ -102,7 +105,8 @@ class Message(_Checked):
 
 def _plain(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        fields = ((f.name, getattr(value, f.name)) for f in dataclasses.fields(value))
+        return {name: _plain(v) for name, v in fields if v is not None}
     if isinstance(value, list):
         return [_plain(v) for v in value]
     return value
