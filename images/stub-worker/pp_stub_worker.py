@@ -1,20 +1,28 @@
-"""STUB_MODE=worker: the worker end of the worker-control wire (contract §8), standard library only.
+"""STUB_MODE=worker: the worker end of the worker-control wire (contract §8 and §8a), standard library only.
 
 Commands arrive as JSON lines on stdin; events leave as JSON lines on stdout; stderr is logs only. Ids are
-integers and `backend` an object, as swactor's JSON workers speak them; unknown fields are ignored. Objects
-live as ring records in the arena, each with the seed's 40-byte header: magic `MO01`, version 1, header
-length 40, object id, sequence, extent, flags. The arena is the inherited memory file `SWACTOR_ARENA_FD`
-of `SWACTOR_ARENA_BYTES` bytes when given (as pp-launch's worker driver gives it), else a file of its own in
-/dev/shm. Sequences increase strictly from 0 per ring. End of stdin means the controller is gone: exit.
+integers and `backend` an object, as swactor's JSON workers speak them; unknown fields are ignored. The worker
+behaves as swactor's node expects (§8a): the node writes each ingress record (the 40-byte `MO01` header, then
+i32 words) at the ingress ring's `data_offset` and sends `RingReadable`; the worker reads it and answers
+`ObjectLoaded`. A step writes its output record at the egress ring's `data_offset` and reports the whole record
+(header included) as `committed_bytes`. A handle of an older generation used as a step input is fatal. The arena
+is the inherited memory file `SWACTOR_ARENA_FD` of `SWACTOR_ARENA_BYTES` bytes when given, else a file of its own
+in /dev/shm. End of stdin means the controller is gone: exit 0.
 
 STUB_WORKER_MISBEHAVE=<what> breaks one rule on purpose, for `pp-launch worker check` to catch:
-  sequence      ObjectLoaded sequences start at 1
-  release       ReleaseDeviceObject gets no answer
-  stale         a device handle of an old generation is accepted instead of fatal
-  invalid_json  invalid JSON is ignored instead of fatal
-  shutdown      exits 3 after WorkerStopped
-  eof           keeps running after end of stdin
-  string-ids    speaks the old wire: ids as strings and backend as "cpu" (swactor's workers refuse it)
+  sequence        ObjectLoaded reports each sequence one higher than the record's
+  release         ReleaseDeviceObject gets no answer
+  stale           a device handle of an old generation is accepted as a step input
+  stale-on-release-only
+                  an old handle is refused on ReleaseDeviceObject only, not where it is used (ExecuteStep)
+  own-input       RingReadable makes an input of its own instead of reading the node's record
+  slots           records at data_offset + (sequence % slots) * stride instead of one at data_offset
+  payload-bytes   committed_bytes counts the payload alone, not the whole record
+  invalid_json    invalid JSON is ignored instead of fatal
+  shutdown        exits 3 after WorkerStopped
+  eof             keeps running after end of stdin
+  string-ids      speaks the old wire: ids as strings and backend as "cpu" (swactor's workers refuse it)
+  earlier-wire    an earlier swactor worker: needs `helper_abi_version` in InitializeWorker and dies without it
 """
 
 from __future__ import annotations
@@ -28,15 +36,18 @@ import time
 from collections.abc import Callable, Mapping
 from typing import BinaryIO, TextIO
 
-HEADER = struct.Struct("<4sHHQQQI4x")  # 40 bytes
+HEADER = struct.Struct("<4sHHQQQII")  # 40 bytes
 MAGIC, VERSION = b"MO01", 1
 RING_HELPER_ABI = 1
 FORBIDDEN = {"payload", "bytes", "data"}
 ALIASES = {"generation": "worker_generation", "handle": "device_handle"}
 
 
+ERR: list[TextIO] = []  # where logs go: the serve() call's err, else stderr
+
+
 def log(msg: str) -> None:
-    print(f"stub-worker[{os.getpid()}] {msg}", file=sys.stderr, flush=True)
+    print(f"stub-worker[{os.getpid()}] {msg}", file=ERR[-1] if ERR else sys.stderr, flush=True)
 
 
 def emitter(out: TextIO) -> Callable[..., None]:
@@ -48,7 +59,9 @@ def emitter(out: TextIO) -> Callable[..., None]:
 
 
 class Fatal(Exception):
-    pass
+    def __init__(self, reason: str, **fields: object) -> None:
+        super().__init__(reason)
+        self.reason, self.fields = reason, fields
 
 
 class Arena:
@@ -59,20 +72,14 @@ class Arena:
             self.fd = int(inherited)
             available = int(env.get("SWACTOR_ARENA_BYTES", "0") or 0)
             if size > available:
-                raise Fatal("ArenaTooSmall")
+                raise Fatal("ArenaTooSmall", arena_ceiling=size, arena_bytes=available)
             log(f"arena: inherited descriptor {self.fd}, {available} bytes")
         else:
             self.path = f"/dev/shm/pp-stub-arena-{os.getpid()}"
             self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
             os.ftruncate(self.fd, max(size, HEADER.size))
         self.map = mmap.mmap(self.fd, max(size, HEADER.size))
-        self.size, self.used = size, 0
-
-    def allocate(self, nbytes: int) -> int:
-        if self.used + nbytes > self.size:
-            raise Fatal("ArenaExhausted")
-        offset, self.used = self.used, self.used + nbytes
-        return offset
+        self.size = size
 
     def close(self) -> None:
         self.map.close()
@@ -83,43 +90,56 @@ class Arena:
 
 class Ring:
     def __init__(self, cmd: dict, arena: Arena, misbehave: str = "") -> None:
-        self.ring_id, self.edge_id, self.port_id = cmd["ring_id"], cmd["edge_id"], cmd["port_id"]
+        self.ring_id, self.edge_id, self.port_id = int(cmd["ring_id"]), int(cmd["edge_id"]), str(cmd["port_id"])
         self.direction = cmd["direction"]
         layout, spec = cmd["layout"], cmd["object_spec"]
-        self.extent = int(spec.get("max_extent", spec.get("extent", 64)))
-        if self.extent < 1:
-            raise Fatal("ObjectExtentInvalid")
-        self.stride = HEADER.size + self.extent
-        if "data_capacity" in layout:  # the seed's layout: the ring's place in the arena
-            self.slots = int(layout["data_capacity"]) // self.stride
-            self.offset = int(layout.get("data_offset", 0))
-            if self.slots < 1 or self.offset < 0 or self.offset + self.slots * self.stride > arena.size:
-                raise Fatal("ObjectExtentInvalid")
-        else:
-            self.slots = int(layout.get("slots", 4))
-            if self.slots < 1:
-                raise Fatal("ObjectExtentInvalid")
-            self.offset = arena.allocate(self.slots * self.stride)
-        self.next_sequence = 1 if misbehave == "sequence" and self.direction == "ingress" else 0
-        self.last_sequence = -1
+        self.max_extent = int(spec["max_extent"])
+        self.alignment = int(spec.get("alignment", 1)) or 1
+        self.offset = int(layout["data_offset"])
+        self.capacity = int(layout["data_capacity"])
+        if self.max_extent < 1 or self.offset < 0 or self.offset + self.capacity > arena.size:
+            raise Fatal("ObjectExtentInvalid", ring_id=self.ring_id)
+        if self.capacity < HEADER.size + self.max_extent:
+            raise Fatal("ObjectExtentInvalid", ring_id=self.ring_id, data_capacity=self.capacity)
+        self.next_sequence = 0
+        self.misbehave = misbehave
 
-    def write_record(self, arena: Arena, object_id: int, flags: int = 0) -> tuple[int, int]:
-        """Write the next record; read it back and check it as a reader would. Returns (sequence, slot)."""
-        sequence = self.next_sequence
+    def at(self, sequence: int) -> int:
+        """Where this ring's record is: always its data_offset (one record per ring)."""
+        if self.misbehave == "slots":
+            return self.offset + (sequence % 4) * (HEADER.size + self.max_extent)
+        return self.offset
+
+    def read(self, arena: Arena) -> tuple[int, int, bytes, int]:
+        """The node's record: (object id, sequence, payload, flags), checked as swactor's worker checks it."""
+        base = self.at(self.next_sequence)
+        if base + HEADER.size > arena.size:
+            raise Fatal("InvalidObjectHeader", ring_id=self.ring_id)
+        magic, version, hlen, object_id, sequence, extent, flags, _ = HEADER.unpack_from(arena.map, base)
+        if (magic, version, hlen) != (MAGIC, VERSION, HEADER.size):
+            raise Fatal("InvalidObjectHeader", ring_id=self.ring_id)
+        if extent > self.max_extent or extent % self.alignment:
+            raise Fatal("ObjectExtentInvalid", ring_id=self.ring_id, object_id=object_id, extent=extent)
+        if sequence != self.next_sequence:
+            raise Fatal("SequenceViolation", ring_id=self.ring_id, expected=self.next_sequence, actual=sequence)
         self.next_sequence += 1
-        slot = self.offset + (sequence % self.slots) * self.stride
-        arena.map[slot : slot + HEADER.size] = HEADER.pack(
-            MAGIC, VERSION, HEADER.size, object_id, sequence, self.extent, flags
-        )
-        magic, version, hlen, oid, seq, extent, _ = HEADER.unpack_from(arena.map, slot)
-        if (magic, version, hlen, oid) != (MAGIC, VERSION, HEADER.size, object_id):
-            raise Fatal("ObjectExtentInvalid")
-        if seq <= self.last_sequence:
-            raise Fatal("SequenceViolation")
-        if extent != self.extent:
-            raise Fatal("ObjectExtentInvalid")
-        self.last_sequence = seq
-        return seq, slot
+        return object_id, sequence, bytes(arena.map[base + HEADER.size : base + HEADER.size + extent]), flags
+
+    def write(self, arena: Arena, object_id: int, sequence: int, payload: bytes, flags: int) -> int:
+        """Our output record at data_offset; returns the bytes committed (the whole record)."""
+        if len(payload) > self.max_extent:
+            raise Fatal("OutputExtentInvalid", ring_id=self.ring_id, extent=len(payload))
+        if sequence != self.next_sequence:
+            raise Fatal("SequenceViolation", ring_id=self.ring_id, expected=self.next_sequence, actual=sequence)
+        base = self.at(sequence)
+        record = HEADER.pack(MAGIC, VERSION, HEADER.size, object_id, sequence, len(payload), flags, 0) + payload
+        arena.map[base : base + len(record)] = record
+        self.next_sequence += 1
+        return len(payload) if self.misbehave == "payload-bytes" else len(record)
+
+
+def words(payload: bytes) -> list[int]:
+    return list(struct.unpack(f"<{len(payload) // 4}i", payload[: len(payload) // 4 * 4]))
 
 
 class Worker:
@@ -130,48 +150,103 @@ class Worker:
         self.arena: Arena | None = None
         self.rings: dict[int, Ring] = {}
         self.roles: dict[int, dict] = {}
-        self.objects: dict[int, int] = {}  # device object id -> ring id
-        self.next_object = 1
+        self.objects: dict[int, tuple[int, int, bytes]] = {}  # handle id -> (object id, sequence, payload)
+        self.next_handle = 1
 
     def _id(self, value: object) -> object:
         """An id as this worker sends it: an integer, or on the old wire (misbehave=string-ids) a string."""
         return str(value) if self.misbehave == "string-ids" else value
 
-    def handle_of(self, value: object) -> int:
+    def handle_of(self, value: object, used: bool) -> int:
+        """A device handle's id; one of an older generation is fatal where it is used (a step input)."""
         if not isinstance(value, dict):
             raise Fatal("InvalidJson")
         doc = {ALIASES.get(k, k): v for k, v in value.items()}
-        if doc.get("worker_generation") != self.generation and self.misbehave != "stale":
-            raise Fatal("OldGenerationHandle")
+        stale = doc.get("worker_generation") != self.generation
+        refuse = (not used) if self.misbehave == "stale-on-release-only" else used and self.misbehave != "stale"
+        if stale and refuse:
+            raise Fatal("OldGenerationHandle", handle=value)
         return int(doc["id"])
 
     def ring_fields(self, ring: Ring) -> dict:
         return {"ring_id": self._id(ring.ring_id), "edge_id": self._id(ring.edge_id), "port_id": ring.port_id}
 
+    def ring(self, ring_id: object, direction: str) -> Ring:
+        ring = self.rings.get(int(ring_id))  # type: ignore[call-overload]
+        if ring is None or ring.direction != direction:
+            raise Fatal("WrongRingDirection" if ring else "UnknownRing", ring_id=ring_id)
+        return ring
+
     def load(self, ring: Ring) -> dict:
-        object_id = self.next_object
-        self.next_object += 1
-        sequence, _ = ring.write_record(self.arena, object_id)  # type: ignore[arg-type]
-        self.objects[object_id] = ring.ring_id
+        if self.misbehave == "own-input":  # the old habit: an input of the worker's own making
+            object_id, sequence, payload = 1000 + self.next_handle, ring.next_sequence, struct.pack("<i", 7)
+            ring.next_sequence += 1
+        else:
+            object_id, sequence, payload, _ = ring.read(self.arena)  # type: ignore[arg-type]
+        handle = self.next_handle
+        self.next_handle += 1
+        self.objects[handle] = (object_id, sequence, payload)
         return {
             **self.ring_fields(ring),
             "object_id": self._id(object_id),
-            "sequence": sequence,
-            "extent": ring.extent,
-            "device_handle": {"worker_generation": self.generation, "id": object_id},
+            "sequence": sequence + (1 if self.misbehave == "sequence" else 0),
+            "extent": len(payload),
+            "device_handle": {"worker_generation": self.generation, "id": handle},
         }
 
-    def produce(self, ring: Ring, binding: dict) -> dict:
-        object_id, flags = int(binding["object_id"]), int(binding.get("flags", 0))
-        if int(binding["sequence"]) != ring.next_sequence:
-            raise Fatal("SequenceViolation")
-        sequence, _ = ring.write_record(self.arena, object_id, flags)  # type: ignore[arg-type]
-        return {
-            **self.ring_fields(ring),
-            "object_id": self._id(object_id),
-            "sequence": sequence,
-            "committed_bytes": ring.extent,
-        }
+    def execute(self, cmd: dict) -> None:
+        role_id, step_id = int(cmd["role_id"]), int(cmd["step_id"])
+        handles = [self.handle_of(b.get("device_handle", b.get("handle")), used=True) for b in cmd["inputs"]]
+        role = self.roles.get(role_id)
+        if role is None:
+            self.emit("StepFailed", role_id=self._id(role_id), step_id=step_id, reason="RoleUnavailable")
+            return
+        if any(h not in self.objects for h in handles):
+            self.emit("StepFailed", role_id=self._id(role_id), step_id=step_id, reason="InvalidInputHandle")
+            return
+        total = sum(sum(words(self.objects[h][2])) for h in handles)
+        value = (total + int(role.get("stage_index", 0)) + 1) & 0x7FFFFFFF  # a stand-in for the stage's layers
+        for binding in cmd["outputs"]:
+            ring = self.ring(binding["ring_id"], "egress")
+            object_id, sequence = int(binding["object_id"]), int(binding["sequence"])
+            committed = ring.write(
+                self.arena,
+                object_id,
+                sequence,
+                struct.pack("<i", value),  # type: ignore[arg-type]
+                int(binding.get("flags", 0)),
+            )
+            self.emit(
+                "ObjectProduced",
+                **self.ring_fields(ring),
+                object_id=self._id(object_id),
+                sequence=sequence,
+                committed_bytes=committed,
+            )
+        if cmd.get("release_inputs_after"):
+            for h in handles:
+                self.objects.pop(h, None)
+        self.emit("StepCompleted", role_id=self._id(role_id), step_id=step_id)
+
+    def initialize(self, cmd: dict) -> None:
+        if self.misbehave == "earlier-wire" and "helper_abi_version" not in cmd:
+            log("Traceback (most recent call last):\nKeyError: 'helper_abi_version'")
+            raise SystemExit(1)
+        if cmd.get("required_ring_helper_abi") != RING_HELPER_ABI:
+            raise Fatal("UnsupportedHelperAbi", required_ring_helper_abi=cmd.get("required_ring_helper_abi"))
+        self.generation = int(cmd.get("worker_generation", cmd.get("generation")))
+        requested = cmd.get("backend") if isinstance(cmd.get("backend"), dict) else {}
+        self.backend = {"device": self.env.get("DEV") or requested.get("device", "CPU")}  # a DEV given wins (§8a)
+        if self.misbehave == "string-ids":
+            self.backend = "cpu"
+        self.arena = Arena(int(cmd["arena_ceiling"]), self.env)
+        self.emit(
+            "WorkerReady",
+            pid=os.getpid(),
+            worker_generation=self.generation,
+            ring_helper_abi=RING_HELPER_ABI,
+            backend=self.backend,
+        )
 
     def dispatch(self, cmd: dict) -> bool:
         """Handle one command; False when the worker should exit (after a graceful shutdown)."""
@@ -179,90 +254,63 @@ class Worker:
         if self.generation is None and kind != "InitializeWorker":
             raise Fatal("NotInitialized")
         if kind == "InitializeWorker":
-            if cmd.get("required_ring_helper_abi") != RING_HELPER_ABI:
-                raise Fatal("UnsupportedHelperAbi")
-            self.generation = cmd.get("worker_generation", cmd.get("generation"))
-            self.backend = "cpu" if self.misbehave == "string-ids" else cmd.get("backend", self.backend)
-            self.arena = Arena(int(cmd["arena_ceiling"]), self.env)
-            self.emit(
-                "WorkerReady",
-                pid=os.getpid(),
-                worker_generation=self.generation,
-                ring_helper_abi=RING_HELPER_ABI,
-                backend=self.backend,
-            )
+            self.initialize(cmd)
         elif kind == "ConfigureRole":
-            role_id = cmd["role_id"]
-            reason = cmd["config"].get("fail") if isinstance(cmd.get("config"), dict) else "config must be an object"
-            if reason:
-                self.emit("RoleFailed", role_id=self._id(role_id), reason=str(reason))
+            role_id, config = int(cmd["role_id"]), cmd["config"]
+            if not isinstance(config, dict):
+                self.emit("RoleFailed", role_id=self._id(role_id), reason="InvalidConfig")
+            elif config.get("fail"):
+                self.emit("RoleFailed", role_id=self._id(role_id), reason=str(config["fail"]))
             else:
-                self.roles[role_id] = cmd["config"]
+                for name in ("run_id", "stage_index", "layer_start", "layer_end_exclusive"):
+                    int(config.get(name, 0))  # integers, as swactor's worker reads them: "conformance" is a fault
+                self.roles[role_id] = config
                 self.emit("RoleConfigured", role_id=self._id(role_id))
         elif kind == "InstallRing":
             ring = Ring(cmd, self.arena, self.misbehave)  # type: ignore[arg-type]
             self.rings[ring.ring_id] = ring
             self.emit("RingInstalled", **self.ring_fields(ring))
         elif kind == "RingReadable":
-            ring = self.rings.get(cmd["ring_id"])
-            if ring is None or ring.direction != "ingress":
-                raise Fatal("UnknownRing")
-            self.emit("ObjectLoaded", **self.load(ring))
+            self.emit("ObjectLoaded", **self.load(self.ring(cmd["ring_id"], "ingress")))
         elif kind == "RingWritable":
-            ring = self.rings.get(cmd["ring_id"])
-            if ring is None or ring.direction != "egress":
-                raise Fatal("UnknownRing")
-            self.emit("RingWritable", ring_id=self._id(ring.ring_id))
+            self.emit("RingWritable", ring_id=self._id(self.ring(cmd["ring_id"], "egress").ring_id))
         elif kind == "ExecuteStep":
-            role_id, step_id = cmd["role_id"], cmd["step_id"]
-            inputs = [self.handle_of(b.get("device_handle", b.get("handle"))) for b in cmd["inputs"]]
-            if role_id not in self.roles:
-                self.emit("StepFailed", role_id=self._id(role_id), step_id=step_id, reason="RoleUnavailable")
-                return True
-            if any(i not in self.objects for i in inputs):
-                self.emit("StepFailed", role_id=self._id(role_id), step_id=step_id, reason="InvalidInputHandle")
-                return True
-            for binding in cmd["outputs"]:
-                ring = self.rings.get(binding["ring_id"])
-                if ring is None or ring.direction != "egress":
-                    self.emit("StepFailed", role_id=self._id(role_id), step_id=step_id, reason="OutputValidationFailed")
-                    return True
-                self.emit("ObjectProduced", **self.produce(ring, binding))
-            if cmd["release_inputs_after"]:
-                for i in inputs:
-                    self.objects.pop(i, None)
-            self.emit("StepCompleted", role_id=self._id(role_id), step_id=step_id)
+            self.execute(cmd)
         elif kind == "ReleaseDeviceObject":
-            object_id = self.handle_of(cmd.get("device_handle", cmd.get("handle")))
-            handle = {"worker_generation": self.generation, "id": object_id}
+            raw = cmd.get("device_handle", cmd.get("handle"))
+            handle_id = self.handle_of(raw, used=False)
             if self.misbehave == "release":
                 return True
-            if self.objects.pop(object_id, None) is None:
-                self.emit("ReleaseFailed", device_handle=handle, reason="UnknownHandle")
+            if self.objects.pop(handle_id, None) is None:
+                self.emit("ReleaseFailed", device_handle=raw, reason="UnknownHandle")
             else:
-                self.emit("DeviceObjectReleased", device_handle=handle)
+                self.emit("DeviceObjectReleased", device_handle=raw)
         elif kind == "UninstallRing":
-            self.rings.pop(cmd["ring_id"], None)
+            self.rings.pop(int(cmd["ring_id"]), None)
             self.emit("RingQuiesced", ring_id=self._id(cmd["ring_id"]))
         elif kind == "ShutdownWorker":
             self.emit("WorkerStopped", reason=str(cmd.get("mode", "Graceful")))
             return False
         else:
-            raise Fatal("UnknownCommand")
+            raise Fatal("UnknownCommand", command=kind)
         return True
 
 
 def serve(
-    inp: BinaryIO | None = None, out: TextIO | None = None, env: Mapping[str, str] | None = None
+    inp: BinaryIO | None = None,
+    out: TextIO | None = None,
+    env: Mapping[str, str] | None = None,
+    err: TextIO | None = None,
 ) -> int:
-    """Commands from `inp` (stdin), events to `out` (stdout); `env` is the container's environment."""
+    """Commands from `inp` (stdin), events to `out` (stdout), logs to `err` (stderr); `env` is the container's."""
+    if err is not None:
+        ERR[:] = [err]
     inp = inp if inp is not None else sys.stdin.buffer
     env = env if env is not None else os.environ
     misbehave = env.get("STUB_WORKER_MISBEHAVE", "")
     emit = emitter(out if out is not None else sys.stdout)
     worker = Worker(emit, env, misbehave)
     log("speaking the worker-control wire on stdin/stdout")
-    code = 0
     try:
         for raw in inp:
             if not raw.strip():
@@ -277,18 +325,19 @@ def serve(
                 raise Fatal("InvalidJson") from None
             try:
                 if not worker.dispatch(cmd):
-                    code = 3 if misbehave == "shutdown" else 0
-                    return code
+                    return 3 if misbehave == "shutdown" else 0
             except (KeyError, TypeError, ValueError) as exc:
-                raise Fatal(f"InvalidJson: {exc}") from None
+                raise Fatal("InvalidCommand", error=f"{type(exc).__name__}: {exc}") from None
         log("end of stdin: the controller is gone, exiting")
         if misbehave == "eof":
             while True:
                 time.sleep(1)
         return 0
     except Fatal as exc:
-        emit("WorkerFatal", reason=str(exc), worker_generation=worker.generation, pid=os.getpid())
+        emit("WorkerFatal", reason=exc.reason, **exc.fields, worker_generation=worker.generation, pid=os.getpid())
         return 1
+    except SystemExit as exc:
+        return int(exc.code or 0)
     finally:
         if worker.arena is not None:
             worker.arena.close()

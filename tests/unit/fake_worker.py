@@ -22,19 +22,23 @@ from pp_launch.core.chain.ports import Sink, StageGone, StageOutput
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "images" / "stub-worker"))
 import pp_stub_worker  # the image's own worker code, run in-process
 
+from ..workers import swactor_like_worker
+
+SWACTOR_LIKE = "swactor-like"  # the image name that runs tests/workers/swactor_like_worker.py instead of the stub
+
 
 class _Lines(io.TextIOBase):
     """The worker's stdout: whole lines go to the sink, unless the container was killed."""
 
-    def __init__(self, box: _Box, stage: int, sink: Sink) -> None:
-        self.box, self.stage, self.sink, self.buf = box, stage, sink, ""
+    def __init__(self, box: _Box, stage: int, sink: Sink, stream: str = "stdout") -> None:
+        self.box, self.stage, self.sink, self.buf, self.stream = box, stage, sink, "", stream
 
     def write(self, text: str) -> int:
         self.buf += text
         while "\n" in self.buf:
             line, self.buf = self.buf.split("\n", 1)
             if not self.box.killed:
-                self.sink(StageOutput(self.stage, "stdout", line.encode()))
+                self.sink(StageOutput(self.stage, self.stream, line.encode()))  # type: ignore[arg-type]
         return len(text)
 
 
@@ -97,7 +101,11 @@ class FakeWorkerEngine:
 
         def run() -> None:
             with os.fdopen(read_fd, "rb") as inp:
-                code = pp_stub_worker.serve(inp=inp, out=_Lines(box, stage, sink), env=env)
+                out, err = _Lines(box, stage, sink), _Lines(box, stage, sink, "stderr")
+                if box.spec.image == SWACTOR_LIKE:
+                    code = swactor_like_worker.serve(inp, out, err, env)
+                else:
+                    code = pp_stub_worker.serve(inp=inp, out=out, env=env, err=err)
             if arena_fd is not None:
                 with contextlib.suppress(OSError):  # the worker closes its inherited arena itself
                     os.close(arena_fd)

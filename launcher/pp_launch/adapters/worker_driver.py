@@ -19,6 +19,7 @@ import contextlib
 import mmap
 import os
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,9 +30,13 @@ from pp_launch.core.chain.plan import Mount, StageSpec, new_run_id
 from pp_launch.core.chain.ports import QueueInbox, StageGone, StageOutput
 from pp_launch.core.worker import codec as wire
 from pp_launch.core.worker import controller as c
+from pp_launch.core.worker import record
 
 ARENA_FD = "SWACTOR_ARENA_FD"
 ARENA_BYTES = "SWACTOR_ARENA_BYTES"
+STAGE_INDEX = "SWACTOR_STAGE_INDEX"
+DEV = "DEV"
+TAIL_LINES = 20  # the worker's last stderr lines kept for a failure's message
 ARENA_PATH = "/run/pp-launch-arena"  # where the memory file appears inside the container
 ARENA_FD_NUMBER = 3
 ARENA_ENTRY = ("/bin/sh", "-c", f'exec {ARENA_FD_NUMBER}<>"{ARENA_PATH}" && exec "$@"', "pp-arena")
@@ -54,19 +59,21 @@ class Arena:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
 
-    def records(self) -> list[tuple[int, int, int, int]]:
-        """Every MO01 record header in the arena, as (offset, object_id, sequence, extent)."""
-        found, at = [], self.map.find(b"MO01")
-        while at >= 0:
-            if at + 40 <= self.size:
-                version, hlen = int.from_bytes(self.map[at + 4 : at + 6], "little"), self.map[at + 6]
-                if version == 1 and hlen == 40:
-                    object_id, sequence, extent = (
-                        int.from_bytes(self.map[at + o : at + o + 8], "little") for o in (8, 16, 24)
-                    )
-                    found.append((at, object_id, sequence, extent))
-            at = self.map.find(b"MO01", at + 1)
-        return found
+    def write_record(self, layout: record.RingLayout, obj: record.ObjectRecord) -> int:
+        """Write `obj` where swactor's node writes an ingress record: at the ring's data_offset. Returns its size."""
+        data = obj.encode()
+        if len(data) > layout.data_capacity or layout.data_offset + len(data) > self.size:
+            raise errors.PpLaunchError(
+                f"a {len(data)}-byte record does not fit ring {layout.ring_id} "
+                f"({layout.data_capacity} bytes at offset {layout.data_offset} of a {self.size}-byte arena)"
+            )
+        self.map[layout.data_offset : layout.data_offset + len(data)] = data
+        return len(data)
+
+    def read_record(self, layout: record.RingLayout) -> record.ObjectRecord:
+        """The record at the ring's data_offset (raises record.RecordError when there is none)."""
+        with memoryview(self.map) as view:  # released at once: the map can still be closed
+            return record.decode_record(view, layout.data_offset, layout.data_capacity - record.HEADER_LEN)
 
     def close(self) -> None:
         self.unlink()
@@ -87,12 +94,17 @@ class WorkerDriver:
     log: Callable[[str], None] = lambda text: None
     stage_backend: Any = None  # where worker containers run; None: the engine's (DockerStageBackend). Tests: fakes.
     clock: Callable[[], float] = time.monotonic
+    trace: Callable[[str], None] | None = None  # every line exchanged, with direction and time since start
+    init_timeout: float = 10.0  # the seed's initialization_timeout_ms
+    started_at: float | None = None  # the trace's time origin (default: now); several drivers can share one
 
     def __post_init__(self) -> None:
         self.run_id = new_run_id()
         self.owner = labels.Owner.current().label()
         self.prefix = self.name_prefix or f"pp-worker-{self.run_id}"
-        self.ctl = c.WorkerController(arena_ceiling=self.arena_ceiling, backend=dict(self.backend))
+        self.ctl = c.WorkerController(
+            arena_ceiling=self.arena_ceiling, backend=dict(self.backend), init_timeout=self.init_timeout
+        )
         self.inbox = QueueInbox()
         self.docker = self.stage_backend if self.stage_backend is not None else DockerStageBackend(self.engine)
         self.ref: str | None = None
@@ -100,7 +112,14 @@ class WorkerDriver:
         self.notices: list[c.Output] = []  # everything the controller reported, in order
         self._decoders: dict[int, wire.LineDecoder] = {}
         self._arenas: list[Arena] = []
-        self._t0 = self.clock()
+        self.stderr_tail: deque[str] = deque(maxlen=TAIL_LINES)  # of the current generation
+        self.stdout_tail: deque[str] = deque(maxlen=TAIL_LINES)
+        self._t0 = self.clock() if self.started_at is None else self.started_at
+
+    def note(self, direction: str, text: str) -> None:
+        """One trace line: `>` sent to the worker, `<` from its stdout, `#` what the node did besides."""
+        if self.trace is not None:
+            self.trace(f"{self.clock() - self._t0:8.3f} g{self.ctl.generation} {direction} {text}")
 
     # ----------------------------------------------------------------------------- driving
     def feed(self, inp: c.Input) -> list[c.Output]:
@@ -123,8 +142,11 @@ class WorkerDriver:
         if isinstance(out, c.SpawnWorker):
             self._spawn(out.generation)
         elif isinstance(out, c.WriteCommands) and self.ref is not None:
+            data = [wire.encode(cmd) for cmd in out.commands]
+            for line in data:
+                self.note(">", line.decode().rstrip("\n"))
             try:
-                self.docker.write_stdin(self.ref, b"".join(wire.encode(cmd) for cmd in out.commands))
+                self.docker.write_stdin(self.ref, b"".join(data))
             except OSError as exc:
                 self.log(f"worker stdin is closed ({exc}); its exit will follow")
         elif isinstance(out, c.KillProcess) and self.ref is not None:
@@ -141,6 +163,8 @@ class WorkerDriver:
 
     def _spawn(self, generation: int) -> None:
         env = {
+            STAGE_INDEX: "0",
+            DEV: str(self.backend.get("device", "CPU")),
             **self.env,
             stage_env.LIFELINE: "stdin",
             stage_env.STAGE: "0",
@@ -171,6 +195,9 @@ class WorkerDriver:
         )
         self.ref = self.docker.create(spec, env)
         self._decoders[generation] = wire.LineDecoder(wire.EVENTS)
+        self.stderr_tail.clear()
+        self.stdout_tail.clear()
+        self.note("#", f"started worker container {self.ref[:12]} (generation {generation})")
         self.docker.start(self.ref, generation, self.inbox.put)  # `stage` carries the generation in events
         pid = int((self.engine.inspect(self.ref) or {}).get("State", {}).get("Pid", 0))
         self.feed(c.ProcessStarted(pid=pid))
@@ -188,13 +215,18 @@ class WorkerDriver:
                 self._on_output(event)
             elif isinstance(event, StageGone):
                 status = event.exit_code if event.exit_code is not None else -1
+                self.note("#", f"worker container of generation {event.stage} exited with status {status}")
                 self.feed(c.ProcessExited(status, generation=event.stage))
         return True
 
     def _on_output(self, event: StageOutput) -> None:
+        text = event.data.decode("utf-8", "backslashreplace")
         if event.stream == "stderr":
-            self.log(f"[worker g{event.stage}] {event.data.decode('utf-8', 'backslashreplace')}")
+            self.stderr_tail.append(text)
+            self.log(f"[worker g{event.stage}] {text}")
             return
+        self.stdout_tail.append(text)
+        self.note("<", text)
         decoder = self._decoders[event.stage]
         decoder.feed(event.data + b"\n")
         while True:
@@ -230,14 +262,41 @@ class WorkerDriver:
         """Bypass the controller (conformance checks of the worker's own strictness)."""
         if self.ref is None:
             raise errors.PpLaunchError("no worker container")
+        self.note(">", data.decode("utf-8", "backslashreplace").rstrip("\n"))
         self.docker.write_stdin(self.ref, data)
+
+    def write_record(self, layout: record.RingLayout, obj: record.ObjectRecord) -> int:
+        """Write an ingress record into the worker's arena as swactor's node does, before `RingReadable`."""
+        if self.arena is None:
+            raise errors.PpLaunchError("no arena is shared with the worker (share_arena=False)")
+        size = self.arena.write_record(layout, obj)
+        self.note(
+            "#",
+            f"wrote MO01 record object {obj.object_id} sequence {obj.sequence} extent {obj.extent} "
+            f"({size} bytes) at offset {layout.data_offset} of ring {layout.ring_id}",
+        )
+        return size
+
+    def read_record(self, layout: record.RingLayout) -> record.ObjectRecord:
+        """Read back the record a step wrote to an egress ring, as swactor's node does."""
+        if self.arena is None:
+            raise errors.PpLaunchError("no arena is shared with the worker (share_arena=False)")
+        obj = self.arena.read_record(layout)
+        self.note(
+            "#",
+            f"read MO01 record object {obj.object_id} sequence {obj.sequence} extent {obj.extent} "
+            f"({obj.size} bytes) at offset {layout.data_offset} of ring {layout.ring_id}",
+        )
+        return obj
 
     def close_stdin(self) -> None:
         if self.ref is not None:
+            self.note("#", "closed the worker's stdin")
             self.docker.close_stdin(self.ref)
 
     def kill_container(self) -> None:
         if self.ref is not None:
+            self.note("#", f"killed worker container {self.ref[:12]} (SIGKILL)")
             self.engine.signal(self.ref, 9)
 
     def close(self) -> None:

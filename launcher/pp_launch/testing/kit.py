@@ -27,6 +27,7 @@ from typing import Any
 from testcontainers.core.container import DockerContainer
 
 from pp_launch.adapters import docker_engine
+from pp_launch.adapters.worker_driver import WorkerDriver
 from pp_launch.app import chain as launch
 from pp_launch.app import worker_check
 from pp_launch.core import errors, events, labels
@@ -226,14 +227,16 @@ def Chain(
 
 # ---------------------------------------------------------------------------------------------- workers
 class WorkerUnderTest:
-    """`pp-launch worker check`'s steps as methods (initialize, configure, install, readable, arena, execute,
-    release, uninstall, stale_after_restart, invalid_json, shutdown, end_of_stdin); each returns what it saw
-    and raises StepFailure with the reason. Use as a context manager: the worker container goes at the end."""
+    """`pp-launch worker check`'s steps as methods (initialize, configure, install, readable, execute, egress,
+    release, uninstall, stale_after_restart, invalid_json, shutdown, end_of_stdin), driving the worker as
+    swactor's node does (contract §8a); each returns what it saw and raises StepFailure with the reason. Use as a
+    context manager: the worker container goes at the end. For your own sequence, use `.driver` (a WorkerDriver)
+    with `pp_launch.worker` (MO01 records and ring layouts)."""
 
     StepFailure = worker_check.StepFailure
     STEPS = tuple(method for _name, method in worker_check.Conformance.STEPS)
 
-    def __init__(self, image: str, env: Mapping[str, str] | None = None, timeout: float = worker_check.TIMEOUT):
+    def __init__(self, image: str, env: Mapping[str, str] | None = None, timeout: float = worker_check.STEP_TIMEOUT):
         self.conformance = worker_check.Conformance(docker_engine.connect(), image, dict(env or {}),
                                                     lambda text: None, timeout=timeout)  # fmt: skip
 
@@ -241,6 +244,10 @@ class WorkerUnderTest:
         if name in self.STEPS:
             return getattr(self.conformance, name)
         raise AttributeError(name)
+
+    @property
+    def driver(self) -> WorkerDriver:
+        return self.conformance.d
 
     def close(self) -> None:
         self.conformance.d.close()
