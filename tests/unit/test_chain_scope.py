@@ -7,9 +7,10 @@ import signal
 import pytest
 
 from pp_launch.core import events
+from pp_launch.core.announce import parse_line
 from pp_launch.core.chain.plan import ChainRequest, build_plan
 from pp_launch.core.chain.ports import StopRequested
-from pp_launch.core.chain.scope import ChainScope, Found, RosterIncomplete, resolve_roster
+from pp_launch.core.chain.scope import ChainScope, DuplicateNodeId, Found, RosterIncomplete, resolve_roster
 
 from .fakes import FakeBackend, FakeClock, FakeHandoffBackend, FakeInbox, RecordingReporter, StageScript, node_id
 
@@ -179,6 +180,22 @@ def test_roster_lists_missing_stages_in_ascending_order() -> None:
         resolve_roster({0: None, 3: None, 1: None}, 4)
     assert exc.value.missing == [0, 1, 2, 3]
     assert str(exc.value) == "stages not announced: 0, 1, 2, 3"
+
+
+def test_a_roster_with_one_node_id_twice_names_both_stages() -> None:
+    ann = {k: parse_line(f"PP_GPU_NODE_ADDR {node_id(k % 2)} 127.0.0.1:{9000 + k}") for k in range(4)}
+    with pytest.raises(DuplicateNodeId) as exc:
+        resolve_roster(ann, 4)
+    assert exc.value.stages == (0, 2) and "stages 0 and 2 announced the same node id" in str(exc.value)
+
+
+def test_a_chain_whose_stages_announce_one_node_id_fails_naming_both() -> None:
+    same = f"PP_GPU_NODE_ADDR {node_id(7)} 127.0.0.1:9001"
+    scope, _, reporter, _ = make(3, {1: StageScript(line=same), 2: StageScript(line=same)})
+    outcome = scope.run()
+    assert outcome.exit_code == 1 and "stages 1 and 2 announced the same node id" in outcome.message
+    assert reporter.named("pp_stage_roster") == []
+    assert reporter.named("chain_stopped")[0]["reason"] == "stage_failed"
 
 
 def test_events_carry_contract_fields() -> None:

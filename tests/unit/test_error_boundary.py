@@ -12,9 +12,10 @@ from pp_launch.cli import engines, node_cmd
 from pp_launch.cli.main import main
 from pp_launch.core import errors, events
 from pp_launch.core.announce import AnnouncementError
-from pp_launch.core.chain.scope import RosterIncomplete
+from pp_launch.core.chain.scope import DuplicateNodeId, RosterIncomplete
 from pp_launch.core.worker import controller
 from pp_launch.core.worker.codec import ProtocolFault
+from pp_launch.core.worker.record import RecordError
 
 EXAMPLES: dict[type[errors.PpLaunchError], errors.PpLaunchError] = {
     errors.PpLaunchError: errors.PpLaunchError("something went wrong"),
@@ -31,6 +32,8 @@ EXAMPLES: dict[type[errors.PpLaunchError], errors.PpLaunchError] = {
     ProtocolFault: ProtocolFault("InvalidJson: oops", b"{", 3),
     controller.IllegalTransition: controller.IllegalTransition(controller.State.RUNNING, controller.StartWorker()),
     RosterIncomplete: RosterIncomplete([1, 3]),
+    DuplicateNodeId: DuplicateNodeId(0, 2, "ab" * 32),
+    RecordError: RecordError("InvalidObjectHeader", "no MO01 record at offset 128"),
     StepFailure: StepFailure("expected RoleConfigured"),
     events.IllegalStageTransition: events.IllegalStageTransition(events.StageState.GONE, events.StageInput.STOP),
 }

@@ -53,11 +53,30 @@ class RosterIncomplete(errors.PpLaunchError):
         self.missing = missing
 
 
+class DuplicateNodeId(errors.PpLaunchError):
+    """Two stages announced one node id: a ring of N stages would have N-1 nodes, and a peer would be ambiguous."""
+
+    def __init__(self, first: int, second: int, node_id_hex: str) -> None:
+        super().__init__(
+            f"stages {first} and {second} announced the same node id {node_id_hex[:8]}… ({node_id_hex}); "
+            "every stage must be a node of its own (is one key or state directory shared between stages?)"
+        )
+        self.stages = (first, second)
+        self.node_id_hex = node_id_hex
+
+
 def resolve_roster(announcements: Mapping[int, StageAnnouncement | None], num_stages: int) -> list[RosterEntry]:
-    """Every stage's announcement in stage order; RosterIncomplete lists the missing stages, ascending."""
+    """Every stage's announcement in stage order; RosterIncomplete lists the missing stages, ascending;
+    DuplicateNodeId names the first two stages that announced one node id."""
     missing = [k for k in range(num_stages) if announcements.get(k) is None]
     if missing:
         raise RosterIncomplete(missing)
+    seen: dict[str, int] = {}
+    for k in range(num_stages):
+        node = announcements[k].node_id_hex  # type: ignore[union-attr]
+        if node in seen:
+            raise DuplicateNodeId(seen[node], k, node)
+        seen[node] = k
     return [
         RosterEntry(stage_index=k, node_id_hex=a.node_id_hex, node_id_short=a.node_id_short)
         for k in range(num_stages)
@@ -235,7 +254,10 @@ class ChainScope:
         end = self._bring_up_parallel() if self._parallel() else self._bring_up_in_turn()
         if end is not None:
             return end
-        self._roster = resolve_roster({s.spec.index: s.announcement for s in self.stages}, len(self.stages))
+        try:
+            self._roster = resolve_roster({s.spec.index: s.announcement for s in self.stages}, len(self.stages))
+        except DuplicateNodeId as exc:
+            return _End(errors.EXIT_FAILURE, "stage_failed", str(exc), exc.stages[1])
         self.reporter.event(events.StageRoster(drive_seq=1, stages=tuple(self._roster)))
         for st in self.stages:
             if not st.gone:
