@@ -9,6 +9,7 @@ import signal
 import socket
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from testcontainers.core.container import DockerContainer
@@ -229,3 +230,24 @@ def test_ctrl_c_ends_a_flooding_chain_within_its_grace_plus_a_second(engine, stu
     assert time.monotonic() - t0 < 2 + 1.5  # grace + a second, and half a second of slack for this 2-core machine
     assert "Traceback" not in launcher.stderr_text()
     assert run_containers(engine, run) == []
+
+
+def test_a_watchdog_starts_whatever_the_launchers_working_directory_holds(engine, stub_image, tmp_path, monkeypatch):
+    """Issue #23 item 4: `python -m` put the launcher's working directory first on the watchdog's path, so a
+    planted logging.py kept it from starting and a killed launcher left its stages running."""
+    marker = tmp_path / "imported"
+    for name in ("logging", "docker", "pp_launch", "subprocess", "json", "signal"):
+        (tmp_path / f"{name}.py").write_text(
+            f"open({str(marker)!r}, 'a').write({name!r} + '\\n')\nraise SystemExit(42)\n"
+        )
+    monkeypatch.chdir(tmp_path)
+    program = str(Path(sys.executable).parent / "pp-launch")  # the console script: its own path is not the cwd
+    up = Launcher.from_argv([program, "chain", "--stages", "2", "--gpus", "none", "--json", "--env", "STUB_MODE=hold",
+                             "--env", "STUB_IGNORE_LIFELINE=1", "--env", "STUB_IGNORE_SIGTERM=1"])  # fmt: skip
+    roster = up.wait_event("pp_stage_roster", 60)
+    run = roster["run"]
+    remember_run(run)
+    assert len(run_containers(engine, run)) == 2
+    up.signal(signal.SIGKILL)
+    assert wait_until(lambda: run_containers(engine, run) == [], 30), "the watchdog did not remove the stages"
+    assert not marker.exists(), marker.read_text()

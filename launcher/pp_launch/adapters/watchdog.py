@@ -1,7 +1,9 @@
 """The watchdog: removes a run's containers when its launcher dies, however it dies.
 
-The launcher starts `python -m pp_launch.adapters.watchdog RUN_ID GRACE` in its own process session (so a signal to
-the launcher's process group does not reach it) with a pipe as stdin, and never writes to it. When the
+The launcher starts the watchdog (`python -I -c BOOT pp_launch.adapters.watchdog RUN_ID GRACE`) in its own process
+session (so a signal to the launcher's process group does not reach it), from `/`, isolated from the working
+directory and the user's Python environment (a `logging.py` or `docker.py` planted in the launcher's working
+directory, or PYTHONPATH, cannot stop it starting), with a pipe as stdin, and never writes to it. When the
 launcher exits, by SIGKILL included, the kernel closes the pipe; the watchdog reads EOF, sends SIGTERM to
 every container labelled with the run, waits up to GRACE seconds, then removes what is left by force.
 After a clean exit there is nothing left to remove and the watchdog simply ends.
@@ -21,6 +23,16 @@ import subprocess
 import sys
 import time
 
+import pp_launch
+
+MODULE = "pp_launch.adapters.watchdog"  # in the child's argv: how a watchdog is recognised (ps, the leak guard)
+PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(pp_launch.__file__)))
+# -I: no working directory, script directory, PYTHON* variables or user site on the path; ours is put there alone.
+BOOT = (
+    "import sys; sys.path.insert(0, sys.argv[1]); from pp_launch.adapters.watchdog import main; "
+    "sys.exit(main(sys.argv[3:]))"
+)
+
 MAX_GRACE = 5.0  # the launcher's promise: gone within 10 s of its death
 PATIENCE = 900.0  # how long it waits for a lost engine to come back (PP_WATCHDOG_PATIENCE)
 RETRY = 2.0
@@ -32,7 +44,8 @@ def spawn(run_id: str, grace: float, detached: bool = False, host: str | None = 
     watches (--host; a chain across hosts has one watchdog per host), None for DOCKER_HOST or the default."""
     extra = (["detached"] if detached else []) + ([f"--host={host}"] if host is not None else [])
     return subprocess.Popen(
-        [sys.executable, "-m", "pp_launch.adapters.watchdog", run_id, str(grace), *extra],
+        [sys.executable, "-I", "-c", BOOT, PACKAGE_ROOT, MODULE, run_id, str(grace), *extra],
+        cwd="/",
         stdin=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

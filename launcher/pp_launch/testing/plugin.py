@@ -95,6 +95,8 @@ def is_launcher(argv: list[str]) -> bool:
     launcher, its watchdog); not anything that merely has "pp-launch" in a path."""
     if any(os.path.basename(a) in LAUNCHER_PROGRAMS for a in argv[:2]):
         return True
+    if "pp_launch.adapters.watchdog" in argv[:6]:  # the watchdog, started isolated (python -I -c BOOT ...)
+        return True
     return any(a == "-m" and b.split(".")[0] == "pp_launch" for a, b in itertools.pairwise(argv))
 
 
