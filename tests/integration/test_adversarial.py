@@ -3,12 +3,17 @@ Each test here failed on the code before the fix it names."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import socket
+import subprocess
 import sys
+import tempfile
 import time
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -178,18 +183,21 @@ def test_a_detached_run_killed_with_its_watchdog_during_bring_up_goes_by_its_lif
     assert wait_until(lambda: run_containers(engine, run) == [], 10)
 
 
-def test_a_detached_run_deaf_to_all_and_killed_during_bring_up_is_collected_by_gc(engine, stub_image) -> None:
+def test_a_detached_run_deaf_to_all_and_killed_during_bring_up_is_collected_by_gc(engine, stub_image, tmp_path) -> None:
+    """Found and judged by its labels alone (issue #23 item 9): ps and gc see it with no state directory at all."""
     up, run = _detached_while_coming_up("--env", "STUB_IGNORE_SIGTERM=1", "--env", "STUB_IGNORE_LIFELINE=1")
     os.kill(_watchdog_of(run), signal.SIGKILL)
     up.signal(signal.SIGKILL)
     up.wait(10)
     assert len(run_containers(engine, run)) == 2  # nothing else could remove them: stages deaf, watchdog dead
-    ps = Launcher("ps", "--json")
+    stateless = {"PP_LAUNCH_STATE_DIR": str(tmp_path / "never-made")}
+    ps = Launcher("ps", "--json", env=stateless)
     assert ps.wait(30) == 0
     assert {r["owner_status"] for r in ps.events if r["run"] == run} == {"gone"}
-    gc = Launcher("gc")
+    gc = Launcher("gc", env=stateless)
     assert gc.wait(30) == 0, gc.stderr_text()
     assert run_containers(engine, run) == []
+    assert not (tmp_path / "never-made").exists()
 
 
 def test_a_detached_run_once_up_outlives_its_launcher_lifeline_and_watchdog(engine, stub_image) -> None:
@@ -199,7 +207,9 @@ def test_a_detached_run_once_up_outlives_its_launcher_lifeline_and_watchdog(engi
     remember_run(run)
     assert up.stdout_lines == [run]  # stdout is the run id alone; stage lines went to stderr
     assert "[stage 0] PP_GPU_NODE_ADDR" in up.stderr_text()
-    ids = [c.id for c in engine.containers([f"pp-launch.run={run}"])]
+    found = engine.containers([f"pp-launch.run={run}"])
+    ids = [c.id for c in found if c.labels["pp-launch.stage"] != labels.STAGE_HANDED_OVER]
+    assert len(ids) == 2 and len(found) == 3  # the hand-over is on the engine: a marker of the run, never started
     # the handed-over stages were told their stdin is no lifeline now: the launcher's exit did not stop them
     for cid in ids:
         assert wait_until(lambda cid=cid: b"detached: stdin is no longer a lifeline" in _logs(engine, cid), 10)
@@ -251,3 +261,95 @@ def test_a_watchdog_starts_whatever_the_launchers_working_directory_holds(engine
     up.signal(signal.SIGKILL)
     assert wait_until(lambda: run_containers(engine, run) == [], 30), "the watchdog did not remove the stages"
     assert not marker.exists(), marker.read_text()
+
+
+NOBODY = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups"]
+
+
+def as_nobody(*argv: str) -> None:
+    subprocess.run([*NOBODY, *argv], check=True, capture_output=True)
+
+
+@pytest.fixture
+def open_dir() -> Iterator[Path]:
+    """A directory another user can reach (pytest's own tmp_path is root's alone)."""
+    path = Path(tempfile.mkdtemp(prefix="pp-tests-users-", dir="/tmp"))
+    path.chmod(0o755)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def test_a_state_directory_another_user_planted_is_refused_never_followed(engine, stub_image, open_dir) -> None:
+    """Issue #23 item 1, as a second, unprivileged user: the shared /tmp state directory let `nobody` make root
+    chmod a directory of its choice 1777. Now the state is private: a planted link or a directory of another
+    owner is refused in one line (exit 2), and nothing it points at is touched."""
+    tmp_path = open_dir
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    victim = tmp_path / "victim"
+    victim.mkdir(mode=0o700)
+    as_nobody("ln", "-s", str(victim), str(shared / "state"))  # nobody plants a link where root's state would be
+    as_nobody("mkdir", "-m", "0755", str(shared / "theirs"))  # and a directory of its own
+    for planted, why in ((shared / "state", "is a symbolic link"), (shared / "theirs", "is owned by uid 65534")):
+        ps = Launcher("ps", "--all-hosts", env={"PP_LAUNCH_STATE_DIR": str(planted)})
+        assert ps.wait(30) == 2, ps.stderr_text()
+        (line,) = [x for x in ps.stderr_lines if x.strip()]
+        assert why in line and "PP_LAUNCH_STATE_DIR" in line, line
+    assert (victim.stat().st_mode & 0o7777) == 0o700 and list(victim.iterdir()) == []
+    assert list((shared / "theirs").iterdir()) == []
+
+
+def test_the_old_shared_state_path_is_no_longer_touched(engine, stub_image, tmp_path) -> None:
+    """A chain with the default state (no PP_LAUNCH_STATE_DIR) goes nowhere near /tmp/pp-launch-state, where
+    another user may have planted links and a lock (`flock -s gpu.lock` used to block every GPU launch)."""
+    planted = Path("/tmp/pp-launch-state")
+    if planted.exists() or planted.is_symlink():
+        pytest.skip("/tmp/pp-launch-state exists on this machine: not ours to replace")  # never in CI's clean run
+    victim = tmp_path / "victim"
+    victim.mkdir(mode=0o700)
+    as_nobody("ln", "-s", str(victim), str(planted))
+    try:
+        env = {"PP_LAUNCH_STATE_DIR": "", "HOME": str(tmp_path / "home")}
+        run = Launcher("chain", "--stages", "2", "--gpus", "none", "--env", "MAX_TOKENS=2", env=env)
+        assert run.wait(60) == 0, run.stderr_text()
+        assert (victim.stat().st_mode & 0o7777) == 0o700 and list(victim.iterdir()) == []
+    finally:
+        planted.unlink()
+
+
+def _orphan(engine, stub_image: str) -> tuple[DockerContainer, str]:
+    """A running container of ours whose launcher is gone (a dead pid on this host): what the sweep removes."""
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    me = labels.Owner.current()
+    owner = labels.Owner(me.host, dead.pid, "1", me.pidns, me.boot).label()
+    run = uuid.uuid4().hex[:12]
+    remember_run(run)
+    c = (DockerContainer(stub_image).with_env("STUB_MODE", "hold").with_kwargs(labels={
+        labels.RUN: run, labels.STAGE: "0", labels.OWNER: owner, labels.GPUS: ""}))  # fmt: skip
+    c.waiting_for(LogMessageWaitStrategy("holding")).start()
+    return c, run
+
+
+def test_the_sweep_says_what_it_removes_first_and_no_sweep_turns_it_off(engine, stub_image) -> None:
+    """Issue #23 item 11."""
+    c, run = _orphan(engine, stub_image)
+    try:
+        for off in (["--no-sweep"], []):
+            env = {"PP_LAUNCH_SWEEP": "0"} if not off else {}
+            kept = Launcher("chain", "--stages", "2", "--gpus", "none", "--env", "MAX_TOKENS=2", *off, env=env)
+            assert kept.wait(60) == 0, kept.stderr_text()
+            assert run_containers(engine, run), f"{off or 'PP_LAUNCH_SWEEP=0'} still swept"
+            assert "left behind by launchers that are gone" not in kept.stderr_text()
+        swept = Launcher("chain", "--stages", "2", "--gpus", "none", "--env", "MAX_TOKENS=2")
+        assert swept.wait(60) == 0, swept.stderr_text()
+        text = swept.stderr_text()
+        first = text.index("removing 1 container left behind by launchers that are gone (--no-sweep leaves them): ")
+        assert f"(run {run}," in text[first:] and text.index("removed ") > first
+        assert run_containers(engine, run) == []
+    finally:
+        with contextlib.suppress(Exception):
+            c.stop()

@@ -13,7 +13,7 @@ import pytest
 from testcontainers.core.container import DockerContainer
 from testcontainers.core.wait_strategies import LogMessageWaitStrategy
 
-from ..helpers import Launcher, run_containers, unique
+from ..helpers import Launcher, remember_run, run_containers, unique, wait_until
 
 pytestmark = pytest.mark.docker
 INVENTORY = str(Path(__file__).parent.parent / "data" / "plain-4gpu.json")
@@ -22,7 +22,7 @@ UUIDS = [g["uuid"] for g in json.loads(Path(INVENTORY).read_text())["gpus"]]
 
 @pytest.fixture
 def state_dir(tmp_path: Path) -> dict[str, str]:
-    """Each test gets its own lock and reservations: no chain elsewhere on the host can interfere."""
+    """Each test gets its own state directory and the fake inventory."""
     return {"PP_LAUNCH_STATE_DIR": str(tmp_path / "state"), "PP_LAUNCH_GPU_INVENTORY": INVENTORY}
 
 
@@ -91,4 +91,57 @@ def test_concurrent_chains_get_disjoint_gpus_and_a_third_gets_exit_2(engine, stu
             launcher.signal(signal.SIGTERM)
         assert first.wait(30) == 143 and second.wait(30) == 143
     assert run_containers(engine, first.run_id) == run_containers(engine, second.run_id) == []
-    assert list((Path(state_dir["PP_LAUNCH_STATE_DIR"]) / "reservations").iterdir()) == []
+    assert engine.inspect("pp-launch-gpu-lock") is None  # the engine's GPU lock went with its holders
+
+
+GPU_ARGS = ("--json", "--gpus", "auto", "--gpus-per-stage", "1", "--gpu-attach", "env", "--env", "STUB_MODE=hold")
+
+
+def test_a_launch_waits_for_the_engines_gpu_lock_says_on_whom_and_never_gets_a_held_gpu(
+    engine, stub_image, state_dir
+) -> None:
+    """Issue #23 item 2: the first chain comes up in turn (its stage 1 is created only once stage 0 announced, 8 s
+    later), holding the engine's GPU lock all that time; the second, started meanwhile from another state directory
+    (another machine), waits on the lock, names its holder, then gets the two GPUs the first does not hold."""
+    first = Launcher("chain", "--stages", "2", *GPU_ARGS, "--bring-up", "in-turn", "--env", "STUB_ANNOUNCE_DELAY=8",
+                     env=state_dir)  # fmt: skip
+    second = None
+    try:
+        first.wait_event("stage_started", stage=0, timeout=60)
+        other = {**state_dir, "PP_LAUNCH_STATE_DIR": state_dir["PP_LAUNCH_STATE_DIR"] + "-machine-2"}
+        second = Launcher("chain", "--stages", "2", *GPU_ARGS, env=other)
+        assert wait_until(lambda: "waiting for the GPU lock" in second.stderr_text(), 30), second.stderr_text()
+        assert f"held by run {first.run_id} of " in second.stderr_text()
+        assert not second.events_named("stage_started")  # nothing placed while the first holds the lock
+        first.wait_event("pp_stage_roster", timeout=60)
+        second.wait_event("pp_stage_roster", timeout=60)
+        mine = [g for e in first.events_named("stage_started") for g in e["gpus"]]
+        theirs = [g for e in second.events_named("stage_started") for g in e["gpus"]]
+        assert len(mine) == len(theirs) == 2 and not set(mine) & set(theirs)
+    finally:
+        for launcher in (first, second):
+            if launcher is not None:
+                launcher.signal(signal.SIGTERM)
+                launcher.wait(30)
+    assert engine.inspect("pp-launch-gpu-lock") is None
+
+
+def test_a_detached_launcher_killed_during_bring_up_leaves_no_gpu_held(engine, stub_image, state_dir) -> None:
+    """Issue #23 item 3: its containers went, but its reservation stayed forever and refused every later chain.
+    Nothing is reserved outside the engine now: the next chain gets all four GPUs."""
+    up = Launcher("chain", "--stages", "2", *GPU_ARGS, "--detach", "--stage-env", "1:STUB_ANNOUNCE_DELAY=30",
+                  env=state_dir)  # fmt: skip
+    up.wait_event("stage_started", stage=1, timeout=60)
+    remember_run(up.run_id)
+    up.signal(signal.SIGKILL)
+    up.wait(10)
+    assert wait_until(lambda: run_containers(engine, up.run_id) == [], 20)
+    assert wait_until(lambda: engine.inspect("pp-launch-gpu-lock") is None, 10)
+    after = Launcher("chain", "--stages", "4", *GPU_ARGS, env=state_dir)
+    try:
+        roster = after.wait_event("pp_stage_roster", timeout=60)
+        assert sorted(g for e in after.events_named("stage_started") for g in e["gpus"]) == sorted(UUIDS)
+    finally:
+        after.signal(signal.SIGTERM)
+        assert after.wait(30) == 143
+    assert run_containers(engine, roster["run"]) == []

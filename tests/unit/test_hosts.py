@@ -88,8 +88,7 @@ def host(name: str, inventory: GpuInventory, held: list[dict[str, str]] | None =
 
 
 def select(hosts_gpus: list[gpu_select.HostGpus], stages: int, **kw: Any) -> tuple[list[str], gpu_select.GpuSelection]:
-    args: dict[str, Any] = dict(mode="auto", stages=stages, per_stage=1, attach="request", run_id="aaaaaaaaaaaa",
-                                owner="h:1:2", environ={}, reserve=False)  # fmt: skip
+    args: dict[str, Any] = dict(mode="auto", stages=stages, per_stage=1, attach="request", environ={})
     args.update(kw)
     return gpu_select.select_across(hosts_gpus=hosts_gpus, **args)
 
@@ -107,20 +106,21 @@ def test_stages_get_gpus_of_their_own_host_and_hops_between_hosts_are_host_level
     assert sel.device_requests[0][0]["DeviceIDs"] == list(sel.stage_gpus[0])
 
 
-def test_gpus_held_on_a_host_by_labels_or_reservations_are_never_given_again(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("PP_LAUNCH_STATE_DIR", str(tmp_path))
+def test_gpus_held_on_a_host_by_labels_are_never_given_again() -> None:
     taken = [{labels.RUN: "bbbbbbbbbbbb", labels.STAGE: "0", labels.GPUS: EIGHT.gpus[0].uuid}]
-    first_where, first = select([host("a", FOUR), host("b", EIGHT, taken)], 5, reserve=True)
+    first_where, first = select([host("a", FOUR), host("b", EIGHT, taken)], 5)
     mine = {g[0] for g in first.stage_gpus}
     assert EIGHT.gpus[0].uuid not in mine
-    where, second = select([host("a", FOUR), host("b", EIGHT, taken)], 5, run_id="cccccccccccc")
-    assert where == ["b"] * 5  # a is full: its 3 free GPUs are reserved by the first launch
+    assert first_where == ["a"] * 3 + ["b"] * 2
+    # the first launch's stages now exist: their labels hold its GPUs
+    on_a = [{labels.RUN: "aaaaaaaaaaaa", labels.STAGE: str(k), labels.GPUS: first.stage_gpus[k][0]} for k in range(3)]
+    on_b = taken + [{labels.RUN: "aaaaaaaaaaaa", labels.STAGE: str(k), labels.GPUS: first.stage_gpus[k][0]}
+                    for k in (3, 4)]  # fmt: skip
+    where, second = select([host("a", FOUR, on_a), host("b", EIGHT, on_b)], 5)
+    assert where == ["b"] * 5  # a is full: its 3 free GPUs are held by the first launch
     assert not mine & {g[0] for g in second.stage_gpus}
     with pytest.raises(errors.NotEnoughGpus, match="a: 0; b: 5"):
-        select([host("a", FOUR), host("b", EIGHT, taken)], 6, run_id="dddddddddddd")
-    assert first_where == ["a"] * 3 + ["b"] * 2
+        select([host("a", FOUR, on_a), host("b", EIGHT, on_b)], 6)
 
 
 def test_hosts_without_gpus_take_no_gpu_stage_but_cpu_chains_use_every_host() -> None:

@@ -1,49 +1,45 @@
 """The hand-over of a `--detach` run: until it is fully up it is its launcher's, like any foreground chain
 (watchdog, stdin lifeline, sweep); then, at one atomic moment, it becomes a run only `down` ends.
 
-Labels cannot change after a container is created, so the hand-over is not a relabelling. A detached run's
-containers carry the owner `detached` from the start, and while the run is coming up a record in the host's
-state directory, `bringing-up/<run>`, names the launcher that owns it. The watchdog and the sweep treat a
-`detached` run with such a record exactly as a run of that launcher: its death removes the run. The
-hand-over is the unlinking of the record (one rename-free unlink: atomic). Before it, nothing has handed the
-run over; after it, nothing of the launcher's ownership is left. Light on purpose: the watchdog imports it.
+Everything is on the engine, nothing in a state directory: a run's containers are found and judged by their labels
+alone, state or no state. A detached run's containers carry the owner `detached` and, in `pp-launch.launcher`,
+the launcher that brings it up. The hand-over is the creation of one more container of the run, never started,
+whose stage label is `handed-over` (a create is atomic). Before it exists, the watchdog, `gc` and the sweep treat
+the run exactly as a run of its launcher: the launcher's death removes it. After, the run is `down`'s alone.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-import re
-from pathlib import Path
-
-RUN_ID = re.compile(r"[0-9a-f]{12}")
+from pp_launch.adapters.docker_engine import ContainerInfo, Engine
+from pp_launch.core import labels
 
 
-def _dir() -> Path:
-    path = Path(os.environ.get("PP_LAUNCH_STATE_DIR", "/tmp/pp-launch-state")) / "bringing-up"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+def marker_labels(run_id: str) -> dict[str, str]:
+    return {labels.RUN: run_id, labels.STAGE: labels.STAGE_HANDED_OVER, labels.OWNER: labels.OWNER_DETACHED,
+            labels.GPUS: ""}  # fmt: skip
 
 
-def begin(run_id: str, owner: str) -> None:
-    """Before the run's first container: the launcher `owner` owns the run until `complete`."""
-    path = _dir() / run_id
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(owner)
-    tmp.replace(path)
+def hand_over(engine: Engine, run_id: str, image: str) -> None:
+    """The hand-over on one engine: from now on only `down` ends the run there."""
+    engine.create_placeholder(None, image, marker_labels(run_id))
 
 
-def complete(run_id: str) -> None:
-    """The hand-over (or the end of a run that never got there): the launcher owns the run no longer."""
-    with contextlib.suppress(FileNotFoundError):
-        (_dir() / run_id).unlink()
+def is_marker(c: ContainerInfo) -> bool:
+    return c.labels.get(labels.STAGE) == labels.STAGE_HANDED_OVER
 
 
-def owner(run_id: str) -> str | None:
-    """The launcher that still owns a detached run coming up; None once handed over (or never detached)."""
-    if not RUN_ID.fullmatch(run_id):  # a label value never becomes a path unless it is one of our run ids
-        return None
-    try:
-        return (_dir() / run_id).read_text()
-    except OSError:
-        return None
+def handed_over_runs(found: list[ContainerInfo]) -> set[str]:
+    """The runs, among these containers, whose hand-over marker is there."""
+    return {c.labels.get(labels.RUN, "") for c in found if is_marker(c)}
+
+
+def handed_over(engine: Engine, run_id: str) -> bool:
+    return bool(handed_over_runs(engine.containers(labels.run_selector(run_id))))
+
+
+def owner_of(c: ContainerInfo, handed: set[str]) -> str:
+    """Whose the container is: its owner label, or for a detached run not yet handed over, its launcher."""
+    owner = c.labels.get(labels.OWNER, "")
+    if owner == labels.OWNER_DETACHED and c.labels.get(labels.RUN, "") not in handed:
+        return c.labels.get(labels.LAUNCHER, "") or owner
+    return owner

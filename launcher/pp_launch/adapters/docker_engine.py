@@ -320,9 +320,9 @@ class Engine:
             for r in rows
         ]
 
-    def create_placeholder(self, name: str, image: str, labels: Mapping[str, str]) -> str | None:
-        """A container that is never started, held for its name (names are unique per engine: a lock that needs
-        nothing of ours on the host). Its id, or None when the name is taken."""
+    def create_placeholder(self, name: str | None, image: str, labels: Mapping[str, str]) -> str | None:
+        """A container that is never started: a durable mark on the engine (a detached run's hand-over). Its id,
+        or None when the name is taken."""
         host_config = self.api.create_host_config(network_mode="none")
         config = self.api.create_container_config(
             image=image, command=None, entrypoint=["true"], labels=dict(labels), host_config=host_config
@@ -333,6 +333,39 @@ class Engine:
             if exc.status_code == 409:
                 return None
             raise errors.EngineError(f"the engine at {self.address} refused {name}: {_reason(exc)}") from None
+
+    def hold(self, name: str, image: str, labels: Mapping[str, str]) -> Held | None:
+        """A running container held by this process alone (a GPU lock): tini as init, auto-remove, no network,
+        `cat` reading a stdin that only our attach holds open. When this process ends, however it ends, the
+        kernel closes the attach, the engine closes the container's stdin, `cat` exits and the engine removes
+        it: the lock lives exactly as long as its holder, with no clock. None when the name is taken."""
+        host_config = self.api.create_host_config(init=True, auto_remove=True, network_mode="none")
+        config = self.api.create_container_config(
+            image=image, command=None, entrypoint=list(HOLD_ENTRY), labels=dict(labels), host_config=host_config,
+            stdin_open=True,
+        )  # fmt: skip
+        config["StdinOnce"] = True
+        try:
+            ref = str(self.api.create_container_from_config(config, name)["Id"])
+        except docker.errors.ImageNotFound:
+            raise errors.ImageMissing(f"image {image} is not present on the engine at {self.address}") from None
+        except docker.errors.APIError as exc:
+            if exc.status_code == 409:
+                return None
+            raise errors.EngineError(f"the engine at {self.address} refused {name}: {_reason(exc)}") from None
+        try:
+            sock = self.api.attach_socket(ref, params={"stdin": 1, "stream": 1})
+            raw = getattr(sock, "_sock", sock)
+            self.api.start(ref)
+        except BaseException as exc:
+            self.remove(ref)
+            if isinstance(exc, docker.errors.APIError):
+                raise errors.EngineError(
+                    f"the engine at {self.address} could not start {name} from {image} (it runs /bin/sh and cat): "
+                    f"{_reason(exc)}"
+                ) from None
+            raise
+        return Held(self, ref, name, (sock, raw))
 
     def clock(self) -> str:
         """The engine's own time (RFC 3339): ages of its containers are judged on its clock, never ours."""
@@ -472,12 +505,43 @@ class Engine:
                 raise errors.EngineError(f"cannot remove container {ref}: {_reason(exc)}") from None
 
 
+HOLD_ENTRY = ("/bin/sh", "-c", "exec cat >/dev/null")
+
+
+class Held:
+    """A container `Engine.hold` keeps running; `release()` lets it go (idempotent)."""
+
+    def __init__(self, engine: Engine, ref: str, name: str, keep: tuple[Any, ...]) -> None:
+        self.engine, self.id, self.name, self._keep = engine, ref, name, keep
+
+    def release(self) -> None:
+        keep, self._keep = self._keep, ()
+        for part in keep:
+            with contextlib.suppress(Exception):
+                part.close()
+        if keep:
+            with contextlib.suppress(errors.PpLaunchError):
+                self.engine.remove(self.id)
+
+
 class DockerStageBackend:
     """The chain's StageBackend on a Docker engine: tini as init, daemon-side auto-remove, host labels."""
 
-    def __init__(self, engine: Engine, max_line: int = 64 * 1024, split_lines: bool = True) -> None:
-        """split_lines=False passes output on as it comes (pp-gpu-node: byte for byte, any line length)."""
+    def __init__(
+        self,
+        engine: Engine,
+        max_line: int = 64 * 1024,
+        split_lines: bool = True,
+        expected: int = 0,
+        on_all_created: Callable[[], None] | None = None,
+    ) -> None:
+        """split_lines=False passes output on as it comes (pp-gpu-node: byte for byte, any line length).
+        expected/on_all_created: called once when that many containers exist, or teardown begins (the engine's
+        GPU lock is released then: the stages' labels now say which GPUs they hold)."""
         self.engine = engine
+        self._expected = expected
+        self._on_all_created = on_all_created
+        self._made = 0
         self.api = engine.api
         self.max_line = max_line
         self.split_lines = split_lines
@@ -521,7 +585,15 @@ class DockerStageBackend:
                     "container if it is yours ('pp-launch gc' removes those whose launcher is gone)"
                 ) from None
             raise errors.EngineError(f"the engine refused to create {spec.name}: {_reason(exc)}") from None
+        self._made += 1
+        if self._made >= self._expected:
+            self._all_created()
         return str(created["Id"])
+
+    def _all_created(self) -> None:
+        call, self._on_all_created = self._on_all_created, None
+        if call is not None:
+            call()
 
     def start(self, ref: str, stage: int, sink: Sink) -> None:
         try:
@@ -646,6 +718,7 @@ class DockerStageBackend:
 
     def tearing_down(self) -> None:
         self._tearing_down.set()
+        self._all_created()
 
     def hand_over(self, ref: str) -> None:
         with contextlib.suppress(OSError, KeyError):

@@ -1,106 +1,240 @@
-"""Host-wide state shared by launches: the state directory, its lock, and the GPU reservations."""
+"""This user's own state: a private directory, never shared with other users.
+
+Nothing that coordinates launches lives here any more: GPU exclusivity across users, launchers and machines is
+kept on the engine (the GPU lock is a running container tied to its launcher, and the containers' labels say
+which GPUs they hold), so no other user can forge, block or steal it. What is left is a convenience: the hosts
+of each chain across hosts started here, so that `ps`, `down` and `gc --all-hosts` know where to look.
+
+The directory is `PP_LAUNCH_STATE_DIR`, else `$XDG_STATE_HOME/pp-launch`, else `~/.local/state/pp-launch`,
+created with mode 0700. It is used only when it is a real directory (not a symbolic link), owned by this user and
+writable by no one else; otherwise every command that needs it stops with one line naming it and the fix. Files
+in it are opened relative to the directory's descriptor, never following a symbolic link (O_NOFOLLOW), written
+to a temporary name and renamed into place. A file that does not parse is moved aside (`<name>.corrupt`), said
+once, and never blocks a launch.
+"""
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
+import errno
 import json
 import os
-from collections.abc import Iterator
+import stat
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from pp_launch.core import labels
-from pp_launch.core.gpu.allocator import Holding
+from pp_launch.core import errors
+
+STATE_ENV = "PP_LAUNCH_STATE_DIR"
+NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def state_dir() -> Path:
-    path = Path(os.environ.get("PP_LAUNCH_STATE_DIR", "/tmp/pp-launch-state"))
-    path.mkdir(parents=True, exist_ok=True)
-    with contextlib.suppress(OSError):
-        path.chmod(0o1777)  # several users' launches share the host's GPUs
-    return path
+def default_dir(environ: dict[str, str] | os._Environ[str] | None = None) -> Path:
+    env = os.environ if environ is None else environ
+    if env.get(STATE_ENV):
+        return Path(env[STATE_ENV])
+    if env.get("XDG_STATE_HOME"):
+        return Path(env["XDG_STATE_HOME"]) / "pp-launch"
+    return Path(env.get("HOME") or os.path.expanduser("~")) / ".local" / "state" / "pp-launch"
+
+
+def _fix(path: Path) -> str:
+    return f"remove it, or set {STATE_ENV} to a directory of your own (mode 0700)"
+
+
+def _fault(path: Path, exc: OSError, doing: str) -> errors.PpLaunchError:
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return errors.StateUnsafe(f"cannot {doing} {path}: {exc.strerror}; {_fix(path)}")
+    if exc.errno == errno.ENOSPC:
+        return errors.StateFault(f"cannot {doing} {path}: no space left on its file system; free some, or set "
+                                 f"{STATE_ENV} to a directory elsewhere")  # fmt: skip
+    return errors.StateFault(f"cannot {doing} {path}: {exc.strerror or exc}")
+
+
+class StateDir:
+    """The directory, held open: every file is reached through its descriptor, so a path swapped underneath
+    (a symbolic link planted after the check) is never followed."""
+
+    def __init__(self, path: Path, fd: int) -> None:
+        self.path, self.fd = path, fd
+
+    @classmethod
+    def open(cls, path: Path | None = None) -> StateDir:
+        path = path or default_dir()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(path, 0o700)
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | NOFOLLOW)
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                raise errors.StateUnsafe(
+                    f"the state directory {path} is a symbolic link or not a directory: pp-launch does not follow "
+                    f"it; {_fix(path)}"
+                ) from None
+            raise _fault(path, exc, "open the state directory") from None
+        info = os.fstat(fd)
+        why = ""
+        if info.st_uid != os.geteuid():
+            why = f"is owned by uid {info.st_uid}, not by you (uid {os.geteuid()})"
+        elif info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            why = f"is writable by other users (mode {stat.S_IMODE(info.st_mode):04o})"
+        if why:
+            os.close(fd)
+            raise errors.StateUnsafe(f"the state directory {path} {why}: nothing in it is trusted; {_fix(path)}")
+        return cls(path, fd)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
+
+    def __enter__(self) -> StateDir:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def sub(self, name: str) -> StateDir:
+        """A subdirectory (made 0700 if missing), held open the same way."""
+        try:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(name, 0o700, dir_fd=self.fd)
+            fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | NOFOLLOW, dir_fd=self.fd)
+        except OSError as exc:
+            raise _fault(self.path / name, exc, "open") from None
+        return StateDir(self.path / name, fd)
+
+    def names(self, suffix: str) -> list[str]:
+        try:
+            return sorted(n for n in os.listdir(self.fd) if n.endswith(suffix))
+        except OSError as exc:
+            raise _fault(self.path, exc, "list") from None
+
+    def read(self, name: str) -> bytes | None:
+        """The file's bytes; None when it is not there. A symbolic link is never followed (it reads as absent)."""
+        try:
+            fd = os.open(name, os.O_RDONLY | NOFOLLOW, dir_fd=self.fd)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                return None
+            raise _fault(self.path / name, exc, "read") from None
+        with os.fdopen(fd, "rb") as f:
+            return f.read(1 << 20)
+
+    def write(self, name: str, data: bytes) -> None:
+        tmp = f".{name}.{os.getpid()}.tmp"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, 0o600, dir_fd=self.fd)
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp, dir_fd=self.fd)
+                raise
+            os.replace(tmp, name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
+        except OSError as exc:
+            raise _fault(self.path / name, exc, "write") from None
+
+    def remove(self, name: str) -> None:
+        try:
+            os.unlink(name, dir_fd=self.fd)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise _fault(self.path / name, exc, "remove") from None
+
+    def set_aside(self, name: str) -> str:
+        aside = f"{name}.corrupt"
+        try:
+            os.replace(name, aside, src_dir_fd=self.fd, dst_dir_fd=self.fd)
+        except OSError as exc:
+            raise _fault(self.path / name, exc, "move aside") from None
+        return aside
 
 
 @contextlib.contextmanager
-def host_lock(directory: Path) -> Iterator[None]:
-    with open(directory / "gpu.lock", "a+") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+def state(path: Path | None = None) -> Iterator[StateDir]:
+    d = StateDir.open(path)
+    try:
+        yield d
+    finally:
+        d.close()
 
 
-class Reservations:
-    """Live reservations under `state_dir()/reservations/<run>.json`, each with its owner."""
-
-    def __init__(self, directory: Path) -> None:
-        self.dir = directory / "reservations"
-        self.dir.mkdir(exist_ok=True)
-
-    def live(self) -> dict[str, Holding]:
-        out: dict[str, Holding] = {}
-        for path in self.dir.glob("*.json"):
-            try:
-                doc = json.loads(path.read_text())
-            except (OSError, json.JSONDecodeError):
-                continue
-            if labels.owner_is_gone(str(doc.get("owner", ""))):
-                path.unlink(missing_ok=True)
-                continue
-            for k, gpus in enumerate(doc.get("stage_gpus", [])):
-                for uuid in gpus:
-                    out[uuid] = Holding(str(doc.get("run", path.stem)), k)
-        return out
-
-    def write(self, run_id: str, owner: str, stage_gpus: list[tuple[str, ...]]) -> None:
-        doc = {"run": run_id, "owner": owner, "stage_gpus": [list(g) for g in stage_gpus]}
-        (self.dir / f"{run_id}.json").write_text(json.dumps(doc))
-
-    def release(self, run_id: str) -> None:
-        (self.dir / f"{run_id}.json").unlink(missing_ok=True)
+def _quiet(text: str) -> None:
+    pass
 
 
 class RunHosts:
-    """The hosts of each chain across hosts started here (`state_dir()/hosts/<run>.json`), so that `ps`, `down`
-    and `gc` with --all-hosts know where to look. Written before anything starts; dropped once nothing of the
-    run is left anywhere."""
+    """The hosts of each chain across hosts started here (`hosts/<run>.json` in this user's state), so that `ps`,
+    `down` and `gc` with --all-hosts know where to look. Written before anything starts; dropped once nothing of
+    the run is left anywhere. A record that does not parse is moved aside and said once (`warn`)."""
 
-    def __init__(self, directory: Path) -> None:
-        self.dir = directory / "hosts"
-        self.dir.mkdir(exist_ok=True)
+    def __init__(self, directory: Path | None = None, warn: Callable[[str], None] = _quiet) -> None:
+        self.base = directory
+        self.warn = warn
+
+    @contextlib.contextmanager
+    def _dir(self) -> Iterator[StateDir]:
+        with state(self.base) as top:
+            sub = top.sub("hosts")
+            try:
+                yield sub
+            finally:
+                sub.close()
 
     def write(self, run_id: str, hosts: tuple[str, ...]) -> None:
-        (self.dir / f"{run_id}.json").write_text(json.dumps({"run": run_id, "hosts": list(hosts)}))
+        with self._dir() as d:
+            d.write(f"{run_id}.json", json.dumps({"run": run_id, "hosts": list(hosts)}).encode())
+
+    def _read(self, d: StateDir, name: str) -> tuple[str, ...]:
+        data = d.read(name)
+        if data is None:
+            return ()
+        try:
+            doc = json.loads(data)
+            if not isinstance(doc, dict) or not isinstance(doc.get("hosts"), list):
+                raise ValueError("not an object with a list of hosts")
+            if not all(isinstance(h, str) for h in doc["hosts"]):
+                raise ValueError("a host that is not a string")
+        except (ValueError, UnicodeDecodeError) as exc:
+            aside = d.set_aside(name)
+            self.warn(f"{d.path / name} is not a record pp-launch wrote ({exc}); moved aside as {aside}")
+            return ()
+        return tuple(doc["hosts"])
 
     def of(self, run_id: str) -> tuple[str, ...]:
-        try:
-            doc = json.loads((self.dir / f"{run_id}.json").read_text())
-        except (OSError, json.JSONDecodeError):
-            return ()
-        return tuple(str(h) for h in doc.get("hosts", []) if isinstance(h, str))
+        with self._dir() as d:
+            return self._read(d, f"{run_id}.json")
 
     def every(self) -> tuple[str, ...]:
         """Every host any recorded run uses, in the order first seen."""
         seen: dict[str, None] = {}
-        for path in sorted(self.dir.glob("*.json")):
-            seen.update(dict.fromkeys(self.of(path.stem)))
+        with self._dir() as d:
+            for name in d.names(".json"):
+                seen.update(dict.fromkeys(self._read(d, name)))
         return tuple(seen)
 
     def forget(self, run_id: str) -> None:
-        (self.dir / f"{run_id}.json").unlink(missing_ok=True)
+        with self._dir() as d:
+            d.remove(f"{run_id}.json")
 
-    def _matching(self, prefix: str) -> list[str]:
-        return sorted(p.stem for p in self.dir.glob("*.json") if p.stem.startswith(prefix)) if prefix else []
+    def _matching(self, d: StateDir, prefix: str) -> list[str]:
+        return [n for n in d.names(".json") if n.startswith(prefix)] if prefix else []
 
     def of_prefix(self, prefix: str) -> tuple[str, ...]:
         """The hosts of the recorded runs whose id starts with `prefix` (a run id, or a unique prefix of one)."""
         seen: dict[str, None] = {}
-        for run in self._matching(prefix):
-            seen.update(dict.fromkeys(self.of(run)))
+        with self._dir() as d:
+            for name in self._matching(d, prefix):
+                seen.update(dict.fromkeys(self._read(d, name)))
         return tuple(seen)
 
     def forget_prefix(self, prefix: str) -> None:
-        matching = self._matching(prefix)
-        if len(matching) == 1:
-            self.forget(matching[0])
+        with self._dir() as d:
+            matching = self._matching(d, prefix)
+            if len(matching) == 1:
+                d.remove(matching[0])

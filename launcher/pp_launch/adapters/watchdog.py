@@ -40,7 +40,7 @@ RETRY = 2.0
 
 def spawn(run_id: str, grace: float, detached: bool = False, host: str | None = None) -> subprocess.Popen[bytes]:
     """Start the watchdog for `run_id`; keep the returned Popen (its stdin is the lifeline) until exit. For a
-    detached run it sweeps only while the run is still coming up (see bringup.py). `host`: the engine it
+    detached run it sweeps only while the run has no hand-over marker (see bringup.py). `host`: the engine it
     watches (--host; a chain across hosts has one watchdog per host), None for DOCKER_HOST or the default."""
     extra = (["detached"] if detached else []) + ([f"--host={host}"] if host is not None else [])
     return subprocess.Popen(
@@ -54,9 +54,11 @@ def spawn(run_id: str, grace: float, detached: bool = False, host: str | None = 
     )
 
 
-def sweep(run_id: str, grace: float, host: str | None = None) -> list[str]:
+def sweep(run_id: str, grace: float, host: str | None = None, detached: bool = False) -> list[str]:
     """The chain's own teardown for the run's containers (adopted by label): SIGTERM, at most MAX_GRACE, SIGKILL,
-    removal confirmed. Raises while anything of the run is left, so that the caller tries again."""
+    removal confirmed. Raises while anything of the run is left, so that the caller tries again. A detached run
+    whose hand-over marker is on the engine is `down`'s: left alone."""
+    from pp_launch.adapters import bringup
     from pp_launch.adapters.docker_engine import DockerStageBackend, connect
     from pp_launch.core import labels
     from pp_launch.core.chain.ports import QueueInbox
@@ -64,7 +66,7 @@ def sweep(run_id: str, grace: float, host: str | None = None) -> list[str]:
 
     engine = connect(timeout=5, host=host)
     found = engine.containers(labels.run_selector(run_id))
-    if not found:
+    if not found or (detached and bringup.handed_over_runs(found)):
         return []
     adopted = [Found(c.id, c.name, c.state == "running") for c in found]
     scope = ChainScope.adopt(
@@ -84,24 +86,16 @@ def main(argv: list[str]) -> int:
     detached = argv[2:3] == ["detached"]
     while os.read(0, 4096):  # the launcher never writes; EOF means it is gone
         pass
-    if detached:
-        from pp_launch.adapters import bringup
-
-        if bringup.owner(run_id) is None:
-            return 0  # handed over: the run is down's to end now
     patience = float(os.environ.get("PP_WATCHDOG_PATIENCE", PATIENCE))
     deadline = time.monotonic() + patience
     while True:
         try:
-            sweep(run_id, grace, host)
-            break
+            sweep(run_id, grace, host, detached)
+            return 0
         except Exception:  # the engine is lost (or not back yet): try again while it may come back
             if time.monotonic() + RETRY > deadline:
                 return 1  # past our patience: gc and the next start's sweep cover what is left
             time.sleep(RETRY)
-    if detached:
-        bringup.complete(run_id)
-    return 0
 
 
 if __name__ == "__main__":

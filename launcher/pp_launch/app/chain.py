@@ -18,6 +18,7 @@ from pp_launch.app import gpus as gpu_select
 from pp_launch.app import hosts as across
 from pp_launch.app import housekeeping, images
 from pp_launch.app.hosts import live_gpu_labels
+from pp_launch.app.locks import GpuLocks
 from pp_launch.core import errors, labels
 from pp_launch.core.announce import escape
 from pp_launch.core.chain.plan import BUILTIN_IMAGE, ChainPlan, ChainRequest, build_plan, new_run_id
@@ -63,6 +64,16 @@ class GpuOptions:
     host_inventories: tuple[tuple[str, str], ...] = ()  # --gpu-inventory HOST=FILE (chains across hosts)
 
 
+def _locks_needed(mode: str, inventories: list[GpuInventory]) -> bool:
+    """The engines' GPU locks matter only when GPUs are picked from what others hold (not none, not all)."""
+    return mode.strip() not in ("none", "all") and any(inv.gpus for inv in inventories)
+
+
+def _launcher(owner: str) -> str:
+    """A detached run's launcher (labels.LAUNCHER): the run is its own until the hand-over."""
+    return labels.Owner.current().label() if owner == labels.OWNER_DETACHED else ""
+
+
 def plan_chain(
     request: ChainRequest,
     gpu: GpuOptions,
@@ -71,15 +82,18 @@ def plan_chain(
     owner: str | None = None,
     run_id: str | None = None,
     inventory: GpuInventory | None = None,
-    reserve: bool = True,
+    locks: GpuLocks | None = None,
 ) -> tuple[ChainPlan, str]:
     """The plan and a note for the user (e.g. why stages run on CPU). `engine` None: a dry run without an
-    engine, which cannot see GPUs held by running containers."""
+    engine, which cannot see GPUs held by running containers. `locks`: the engine's GPU lock, taken here before
+    the engine's labels are read when GPUs are picked; the caller releases it once the stages exist."""
     check_request(request)
     environ = os.environ if environ is None else environ
-    run_id = run_id or new_run_id()
+    run_id = locks.run_id if locks is not None else (run_id or new_run_id())
     owner = owner or labels.Owner.current().label()
     inventory = inventory if inventory is not None else gpu_select.load_inventory(gpu.inventory_path)
+    if locks is not None and _locks_needed(gpu.mode, [inventory]):
+        locks.acquire()
     selection = gpu_select.select(
         mode=gpu.mode,
         stages=request.stages,
@@ -87,12 +101,9 @@ def plan_chain(
         attach=gpu.attach,
         inventory=inventory,
         engine_labels=(lambda: live_gpu_labels(engine)) if engine is not None else list,
-        run_id=run_id,
-        owner=owner,
         environ=environ,
         allow_shared=gpu.allow_shared,
         min_free_mib=gpu.min_free_mib,
-        reserve=reserve,
     )
     plan = build_plan(
         request,
@@ -103,6 +114,7 @@ def plan_chain(
         run_id,
         selection.hop_levels,
         selection.cost,
+        launcher=_launcher(owner),
     )
     return plan, selection.note
 
@@ -123,14 +135,15 @@ def plan_chain_across(
     where: HostOptions,
     environ: Mapping[str, str] | None = None,
     owner: str | None = None,
-    reserve: bool = True,
     run_id: str | None = None,
+    locks: GpuLocks | None = None,
 ) -> tuple[ChainPlan, str]:
     """The plan of a chain across hosts: each host's GPUs (its probe, or its inventory file), stages in blocks of
-    consecutive stages per host, placed on each host by the allocator, one reservation for all."""
+    consecutive stages per host, placed on each host by the allocator. `locks`: the hosts' GPU locks, taken here
+    before their labels are read when GPUs are picked; the caller releases them once the stages exist."""
     check_request(request)
     environ = os.environ if environ is None else environ
-    run_id = run_id or new_run_id()
+    run_id = locks.run_id if locks is not None else (run_id or new_run_id())
     owner = owner or labels.Owner.current().label()
     overrides = dict(gpu.host_inventories)
     if unknown := sorted(set(overrides) - set(where.names)):
@@ -142,24 +155,23 @@ def plan_chain_across(
         host_gpus = [gpu_select.HostGpus(h.name, GpuInventory(), list) for h in reached]
     else:
         host_gpus = across.host_gpus(reached, request.image, gpu.attach, run_id, owner, overrides, every)
+    if locks is not None and _locks_needed(gpu.mode, [h.inventory for h in host_gpus]):
+        locks.acquire()
     stage_hosts, selection = gpu_select.select_across(
         mode=gpu.mode,
         stages=request.stages,
         per_stage=gpu.per_stage,
         attach=gpu.attach,
         hosts_gpus=host_gpus,
-        run_id=run_id,
-        owner=owner,
         environ=environ,
         placement=where.placement,
         stages_per_host=where.stages_per_host,
         allow_shared=gpu.allow_shared,
         min_free_mib=gpu.min_free_mib,
-        reserve=reserve,
     )
     plan = build_plan(
         request, environ, owner, selection.stage_gpus, selection.device_requests, run_id, selection.hop_levels,
-        selection.cost, tuple(stage_hosts),
+        selection.cost, tuple(stage_hosts), _launcher(owner),
     )  # fmt: skip
     return plan, selection.note
 
@@ -178,8 +190,14 @@ def ensure_image(engine: Engine, image: str, say: Callable[[str], None]) -> None
 
 
 def sweep_dead_owners(engine: Engine, say: Callable[[str], None]) -> None:
-    """Before starting anything: remove what launchers that died on this host left behind, and say so."""
-    collected = housekeeping.gc(engine)
+    """Before starting anything: remove what launchers that died on this host left behind, saying first what
+    it removes and then what it removed (--no-sweep, PP_LAUNCH_SWEEP=0: leave it to `pp-launch gc`)."""
+    found = housekeeping.orphans(engine)
+    if not found:
+        return
+    say(f"removing {len(found)} container{'s' if len(found) != 1 else ''} left behind by launchers that are gone "
+        "(--no-sweep leaves them): " + ", ".join(housekeeping.describe(c) for c in found))  # fmt: skip
+    collected = housekeeping.gc(engine, found)
     for c in collected.removed:
         say(f"removed {housekeeping.describe(c)}, left behind by a launcher that is gone")
     for c, why in collected.failed:
@@ -222,13 +240,15 @@ def run_chain(
     detach: bool = False,
     gpu_node: str | None = None,
     reached: list[across.Host] | None = None,
-    locks: across.EngineLocks | None = None,
+    locks: GpuLocks | None = None,
 ) -> ChainOutcome:
     """Run the chain to its end. `on_scope` receives the scope before anything starts (the CLI installs its
-    signal handlers there). A watchdog removes the run's containers if this process dies; the GPU
-    reservation is released whatever happens."""
+    signal handlers there). A watchdog removes the run's containers if this process dies. The engines' GPU
+    locks (taken while planning) are released once every stage's container exists, and on every way out. A
+    detached run is handed over (bringup.py) once it is up, and only then."""
+    release = locks.release if locks is not None else (lambda: None)
     if reached:
-        return _run_across(plan, reached, reporter, on_scope, detach, locks)
+        return _run_across(plan, reached, reporter, on_scope, detach, release)
     backend: StageBackend
     if gpu_node is not None:
         backend = ProcessStageBackend(
@@ -238,21 +258,20 @@ def run_chain(
             lambda run: [c.id for c in engine.containers(labels.run_selector(run))],
         )
     else:
-        backend = DockerStageBackend(engine)
+        backend = DockerStageBackend(engine, expected=len(plan.stages), on_all_created=release)
     scope = ChainScope(plan, backend, QueueInbox(), reporter, detach=detach)
     on_scope(scope)
     guard = None
     try:
         if gpu_node is None:
             check_names_free(engine, plan)
-        if detach:
-            bringup.begin(plan.run_id, labels.Owner.current().label())  # ours until the hand-over
         guard = watchdog.spawn(plan.run_id, plan.grace, detached=detach)
-        return scope.run()
+        outcome = scope.run()
+        if outcome.reason == "detached":
+            bringup.hand_over(engine, plan.run_id, plan.stages[0].image)  # from here on only `down` ends it
+        return outcome
     finally:
-        host_state.Reservations(host_state.state_dir()).release(plan.run_id)
-        if detach:
-            bringup.complete(plan.run_id)  # the hand-over: from here on only `down` ends the run
+        release()
         if guard is not None:
             guard.stdin.close()  # type: ignore[union-attr]  # a clean end: the watchdog finds nothing and exits
 
@@ -263,32 +282,29 @@ def _run_across(
     reporter: Reporter,
     on_scope: Callable[[ChainScope], None],
     detach: bool,
-    locks: across.EngineLocks | None,
+    release: Callable[[], None],
 ) -> ChainOutcome:
     """run_chain for a chain across hosts: one scope over every host's engine, a watchdog per engine, the run's
     hosts recorded (ps/down/gc --all-hosts); a host lost on the way is named with the command to run later.
     The hosts' GPU locks (taken before planning) are released once every stage's container exists."""
-    release = locks.release if locks is not None else (lambda: None)
     backends = {h.name: DockerStageBackend(h.engine) for h in reached}
     backend = MultiHostBackend(backends, expected=len(plan.stages), on_all_created=release)
     scope = ChainScope(plan, backend, QueueInbox(), reporter, detach=detach)
     on_scope(scope)
-    record = host_state.RunHosts(host_state.state_dir())
+    record = host_state.RunHosts()
     record.write(plan.run_id, plan.hosts)
     guards = []
     outcome: ChainOutcome | None = None
     try:
         for h in reached:
             check_names_free(h.engine, plan, h.name)
-        if detach:
-            bringup.begin(plan.run_id, labels.Owner.current().label())
         guards = [watchdog.spawn(plan.run_id, plan.grace, detached=detach, host=h.name) for h in reached]
         outcome = scope.run()
+        if outcome.reason == "detached":
+            for h in reached:
+                bringup.hand_over(h.engine, plan.run_id, plan.stages[0].image)
     finally:
         release()
-        host_state.Reservations(host_state.state_dir()).release(plan.run_id)
-        if detach:
-            bringup.complete(plan.run_id)
         for guard in guards:
             guard.stdin.close()  # type: ignore[union-attr]
         if outcome is not None and not outcome.orphans and not backend.lost and outcome.reason != "detached":

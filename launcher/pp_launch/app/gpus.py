@@ -1,9 +1,8 @@
-"""GPU selection for a launch: inventory + holdings -> allocator -> device requests, under a host lock.
+"""GPU selection for a launch: inventory + holdings -> allocator -> device requests.
 
-Concurrent launches on one host must never get the same GPU. A chain creates its containers one by one
-as earlier stages announce, so the engine's labels alone cannot close the gap between the pick and the
-last creation. Under a host-wide lock we read the engine's labels and the live reservations, pick, and
-write our own reservation; it lives until the launch ends (or its owner dies, which readers notice)."""
+Concurrent launches must never get the same GPU. The engine's labels say which GPUs its containers hold; the
+gap between the pick and the creation of the last stage is closed by the engine's GPU lock (app/locks.py), which
+the caller holds from before the labels are read here until its stages exist. Nothing is kept in files."""
 
 from __future__ import annotations
 
@@ -13,7 +12,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pp_launch.adapters.host_state import Reservations, host_lock, state_dir
 from pp_launch.adapters.nvml import NvmlUnavailable, read_inventory
 from pp_launch.core import errors, hosts, labels
 from pp_launch.core.gpu.allocator import (
@@ -110,12 +108,9 @@ def select(
     attach: str,
     inventory: GpuInventory,
     engine_labels: Callable[[], list[Mapping[str, str]]],
-    run_id: str,
-    owner: str,
     environ: Mapping[str, str],
     allow_shared: bool = False,
     min_free_mib: int | None = None,
-    reserve: bool = True,
 ) -> GpuSelection:
     """mode (--gpus), read as `docker run --gpus` reads it: auto | none | all | N (a count: N GPUs for each
     stage, placed as auto places them) | device=LIST or a LIST with a comma (indices or UUIDs, in stage order)."""
@@ -133,14 +128,7 @@ def select(
         every = tuple(g.uuid for g in inventory.gpus)
         return GpuSelection([every] * stages, [device_requests(every, attach)] * stages, ())
     request = _request(mode, stages, per_stage, environ, allow_shared, min_free_mib)
-    directory = state_dir()
-    reservations = Reservations(directory)
-    with host_lock(directory):
-        holdings = holdings_from_labels(engine_labels())
-        holdings.update(reservations.live())
-        placement: Placement = allocate(inventory, request, holdings)
-        if reserve:
-            reservations.write(run_id, owner, list(placement.stage_gpus))
+    placement: Placement = allocate(inventory, request, holdings_from_labels(engine_labels()))
     gpus = list(placement.stage_gpus)
     return GpuSelection(gpus, [device_requests(g, attach) for g in gpus], placement.hop_levels, cost=placement.cost)
 
@@ -161,18 +149,15 @@ def select_across(
     per_stage: int,
     attach: str,
     hosts_gpus: Sequence[HostGpus],
-    run_id: str,
-    owner: str,
     environ: Mapping[str, str],
     placement: str = "pack",
     stages_per_host: int | None = None,
     allow_shared: bool = False,
     min_free_mib: int | None = None,
-    reserve: bool = True,
 ) -> tuple[list[str], GpuSelection]:
     """Each stage's host and GPUs for a chain across hosts: consecutive stages per host in --host order (core
-    hosts.assign), then the allocator on each host for its block, all under one lock and one reservation (GPU
-    UUIDs are unique across hosts). Exclusivity per host: that engine's labels and this machine's reservations."""
+    hosts.assign), then the allocator on each host for its block. Exclusivity per host: that engine's labels,
+    read under its GPU lock (held by the caller)."""
     asked = mode.strip()
     mode, per_stage = parse_gpus_flag(mode, per_stage)
     names = [h.host for h in hosts_gpus]
@@ -187,52 +172,45 @@ def select_across(
     if not cpu and not with_gpus:
         raise errors.NotEnoughGpus(f"--gpus {asked} asks for GPUs, but no host has any ({'; '.join(notes)})")
     request = _request(mode if explicit else "auto", 1, per_stage, environ, allow_shared, min_free_mib)
-    directory = state_dir()
-    reservations = Reservations(directory)
-    with host_lock(directory):
-        held = reservations.live() if not cpu else {}
-        holdings = []
-        for each in hosts_gpus:
-            mine = holdings_from_labels(each.engine_labels()) if not cpu and each.inventory.gpus else {}
-            mine.update(held)
-            holdings.append(mine)
-        capacity: list[int | None] = [
-            _capacity(h.inventory, request, got, cpu or mode == "all")
-            for h, got in zip(hosts_gpus, holdings, strict=True)
-        ]
-        assignment = hosts.assign(stages, names, capacity, placement, stages_per_host)
-        stage_gpus: list[tuple[str, ...]] = [()] * stages
-        requests: list[tuple[Mapping[str, Any], ...]] = [()] * stages
-        hops: list[int | None] = [None] * stages
-        within = ring = 0
-        exact, candidates, costed = True, 0, False
-        blocks = hosts.blocks(assignment)
-        for h, block in blocks:
-            host = hosts_gpus[h]
-            if cpu:
-                placed = Placement(((),) * len(block), (None,) * len(block) if len(block) > 1 else ())
-            elif mode == "all":
-                every = tuple(g.uuid for g in host.inventory.gpus)
-                placed = Placement((every,) * len(block), ())
-            else:
-                sub = dataclasses.replace(request, stages=len(block))
-                placed = allocate(host.inventory, sub, holdings[h])
-            for i, k in enumerate(block):
-                stage_gpus[k] = placed.stage_gpus[i]
-                requests[k] = device_requests(placed.stage_gpus[i], attach)
-                if i + 1 < len(block):
-                    hops[k] = placed.hop_levels[i] if placed.hop_levels else None
-            last = block[-1]
-            if len(blocks) > 1:
-                hops[last] = HOST_LEVEL  # out of this host, to the next one (or back to stage 0's)
-            elif len(block) > 1:
-                hops[last] = placed.hop_levels[-1] if placed.hop_levels else None
-            if placed.cost is not None:
-                costed = True
-                within, ring = within + placed.cost.within, ring + placed.cost.hops
-                exact, candidates = exact and placed.cost.exact, candidates + placed.cost.candidates
-        if reserve and not cpu:
-            reservations.write(run_id, owner, stage_gpus)
+    holdings = [
+        holdings_from_labels(each.engine_labels()) if not cpu and each.inventory.gpus else {}
+        for each in hosts_gpus
+    ]
+    capacity: list[int | None] = [
+        _capacity(h.inventory, request, got, cpu or mode == "all")
+        for h, got in zip(hosts_gpus, holdings, strict=True)
+    ]
+    assignment = hosts.assign(stages, names, capacity, placement, stages_per_host)
+    stage_gpus: list[tuple[str, ...]] = [()] * stages
+    requests: list[tuple[Mapping[str, Any], ...]] = [()] * stages
+    hops: list[int | None] = [None] * stages
+    within = ring = 0
+    exact, candidates, costed = True, 0, False
+    blocks = hosts.blocks(assignment)
+    for h, block in blocks:
+        host = hosts_gpus[h]
+        if cpu:
+            placed = Placement(((),) * len(block), (None,) * len(block) if len(block) > 1 else ())
+        elif mode == "all":
+            every = tuple(g.uuid for g in host.inventory.gpus)
+            placed = Placement((every,) * len(block), ())
+        else:
+            sub = dataclasses.replace(request, stages=len(block))
+            placed = allocate(host.inventory, sub, holdings[h])
+        for i, k in enumerate(block):
+            stage_gpus[k] = placed.stage_gpus[i]
+            requests[k] = device_requests(placed.stage_gpus[i], attach)
+            if i + 1 < len(block):
+                hops[k] = placed.hop_levels[i] if placed.hop_levels else None
+        last = block[-1]
+        if len(blocks) > 1:
+            hops[last] = HOST_LEVEL  # out of this host, to the next one (or back to stage 0's)
+        elif len(block) > 1:
+            hops[last] = placed.hop_levels[-1] if placed.hop_levels else None
+        if placed.cost is not None:
+            costed = True
+            within, ring = within + placed.cost.within, ring + placed.cost.hops
+            exact, candidates = exact and placed.cost.exact, candidates + placed.cost.candidates
     hosts_of = [names[h] for h in assignment]
     cost = PlacementCost(within, ring, exact, candidates) if costed else None
     note = ""

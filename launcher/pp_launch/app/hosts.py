@@ -9,12 +9,8 @@ archive) prints the inventory of contract §7. The GPUs held there are read from
 
 from __future__ import annotations
 
-import contextlib
-import datetime
 import importlib.util
 import json
-import os
-import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -216,78 +212,3 @@ def host_gpus(
         return list(pool.map(one, hosts))
 
 
-LOCK_NAME = "pp-launch-gpu-lock"
-LOCK_STALE = 120.0  # seconds: a lock older than this on its engine's clock is a launcher's that died holding it
-
-
-def _age(created: str, now: str) -> float:
-    """Seconds between two of the engine's RFC 3339 times (nanoseconds cut to micro)."""
-
-    def parse(text: str) -> datetime.datetime:
-        head, _, frac = text.rstrip("Z").partition(".")
-        zone = ""
-        for sign in ("+", "-"):
-            if sign in frac:
-                frac, zone = frac.split(sign, 1)[0], sign + frac.split(sign, 1)[1]
-        stamp = f"{head}.{(frac or '0')[:6]}{zone or '+00:00'}"
-        return datetime.datetime.fromisoformat(stamp)
-
-    try:
-        return (parse(now) - parse(created)).total_seconds()
-    except ValueError:
-        return 0.0
-
-
-class EngineLocks:
-    """One GPU lock per host, on that host's engine: a never-started container named `pp-launch-gpu-lock`
-    (names are unique per engine). Held from before the host's labels are read until the chain's containers
-    there exist (their labels then say which GPUs they hold), so two launchers on two machines never place on
-    one host at once. Taken in a fixed order (engine identity), so two launches never wait on each other.
-
-    A lock whose owner is gone (judged from here) or that is older than LOCK_STALE on its engine's clock is
-    removed by the next launch; the run's watchdog and `gc` remove it too (it carries the run's labels)."""
-
-    def __init__(self, hosts: list[Host], image: str, run_id: str, owner: str) -> None:
-        self.hosts = sorted(hosts, key=lambda h: h.engine_id)
-        self.image = image
-        self.run_id = run_id
-        self.labels = {labels.RUN: run_id, labels.STAGE: "lock", labels.OWNER: owner, labels.GPUS: ""}
-        self.held: dict[str, tuple[Host, str]] = {}
-        self.timeout = float(os.environ.get("PP_HOST_LOCK_TIMEOUT", "60"))
-
-    def acquire(self) -> None:
-        try:
-            for h in self.hosts:
-                self.held[h.name] = (h, self._take(h, time.monotonic() + self.timeout))
-        except BaseException:
-            self.release()
-            raise
-
-    def _take(self, h: Host, deadline: float) -> str:
-        while True:
-            ref = h.engine.create_placeholder(LOCK_NAME, self.image, self.labels)
-            if ref is not None:
-                return ref
-            info = h.engine.inspect(LOCK_NAME)
-            if info is None:
-                continue  # released in between
-            held = dict((info.get("Config") or {}).get("Labels") or {})
-            owner = held.get(labels.OWNER, "")
-            age = _age(str(info.get("Created", "")), h.engine.clock())
-            if labels.RUN in held and (labels.owner_is_gone(owner) or age > LOCK_STALE):
-                h.engine.remove(str(info.get("Id", "")))  # a pp-launch lock of a launcher that is gone
-                continue
-            if time.monotonic() > deadline:
-                raise errors.ConfigError(
-                    f"host {h.name}: the GPU lock ({LOCK_NAME}) is held by {owner or 'a container not of pp-launch'} "
-                    f"(run {held.get(labels.RUN, '?')}, {age:.0f} s old): another launch is placing stages there. "
-                    f"Try again; it is removed by itself once {LOCK_STALE:.0f} s old"
-                )
-            time.sleep(0.2)
-
-    def release(self) -> None:
-        """Idempotent; called once the chain's containers exist, and on every way out."""
-        while self.held:
-            _, (h, ref) = self.held.popitem()
-            with contextlib.suppress(errors.PpLaunchError):
-                h.engine.remove(ref)

@@ -20,16 +20,23 @@ from pp_launch.core.gpu.inventory import GpuInventory
 from pp_launch.core.lines import display
 
 
-def owner_of(c: ContainerInfo) -> str:
-    """Whose the container is: its owner label, or for a detached run still coming up, its launcher."""
-    owner = c.labels.get(labels.OWNER, "")
-    if owner == labels.OWNER_DETACHED:
-        return bringup.owner(c.labels.get(labels.RUN, "")) or owner
-    return owner
-
-
 def orphans(engine: Engine) -> list[ContainerInfo]:
-    return [c for c in engine.containers(labels.run_selector()) if labels.owner_is_gone(owner_of(c))]
+    """The containers of launchers that are gone (judged from here): a detached run not yet handed over is its
+    launcher's. A run's hand-over marker goes with the rest of its run, or once no stage of its run is left."""
+    found = engine.containers(labels.run_selector())
+    handed = bringup.handed_over_runs(found)
+    gone = [c for c in found if not bringup.is_marker(c) and labels.owner_is_gone(bringup.owner_of(c, handed))]
+    return gone + _ended_markers(found)
+
+
+def _ended_markers(found: list[ContainerInfo]) -> list[ContainerInfo]:
+    staged = {c.labels.get(labels.RUN, "") for c in found if is_stage(c)}
+    return [c for c in found if bringup.is_marker(c) and c.labels.get(labels.RUN, "") not in staged]
+
+
+def ended_markers(engine: Engine, run: str) -> list[ContainerInfo]:
+    """The hand-over marker of `run` on this engine when no stage of the run is left there."""
+    return _ended_markers(engine.containers(labels.run_selector(run)))
 
 
 @dataclass(frozen=True)
@@ -38,11 +45,12 @@ class Collected:
     failed: tuple[tuple[ContainerInfo, str], ...]  # still there, and why
 
 
-def gc(engine: Engine) -> Collected:
-    """Remove every container of a dead owner that can be judged from here. Only what the engine confirms gone
-    counts as removed; what it could not remove is reported with the reason."""
+def gc(engine: Engine, found: list[ContainerInfo] | None = None) -> Collected:
+    """Remove every container of a dead owner that can be judged from here (or those of `found`, from
+    `orphans`). Only what the engine confirms gone counts as removed; what it could not remove is reported with
+    the reason."""
     removed, failed = [], []
-    found = orphans(engine)
+    found = orphans(engine) if found is None else found
     for c in found:
         reason = ""
         try:
@@ -55,9 +63,6 @@ def gc(engine: Engine) -> Collected:
         else:
             state = str((left.get("State") or {}).get("Status", "?"))
             failed.append((c, reason or f"the engine still has it (state {state})"))
-    for run in {c.labels.get(labels.RUN, "") for c in found} - {c.labels.get(labels.RUN, "") for c, _ in failed}:
-        if bringup.RUN_ID.fullmatch(run):
-            bringup.complete(run)  # a detached run that never came up: its record goes with it
     return Collected(tuple(removed), tuple(failed))
 
 
@@ -83,6 +88,11 @@ def resolve_run(wanted: str, runs: set[str]) -> str:
     if matches:
         raise errors.ConfigError(f"run {safe(wanted)!r} is ambiguous: {', '.join(matches)}")
     raise errors.ConfigError(f"no run {safe(wanted)!r} here; runs: {known} ('pp-launch ps' lists them)")
+
+
+def is_stage(c: ContainerInfo) -> bool:
+    """A stage container (a number for its stage label), not a run's GPU lock or hand-over marker."""
+    return labels.ascii_int(c.labels.get(labels.STAGE, "")) is not None
 
 
 def find_run(engine: Engine, wanted: str) -> tuple[str, list[ContainerInfo]]:
@@ -160,18 +170,23 @@ def list_stages(engine: Engine, run: str | None = None, details: bool = False,
     now = time.time()
     rows: list[dict[str, Any]] = []
     by_uuid = {g.uuid: g for g in (gpus.gpus if gpus is not None else ())}
-    for c in engine.containers(labels.run_selector(run) if run else labels.run_selector()):
+    found = engine.containers(labels.run_selector(run) if run else labels.run_selector())
+    handed = bringup.handed_over_runs(found)
+    for c in found:
+        if bringup.is_marker(c):
+            continue  # a hand-over marker is no stage: `down` removes it with its run
         owner = c.labels.get(labels.OWNER, "")
         stage = c.labels.get(labels.STAGE, "")
         rows.append(
             {
                 "run": c.labels.get(labels.RUN, ""),
                 "stage": labels.ascii_int(stage),
+                "role": "lock" if stage == labels.STAGE_LOCK else "stage",
                 "container": c.name,
                 "image": c.image,
                 "gpus": [g for g in c.labels.get(labels.GPUS, "").split(",") if g],
                 "owner": owner,
-                "owner_status": owner_status(owner_of(c)),  # a detached run coming up: its launcher's
+                "owner_status": owner_status(bringup.owner_of(c, handed)),  # detached, coming up: its launcher's
                 "state": c.state,
                 "age_s": max(0, int(now - c.created)),
             }
@@ -212,7 +227,7 @@ def render(rows: list[dict[str, Any]]) -> str:
     table = [header] + [
         (
             r["run"],
-            str(r["stage"]),
+            str(r["stage"]) if r["stage"] is not None else ("lock" if r.get("role") == "lock" else "?"),
             *((r.get("host") or "-",) if hosts else ()),
             r["container"],
             r["image"],

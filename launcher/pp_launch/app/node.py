@@ -24,11 +24,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pp_launch.adapters import host_state, watchdog
+from pp_launch.adapters import watchdog
 from pp_launch.adapters.docker_engine import DockerStageBackend, Engine, connect
 from pp_launch.app import gpus as gpu_select
 from pp_launch.app.chain import ensure_image, sweep_dead_owners
 from pp_launch.app.hosts import live_gpu_labels
+from pp_launch.app.locks import GpuLocks, LockSite
 from pp_launch.core import errors, labels, stage_env
 from pp_launch.core.chain.plan import BUILTIN_IMAGE, Mount, StageSpec, new_run_id
 from pp_launch.core.chain.ports import Inbox, QueueInbox, StageBackend, StageGone, StageOutput, StopRequested
@@ -73,21 +74,40 @@ def run_node(environ: Mapping[str, str], args: tuple[str, ...], inbox: QueueInbo
                 "Build it or load it ('docker load -i FILE') first."
             )
         ensure_image(engine, config.image, say)
-    sweep_dead_owners(engine, say)
+    if environ.get("PP_LAUNCH_SWEEP", "1") not in ("0", "false", "no", "off"):
+        sweep_dead_owners(engine, say)
     _free_name(engine, config.name, say)
     owner = labels.Owner.current().label()
-    gpus = config.gpus
     run_id = config.run_id or new_run_id()
+    locks = GpuLocks([LockSite(engine.address, engine, engine.identity()[0])], config.image, run_id, owner, say)
+    try:
+        return _run_locked(config, environ, engine, locks, run_id, owner, inbox, say)
+    finally:
+        locks.release()
+
+
+def _run_locked(
+    config: NodeConfig,
+    environ: Mapping[str, str],
+    engine: Engine,
+    locks: GpuLocks,
+    run_id: str,
+    owner: str,
+    inbox: QueueInbox,
+    say: Callable[[str], None],
+) -> int:
+    gpus = config.gpus
     if gpus.auto:
+        inventory = gpu_select.load_inventory(None)
+        if inventory.gpus:
+            locks.acquire()  # released once the container exists (its labels then hold the GPU), or on the way out
         choice = gpu_select.select(
             mode="auto",
             stages=1,
             per_stage=1,
             attach="request",
-            inventory=gpu_select.load_inventory(None),
+            inventory=inventory,
             engine_labels=lambda: live_gpu_labels(engine),
-            run_id=run_id,
-            owner=owner,
             environ=environ,
         )
         uuids = choice.stage_gpus[0]
@@ -98,7 +118,7 @@ def run_node(environ: Mapping[str, str], args: tuple[str, ...], inbox: QueueInbo
     for m in spec.mounts:
         os.makedirs(m.host, exist_ok=True)
     guard = watchdog.spawn(run_id, config.grace)  # before the container exists: no moment is uncovered
-    backend = DockerStageBackend(engine, split_lines=False)
+    backend = DockerStageBackend(engine, split_lines=False, expected=1, on_all_created=locks.release)
     try:
         ref = backend.create(spec, spec.env)
         streams = {"stdout": 1, "stderr": 2}
@@ -107,7 +127,7 @@ def run_node(environ: Mapping[str, str], args: tuple[str, ...], inbox: QueueInbo
         )
         return supervisor.run(ref, config.stage)
     finally:
-        host_state.Reservations(host_state.state_dir()).release(run_id)
+        locks.release()
         guard.stdin.close()  # type: ignore[union-attr]
 
 

@@ -8,11 +8,11 @@ from typing import Any
 
 import click
 
-from pp_launch.adapters import host_state
 from pp_launch.adapters.docker_engine import connect
 from pp_launch.app import chain as launch
 from pp_launch.app import gpus as gpu_select
 from pp_launch.app import hosts as across
+from pp_launch.app.locks import GpuLocks, LockSite
 from pp_launch.cli import signals
 from pp_launch.cli.main import main
 from pp_launch.cli.options import Seconds, gpu_options, host_options, stage_options, swactor_options
@@ -138,6 +138,14 @@ def load_chain_file(ctx: click.Context, param: click.Parameter, value: str | Non
     "Until every stage has announced, the run ends with this launcher, as a foreground chain does.",
 )
 @click.option(
+    "--sweep/--no-sweep",
+    default=True,
+    envvar="PP_LAUNCH_SWEEP",
+    show_default=True,
+    help="First remove what launchers that died on this host left behind (each container is named as it goes); "
+    "--no-sweep (or PP_LAUNCH_SWEEP=0) leaves them for 'pp-launch gc'.",
+)
+@click.option(
     "--gpu-node",
     type=click.Path(exists=True, dir_okay=False),
     metavar="PATH",
@@ -166,6 +174,7 @@ def chain(
     as_json: bool,
     dry_run: bool,
     detach: bool,
+    sweep: bool,
     gpu_node: str | None,
 ) -> None:
     """Start STAGES stages at once and supervise them until they end.
@@ -211,7 +220,8 @@ def chain(
         raise click.UsageError("--host and --gpu-node do not go together: child processes run on this machine")
     say = (lambda t: click.echo(f"pp-launch: {t}", err=True)) if verbosity >= 0 or as_json else (lambda t: None)
     if names:
-        _across(ctx, request, gpu, launch.HostOptions(names, placement, stages_per_host), as_json, dry_run, detach, say)
+        where = launch.HostOptions(names, placement, stages_per_host)
+        _across(ctx, request, gpu, where, as_json, dry_run, detach, sweep, say)
         return
     if dry_run:
         _dry_run(request, gpu, as_json)
@@ -219,27 +229,33 @@ def chain(
     launch.check_image_name(image)
     engine = connect()
     launch.ensure_image(engine, image, say)
-    launch.sweep_dead_owners(engine, say)
+    if sweep:
+        launch.sweep_dead_owners(engine, say)
     owner = labels.OWNER_DETACHED if detach else None
-    plan, note = launch.plan_chain(request, gpu, engine, owner=owner)
-    if note:
-        click.echo(f"pp-launch: {note}", err=True)
-    reporter = _reporter(plan.run_id, stages, verbosity, as_json, detach)
     signals.install()  # already done by the console entry; here for programs that call main() directly
-    if (held := signals.pending()) is not None:  # stopped while planning: nothing was started
-        host_state.Reservations(host_state.state_dir()).release(plan.run_id)
-        sys.exit(errors.exit_code_for_signal(held))
+    site = LockSite(engine.address, engine, engine.identity()[0])
+    locks = GpuLocks([site], image, new_run_id(), labels.Owner.current().label(), say, signals.pending)
     try:
-        outcome = launch.run_chain(
-            plan,
-            engine,
-            reporter,
-            lambda scope: signals.route_to(scope.request_stop),
-            detach=detach,
-            gpu_node=gpu_node,
-        )
+        plan, note = launch.plan_chain(request, gpu, engine, owner=owner, locks=locks)
+        if note:
+            click.echo(f"pp-launch: {note}", err=True)
+        reporter = _reporter(plan.run_id, stages, verbosity, as_json, detach)
+        if (held := signals.pending()) is not None:  # stopped while planning: nothing was started
+            sys.exit(errors.exit_code_for_signal(held))
+        try:
+            outcome = launch.run_chain(
+                plan,
+                engine,
+                reporter,
+                lambda scope: signals.route_to(scope.request_stop),
+                detach=detach,
+                gpu_node=gpu_node,
+                locks=locks,
+            )
+        finally:
+            reporter.close()
     finally:
-        reporter.close()
+        locks.release()
     _finish(outcome, plan.run_id, as_json, said=getattr(reporter, "said", ""))
 
 
@@ -281,7 +297,7 @@ def _dry_run(request: ChainRequest, gpu: launch.GpuOptions, as_json: bool) -> No
         engine = connect(timeout=5)
     except errors.EngineUnavailable:
         engine = None
-    plan, note = launch.plan_chain(request, gpu, engine, reserve=False)
+    plan, note = launch.plan_chain(request, gpu, engine)
     warning = (
         "" if engine is not None else "no Docker engine answered: GPUs held by running containers were not checked"
     )
@@ -326,32 +342,34 @@ def _across(
     as_json: bool,
     dry_run: bool,
     detach: bool,
+    sweep: bool,
     say: Any,
 ) -> None:
     """A chain across hosts: every host reached and checked before anything starts, then one run over all."""
     launch.check_image_name(request.image)
     reached = across.connect_all(where.names)
-    locks = across.EngineLocks(reached, request.image, new_run_id(), labels.Owner.current().label())
+    sites = [LockSite(h.name, h.engine, h.engine_id) for h in reached]
+    signals.install()
+    locks = GpuLocks(sites, request.image, new_run_id(), labels.Owner.current().label(), say, signals.pending)
     try:
         across.check_image(reached, request.image)
         if dry_run:
-            plan, note = launch.plan_chain_across(request, gpu, reached, where, reserve=False)
+            plan, note = launch.plan_chain_across(request, gpu, reached, where)
             _print_plan(plan, note, as_json, {})
             return
-        for h in reached:
-            launch.sweep_dead_owners(h.engine, say)
+        if sweep:
+            for h in reached:
+                launch.sweep_dead_owners(h.engine, say)
         owner = labels.OWNER_DETACHED if detach else None
-        locks.acquire()  # released once every stage exists (their labels then hold the GPUs), or on the way out
-        plan, note = launch.plan_chain_across(request, gpu, reached, where, owner=owner, run_id=locks.run_id)
+        # the locks are taken while planning, released once every stage exists (their labels then hold the GPUs)
+        plan, note = launch.plan_chain_across(request, gpu, reached, where, owner=owner, locks=locks)
         if note:
             say(note)
         say(f"run {plan.run_id} across {len(reached)} hosts: " + "; ".join(
             f"{h}: stages {', '.join(str(s.index) for s in plan.stages if s.host == h)}" for h in plan.hosts
         ))  # fmt: skip
         reporter = _reporter(plan.run_id, request.stages, ctx.obj["verbosity"], as_json, detach)
-        signals.install()
         if (held := signals.pending()) is not None:
-            host_state.Reservations(host_state.state_dir()).release(plan.run_id)
             sys.exit(errors.exit_code_for_signal(held))
         try:
             outcome = launch.run_chain(

@@ -102,7 +102,6 @@ def compose(
         engine,
         owner=compose_file.owner_for(project),
         run_id=compose_file.run_id_for(project),
-        reserve=False,
     )
     if note:
         click.echo(f"pp-launch: {note}", err=True)

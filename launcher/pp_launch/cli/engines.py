@@ -36,7 +36,7 @@ class Engines:
         self.failed = False
         self.reached: list[tuple[str | None, Engine]] = []
         if all_hosts:
-            record = host_state.RunHosts(host_state.state_dir())
+            record = host_state.RunHosts()
             self.reached.append((None, connect()))
             recorded = record.of_prefix(run) if run else record.every()
             labelled = self._labelled_hosts(run) if run else ()

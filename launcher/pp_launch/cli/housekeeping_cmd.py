@@ -113,7 +113,7 @@ def down(
     if run_id and not found_any and not engines.failed:
         raise errors.ConfigError(f"no run {housekeeping.safe(run_id)!r} on any of these hosts")
     if run_id and not engines.failed:
-        host_state.RunHosts(host_state.state_dir()).forget_prefix(run_id)
+        host_state.RunHosts().forget_prefix(run_id)
     engines.finish()
 
 

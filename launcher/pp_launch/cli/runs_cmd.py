@@ -64,6 +64,7 @@ def logs(
     """
     engines = Engines(host_names, all_hosts, run_id)
     run, found = engines.find_run(run_id)
+    found = [(e, c) for e, c in found if housekeeping.is_stage(c)]  # not its lock or hand-over marker
     if stages:
         found = [(e, c) for e, c in found if labels.ascii_int(c.labels.get(labels.STAGE, "")) in stages]
         if not found:
@@ -127,12 +128,17 @@ def wait(run_id: str, until: str, timeout: float | None, host_names: tuple[str, 
       pp-launch wait 3f2a --timeout 600
     """
     engines = Engines(host_names, all_hosts, run_id)
-    run, found = engines.find_run(run_id)
+    run, every = engines.find_run(run_id)
+    found = [(e, c) for e, c in every if housekeeping.is_stage(c)]  # not its lock or hand-over marker
     deadline = None if timeout is None else time.monotonic() + timeout
     if until == "announced":
         _wait_announced(run, found, deadline)
     else:
-        _wait_exit(run, found, deadline)
+        try:
+            _wait_exit(run, found, deadline)
+        finally:  # every stage gone (or the timeout): a marker of a run with no stage left goes too
+            for engine, _ in every:
+                housekeeping.gc(engine, housekeeping.ended_markers(engine, run))
     engines.finish()
 
 

@@ -56,3 +56,25 @@ class EngineLost(EngineError):
 class HostLost(EngineError):
     """One host of a chain across hosts stopped answering. Not EngineLost: the chain's other hosts are still
     asked (and torn down); what that host held is reported as possibly left, with the command to run later."""
+
+
+class StateUnsafe(ConfigError):
+    """The state directory is not private to this user (another owner, writable by others, a symbolic link):
+    nothing in it is trusted, nothing is written; the message names it and the fix."""
+
+
+class StateFault(PpLaunchError):
+    """A file of this user's state could not be written or read (no space, an I/O error): the message names it."""
+
+
+class LockTimeout(ConfigError):
+    """A GPU lock stayed held by another launch past PP_LOCK_TIMEOUT; nothing was started."""
+
+
+class Interrupted(PpLaunchError):
+    """A stop signal arrived while waiting (for a lock) before anything started: exit 128+N, nothing to undo."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"stopped by signal {signum} while waiting; nothing was started")
+        self.signum = signum
+        self.exit_code = exit_code_for_signal(signum)

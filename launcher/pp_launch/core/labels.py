@@ -16,6 +16,10 @@ OWNER = "pp-launch.owner"
 GPUS = "pp-launch.gpus"
 HOST = "pp-launch.host"  # the engine it runs on, as the launcher named it (--host; absent on one engine)
 HOSTS = "pp-launch.hosts"  # every host of its run, comma-separated in ring order (absent on one engine)
+LAUNCHER = "pp-launch.launcher"  # a detached run's launcher: the run is its until the hand-over marker exists
+
+STAGE_LOCK = "lock"  # the stage label of an engine's GPU lock container (app/locks.py)
+STAGE_HANDED_OVER = "handed-over"  # the stage label of a detached run's hand-over marker (adapters/bringup.py)
 
 OWNER_DETACHED = "detached"
 OWNER_COMPOSE_PREFIX = "compose:"
@@ -125,9 +129,17 @@ def run_selector(run_id: str | None = None) -> list[str]:
 
 
 def stage_labels(
-    run_id: str, stage: int, owner: str, gpus: tuple[str, ...], host: str = "", hosts: tuple[str, ...] = ()
+    run_id: str,
+    stage: int,
+    owner: str,
+    gpus: tuple[str, ...],
+    host: str = "",
+    hosts: tuple[str, ...] = (),
+    launcher: str = "",
 ) -> dict[str, str]:
     out = {RUN: run_id, STAGE: str(stage), OWNER: owner, GPUS: ",".join(gpus)}
+    if launcher:
+        out[LAUNCHER] = launcher
     if hosts:
         out.update({HOST: host, HOSTS: ",".join(hosts)})
     return out

@@ -146,8 +146,10 @@ def build_plan(
     hop_levels: tuple[int | None, ...] = (),
     cost: PlacementCost | None = None,
     stage_hosts: tuple[str, ...] = (),
+    launcher: str = "",
 ) -> ChainPlan:
-    """stage_hosts: each stage's host (a chain across hosts), () for the one engine."""
+    """stage_hosts: each stage's host (a chain across hosts), () for the one engine. launcher: for a detached
+    run (owner `detached`), the launcher that owns it until the hand-over (labels.LAUNCHER)."""
     run_id = run_id or new_run_id()
     prefix = request.name_prefix or f"pp-{run_id}"
     base = stage_env.forwarded(environ)
@@ -171,7 +173,8 @@ def build_plan(
                 image=request.image,
                 env=env,
                 labels=labels.stage_labels(
-                    run_id, k, owner, gpus, stage_hosts[k] if stage_hosts else "", tuple(dict.fromkeys(stage_hosts))
+                    run_id, k, owner, gpus, stage_hosts[k] if stage_hosts else "", tuple(dict.fromkeys(stage_hosts)),
+                    launcher,
                 ),
                 gpus=gpus,
                 device_requests=device_requests[k],

@@ -1,0 +1,79 @@
+"""This user's state directory (issue #23): private or refused, never following a link, faults in one line."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from pp_launch.adapters import host_state
+from pp_launch.core import errors
+
+
+def test_the_default_is_per_user_and_made_private(tmp_path: Path) -> None:
+    env = {"HOME": str(tmp_path / "home")}
+    assert host_state.default_dir(env) == tmp_path / "home" / ".local" / "state" / "pp-launch"
+    assert host_state.default_dir({**env, "XDG_STATE_HOME": "/x"}) == Path("/x/pp-launch")
+    assert host_state.default_dir({**env, "PP_LAUNCH_STATE_DIR": "/y"}) == Path("/y")
+    with host_state.state(host_state.default_dir(env)) as d:
+        assert (os.stat(d.path).st_mode & 0o777) == 0o700
+
+
+def test_a_symbolic_link_in_place_of_the_directory_is_refused_and_its_target_untouched(tmp_path: Path) -> None:
+    target = tmp_path / "system"
+    target.mkdir(mode=0o755)
+    link = tmp_path / "state"
+    link.symlink_to(target)
+    with pytest.raises(errors.StateUnsafe, match="is a symbolic link or not a directory"):
+        host_state.StateDir.open(link)
+    assert (target.stat().st_mode & 0o7777) == 0o755 and list(target.iterdir()) == []
+
+
+def test_a_directory_writable_by_others_is_refused(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    with pytest.raises(errors.StateUnsafe, match=r"writable by other users \(mode 1777\)") as exc:
+        host_state.StateDir.open(shared)
+    assert "PP_LAUNCH_STATE_DIR" in str(exc.value)
+
+
+def test_a_file_planted_as_a_link_is_never_followed(tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    secret.write_text("root only")
+    with host_state.state(tmp_path / "s") as d:
+        hosts = d.sub("hosts")
+        os.symlink(secret, "r.json", dir_fd=hosts.fd)
+        assert hosts.read("r.json") is None
+        hosts.write("r.json", b"{}")  # replaces the link itself, never writes through it
+        hosts.close()
+    assert secret.read_text() == "root only"
+    assert not (tmp_path / "s" / "hosts" / "r.json").is_symlink()
+
+
+def test_a_corrupt_record_is_moved_aside_said_once_and_blocks_nothing(tmp_path: Path) -> None:
+    said: list[str] = []
+    record = host_state.RunHosts(tmp_path / "s", warn=said.append)
+    record.write("aaaaaaaaaaaa", ("h1", "h2"))
+    (tmp_path / "s" / "hosts" / "bbbbbbbbbbbb.json").write_bytes(b"\xff\xfe not json")
+    (tmp_path / "s" / "hosts" / "cccccccccccc.json").write_text(json.dumps([]))
+    assert record.every() == ("h1", "h2")
+    assert len(said) == 2 and all("moved aside as" in s for s in said)
+    assert sorted(p.name for p in (tmp_path / "s" / "hosts").iterdir()) == [
+        "aaaaaaaaaaaa.json", "bbbbbbbbbbbb.json.corrupt", "cccccccccccc.json.corrupt"]  # fmt: skip
+    assert record.every() == ("h1", "h2") and len(said) == 2  # said once
+
+
+def test_no_space_is_one_line_naming_the_file_and_the_fix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def full(*args: object, **kwargs: object) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with host_state.state(tmp_path / "s") as d:
+        monkeypatch.setattr(host_state.os, "open", full)
+        with pytest.raises(errors.StateFault) as exc:
+            d.write("x.json", b"{}")
+    assert str(exc.value).startswith(f"cannot write {tmp_path / 's' / 'x.json'}: no space left")
+    assert "\n" not in str(exc.value) and exc.value.exit_code == 1
