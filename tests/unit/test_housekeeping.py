@@ -21,7 +21,11 @@ class FakeEngine:
         self.items = list(containers)
 
     def containers(self, label_filters: list[str]) -> list[ContainerInfo]:
-        return [c for c in self.items if all(f.split("=")[0] in c.labels for f in label_filters)]
+        def match(c: ContainerInfo, f: str) -> bool:  # as the engine filters: `key` or `key=value`
+            key, _, value = f.partition("=")
+            return key in c.labels and (not value or c.labels[key] == value)
+
+        return [c for c in self.items if all(match(c, f) for f in label_filters)]
 
 
 def box(name: str, run: str, stage: str, owner: str, gpus: str = "", launcher: str = "") -> ContainerInfo:
