@@ -14,6 +14,7 @@ BENCHES = [
     "bench_bringup.py",
     "bench_gpu_bringup.py",
     "bench_hosts.py",
+    "bench_output.py",
 ]
 
 

@@ -141,10 +141,30 @@ FAULTS = (
 class Mix:
     fault: str
     deaf: bool  # stages ignore SIGTERM and their stdin lifeline
+    intruder: bool = False  # a second, unprivileged user acts in the launcher's state meanwhile (issue #23)
 
     @property
     def name(self) -> str:
-        return f"{self.fault}{'-deaf' if self.deaf else ''}"
+        return f"{self.fault}{'-deaf' if self.deaf else ''}{'-intruder' if self.intruder else ''}"
+
+
+INTRUDER = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups"]
+
+
+def intrude(state: str) -> list[str]:
+    """As `nobody`: plant a link, a forged record and a lock file in the launcher's state directory, and take a
+    shared flock on it. Each must fail (the directory is this user's alone); what succeeded is returned."""
+    import subprocess
+
+    tries = {
+        "a link in place of a record": ["ln", "-s", "/etc", f"{state}/hosts/ffffffffffff.json"],
+        "a forged record": ["sh", "-c", f'echo \'{{"hosts": ["ssh://evil"]}}\' > {state}/hosts/eeeeeeeeeeee.json'],
+        "a file of its own": ["touch", f"{state}/gpu.lock"],
+        "a shared lock on the directory": ["flock", "-s", "-n", state, "true"],
+    }
+    return [
+        what for what, argv in tries.items() if subprocess.run([*INTRUDER, *argv], capture_output=True).returncode == 0
+    ]
 
 
 def adversarial(side: Any, rng: random.Random, gpu_node: str, decoy: str) -> tuple[Mix, list[str]]:
@@ -154,7 +174,7 @@ def adversarial(side: Any, rng: random.Random, gpu_node: str, decoy: str) -> tup
     import os
     import subprocess
 
-    mix = Mix(rng.choice(FAULTS), rng.random() < 0.4)
+    mix = Mix(rng.choice(FAULTS), rng.random() < 0.4, rng.random() < 0.5)
     env = {"DOCKER_HOST": side.host, "PP_ENGINE_TIMEOUT": "5", "PP_WATCHDOG_PATIENCE": "120"}
     prefix = f"adv{rng.randrange(16**8):08x}"
     args = ["chain", "--stages", "3", "--json", "--gpus", "none", "--grace", "1", "--name", prefix]
@@ -170,6 +190,12 @@ def adversarial(side: Any, rng: random.Random, gpu_node: str, decoy: str) -> tup
     if mix.fault == "collision":
         holder = side.docker("run", "-d", "--name", f"{prefix}-1", "--network", "host", "-e", "STUB_MODE=hold",
                              "pp-launch/stub-worker:latest").stdout.strip()  # fmt: skip
+    if mix.intruder:
+        from pp_launch.adapters import host_state
+
+        with host_state.state() as own:  # the launcher's state directory, made as the launcher makes it
+            own.sub("hosts").close()
+            problems += [f"the second user could make {what}" for what in intrude(str(own.path))]
     launcher = Launcher(*args, env=env)
 
     def left(status: str | None = None) -> list[str]:

@@ -20,7 +20,8 @@ libnvidia-ml.so.1; stderr in worker mode, whose stdout is the wire).
 Knobs: STUB_IGNORE_SIGTERM, STUB_ANNOUNCE_DELAY, STUB_NO_ANNOUNCE, STUB_ANNOUNCE_LINE, STUB_EXIT_AFTER,
 STUB_EXIT_CODE, STUB_LOG_RATE (contract §11); for tests of the no-orphan layers and of bad output also
 STUB_IGNORE_LIFELINE=1 (behave like an image that never reads stdin) and STUB_FLOOD=endless|random with
-STUB_FLOOD_MB (one endless line, or random bytes, after announcing). Across hosts: STUB_BIND (listen address,
+STUB_FLOOD_MB (one endless line, or random bytes, after announcing), or STUB_FLOOD=lines (STUB_FLOOD_LINES lines
+of STUB_FLOOD_WIDTH characters, then PP_FLOOD_DONE; STUB_FLOOD_EXIT=1 exits 0 after it). Across hosts: STUB_BIND (listen address,
 default 127.0.0.1; 0.0.0.0 for every interface) and STUB_ADVERTISE (the address announced: an address, or `auto`
 for this host's own; default the bound one, loopback for 0.0.0.0). With PP_LIFELINE=stdin the stage exits as soon as its stdin closes: the
 engine closes it when the launcher that attached it dies, whatever signals the stage ignores.
@@ -367,8 +368,21 @@ def take_peer_line(line: str) -> bool:
 
 
 def run_flood(kind: str, megabytes: int) -> None:
-    """STUB_FLOOD=endless: one line of STUB_FLOOD_MB MB with no newline; random: that many random bytes."""
+    """STUB_FLOOD=endless: one line of STUB_FLOOD_MB MB with no newline; random: that many random bytes; lines:
+    STUB_FLOOD_LINES lines (default a million) of STUB_FLOOD_WIDTH characters (default 0: empty lines), then
+    `PP_FLOOD_DONE lines=N` as the last line, and with STUB_FLOOD_EXIT=1 exit 0 right after it."""
     out = sys.stdout.buffer
+    if kind == "lines":
+        count, width = int(ENV.get("STUB_FLOOD_LINES", "1000000")), int(ENV.get("STUB_FLOOD_WIDTH", "0"))
+        block = (b"y" * width + b"\n") * 1000
+        for _ in range(count // 1000):
+            out.write(block)
+        out.write((b"y" * width + b"\n") * (count % 1000))
+        out.write(f"PP_FLOOD_DONE lines={count}\n".encode())
+        out.flush()
+        if ENV.get("STUB_FLOOD_EXIT") == "1":
+            os._exit(0)
+        return
     chunk = 1 << 20
     rng = __import__("random").Random(STAGE)
     for _ in range(megabytes):

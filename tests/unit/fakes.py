@@ -30,6 +30,7 @@ class FakeInbox:
     def __init__(self, clock: FakeClock) -> None:
         self.clock = clock
         self.dropped_bytes = 0
+        self.dropped_lines = 0
         self.holding_back = True
         self.q: collections.deque[ChainEvent] = collections.deque()
         self.scheduled: list[tuple[float, ChainEvent]] = []

@@ -506,6 +506,7 @@ class Engine:
 
 
 HOLD_ENTRY = ("/bin/sh", "-c", "exec cat >/dev/null")
+READER_PATIENCE = 300.0  # seconds an exit waits for its stage's last lines to be read (not while stopping)
 
 
 class Held:
@@ -673,8 +674,9 @@ class DockerStageBackend:
             gone = StageGone(stage, None if code is None else int(code), detail)
         except Exception as exc:  # the wait broke (engine restart...): report it; teardown confirms by label
             gone = StageGone(stage, None, f"lost the engine's wait: {exc}")
-        # The stage's last lines must reach the inbox before its exit does (while stopping, they need not).
-        deadline = time.monotonic() + 5.0
+        # The stage's last lines must reach the inbox before its exit does (while stopping, they need not): the
+        # reader ends when the engine closes the stream, after the last line; a flood may take a while to read.
+        deadline = time.monotonic() + READER_PATIENCE
         while reader.is_alive() and time.monotonic() < deadline and not self._tearing_down.is_set():
             reader.join(timeout=0.1)
         sink(gone)

@@ -36,7 +36,7 @@ class Engines:
         self.failed = False
         self.reached: list[tuple[str | None, Engine]] = []
         if all_hosts:
-            record = host_state.RunHosts()
+            record = host_state.RunHosts(warn=lambda text: click.echo(f"pp-launch: warning: {text}", err=True))
             self.reached.append((None, connect()))
             recorded = record.of_prefix(run) if run else record.every()
             labelled = self._labelled_hosts(run) if run else ()

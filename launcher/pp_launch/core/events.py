@@ -127,6 +127,7 @@ class ChainStopped(Event):
     removed: tuple[str, ...]
     orphans: tuple[str, ...]
     output_dropped_bytes: int | None = None
+    output_dropped_lines: int | None = None
     message: str | None = None  # why it stopped, in words, when a stage failed or an error ended it
 
 

@@ -22,6 +22,7 @@ from pp_launch.core import errors, events, stage_env
 from pp_launch.core.announce import PREFIX, AnnouncementError, StageAnnouncement, parse_line
 from pp_launch.core.chain import handoff
 from pp_launch.core.chain.plan import ChainPlan, StageSpec
+from pp_launch.core.chain.ports import TAIL_LINES as KEPT_WHILE_STOPPING
 from pp_launch.core.chain.ports import (
     ChainEvent,
     HandoffBackend,
@@ -220,6 +221,8 @@ class ChainScope:
             )
         elif self._teardown_errors:
             message += "; teardown errors: " + "; ".join(self._teardown_errors)
+        if dropped := self.dropped_note():
+            message += f"; {dropped}"
         return ChainOutcome(exit_code, end.reason, message, end.stage, removed, orphans, tuple(self._roster))
 
     def _each(self, stages: list[_Stage], what: str, call: Callable[[_Stage], None]) -> None:
@@ -514,6 +517,21 @@ class ChainScope:
         return "; its last lines:\n" + "\n".join(f"  [stage {st.spec.index}] {line}" for line in st.tail)
 
     # -------------------------------------------------------------------------------- teardown
+    def _drain_output(self) -> None:
+        """Every stage line still waiting, and each stage's kept last lines, is shown before the chain says it
+        stopped: a stage's result is never lost behind a flood."""
+        while (event := self.inbox.get(0)) is not None:
+            if isinstance(event, StageOutput):
+                self._on_output(self.stages[event.stage], event)
+
+    def dropped_note(self) -> str:
+        """What the bound on waiting output dropped while stopping, in words ('' when nothing was)."""
+        lines, size = self.inbox.dropped_lines, self.inbox.dropped_bytes
+        if not lines:
+            return ""
+        return (f"{lines} line{'s' if lines != 1 else ''} ({size} bytes) of stage output dropped while stopping "
+                f"(each stage's last {KEPT_WHILE_STOPPING} lines kept)")  # fmt: skip
+
     def _leftovers(self) -> list[str]:
         """What the engine still holds of the run (by label, as ids); when the engine is lost, every stage we
         created and never saw gone: possibly left, said so, never claimed removed."""
@@ -560,13 +578,15 @@ class ChainScope:
         removed = tuple(s.spec.name for s in self.stages if s.ref is not None and s.ref not in orphans)
         if orphans or self._teardown_errors:
             exit_code = errors.EXIT_FAILURE  # not a clean teardown: never 0 and never 128+N
+        self._drain_output()
         self.reporter.event(
             events.ChainStopped(
                 reason=events.StopReason(reason),
                 exit_code=exit_code,
                 removed=removed,
                 orphans=tuple(orphans),
-                output_dropped_bytes=self.inbox.dropped_bytes or None,
+                output_dropped_bytes=self.inbox.dropped_bytes if self.inbox.dropped_lines else None,
+                output_dropped_lines=self.inbox.dropped_lines or None,
                 message=message if message and reason in ("stage_failed", "error") else None,
             )
         )

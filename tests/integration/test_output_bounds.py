@@ -1,0 +1,42 @@
+"""Issue #23 item 5 on the real engine: a flood of output never costs a stage its last lines, and what the bound
+drops while stopping is counted and said."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from ..helpers import Launcher, run_containers, wait_until
+
+pytestmark = pytest.mark.docker
+FLOOD = ("--stage-env", "1:STUB_FLOOD=lines")
+
+
+def test_a_stage_that_floods_then_exits_has_its_result_shown_last_and_nothing_dropped(engine, stub_image) -> None:
+    """Before: a completed chain tore down with lines still waiting and dropped them silently (its result among
+    them), and an exit waited at most 5 s for its stage's last lines to be read."""
+    launcher = Launcher("chain", "--stages", "2", "--gpus", "none", "--json", "--env", "STUB_MODE=hold",
+                        "--stage-env", "0:STUB_EXIT_AFTER=2", *FLOOD, "--stage-env", "1:STUB_FLOOD_LINES=300000",
+                        "--stage-env", "1:STUB_FLOOD_EXIT=1")  # fmt: skip
+    assert launcher.wait(300) == 0, launcher.stderr_text()[-2000:]
+    stage1 = [line for line in launcher.stderr_lines if line.startswith("[stage 1] ")]
+    assert stage1[-1] == "[stage 1] PP_FLOOD_DONE lines=300000"
+    assert stage1.count("[stage 1] ") == 300000  # every empty line shown, none dropped
+    (stopped,) = launcher.events_named("chain_stopped")
+    assert "output_dropped_lines" not in stopped and stopped["reason"] == "completed"
+
+
+def test_output_dropped_while_stopping_a_flood_is_counted_and_said(engine, stub_image) -> None:
+    launcher = Launcher("chain", "--stages", "2", "--gpus", "none", "--json", "--env", "STUB_MODE=hold",
+                        *FLOOD, "--stage-env", "1:STUB_FLOOD_LINES=50000000")  # fmt: skip
+    assert wait_until(lambda: sum(line.startswith("[stage 1] ") for line in launcher.stderr_lines) > 20000, 120)
+    launcher.signal(signal.SIGINT)
+    assert launcher.wait(60) == 130
+    (stopped,) = launcher.events_named("chain_stopped")
+    dropped = stopped.get("output_dropped_lines", 0)
+    assert dropped > 0 and stopped["output_dropped_bytes"] == 0  # empty lines: lines dropped, no payload
+    assert f"{dropped} lines (0 bytes) of stage output dropped while stopping (each stage's last 20 lines kept)" in (
+        launcher.stderr_text()
+    )
+    assert run_containers(engine, stopped["run"]) == []
