@@ -204,6 +204,7 @@ def adversarial(side: Any, rng: random.Random, gpu_node: str, decoy: str) -> tup
                            *extra, check=False).stdout.split()  # fmt: skip
 
     expected: set[int]
+    run = ""
     try:
         if mix.fault == "collision":
             expected = {2}
@@ -247,6 +248,8 @@ def adversarial(side: Any, rng: random.Random, gpu_node: str, decoy: str) -> tup
         if "Traceback" in launcher.stderr_text():
             problems.append("a traceback reached the user")
         side.ensure_running()
+        if run and not wait_until(lambda: not _watchdogs_of(run), 60):  # the engine is back: its sweep must end
+            problems.append("the run's watchdog still runs 60 s after its engine came back")
         if mix.fault == "launcher+watchdog" and mix.deaf:  # documented: only gc (or the next chain) is left
             gc = Launcher("gc", env=env)
             gc.wait(60)
@@ -270,6 +273,13 @@ def adversarial(side: Any, rng: random.Random, gpu_node: str, decoy: str) -> tup
         for cid in left():
             side.docker("rm", "-f", cid, check=False)
     return mix, problems
+
+
+def _watchdogs_of(run: str) -> list[str]:
+    import subprocess
+
+    pattern = f"pp_launch.adapters.watchdog {run}"
+    return subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True).stdout.split()
 
 
 def _environ(pid: int) -> bytes:

@@ -113,6 +113,12 @@ def test_a_launch_waits_for_the_engines_gpu_lock_says_on_whom_and_never_gets_a_h
         assert wait_until(lambda: "waiting for the GPU lock" in second.stderr_text(), 30), second.stderr_text()
         assert f"held by run {first.run_id} of " in second.stderr_text()
         assert not second.events_named("stage_started")  # nothing placed while the first holds the lock
+        ps = Launcher("ps", "--run", first.run_id, env=state_dir)
+        assert ps.wait(30) == 0 and any(line.startswith(f"{first.run_id}  lock ") for line in ps.stdout_lines)
+        third = Launcher("chain", "--stages", "2", *GPU_ARGS, env=other)
+        assert wait_until(lambda: "waiting for the GPU lock" in third.stderr_text(), 30), third.stderr_text()
+        third.signal(signal.SIGINT)  # Ctrl-C ends a wait for the lock at once, nothing started
+        assert third.wait(10) == 130 and not third.events_named("stage_started")
         first.wait_event("pp_stage_roster", timeout=60)
         second.wait_event("pp_stage_roster", timeout=60)
         mine = [g for e in first.events_named("stage_started") for g in e["gpus"]]
