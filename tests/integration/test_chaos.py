@@ -77,7 +77,10 @@ def test_layer_sweep_alone(engine, stub_image, sweeper: str) -> None:
         assert nxt.wait(60) == 0
         said = nxt.stderr_text()
     assert run_containers(engine, run) == []
-    assert said.count(f"run {run}") == 2 and "gone" in said
+    # gc says what it removed; the sweep at a chain's start also says beforehand what it is about to remove
+    assert said.count(f"run {run}") == (2 if sweeper == "gc" else 4) and "gone" in said
+    if sweeper == "chain":
+        assert said.index("removing 2 containers left behind") < said.index("removed ")
 
 
 # ------------------------------------------------------------------------------------------- the matrix
@@ -108,13 +111,15 @@ def test_detach_then_ps_gc_and_down(engine, stub_image) -> None:
     run = up.stdout_lines[-1].strip()
     remember_run(run)
     assert len(run) == 12 and f"pp-launch down {run}" in up.stderr_text()
-    ids = [c.id for c in engine.containers([f"{labels.RUN}={run}"])]
+    found = engine.containers([f"{labels.RUN}={run}"])
+    ids = [c.id for c in found if c.labels[labels.STAGE] != labels.STAGE_HANDED_OVER]
+    assert len(found) == 3 and len(ids) == 2  # two stages and the hand-over marker (never started)
     for cid in ids:  # each stage took the hand-over: the launcher's exit closing its stdin did not stop it
         assert wait_until(lambda cid=cid: b"no longer a lifeline" in bytes(engine.api.logs(cid, stderr=True)), 10)
-    assert len(run_containers(engine, run)) == 2  # the launcher is gone; the chain is not
+    assert len(run_containers(engine, run)) == 3  # the launcher is gone; the chain is not
     assert all(c.labels[labels.OWNER] == "detached" for c in engine.containers([f"{labels.RUN}={run}"]))
     assert Launcher("gc").wait(30) == 0
-    assert len(run_containers(engine, run)) == 2  # gc never touches detached runs
+    assert len(run_containers(engine, run)) == 3  # gc never touches detached runs
     ps = Launcher("ps", "--json")
     assert ps.wait(30) == 0
     rows = [r for r in ps.events if r["run"] == run]

@@ -3,19 +3,24 @@ subprocess so each has its own process and owner) on the real engine; the outer 
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
 
 from pp_launch.core import labels
-from pp_launch.testing.kit import BUILTIN_IMAGE, Chain, StageContainer, WorkerUnderTest
+from pp_launch.testing.kit import BUILTIN_IMAGE, Chain, StageContainer, StageExited, StageTimeout, WorkerUnderTest
 
 from ..helpers import run_containers
 
 pytestmark = pytest.mark.docker
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "test_my_stage.py"
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "test_my_stage.py"
 
 
 def test_the_leak_guard_fails_the_test_that_left_a_container_and_removes_it(pytester: pytest.Pytester,
@@ -24,15 +29,18 @@ def test_the_leak_guard_fails_the_test_that_left_a_container_and_removes_it(pyte
         test_inner=f"""
 from pp_launch.testing.kit import StageContainer
 
-def test_leaks():
+def test_leaks(pp_engine):
     StageContainer({BUILTIN_IMAGE!r}, env={{"STUB_MODE": "hold"}}).start().wait_for_announcement(30)
+
+def test_not_watched():  # uses no engine fixture: the guard leaves it alone (and costs it nothing)
+    pass
 
 def test_clean(pp_stage):
     pp_stage({BUILTIN_IMAGE!r}, env={{"STUB_MODE": "hold"}}).wait_for_announcement(30)
 """
     )
     result = pytester.runpytest_subprocess("-p", "pp_launch", "-p", "no:cacheprovider")
-    result.assert_outcomes(passed=2, errors=1)
+    result.assert_outcomes(passed=3, errors=1)
     result.stdout.fnmatch_lines(["*pp-launch leak guard:*", "*test_inner.py::test_leaks left container *"
                                  f"image {BUILTIN_IMAGE}*pp-launch.run*"])  # fmt: skip
     assert "test_clean left" not in result.stdout.str()
@@ -48,6 +56,15 @@ def test_without_the_opt_in_there_is_no_guard(pytester: pytest.Pytester) -> None
 
 def test_the_example_passes_as_a_user_runs_it(pytester: pytest.Pytester) -> None:
     shutil.copy(EXAMPLE, pytester.path / "test_my_stage.py")
+    result = pytester.runpytest_subprocess("-p", "pp_launch", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2)
+
+
+def test_the_readme_example_runs_as_written(pytester: pytest.Pytester) -> None:
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("# README example, run as written by tests/integration/test_testing_kit.py", 1)[1]
+    code = block.split("\n", 1)[1].split("```", 1)[0]
+    (pytester.path / "test_readme_example.py").write_text(code)
     result = pytester.runpytest_subprocess("-p", "pp_launch", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=2)
 
@@ -81,3 +98,100 @@ def test_worker_under_test_runs_steps_in_the_tests_own_order() -> None:
         assert worker.initialize()
         assert worker.configure()
         assert worker.shutdown()
+
+
+# ---------------------------------------------------------------------------------------------- issue #25
+def test_stage_container_builders_take_effect(engine) -> None:
+    """Before: StageContainer inherited testcontainers' builders and ignored them (with_env never reached the
+    stage, with_name never named it)."""
+    name = f"kit-{uuid.uuid4().hex[:8]}"
+    stage = StageContainer(BUILTIN_IMAGE).with_env("STUB_MODE", "hold").with_env("PEER_DIRECT", "127.0.0.1:9")
+    with stage.with_name(name) as s:
+        s.wait_for_announcement(30)
+        env = engine.inspect(s.ref or "")["Config"]["Env"]
+        assert "PEER_DIRECT=127.0.0.1:9" in env and "STUB_MODE=hold" in env
+        assert engine.inspect(name)["Id"] == s.ref
+        with pytest.raises(RuntimeError, match="after start"):
+            s.with_env("X", "1")
+    assert engine.inspect(name) is None
+
+
+def test_exited_before_announcing_and_timed_out_are_different_errors(engine) -> None:
+    early = StageContainer(BUILTIN_IMAGE, env={"STUB_MODE": "hold", "STUB_NO_ANNOUNCE": "1", "STUB_EXIT_AFTER": "1",
+                                               "STUB_EXIT_CODE": "3"}).start()  # fmt: skip
+    try:
+        with pytest.raises(StageExited) as exited:
+            early.wait_for_announcement(60)
+        assert exited.value.exit_code == 3 and "exited with code 3 before printing its PP_GPU_NODE_ADDR line" in str(
+            exited.value
+        )
+        assert exited.value.last_lines == early.lines()[-20:]
+    finally:
+        early.stop()
+    slow = StageContainer(BUILTIN_IMAGE, env={"STUB_MODE": "hold", "STUB_NO_ANNOUNCE": "1"}).start()
+    try:
+        with pytest.raises(StageTimeout, match="still running"):
+            slow.wait_for_announcement(2)
+    finally:
+        slow.stop()
+
+
+def test_every_fixture_says_what_it_is(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest_subprocess("-p", "pp_launch", "--fixtures", "-p", "no:cacheprovider")
+    text = result.stdout.str()
+    for name in ("pp_engine", "pp_stage", "pp_chain", "pp_gpu_inventory"):
+        assert name in text
+    assert "no docstring available" not in text.split("fixtures defined from pp_launch", 1)[-1]
+
+
+def test_a_module_scoped_stage_is_no_leak_until_its_module_ends(pytester: pytest.Pytester, engine) -> None:
+    pytester.makepyfile(
+        test_inner=f"""
+import pytest
+from pp_launch.testing.kit import StageContainer
+
+@pytest.fixture(scope="module")
+def shared(pp_engine):
+    with StageContainer({BUILTIN_IMAGE!r}, env={{"STUB_MODE": "hold"}}) as s:
+        s.wait_for_announcement(30)
+        yield s
+
+def test_one(shared):
+    assert shared.exit_code() is None
+
+def test_two(shared):
+    assert shared.exit_code() is None  # before: killed as a "leak" after test_one (exit 137 here)
+"""
+    )
+    result = pytester.runpytest_subprocess("-p", "pp_launch", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2)
+
+
+def test_without_the_opt_in_the_fixtures_are_not_there(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_inner="def test_needs(pp_engine):\n    pass\n")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*fixture 'pp_engine' not found*"])
+
+
+def test_a_plain_install_never_changes_an_unrelated_pytest(tmp_path: Path) -> None:
+    """Before: `pip install pp-launch` (no extras) broke every pytest run in that environment: the pytest11 plugin
+    imported testcontainers at load. A fresh venv with the package alone (no dependencies at all) and pytest:
+    an unrelated test passes; enabling the plugin says which extra to install."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    subprocess.run([*pip, "pytest"], check=True, timeout=300)
+    subprocess.run([*pip, "--no-deps", str(ROOT)], check=True, timeout=300)
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "test_unrelated.py").write_text("def test_sum():\n    assert sum([1, 2]) == 3\n")
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "PP_"))}
+    run = [str(venv / "bin" / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+    plain = subprocess.run(run, cwd=project, capture_output=True, text=True, env=clean, timeout=120)
+    assert plain.returncode == 0 and "1 passed" in plain.stdout, plain.stdout + plain.stderr
+    assert "pytest11" not in plain.stdout + plain.stderr
+    enabled = subprocess.run([*run, "-p", "pp_launch"], cwd=project, capture_output=True, text=True, env=clean,
+                             timeout=120)  # fmt: skip
+    assert enabled.returncode != 0
+    assert "pip install 'pp-launch[testing]'" in enabled.stdout + enabled.stderr

@@ -68,6 +68,8 @@ def gc(engine: Engine, found: list[ContainerInfo] | None = None) -> Collected:
 
 def describe(c: ContainerInfo) -> str:
     """A container as a message names it, with everything from its labels escaped for the terminal."""
+    if bringup.is_marker(c):
+        return f"the hand-over marker of run {safe(c.labels.get(labels.RUN, '?'))} (no stage of the run is left)"
     name = c.name if c.name and c.name != "?" else f"(unnamed, id {c.id[:12]})"
     return f"{safe(name)} (run {safe(c.labels.get(labels.RUN, '?'))}, owner {safe(c.labels.get(labels.OWNER, '?'))})"
 

@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from pp_launch.adapters import host_state
+from pp_launch.adapters import bringup, host_state
 from pp_launch.adapters.docker_engine import Engine
 from pp_launch.adapters.nvml import NvmlUnavailable, read_inventory
 from pp_launch.app import housekeeping
@@ -133,8 +133,9 @@ def _down_on(engine: Engine, run_id: str | None, all_runs: bool, grace: float, y
     if not targets:
         click.echo(f"pp-launch: nothing to stop{on} (no pp-launch containers)", err=True)
         return False
-    names = ", ".join(sorted(c.name for c in targets))
-    click.echo(f"pp-launch: stopping {count(len(targets), 'container')}{on}: {names}", err=True)
+    shown = [c for c in targets if not bringup.is_marker(c)]  # a run's hand-over marker goes with it, unsaid
+    names = ", ".join(sorted(c.name for c in shown))
+    click.echo(f"pp-launch: stopping {count(len(shown), 'container')}{on}: {names}", err=True)
     outcomes = housekeeping.stop_runs(engine, targets, grace)
     left = [ref for o in outcomes for ref in o.orphans]
     problems = [o.message for o in outcomes if o.exit_code != 0]
@@ -144,7 +145,7 @@ def _down_on(engine: Engine, run_id: str | None, all_runs: bool, grace: float, y
         tail = f"; still present: {still}" if still else ""
         click.echo(f"pp-launch: error{on}: {'; '.join(problems)}{tail}", err=True)
         sys.exit(errors.EXIT_FAILURE)
-    click.echo(f"pp-launch: stopped and removed {count(len(targets), 'container')}{on}", err=True)
+    click.echo(f"pp-launch: stopped and removed {count(len(shown), 'container')}{on}", err=True)
     return True
 
 
@@ -174,7 +175,8 @@ def gc(host_names: tuple[str, ...], all_hosts: bool) -> None:
         on = f" on host {name or 'local'}" if engines.several else ""
         collected = housekeeping.gc(engine)
         for c in collected.removed:
-            click.echo(f"removed {housekeeping.describe(c)}{on}: its owner is gone")
+            why = "" if bringup.is_marker(c) else ": its owner is gone"
+            click.echo(f"removed {housekeeping.describe(c)}{on}{why}")
         for c, why in collected.failed:
             what = f"{housekeeping.describe(c)}{on}: {housekeeping.safe(why)}"
             click.echo(f"pp-launch: error: could not remove {what}", err=True)

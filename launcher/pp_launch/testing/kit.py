@@ -1,11 +1,12 @@
 """Test your own stage images the way pp-launch tests its own: on a real engine, with our labels, lifeline,
 tini and auto-remove, and nothing left behind.
 
-- `StageContainer(image, stage=0, num_stages=1, env=..., gpus=...)`: a testcontainers `DockerContainer` that is a
-  pp-launch stage: created with our labels, tini as init, daemon-side auto-remove and the stdin lifeline, then
-  attached, then started (nothing it prints is missed). `wait_for_announcement()` returns the parsed
-  `PP_GPU_NODE_ADDR` line (contract §3), `lines()` what it printed, `exit_code()` how it ended; `stop()` is our
-  teardown (SIGTERM, the grace, then a kill through the engine), not testcontainers' bare kill.
+- `StageContainer(image, stage=0, num_stages=1, env=..., gpus=...)`: a pp-launch stage under test, in the
+  testcontainers style (`with_env`, `with_name`, `with_command`, a `with` block): created with our labels, tini as
+  init, daemon-side auto-remove and the stdin lifeline, then attached, then started (nothing it prints is missed).
+  `wait_for_announcement()` returns the parsed `PP_GPU_NODE_ADDR` line (contract §3), or raises StageExited (it
+  ended first: exit code and last lines) or StageTimeout (still running); `lines()` is what it printed,
+  `exit_code()` how it ended; `stop()` is our teardown (SIGTERM, the grace, then a kill through the engine).
 - `Chain(image, stages=N, ...)`: a context manager over the library's chain (the options of `pp-launch chain`:
   GPUs, attach mode, inventory, env, grace, timeouts, hand-off and bring-up modes). It yields a `RunningChain`
   once every stage announced (the roster, the events, each stage's lines) and tears the chain down when the
@@ -16,6 +17,7 @@ tini and auto-remove, and nothing left behind.
 from __future__ import annotations
 
 import dataclasses
+import shlex
 import signal
 import threading
 import time
@@ -23,8 +25,6 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any
-
-from testcontainers.core.container import DockerContainer
 
 from pp_launch.adapters import docker_engine
 from pp_launch.adapters.worker_driver import WorkerDriver
@@ -39,7 +39,27 @@ from pp_launch.core.gpu.requests import device_requests
 DEFAULT_GRACE = 5.0
 
 
-class StageContainer(DockerContainer):
+class StageExited(AssertionError):
+    """The stage ended before it printed what was waited for; carries its exit code and last lines."""
+
+    def __init__(self, message: str, exit_code: int | None, last_lines: list[str]) -> None:
+        super().__init__(message)
+        self.exit_code, self.last_lines = exit_code, last_lines
+
+
+class StageTimeout(TimeoutError):
+    """The stage still runs but did not print what was waited for in time; carries its last lines."""
+
+    def __init__(self, message: str, last_lines: list[str]) -> None:
+        super().__init__(message)
+        self.last_lines = last_lines
+
+
+class StageContainer:
+    """One pp-launch stage under test, in the testcontainers style: configure (the constructor, or `with_env`,
+    `with_name`, `with_command`), `start()` (or a `with` block), wait, read, `stop()`. Every builder it offers
+    takes effect; it is no testcontainers `DockerContainer`, whose other builders a stage could not honour."""
+
     def __init__(
         self,
         image: str,
@@ -50,11 +70,12 @@ class StageContainer(DockerContainer):
         gpu_attach: str = "request",
         grace: float = DEFAULT_GRACE,
         command: tuple[str, ...] = (),
+        name: str | None = None,
     ) -> None:
-        super().__init__(image)
-        self.stage, self.num_stages, self.grace = stage, num_stages, grace
+        self.image, self.stage, self.num_stages, self.grace = image, stage, num_stages, grace
         self.stage_env = dict(env or {})
         self.gpus, self.gpu_attach, self.stage_command = tuple(gpus), gpu_attach, tuple(command)
+        self.name = name
         self.run_id: str | None = None
         self.ref: str | None = None
         self._lines: list[str] = []
@@ -62,6 +83,39 @@ class StageContainer(DockerContainer):
         self._gone = threading.Event()
         self._cond = threading.Condition()
         self._backend: docker_engine.DockerStageBackend | None = None
+
+    # ------------------------------------------------------------------------------------------ builders
+    def _unstarted(self, what: str) -> None:
+        if self.ref is not None:
+            raise RuntimeError(f"{what} after start() has no effect on a running stage")
+
+    def with_env(self, key: str, value: str) -> StageContainer:
+        """Set a variable in the stage's environment (PEER_DIRECT and the like included)."""
+        self._unstarted("with_env")
+        self.stage_env[key] = value
+        return self
+
+    def with_name(self, name: str) -> StageContainer:
+        """The container's name (default `pp-<run>-<stage>`)."""
+        self._unstarted("with_name")
+        self.name = name
+        return self
+
+    def with_command(self, command: str | tuple[str, ...] | list[str]) -> StageContainer:
+        """The command after the image's entrypoint (a string is split as a shell would, without a shell)."""
+        self._unstarted("with_command")
+        self.stage_command = tuple(shlex.split(command) if isinstance(command, str) else command)
+        return self
+
+    def get_container_host_ip(self) -> str:
+        """Stages use the host's network: what they announce is reached on this machine's loopback."""
+        return "127.0.0.1"
+
+    def __enter__(self) -> StageContainer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
     # ------------------------------------------------------------------------------------------ life
     def start(self) -> StageContainer:
@@ -73,11 +127,13 @@ class StageContainer(DockerContainer):
         spec = plan.stages[self.stage]
         if self.stage_command:
             spec = dataclasses.replace(spec, command=self.stage_command)
+        if self.name:
+            spec = dataclasses.replace(spec, name=self.name)
         self.run_id = plan.run_id
         self._backend = docker_engine.DockerStageBackend(engine)
         self.ref = self._backend.create(spec, spec.env)
+        self.name = spec.name
         self._backend.start(self.ref, self.stage, self._sink)
-        self._container = self.get_docker_client().client.containers.get(self.ref)
         return self
 
     def _sink(self, event: ChainEvent) -> None:
@@ -89,7 +145,7 @@ class StageContainer(DockerContainer):
                 self._gone.set()
             self._cond.notify_all()
 
-    def stop(self, force: bool = True, delete_volume: bool = True) -> None:
+    def stop(self) -> None:
         """Our teardown: SIGTERM, up to the grace for it to end, then a kill; auto-remove does the rest."""
         if self._backend is None or self.ref is None or self._gone.is_set():
             return
@@ -110,21 +166,30 @@ class StageContainer(DockerContainer):
         self._gone.wait(timeout)
         return self._exit
 
-    def wait_for_line(self, predicate: Any, timeout: float = 60.0) -> str:
+    def _last(self, n: int = 20) -> str:
+        return "".join(f"\n  | {line}" for line in self._lines[-n:]) or " (it printed nothing)"
+
+    def wait_for_line(self, predicate: Any, timeout: float = 60.0, what: str = "such a line") -> str:
+        """The first line for which `predicate` holds. StageExited when the stage ended first (its exit code and
+        last lines), StageTimeout when it still runs after `timeout` seconds."""
         deadline = time.monotonic() + timeout
         with self._cond:
             while True:
                 for line in self._lines:
                     if predicate(line):
                         return line
+                who = f"stage {self.stage} ({self.name}, image {self.image})"
+                if self._gone.is_set():
+                    raise StageExited(f"{who} exited with code {self._exit} before printing {what}; its last "
+                                      f"lines:{self._last()}", self._exit, self._lines[-20:])  # fmt: skip
                 left = deadline - time.monotonic()
-                if left <= 0 or self._gone.is_set():
-                    raise TimeoutError(f"stage {self.stage} ({self.image}): no such line within {timeout}s; "
-                                       f"it printed {len(self._lines)} lines, exit {self._exit}")  # fmt: skip
+                if left <= 0:
+                    raise StageTimeout(f"{who} printed no {what} within {timeout:g} s ({len(self._lines)} lines; "
+                                       f"still running); its last lines:{self._last()}", self._lines[-20:])  # fmt: skip
                 self._cond.wait(min(left, 0.2))
 
     def wait_for_announcement(self, timeout: float = 60.0) -> StageAnnouncement:
-        line = self.wait_for_line(lambda text: parse_line(text) is not None, timeout)
+        line = self.wait_for_line(lambda text: parse_line(text) is not None, timeout, "its PP_GPU_NODE_ADDR line")
         found = parse_line(line)
         assert found is not None
         return found
@@ -279,4 +344,13 @@ def remove(container_id: str) -> None:
     docker_engine.connect().remove(container_id)
 
 
-__all__ = ["BUILTIN_IMAGE", "Chain", "RunningChain", "StageContainer", "WorkerUnderTest", "engine_answers"]
+__all__ = [
+    "BUILTIN_IMAGE",
+    "Chain",
+    "RunningChain",
+    "StageContainer",
+    "StageExited",
+    "StageTimeout",
+    "WorkerUnderTest",
+    "engine_answers",
+]
