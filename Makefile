@@ -1,9 +1,11 @@
 # Each target does all the set-up it needs (venv, package, Docker engine, images) by itself.
-.PHONY: demo test bench setup lint
+.PHONY: demo test test-all bench setup lint
 demo:
 	bash launcher/scripts/dev.sh demo
 test:
 	bash launcher/scripts/dev.sh test
+test-all:
+	bash launcher/scripts/dev.sh test-all
 bench:
 	bash launcher/scripts/dev.sh bench
 setup:

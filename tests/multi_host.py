@@ -17,6 +17,7 @@ and the fake NVML of a GPU-less launcher machine. `close()` leaves nothing: engi
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -28,6 +29,7 @@ from pathlib import Path
 
 from pp_launch.testing import fake_nvml
 
+from . import helpers
 from .gpu_host import DATA, FakeGpuHost
 
 CONTEXT_A = "pp-gpu-a"
@@ -154,11 +156,17 @@ class ThreeHosts:
         return {"local": self.local, "a": self.a_host, "b": self.b_host}
 
     def ours(self, label: str = "pp-launch.run") -> dict[str, list[str]]:
-        """Every container with that label on each engine (running or not)."""
+        """Every container with that label on each engine (running or not); on the suite's own engine, only those
+        this session made (real runs of other owners may live there beside the suite)."""
         found = {}
         for name, host in self.engines().items():
-            argv = ["docker", "-H", host, "ps", "-aq", "--filter", f"label={label}"]
-            found[name] = subprocess.run(argv, capture_output=True, text=True, check=False).stdout.split()
+            argv = ["docker", "-H", host, "ps", "-aq", "--no-trunc", "--filter", f"label={label}"]
+            ids = subprocess.run(argv, capture_output=True, text=True, check=False).stdout.split()
+            if name == "local" and ids:
+                fmt = ["docker", "-H", host, "inspect", "-f", "{{json .Config.Labels}}", *ids]
+                rows = subprocess.run(fmt, capture_output=True, text=True, check=False).stdout.splitlines()
+                ids = [cid for cid, row in zip(ids, rows, strict=False) if row and helpers.ours(json.loads(row) or {})]
+            found[name] = ids
         return found
 
     def close(self) -> list[str]:

@@ -39,6 +39,7 @@ import struct
 import sys
 import threading
 import time
+from typing import Any
 
 ENV = os.environ
 
@@ -53,6 +54,17 @@ def _int_env(name: str, default: int) -> int:
 STAGE = _int_env("STAGE", 0)
 NUM_STAGES = _int_env("NUM_STAGES", 1)
 _stop = threading.Event()
+_lines = threading.Lock()
+
+
+def print(*args: object, sep: str = " ", end: str = "\n", file: Any = None, flush: bool = False) -> None:
+    """The builtin's meaning, but one line is one write under a lock: a log line from the stdin thread (peers
+    from stdin) can never be glued to the announcement the main thread prints at the same moment."""
+    out = sys.stdout if file is None else file
+    with _lines:
+        out.write(sep.join(str(a) for a in args) + end)
+        if flush:
+            out.flush()
 
 
 def log(msg: str) -> None:

@@ -2,7 +2,8 @@
 # The one entry point behind the README's commands, the Makefile and CI.
 #   dev.sh setup   virtual environment (.venv), the package, a Docker engine, the images
 #   dev.sh demo    setup, then a 4-stage demo chain
-#   dev.sh test    setup, then the whole test suite (unit + real-engine integration), ruff and mypy
+#   dev.sh test    setup, then the quick tier (unit tests and a representative real-engine set), ruff and mypy
+#   dev.sh test-all  setup, then every test (what CI runs), ruff and mypy
 #   dev.sh bench   setup, then the benchmarks under bench/
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -34,12 +35,38 @@ setup() {
   "$VENV/bin/pp-launch" images build
 }
 
+# PP_TESTS_BESIDE_WORK=1 (CI sets it): the suite runs beside real work on the engine, a detached chain of another
+# owner and an unlabelled container, and fails unless both are untouched at its end (issue #25).
+REAL_RUN=""
+REAL_PLAIN=pp-tests-real-work-plain
+start_real_work() {
+  [ "${PP_TESTS_BESIDE_WORK:-}" = 1 ] || return 0
+  docker rm -f "$REAL_PLAIN" >/dev/null 2>&1 || true
+  docker run -d --name "$REAL_PLAIN" --network none -e STUB_MODE=hold pp-launch/stub-worker:latest >/dev/null
+  REAL_RUN=$(PP_LAUNCH_STATE_DIR="$(mktemp -d)" "$VENV/bin/pp-launch" chain --stages 2 --gpus none --detach \
+    --name pp-tests-real-work --env STUB_MODE=hold 2>/dev/null)
+  say "real work beside the suite: run $REAL_RUN (detached, another owner) and container $REAL_PLAIN (no labels)"
+}
+check_real_work() {
+  [ "${PP_TESTS_BESIDE_WORK:-}" = 1 ] || return 0
+  local bad=0
+  [ "$(docker inspect -f '{{.State.Running}}' "$REAL_PLAIN" 2>/dev/null)" = true ] || { say "the unlabelled container was touched"; bad=1; }
+  [ "$(docker ps -q --filter "label=pp-launch.run=$REAL_RUN" --filter status=running | wc -l)" = 2 ] \
+    || { say "the detached run $REAL_RUN of another owner was touched"; bad=1; }
+  "$VENV/bin/pp-launch" down "$REAL_RUN" --grace 1 >/dev/null 2>&1 || true
+  docker rm -f "$REAL_PLAIN" >/dev/null 2>&1 || true
+  [ "$bad" = 0 ] || exit 1
+  say "real work beside the suite: untouched"
+}
+
 run_tests() {
   export TESTCONTAINERS_RYUK_DISABLED=true
+  start_real_work
   set +e
-  "$PY" -m pytest tests "$@"
+  "$PY" -m pytest tests --durations=15 "$@"
   rc=$?
   set -e
+  check_real_work
   if [ "$rc" = 5 ]; then say "pytest collected no test: that is a failure"; exit 1; fi
   [ "$rc" = 0 ] || exit "$rc"
   say "ruff"; "$VENV/bin/ruff" check launcher tests bench examples
@@ -51,7 +78,8 @@ shift || true
 case "$cmd" in
   setup) setup ;;
   demo) setup; exec "$VENV/bin/pp-launch" chain --stages "${STAGES:-4}" "$@" ;;
-  test) setup; launcher/scripts/ensure-docker26.sh; run_tests "$@" ;;
+  test) setup; launcher/scripts/ensure-docker26.sh; run_tests -m "not full" "$@" ;;
+  test-all) setup; launcher/scripts/ensure-docker26.sh; run_tests "$@" ;;
   bench) setup; exec "$PY" bench/run_all.py "$@" ;;
-  *) echo "usage: $0 setup|demo|test|bench [args...]" >&2; exit 2 ;;
+  *) echo "usage: $0 setup|demo|test|test-all|bench [args...]" >&2; exit 2 ;;
 esac

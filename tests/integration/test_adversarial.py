@@ -339,12 +339,13 @@ def test_the_sweep_says_what_it_removes_first_and_no_sweep_turns_it_off(engine, 
     c, run = _orphan(engine, stub_image)
     try:
         for off in (["--no-sweep"], []):
-            env = {"PP_LAUNCH_SWEEP": "0"} if not off else {}
+            env = {"PP_LAUNCH_SWEEP": "0"} if not off else {"PP_LAUNCH_SWEEP": "1"}
             kept = Launcher("chain", "--stages", "2", "--gpus", "none", "--env", "MAX_TOKENS=2", *off, env=env)
             assert kept.wait(60) == 0, kept.stderr_text()
             assert run_containers(engine, run), f"{off or 'PP_LAUNCH_SWEEP=0'} still swept"
             assert "left behind by launchers that are gone" not in kept.stderr_text()
-        swept = Launcher("chain", "--stages", "2", "--gpus", "none", "--env", "MAX_TOKENS=2")
+        swept = Launcher("chain", "--stages", "2", "--gpus", "none", "--env", "MAX_TOKENS=2",
+                         env={"PP_LAUNCH_SWEEP": "1"})  # fmt: skip
         assert swept.wait(60) == 0, swept.stderr_text()
         text = swept.stderr_text()
         first = text.index("removing 1 container left behind by launchers that are gone (--no-sweep leaves them): ")

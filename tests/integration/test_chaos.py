@@ -14,10 +14,9 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 
 import pytest
-from testcontainers.core.container import DockerContainer
-from testcontainers.core.wait_strategies import LogMessageWaitStrategy
 
 from pp_launch.core import labels
 
@@ -73,7 +72,7 @@ def test_layer_sweep_alone(engine, stub_image, sweeper: str) -> None:
         assert gc.wait(30) == 0
         said = "\n".join(gc.stdout_lines)
     else:
-        nxt = Launcher("chain", "--stages", "2", "--json", "--gpus", "none")
+        nxt = Launcher("chain", "--stages", "2", "--json", "--gpus", "none", env={"PP_LAUNCH_SWEEP": "1"})
         assert nxt.wait(60) == 0
         said = nxt.stderr_text()
     assert run_containers(engine, run) == []
@@ -84,6 +83,7 @@ def test_layer_sweep_alone(engine, stub_image, sweeper: str) -> None:
 
 
 # ------------------------------------------------------------------------------------------- the matrix
+@pytest.mark.full  # the whole matrix; the quick tier has one layer test each
 @pytest.mark.parametrize("case", matrix(), ids=lambda c: c.name)
 def test_stop_signal_at_every_phase(engine, stub_image, case: Case) -> None:
     result = run_case(engine, case)
@@ -93,6 +93,7 @@ def test_stop_signal_at_every_phase(engine, stub_image, case: Case) -> None:
         assert result.teardown_s < 1.0 + 3.0  # one grace (1 s) and the engine's removals
 
 
+@pytest.mark.full  # a soak
 def test_thirty_chains_killed_at_random(engine, stub_image) -> None:
     seed = int(os.environ.get("PP_CHAOS_SEED", time.time_ns() % 100000))
     rng = random.Random(seed)
@@ -145,58 +146,45 @@ def test_down_of_one_run_leaves_the_other(engine, stub_image) -> None:
     assert b.wait(30) == 130
 
 
-def test_gc_and_down_all_touch_only_our_containers(engine, stub_image) -> None:
-    others = [c.name for c in engine.containers([labels.RUN]) if not _test_made(c.labels)]
-    if others:  # down --all stops every pp-launch container on the host: never those of a real user
-        pytest.fail(f"refusing to run 'down --all' beside pp-launch containers this suite did not make: {others}")
+@pytest.mark.full  # a private side engine
+def test_gc_and_down_all_touch_only_our_containers(side_engine) -> None:
+    """On a private engine: `down --all` stops every pp-launch container there is, so never on the suite's engine,
+    where a real user's runs may live (issue #25)."""
+    side = side_engine
+    env = {"DOCKER_HOST": side.host}
     me = labels.Owner.current().label()
-    decoys = [
-        DockerContainer(stub_image, name="pp-stage-3", network_mode="host").with_env("STUB_MODE", "hold"),
-        DockerContainer(stub_image, name=unique("decoy"), network_mode="host").with_env("STUB_MODE", "hold"),
-    ]
-    live_owner = DockerContainer(
-        stub_image,
-        network_mode="host",
-        labels={labels.RUN: unique("live"), labels.STAGE: "0", labels.OWNER: me, labels.GPUS: ""},
-    ).with_env("STUB_MODE", "hold")
-    other_host = DockerContainer(
-        stub_image,
-        network_mode="host",
-        labels={
-            labels.RUN: unique("far"),
-            labels.STAGE: "0",
-            labels.OWNER: f"elsewhere-{socket.gethostname()}:1:1",
-            labels.GPUS: "",
-        },
-    ).with_env("STUB_MODE", "hold")
-    remember_run(other_host._kwargs["labels"][labels.RUN])
-    started = []
+
+    def run(*argv: str) -> str:
+        return side.docker("run", "-d", "--network", "host", "-e", "STUB_MODE=hold", *argv,
+                           "pp-launch/stub-worker:latest").stdout.strip()  # fmt: skip
+
+    def ours(run_id: str, owner: str) -> list[str]:
+        return ["--label", f"{labels.RUN}={run_id}", "--label", f"{labels.STAGE}=0", "--label",
+                f"{labels.OWNER}={owner}", "--label", f"{labels.GPUS}="]  # fmt: skip
+
+    decoys = [run("--name", "pp-stage-3"), run("--name", unique("decoy"))]
+    live_owner = run(*ours(uuid.uuid4().hex[:12], me))
+    other_host = run(*ours(uuid.uuid4().hex[:12], f"elsewhere-{socket.gethostname()}:1:1"))
+    started = [*decoys, live_owner, other_host]
+
+    def running(cid: str) -> bool:
+        return side.docker("inspect", "-f", "{{.State.Running}}", cid, check=False).stdout.strip() == "true"
+
     try:
-        for c in (*decoys, live_owner, other_host):
-            c.waiting_for(LogMessageWaitStrategy("holding")).start()
-            started.append(c)
-        assert Launcher("gc").wait(30) == 0
-        for c in started:
-            assert engine.inspect(c.get_container_id())["State"]["Running"]
-        unconfirmed = Launcher("down", "--all", "--grace", "1")  # no terminal to ask on, no --yes: refused
+        assert all(wait_until(lambda c=c: running(c), 30) for c in started)
+        assert Launcher("gc", env=env).wait(30) == 0
+        assert all(running(c) for c in started)
+        unconfirmed = Launcher("down", "--all", "--grace", "1", env=env)  # no terminal to ask on, no --yes: refused
         assert unconfirmed.wait(30) == 2 and "add --yes to confirm" in unconfirmed.stderr_text()
-        assert all(engine.inspect(c.get_container_id())["State"]["Running"] for c in started)
-        down = Launcher("down", "--all", "--yes", "--grace", "1")
+        assert all(running(c) for c in started)
+        down = Launcher("down", "--all", "--yes", "--grace", "1", env=env)
         assert down.wait(30) == 0
-        for c in decoys:
-            assert engine.inspect(c.get_container_id())["State"]["Running"]  # no labels: never touched
-        for c in (live_owner, other_host):
-            assert engine.inspect(c.get_container_id()) is None
+        assert all(running(c) for c in decoys)  # no labels: never touched
+        for cid in (live_owner, other_host):
+            assert side.docker("inspect", cid, check=False).returncode != 0
     finally:
-        for c in started:
-            if engine.inspect(c.get_container_id()) is not None:
-                c.stop()
-
-
-def _test_made(container_labels: dict[str, str]) -> bool:
-    from ..helpers import ours
-
-    return ours(container_labels)
+        for cid in started:
+            side.docker("rm", "-f", cid, check=False)
 
 
 # ------------------------------------------------------------------------------------------- bad output
@@ -282,6 +270,7 @@ def _stage_processes(run: str) -> list[int]:
     return pids
 
 
+@pytest.mark.full  # pp-gpu-node children: the full tier
 @pytest.mark.parametrize("deaf", [False, True], ids=["stages-honour-sigterm", "stages-deaf-to-sigterm-and-stdin"])
 def test_gpu_node_children_die_with_launcher_and_watchdog(engine, stub_image, deaf: bool) -> None:
     """`chain --gpu-node`: the launcher and its watchdog SIGKILLed together. Each pp-gpu-node child (own session,
@@ -300,6 +289,7 @@ def test_gpu_node_children_die_with_launcher_and_watchdog(engine, stub_image, de
     assert time.monotonic() - t0 < 10
 
 
+@pytest.mark.full  # a soak on a side engine
 def test_randomized_adversarial_mixes_on_a_breakable_engine(broken_engine, stub_image) -> None:
     """Random faults (kills of launcher, watchdog and children; engine kill, freeze and stop; floods; name
     collisions) against chains on the side engine. After each: nothing of ours left (after gc where the README

@@ -51,6 +51,7 @@ def leftovers(engine, name: str) -> dict[str, int]:  # type: ignore[no-untyped-d
     return counts
 
 
+@pytest.mark.full  # every shape; the quick tier runs the demo
 @pytest.mark.parametrize("stages", [2, 4])
 @pytest.mark.parametrize("gpus", ["none", "auto"])
 def test_rendered_files_pass_compose_config(engine, tmp_path: Path, project: str, stages: int, gpus: str) -> None:
@@ -84,6 +85,7 @@ def test_a_four_stage_demo_starts_every_service_at_once_and_down_leaves_nothing(
     assert leftovers(engine, project) == {"containers": 0, "networks": 0, "volumes": 0}
 
 
+@pytest.mark.full  # compose faults
 def test_a_stage_that_never_announces_stops_the_rest_and_down_still_cleans(
     engine, stub_image, tmp_path: Path, project: str
 ) -> None:
@@ -119,6 +121,7 @@ def test_a_stage_that_never_announces_stops_the_rest_and_down_still_cleans(
     assert leftovers(engine, project) == {"containers": 0, "networks": 0, "volumes": 0}
 
 
+@pytest.mark.full  # compose faults
 def test_a_malformed_announcement_keeps_the_stage_unhealthy(engine, stub_image, tmp_path: Path, project: str) -> None:
     evil = "PP_GPU_NODE_ADDR " + "ab" * 32 + " 127.0.0.1:1;touch /tmp/x"
     path, _ = write(

@@ -16,7 +16,7 @@ from pp_launch.core import labels
 
 from ..helpers import Launcher, wait_until
 
-pytestmark = pytest.mark.docker
+pytestmark = [pytest.mark.docker, pytest.mark.full]  # engines killed, frozen, stopped: the full tier
 HOLD = ["--json", "--gpus", "none", "--grace", "1", "--env", "STUB_MODE=hold"]
 
 

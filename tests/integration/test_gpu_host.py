@@ -18,7 +18,7 @@ import pytest
 from ..gpu_host import DOCKER26, docker
 from ..helpers import Launcher, unique, wait_until
 
-pytestmark = pytest.mark.docker
+pytestmark = [pytest.mark.docker, pytest.mark.full]  # three fake-GPU engines (Docker 20.10 and 26): the full tier
 IN_CI = os.environ.get("CI") == "true"
 MODES = ["request", "env", "cdi"]
 

@@ -19,7 +19,7 @@ from ..gpu_host import DATA
 from ..helpers import Launcher, remember_run, spawn, wait_until, watchdogs
 from ..multi_host import ThreeHosts
 
-pytestmark = pytest.mark.docker
+pytestmark = [pytest.mark.docker, pytest.mark.full]  # three engines, one over ssh: the full tier
 
 
 @pytest.fixture(scope="module")

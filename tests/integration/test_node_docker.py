@@ -179,6 +179,7 @@ def test_seed_teardown_loop_leaves_nothing_with_sigterm_ignoring_stages(engine, 
     assert wait_until(lambda: not any(c.name.startswith(prefix) for c in engine.containers([labels.RUN])), 10)
 
 
+@pytest.mark.full  # 6 cases; the quick tier kills launchers in test_chaos
 @pytest.mark.parametrize("moment", ["before_announcement", "after_announcement", "while_forwarding_sigterm"])
 @pytest.mark.parametrize("image", ["stub", "any"])
 def test_sigkill_of_pp_gpu_node_leaves_nothing_within_10s(engine, stub_image, moment: str, image: str) -> None:

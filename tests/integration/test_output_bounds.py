@@ -27,6 +27,7 @@ def test_a_stage_that_floods_then_exits_has_its_result_shown_last_and_nothing_dr
     assert "output_dropped_lines" not in stopped and stopped["reason"] == "completed"
 
 
+@pytest.mark.full  # a flood
 def test_output_dropped_while_stopping_a_flood_is_counted_and_said(engine, stub_image) -> None:
     launcher = Launcher("chain", "--stages", "2", "--gpus", "none", "--json", "--env", "STUB_MODE=hold",
                         *FLOOD, "--stage-env", "1:STUB_FLOOD_LINES=50000000")  # fmt: skip

@@ -174,6 +174,7 @@ def test_without_the_opt_in_the_fixtures_are_not_there(pytester: pytest.Pytester
     result.stdout.fnmatch_lines(["*fixture 'pp_engine' not found*"])
 
 
+@pytest.mark.full  # a fresh venv from the package index
 def test_a_plain_install_never_changes_an_unrelated_pytest(tmp_path: Path) -> None:
     """Before: `pip install pp-launch` (no extras) broke every pytest run in that environment: the pytest11 plugin
     imported testcontainers at load. A fresh venv with the package alone (no dependencies at all) and pytest:
