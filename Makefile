@@ -1,11 +1,13 @@
 # Each target does all the set-up it needs (venv, package, Docker engine, images) by itself.
-.PHONY: demo test test-all bench setup lint
+.PHONY: demo test test-all test-load bench setup lint
 demo:
 	bash launcher/scripts/dev.sh demo
 test:
 	bash launcher/scripts/dev.sh test
 test-all:
 	bash launcher/scripts/dev.sh test-all
+test-load:
+	bash launcher/scripts/dev.sh test-load
 bench:
 	bash launcher/scripts/dev.sh bench
 setup:

@@ -4,6 +4,7 @@
 #   dev.sh demo    setup, then a 4-stage demo chain
 #   dev.sh test    setup, then the quick tier (unit tests and a representative real-engine set), ruff and mypy
 #   dev.sh test-all  setup, then every test (what CI runs), ruff and mypy
+#   dev.sh test-load setup, then the quick tier three times in a row beside a CPU hog on both cores (stress-ng)
 #   dev.sh bench   setup, then the benchmarks under bench/
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -80,6 +81,15 @@ case "$cmd" in
   demo) setup; exec "$VENV/bin/pp-launch" chain --stages "${STAGES:-4}" "$@" ;;
   test) setup; launcher/scripts/ensure-docker26.sh; run_tests -m "not full" "$@" ;;
   test-all) setup; launcher/scripts/ensure-docker26.sh; run_tests "$@" ;;
+  test-load)
+    setup; launcher/scripts/ensure-docker26.sh
+    if ! command -v stress-ng >/dev/null 2>&1; then
+      say "installing stress-ng (Debian's package) for the CPU hog"
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq stress-ng >/dev/null
+    fi
+    stress-ng --cpu "$(nproc)" --timeout 3h --quiet & hog=$!
+    trap 'kill "$hog" 2>/dev/null || true' EXIT
+    for round in 1 2 3; do say "quick tier under load, round $round of 3"; run_tests -m "not full" "$@"; done ;;
   bench) setup; exec "$PY" bench/run_all.py "$@" ;;
-  *) echo "usage: $0 setup|demo|test|test-all|bench [args...]" >&2; exit 2 ;;
+  *) echo "usage: $0 setup|demo|test|test-all|test-load|bench [args...]" >&2; exit 2 ;;
 esac

@@ -198,12 +198,20 @@ def test_sigkill_of_pp_gpu_node_leaves_nothing_within_10s(engine, stub_image, mo
     if moment != "before_announcement":
         assert wait_until(lambda: any("PP_GPU_NODE_ADDR" in line for line in node.stdout_lines), 20)
     if moment == "while_forwarding_sigterm":
+        since = int(time.time()) - 1
         node.signal(signal.SIGTERM)
-        time.sleep(0.5)
+        assert wait_until(lambda: _got_sigterm(engine, f"{prefix}-0", since), 20)  # forwarded through the engine
         assert node.proc.poll() is None  # still inside its 10 s grace
     node.signal(signal.SIGKILL)
     node.wait(10)
     assert wait_until(lambda: containers_named(engine, f"{prefix}-0") == [], 10)
+
+
+def _got_sigterm(engine, name: str, since: int) -> bool:  # type: ignore[no-untyped-def]
+    """The engine's own record that the container was sent SIGTERM (its `kill` event, signal 15)."""
+    events = engine.api.events(since=since, until=int(time.time()) + 1, decode=True,
+                               filters={"container": name, "event": "kill"})  # fmt: skip
+    return any((e.get("Actor") or {}).get("Attributes", {}).get("signal") == "15" for e in events)
 
 
 def test_stale_name_of_a_dead_owner_is_replaced(engine, stub_image) -> None:

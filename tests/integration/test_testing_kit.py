@@ -16,7 +16,7 @@ import pytest
 from pp_launch.core import labels
 from pp_launch.testing.kit import BUILTIN_IMAGE, Chain, StageContainer, StageExited, StageTimeout, WorkerUnderTest
 
-from ..helpers import run_containers
+from ..helpers import BUSY_SLACK, run_containers
 
 pytestmark = pytest.mark.docker
 ROOT = Path(__file__).resolve().parents[2]
@@ -78,7 +78,7 @@ def test_stage_container_stop_on_a_sigterm_ignoring_stage_takes_about_one_grace(
         took = time.monotonic() - t0
     finally:
         stage.stop()
-    assert 1.9 <= took <= 5.0, took
+    assert 1.9 <= took <= 2 + BUSY_SLACK, took  # the grace honoured, then a kill (not testcontainers' bare kill)
     assert stage.exit_code() is not None
     assert engine.inspect(stage.ref or "") is None  # auto-removed
 
