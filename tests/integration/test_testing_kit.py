@@ -4,6 +4,7 @@ subprocess so each has its own process and owner) on the real engine; the outer 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -45,6 +46,27 @@ def test_clean(pp_stage):
                                  f"image {BUILTIN_IMAGE}*pp-launch.run*"])  # fmt: skip
     assert "test_clean left" not in result.stdout.str()
     assert [c for c in engine.containers([labels.RUN]) if c.image == BUILTIN_IMAGE and "test_inner" in c.name] == []
+
+
+def test_the_leak_guard_works_per_xdist_worker(pytester: pytest.Pytester, engine) -> None:
+    """Each worker is a process of its own: it sees its own tests' containers, never another worker's."""
+    for name in ("a", "b"):
+        pytester.makepyfile(**{f"test_{name}": f"""
+from pp_launch.testing.kit import StageContainer
+
+def test_leaks_{name}(pp_engine):
+    StageContainer({BUILTIN_IMAGE!r}, env={{"STUB_MODE": "hold"}}).start().wait_for_announcement(60)
+
+def test_clean_{name}(pp_stage):
+    pp_stage({BUILTIN_IMAGE!r}, env={{"STUB_MODE": "hold"}}).wait_for_announcement(60)
+"""})  # fmt: skip
+    result = pytester.runpytest_subprocess("-p", "pp_launch", "-p", "no:cacheprovider", "-n", "2")
+    result.assert_outcomes(passed=4, errors=2)
+    out = result.stdout.str()
+    assert "test_a.py::test_leaks_a left container" in out and "test_b.py::test_leaks_b left container" in out
+    assert "test_clean_a left" not in out and "test_clean_b left" not in out
+    leaked = re.findall(r"left container (pp-[0-9a-f]{12}-0) ", out)
+    assert len(set(leaked)) == 2 and all(engine.inspect(name) is None for name in leaked)  # each removed
 
 
 def test_without_the_opt_in_there_is_no_guard(pytester: pytest.Pytester) -> None:
