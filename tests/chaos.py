@@ -248,8 +248,6 @@ def adversarial(side: Any, rng: random.Random, gpu_node: str, decoy: str) -> tup
         if "Traceback" in launcher.stderr_text():
             problems.append("a traceback reached the user")
         side.ensure_running()
-        if run and not wait_until(lambda: not _watchdogs_of(run), 60):  # the engine is back: its sweep must end
-            problems.append("the run's watchdog still runs 60 s after its engine came back")
         if mix.fault == "launcher+watchdog" and mix.deaf:  # documented: only gc (or the next chain) is left
             gc = Launcher("gc", env=env)
             gc.wait(60)
@@ -259,6 +257,10 @@ def adversarial(side: Any, rng: random.Random, gpu_node: str, decoy: str) -> tup
             down = Launcher("down", run, "--grace", "1", env=env)
             if down.wait(60) != 0 or left():
                 problems.append(f"a Dead container of the run could not be removed: {down.stderr_text()[-300:]}")
+        # the engine is back and nothing of the run is left (a Dead one removed above): the watchdog's next sweep
+        # finds nothing and it ends; waited for here, so the side engine's teardown never races it
+        if run and not wait_until(lambda: not _watchdogs_of(run), 60):
+            problems.append("the run's watchdog still runs 60 s after its engine came back and its run was gone")
         if holder is not None and side.docker("inspect", "-f", "{{.State.Running}}", holder).stdout.strip() != "true":
             problems.append("the container holding the name was touched")
         # the engine's own faults stop every container; --restart always brings the decoy back: it must exist

@@ -37,7 +37,7 @@ class Unit:
 
 @dataclass(frozen=True)
 class Holding:
-    """A unit held by a pp-launch run (from container labels or a live reservation)."""
+    """A unit held by a pp-launch run (from its containers' labels)."""
 
     run_id: str
     stage: int | None
