@@ -61,12 +61,15 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default="bench/results/bringup.md")
+    ap.add_argument("--stages", type=int, action="append", help="only these chain lengths (repeatable)")
     opts = ap.parse_args()
     client = docker.from_env()
     rows = ["| stages | announce delay s | CLI chain s | --handoff env s | ratio | --handoff stdin s | ratio | left |",
             "|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     left_total = 0
     for n, delay, reps in CASES:
+        if opts.stages and n not in opts.stages:
+            continue
         reps = max(1, reps * opts.repeats // 3)
         base, env, stdin = [], [], []
         for _ in range(reps):

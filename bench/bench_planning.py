@@ -1,8 +1,8 @@
 """Planning time: how long `pp-launch chain` takes to pick GPUs, with 50 labelled containers on the engine.
 
 An 8-GPU NVLink inventory (tests/data/nvlink-8gpu.json); 50 containers created (never started) with pp-launch
-labels, 6 of them holding GPUs 0 and 1; then plan_chain (engine labels read under the host lock, the
-allocator, the plan) for 2, 4 and 8 stages, many times each. Median and 95th percentile.
+labels, 6 of them holding GPUs 0 and 1; then plan_launch (the engine reached, the inventory file read, the
+engine's labels, the allocator, the plan) for 2, 4 and 8 stages, many times each. Median and 95th percentile.
 
 Usage: python bench/bench_planning.py [--runs 200] [--out bench/results/planning.md]
 """
@@ -18,12 +18,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from pp_launch.adapters import identity, images, inventory_file
 from pp_launch.adapters.docker_engine import connect
-from pp_launch.app import chain as launch
-from pp_launch.app import images
+from pp_launch.app import launch
 from pp_launch.core import labels
 from pp_launch.core.chain.plan import ChainRequest
-from pp_launch.core.gpu.inventory import GpuInventory
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -36,9 +35,10 @@ def main() -> int:
     os.environ["PP_LAUNCH_STATE_DIR"] = tempfile.mkdtemp(prefix="pp-bench-state-")
     engine = connect()
     images.build_all(engine, lambda text: None)
-    inventory = GpuInventory.load(ROOT / "tests" / "data" / "nvlink-8gpu.json")
+    path = ROOT / "tests" / "data" / "nvlink-8gpu.json"
+    inventory = inventory_file.load(path)
     held = ",".join(g.uuid for g in inventory.gpus[:2])
-    run, owner = "benchplan001", labels.Owner.current().label()
+    run, owner = "benchplan001", identity.current_owner().label()
     made = []
     try:
         for i in range(50):
@@ -55,12 +55,12 @@ def main() -> int:
             )
         rows = []
         for stages in (2, 4, 8 if len(inventory.gpus) - 2 >= 8 else 6):
-            request = ChainRequest(stages=stages)
-            gpu = launch.GpuOptions(mode="auto")
+            gpu = launch.GpuOptions("auto", inventory_path=str(path))
+            request = launch.LaunchRequest(ChainRequest(stages=stages), gpu)
             times = []
             for _ in range(opts.runs):
                 t0 = time.perf_counter()
-                plan, _ = launch.plan_chain(request, gpu, engine, inventory=inventory, reserve=False)
+                plan = launch.plan_launch(request).plan
                 times.append((time.perf_counter() - t0) * 1000)
             chosen = [inventory.position(s.gpus[0]) for s in plan.stages]
             rows.append((stages, statistics.median(times), sorted(times)[int(0.95 * len(times)) - 1], chosen))

@@ -28,13 +28,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from pp_launch.adapters import inventory_file
 from pp_launch.adapters.nvml import NvmlUnavailable, read_inventory
-from pp_launch.app.chain import GpuOptions, plan_chain
+from pp_launch.app.launch import GpuOptions, LaunchRequest, plan_launch
 from pp_launch.cli.tables import render_table
 from pp_launch.core import errors
 from pp_launch.core.chain.plan import ChainRequest
 from pp_launch.core.gpu.allocator import describe_level
-from pp_launch.core.gpu.inventory import GpuInventory
 from pp_launch.testing import fake_nvml
 
 READ = "import json; from pp_launch.adapters import nvml; print(json.dumps(nvml.read_inventory().to_json()))"
@@ -49,7 +49,7 @@ def main() -> int:
     atexit.register(shutil.rmtree, work, True)
     lib = fake_nvml.build(work / "lib")
     if opts.fake and os.environ.get(fake_nvml.CONFIG_ENV) is None:
-        config = fake_nvml.write_config(GpuInventory.load(opts.fake), work / "host.conf")
+        config = fake_nvml.write_config(inventory_file.load(opts.fake), work / "host.conf")
         print(f"playing a host with the GPUs of {opts.fake} through the fake libnvidia-ml.so.1")
         child = subprocess.run([sys.executable, *sys.argv], env=fake_nvml.environ(lib.parent, config), check=False)
         return child.returncode
@@ -64,7 +64,7 @@ def main() -> int:
         read_inventory()
         times.append((time.perf_counter() - t0) * 1000)
     if opts.record:
-        inventory.save(opts.record)
+        inventory_file.save(inventory, opts.record)
     print(render_table(inventory, {}))
     print(f"\none inventory query (nvmlInit .. nvmlShutdown), {len(inventory.gpus)} GPUs: "
           f"median {statistics.median(times):.2f} ms of 20")  # fmt: skip
@@ -86,8 +86,9 @@ def main() -> int:
 
     for stages in (1, 2, 4):
         try:
-            plan, _note = plan_chain(ChainRequest(stages=stages), GpuOptions(), None, inventory=inventory,
-                                     reserve=False)  # fmt: skip
+            inventory_file.save(inventory, work / "inventory.json")
+            gpu = GpuOptions(inventory_path=str(work / "inventory.json"))
+            plan = plan_launch(LaunchRequest(ChainRequest(stages=stages), gpu)).plan
         except errors.PpLaunchError as exc:
             print(f"\n{stages} stages: {exc}")
             continue

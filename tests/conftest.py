@@ -58,7 +58,7 @@ def engine(pp_engine):  # type: ignore[no-untyped-def]
 
 @pytest.fixture(scope="session")
 def stub_image(engine) -> str:  # type: ignore[no-untyped-def]
-    from pp_launch.app import images
+    from pp_launch.adapters import images
 
     images.build_all(engine, lambda text: None)
     return images.BUILTIN_IMAGE

@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from pp_launch.core.gpu.inventory import GpuInventory
+from pp_launch.adapters import inventory_file
 from pp_launch.testing import fake_nvml, fake_toolkit
 
 from .engines import SideEngine
@@ -35,7 +35,7 @@ class FakeGpuHost:
         self.root = Path(tempfile.mkdtemp(prefix="pp-gpu-host-"))
         self.inventory_path = self.root / "inventory.json"
         shutil.copyfile(inventory, self.inventory_path)
-        self.inventory = GpuInventory.load(self.inventory_path)
+        self.inventory = inventory_file.load(self.inventory_path)
         self.lib_dir = fake_nvml.build(self.root / "lib").parent
         self.config = fake_nvml.write_config(self.inventory, self.root / "host-nvml.conf")
         self.state_dir = self.root / "state"

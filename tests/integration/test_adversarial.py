@@ -20,6 +20,7 @@ import pytest
 from testcontainers.core.container import DockerContainer
 from testcontainers.core.wait_strategies import LogMessageWaitStrategy
 
+from pp_launch.adapters import identity
 from pp_launch.core import labels
 
 from ..helpers import BUSY_SLACK, Launcher, remember_run, run_containers, unique, wait_until
@@ -101,7 +102,7 @@ def test_a_launcher_in_another_pid_namespace_is_not_judged_by_the_hosts_gc(engin
     roster = inner.wait_event("pp_stage_roster", timeout=60)
     run = roster["run"]
     owner = engine.containers([f"{labels.RUN}={run}"])[0].labels[labels.OWNER]
-    assert f":pidns-{labels.pid_namespace()}" not in owner and ":pidns-" in owner
+    assert f":pidns-{identity.pid_namespace()}" not in owner and ":pidns-" in owner
     gc = Launcher("gc")
     assert gc.wait(30) == 0
     assert len(run_containers(engine, run)) == 2  # a live chain: never removed
@@ -324,7 +325,7 @@ def _orphan(engine, stub_image: str) -> tuple[DockerContainer, str]:
     """A running container of ours whose launcher is gone (a dead pid on this host): what the sweep removes."""
     dead = subprocess.Popen(["true"])
     dead.wait()
-    me = labels.Owner.current()
+    me = identity.current_owner()
     owner = labels.Owner(me.host, dead.pid, "1", me.pidns, me.boot).label()
     run = uuid.uuid4().hex[:12]
     remember_run(run)

@@ -18,6 +18,7 @@ import uuid
 
 import pytest
 
+from pp_launch.adapters import identity
 from pp_launch.core import labels
 
 from ..chaos import Case, matrix, random_kill, run_case
@@ -152,7 +153,7 @@ def test_gc_and_down_all_touch_only_our_containers(side_engine) -> None:
     where a real user's runs may live (issue #25)."""
     side = side_engine
     env = {"DOCKER_HOST": side.host}
-    me = labels.Owner.current().label()
+    me = identity.current_owner().label()
 
     def run(*argv: str) -> str:
         return side.docker("run", "-d", "--network", "host", "-e", "STUB_MODE=hold", *argv,

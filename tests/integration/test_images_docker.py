@@ -27,3 +27,27 @@ def test_a_rebuild_removes_the_image_it_replaced(engine, stub_image, tmp_path: P
     finally:
         engine.remove_image(tag)
     assert engine.image_id(tag) is None
+
+
+def test_attach_socket_on_a_real_engine_unwraps_to_a_plain_socket(engine, stub_image) -> None:  # type: ignore[no-untyped-def]
+    """docker-py's private `_sock` under attach_socket (issue #26 item 7): raw_socket() must reach a socket.socket
+    that shuts down and takes timeouts, or the stdin lifeline cannot be held."""
+    import socket
+
+    from pp_launch.adapters.docker_engine import raw_socket, removal_wait
+    from pp_launch.core import labels
+
+    api = engine.api
+    ref = api.create_container(stub_image, ["cat"], stdin_open=True, labels={labels.RUN: "privateapi0001"},
+                               host_config=api.create_host_config(auto_remove=True, init=True))["Id"]  # fmt: skip
+    try:
+        attached = api.attach_socket(ref, params={"stdin": 1, "stream": 1})
+        raw = raw_socket(attached)
+        assert isinstance(raw, socket.socket)
+        gone = removal_wait(api, ref)  # answers once the container is removed
+        api.start(ref)
+        raw.settimeout(None)
+        raw.shutdown(socket.SHUT_WR)  # cat sees the end of stdin and exits; auto-remove takes it
+        assert gone.json()["StatusCode"] == 0
+    finally:
+        engine.remove(ref)

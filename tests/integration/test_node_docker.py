@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from pp_launch.adapters import identity
 from pp_launch.adapters.docker_engine import DockerStageBackend
 from pp_launch.app.node import NodeConfig
 from pp_launch.core import labels
@@ -100,7 +101,7 @@ def test_gpu_requests_through_the_engine(engine, stub_image, value: str) -> None
     """Created (not started: this host has no GPU) and inspected: the engine holds the docker CLI's request."""
     env = {"STAGE": "0", "PP_GPUS": value, "PP_CONTAINER_PREFIX": unique("gpu")}
     config = NodeConfig.from_env(env)
-    spec = config.spec(env, labels.Owner.current().label(), config.gpus)
+    spec = config.spec(env, identity.current_owner().label(), config.gpus)
     spec = spec.__class__(**{**spec.__dict__, "image": stub_image})
     ref = DockerStageBackend(engine).create(spec, spec.env)
     try:
@@ -225,7 +226,7 @@ def test_stale_name_of_a_dead_owner_is_replaced(engine, stub_image) -> None:
 
 def test_stale_name_of_a_live_owner_is_an_error_and_untouched(engine, stub_image) -> None:
     prefix = unique("live")
-    owner = labels.Owner.current().label()  # pytest itself: alive
+    owner = identity.current_owner().label()  # pytest itself: alive
     ref = engine.api.create_container(
         stub_image, name=f"{prefix}-0", labels={labels.RUN: "liverun00001", labels.OWNER: owner}
     )["Id"]

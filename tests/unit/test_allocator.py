@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pp_launch.adapters import inventory_file
 from pp_launch.core import errors
 from pp_launch.core.gpu.allocator import (
     AllocationRequest,
@@ -33,7 +34,7 @@ DATA = Path(__file__).parent.parent / "data"
 
 
 def load(name: str) -> GpuInventory:
-    return GpuInventory.load(DATA / name)
+    return inventory_file.load(DATA / name)
 
 
 def indices(inv: GpuInventory, stage_gpus: tuple[tuple[str, ...], ...]) -> list[list[int | str]]:

@@ -6,6 +6,7 @@ import signal
 
 import pytest
 
+from pp_launch.adapters.runtime import ThreadRuntime
 from pp_launch.core import events
 from pp_launch.core.announce import parse_line
 from pp_launch.core.chain.plan import ChainRequest, build_plan
@@ -28,7 +29,7 @@ def make(n: int, scripts: dict[int, StageScript] | None = None, **req: object):
     inbox = FakeInbox(clock)
     backend = FakeBackend(scripts=scripts or {}, inbox=inbox)
     reporter = RecordingReporter()
-    scope = ChainScope(plan, backend, inbox, reporter, clock=clock)
+    scope = ChainScope(plan, backend, inbox, reporter, ThreadRuntime(clock))
     return scope, backend, reporter, clock
 
 
@@ -290,7 +291,7 @@ def adopted(lost: bool = False):  # type: ignore[no-untyped-def]
         backend.existing[ref] = stage
     found = [Found("id-a", "pp-r1-0", True), Found("id-b", "pp-r1-1", True), Found("id-c", "pp-r1-2", False)]
     reporter = RecordingReporter()
-    scope = ChainScope.adopt("r1", found, backend, inbox, reporter, grace=2.0, clock=clock)
+    scope = ChainScope.adopt("r1", found, backend, inbox, reporter, grace=2.0, runtime=ThreadRuntime(clock))
     backend.lost = lost
     return scope, backend, reporter, clock
 

@@ -5,17 +5,21 @@ No Docker needed: dry runs and `gpus` work without an engine (and say so)."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import click
 import pytest
 from click.testing import CliRunner
 
-from pp_launch.cli.main import main
+from pp_launch.cli.main import COMMANDS, load_all, main
 
 from ..helpers import NO_DRIVER
 
 DATA = Path(__file__).parent.parent / "data"
+load_all()  # the group imports each command when it runs; these tests walk them all
 NO_ENGINE = {"DOCKER_HOST": "unix:///nonexistent/docker.sock", "PP_LAUNCH_GPU_INVENTORY": ""}
 
 
@@ -411,3 +415,31 @@ def test_the_stub_announces_the_address_it_is_told_for_other_hosts(env: dict[str
     got = subprocess.run([sys.executable, "-c", "import pp_stub; print(pp_stub.advertised())"], cwd=stub,
                          env={"PATH": "/usr/bin:/bin", **env}, capture_output=True, text=True, check=True)  # fmt: skip
     assert got.stdout.strip() == announced
+
+
+def test_the_command_list_is_the_same_before_and_after_the_commands_are_imported() -> None:
+    """`pp-launch --help` lists the commands from main.COMMANDS without importing them (fast start, issue #26);
+    each line must be what the command's own docstring gives once it is imported."""
+    cold = subprocess.run(
+        [sys.executable, "-c", "from pp_launch.cli.main import main; main(['--help'], prog_name='pp-launch')"],
+        capture_output=True, text=True, env={**os.environ, "COLUMNS": "110"}, check=False,
+    )  # fmt: skip
+    assert cold.returncode == 0, cold.stderr
+    warm = CliRunner().invoke(main, ["--help"], prog_name="pp-launch", terminal_width=110)
+    assert cold.stdout == warm.output
+    assert set(main.list_commands(click.Context(main))) == set(main.commands)
+    assert all(main.commands[name].short_help == line for name, (_, line) in COMMANDS.items())
+    for name, (module, _) in COMMANDS.items():  # the module named is the one that defines it (else: no such command)
+        assert main.commands[name].callback.__module__ == f"pp_launch.cli.{module}", name  # type: ignore[union-attr]
+
+
+def test_version_and_help_import_neither_docker_nor_rich() -> None:
+    code = (
+        "import sys\nfrom pp_launch.cli.main import main\n"
+        "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "heavy = sorted(m for m in ('docker', 'rich', 'pynvml', 'requests') if m in sys.modules)\n"
+        "print('heavy:', *heavy, file=sys.stderr)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "Commands:" in done.stdout
+    assert done.stderr.strip() == "heavy:", done.stderr

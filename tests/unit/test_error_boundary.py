@@ -20,6 +20,7 @@ from pp_launch.core.worker.record import RecordError
 EXAMPLES: dict[type[errors.PpLaunchError], errors.PpLaunchError] = {
     errors.PpLaunchError: errors.PpLaunchError("something went wrong"),
     errors.ConfigError: errors.ConfigError("--stages 0 is not a number of stages"),
+    errors.UsageError: errors.UsageError("--detach and --gpu-node do not go together"),
     errors.EngineUnavailable: errors.EngineUnavailable("cannot reach the Docker engine at unix:///x.sock"),
     errors.ImageMissing: errors.ImageMissing("image x:1 is not present on this engine"),
     errors.NotEnoughGpus: errors.NotEnoughGpus("4 GPUs needed, 2 free"),

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from pp_launch.adapters import inventory_file
 from pp_launch.core.gpu.inventory import GpuInventory, GpuProcess
 from pp_launch.testing import fake_nvml
 from pp_launch.testing.inventories import random_inventory
@@ -49,7 +50,7 @@ def read_many(lib: Path, configs: list[Path], fail: str = "") -> list[dict[str, 
 @pytest.mark.parametrize("path", INVENTORIES, ids=[p.stem for p in INVENTORIES])
 def test_gpus_record_through_the_fake_library_gives_back_the_inventory(fake_nvml_lib: Path, path: Path,
                                                                         tmp_path: Path) -> None:  # fmt: skip
-    config = fake_nvml.write_config(GpuInventory.load(path), tmp_path / "config")
+    config = fake_nvml.write_config(inventory_file.load(path), tmp_path / "config")
     out = tmp_path / "recorded.json"
     done = subprocess.run([PP_LAUNCH, "gpus", "--record", str(out)], env=fake_nvml.environ(fake_nvml_lib, config),
                           capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
@@ -68,7 +69,7 @@ def test_random_inventories_round_trip(fake_nvml_lib: Path, tmp_path: Path) -> N
 def test_the_per_gpu_directory_form_reads_as_the_whole_and_a_subset_keeps_host_order(
     fake_nvml_lib: Path, tmp_path: Path
 ) -> None:
-    inv = GpuInventory.load(DATA / "nvlink-8gpu.json")
+    inv = inventory_file.load(DATA / "nvlink-8gpu.json")
     files = fake_nvml.write_config_dir(inv, tmp_path / "all")
     whole, = read_many(fake_nvml_lib, [tmp_path / "all"])
     assert whole["inventory"] == inv.to_json()
@@ -92,7 +93,7 @@ def run_gpus(lib: Path, config: Path, fail: str, *args: str) -> subprocess.Compl
 
 @pytest.fixture
 def eight(tmp_path: Path) -> tuple[GpuInventory, Path]:
-    inv = GpuInventory.load(DATA / "nvlink-8gpu.json")
+    inv = inventory_file.load(DATA / "nvlink-8gpu.json")
     return inv, fake_nvml.write_config(inv, tmp_path / "config")
 
 
@@ -135,7 +136,7 @@ def test_a_machine_field_nvml_cannot_read_is_unknown(fake_nvml_lib: Path, eight:
 
 
 def test_a_process_list_that_grows_between_size_query_and_read(fake_nvml_lib: Path, tmp_path: Path) -> None:
-    plain = GpuInventory.load(DATA / "plain-4gpu.json")
+    plain = inventory_file.load(DATA / "plain-4gpu.json")
     running = (GpuProcess(4242, 1000), GpuProcess(4343, None))
     inv = dataclasses.replace(plain, gpus=(plain.gpus[0], dataclasses.replace(plain.gpus[1], processes=running),
                                            *plain.gpus[2:]))  # fmt: skip

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from pp_launch.core.gpu.inventory import GpuInventory
+from pp_launch.adapters import inventory_file
 from pp_launch.testing import fake_nvml, fake_toolkit
 
 DATA = Path(__file__).resolve().parents[1] / "data"
-MIG = GpuInventory.load(DATA / "mig-2gpu.json")
-EIGHT = GpuInventory.load(DATA / "nvlink-8gpu.json")
+MIG = inventory_file.load(DATA / "mig-2gpu.json")
+EIGHT = inventory_file.load(DATA / "nvlink-8gpu.json")
 
 
 @pytest.mark.parametrize(

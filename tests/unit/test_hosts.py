@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from pp_launch.adapters import docker_engine
+from pp_launch.adapters import docker_engine, inventory_file
 from pp_launch.adapters.multi_host import MultiHostBackend
+from pp_launch.adapters.runtime import ThreadRuntime
 from pp_launch.app import gpus as gpu_select
 from pp_launch.core import errors, hosts, labels
 from pp_launch.core.chain.plan import ChainRequest, build_plan
@@ -25,8 +26,8 @@ from ..helpers import wait_until
 from .fakes import FakeClock, FakeHandoffBackend, FakeInbox, RecordingReporter
 
 DATA = Path(__file__).resolve().parents[1] / "data"
-FOUR = GpuInventory.load(DATA / "pcie-2socket-4gpu.json")  # GPU 0 is busy (a foreign process)
-EIGHT = GpuInventory.load(DATA / "nvlink-8gpu.json")
+FOUR = inventory_file.load(DATA / "pcie-2socket-4gpu.json")  # GPU 0 is busy (a foreign process)
+EIGHT = inventory_file.load(DATA / "nvlink-8gpu.json")
 
 
 # ---------------------------------------------------------------------------------------------------- names
@@ -90,7 +91,7 @@ def host(name: str, inventory: GpuInventory, held: list[dict[str, str]] | None =
 def select(hosts_gpus: list[gpu_select.HostGpus], stages: int, **kw: Any) -> tuple[list[str], gpu_select.GpuSelection]:
     args: dict[str, Any] = dict(mode="auto", stages=stages, per_stage=1, attach="request", environ={})
     args.update(kw)
-    return gpu_select.select_across(hosts_gpus=hosts_gpus, **args)
+    return gpu_select.select(hosts_gpus=hosts_gpus, **args)
 
 
 def test_stages_get_gpus_of_their_own_host_and_hops_between_hosts_are_host_level() -> None:
@@ -162,7 +163,7 @@ def across(n: int, check: Any = lambda host: None) -> tuple[ChainScope, dict[str
     inbox = FakeInbox(clock)
     fakes = {"a": FakeHandoffBackend(inbox=inbox), "b": FakeHandoffBackend(inbox=inbox)}
     backend = MultiHostBackend(fakes, check, heartbeat=0)  # type: ignore[arg-type]  # fakes for DockerStageBackend
-    scope = ChainScope(plan, backend, inbox, RecordingReporter(), clock=clock)
+    scope = ChainScope(plan, backend, inbox, RecordingReporter(), ThreadRuntime(clock))
     return scope, fakes, backend
 
 

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from pp_launch.adapters import bringup
+from pp_launch.adapters import bringup, identity
 from pp_launch.adapters.docker_engine import ContainerInfo
 from pp_launch.app import housekeeping
 from pp_launch.core import labels
@@ -41,7 +41,7 @@ def marker(run: str) -> ContainerInfo:
 
 
 def test_rows_say_whose_each_container_is() -> None:
-    me = labels.Owner.current()
+    me = identity.current_owner()
     dead = labels.Owner(HOST, DEAD, "1", me.pidns, me.boot).label()
     elsewhere = labels.Owner(HOST, DEAD, "1", "1", me.boot).label()
     engine = FakeEngine(
@@ -114,7 +114,7 @@ def test_an_unknown_or_ambiguous_run_is_exit_2_naming_the_runs(wanted: str, mess
 
 
 def test_a_hand_over_marker_left_by_a_run_that_ended_is_collected_not_one_whose_run_lives() -> None:
-    me = labels.Owner.current().label()
+    me = identity.current_owner().label()
     live = box("l-0", "llllllllllll", "0", labels.OWNER_DETACHED, launcher=me)
     engine = FakeEngine(live, marker("llllllllllll"), marker("eeeeeeeeeeee"))
     assert [c.labels[labels.RUN] for c in housekeeping.orphans(engine)] == ["eeeeeeeeeeee"]  # type: ignore[arg-type]

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import threading
 
-from pp_launch.core.chain.ports import LINE_COST, TAIL_LINES, QueueInbox, StageGone, StageOutput, StopRequested
+from pp_launch.adapters.inbox import LINE_COST, QueueInbox
+from pp_launch.core.chain.ports import TAIL_LINES, StageGone, StageOutput, StopRequested
 
 
 def line(i: int) -> StageOutput:

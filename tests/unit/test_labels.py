@@ -8,6 +8,7 @@ import socket
 
 import pytest
 
+from pp_launch.adapters import identity
 from pp_launch.adapters.docker_engine import ContainerInfo
 from pp_launch.app import housekeeping
 from pp_launch.core import labels
@@ -43,29 +44,29 @@ def test_ascii_int_reads_ascii_digits() -> None:
 )
 def test_a_malformed_or_non_process_owner_is_never_gone(value: str) -> None:
     assert labels.Owner.parse(value) is None
-    assert not labels.owner_is_gone(value)
+    assert not identity.owner_is_gone(value)
 
 
 def test_the_current_owner_round_trips_with_its_namespace_and_boot() -> None:
-    me = labels.Owner.current()
-    assert me.pidns == labels.pid_namespace() and me.boot == labels.boot_id()
+    me = identity.current_owner()
+    assert me.pidns == identity.pid_namespace() and me.boot == identity.boot_id()
     assert labels.Owner.parse(me.label()) == me
-    assert me.judge_here() is None and me.is_alive()
+    assert identity.judge_here(me) is None and identity.is_alive(me)
 
 
 def test_an_owner_in_another_pid_namespace_is_not_judged_even_with_a_dead_pid() -> None:
-    me = labels.Owner.current()
+    me = identity.current_owner()
     dead_pid = 2**22 + 17  # above pid_max's default: no process has it
     elsewhere = labels.Owner(HOST, dead_pid, "1", pidns="1", boot=me.boot)
-    assert elsewhere.judge_here() == "owner in another PID namespace: not judged"
-    assert not labels.owner_is_gone(elsewhere.label())
+    assert identity.judge_here(elsewhere) == "owner in another PID namespace: not judged"
+    assert not identity.owner_is_gone(elsewhere.label())
     here = labels.Owner(HOST, dead_pid, "1", pidns=me.pidns, boot=me.boot)
-    assert labels.owner_is_gone(here.label())
+    assert identity.owner_is_gone(here.label())
 
 
 def test_an_owner_of_another_boot_or_host_is_not_judged() -> None:
-    assert labels.Owner(HOST, 1, "1", boot="0" * 32).judge_here() == "owner from another boot: not judged"
-    assert labels.Owner("elsewhere", 1, "1").judge_here() == "owner on another host: not judged"
+    assert identity.judge_here(labels.Owner(HOST, 1, "1", boot="0" * 32)) == "owner from another boot: not judged"
+    assert identity.judge_here(labels.Owner("elsewhere", 1, "1")) == "owner on another host: not judged"
 
 
 def test_labels_are_escaped_before_display() -> None:
@@ -83,7 +84,7 @@ def test_labels_are_escaped_before_display() -> None:
 
 
 def test_a_pid_namespace_is_read_from_proc() -> None:
-    ns = labels.pid_namespace(os.getpid())
+    ns = identity.pid_namespace(os.getpid())
     assert ns is not None and ns.isdigit()
 
 
@@ -91,7 +92,7 @@ class StubbornEngine:
     """An engine that cannot remove one container (a nameless Dead one after an engine crash)."""
 
     def __init__(self, dead_pid: int) -> None:
-        me = labels.Owner.current()
+        me = identity.current_owner()
         gone = labels.Owner(HOST, dead_pid, "1", me.pidns, me.boot).label()
         self.items = {
             "a" * 64: ContainerInfo("a" * 64, "?", "i", "dead", 0, {labels.RUN: "r1", labels.OWNER: gone}),
@@ -116,3 +117,16 @@ def test_gc_reports_only_what_the_engine_confirmed_gone_and_why_the_rest_stays()
     assert [c.name for c in collected.removed] == ["pp-r2-0"]
     failed = [(c.id[:1], why) for c, why in collected.failed]
     assert failed == [("a", "cannot remove container: device or resource busy")]
+
+
+def test_the_core_judges_an_owner_from_the_facts_it_is_given() -> None:
+    """core.labels does no I/O: where it stands and each pid's start time come in as parameters."""
+    here = labels.Here("h", boot="b1", pidns="7")
+    started = {10: "500"}.get
+    assert labels.owner_is_gone("h:11:500:pidns-7:boot-b1", here, started)  # no such pid
+    assert labels.owner_is_gone("h:10:499:pidns-7:boot-b1", here, started)  # the pid was reused
+    assert not labels.owner_is_gone("h:10:500:pidns-7:boot-b1", here, started)  # alive
+    assert not labels.owner_is_gone("h:11:500:pidns-8:boot-b1", here, started)  # another namespace
+    assert not labels.owner_is_gone("h:11:500:boot-b2", here, started)  # another boot
+    assert not labels.owner_is_gone("g:11:500", here, started)  # another host
+    assert not labels.owner_is_gone("detached", here, started)

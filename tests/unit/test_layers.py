@@ -1,10 +1,12 @@
 """The tree is the architecture: four floors, no arrow back up (issue #17). Walks every import with ast.
 
 core      pure: chain plan/ports/scope, GPU allocator/inventory/requests, worker codec/controller, grammar,
-          labels, errors, events. Imports only the standard library and itself.
-adapters  the only I/O: the Docker engine, child processes, NVML, host state, the worker driver, the watchdog.
-app       the use cases, over core and adapters.
-testing   the fake NVIDIA host and test helpers for suites (ours and users'), beside app.
+          labels, errors, events. Imports only the standard library and itself, and none of its I/O (issue #26):
+          clocks, threads, ids, process facts and files reach it through parameters and ports.
+adapters  the only I/O: the Docker engine, child processes, NVML, files, descriptors, identity, the clock.
+app       the use cases, over core and adapters; no I/O of its own (no subprocess, socket, files, descriptors).
+testing   the fake NVIDIA host and test helpers for suites (ours and users'), beside app; test doubles of hosts
+          and files, so I/O is theirs by nature.
 cli       Click and rich, over everything; nothing imports it but itself.
 """
 
@@ -19,6 +21,45 @@ PKG = Path(__file__).resolve().parents[2] / "launcher" / "pp_launch"
 FLOORS = {"core": 0, "adapters": 1, "app": 2, "testing": 2, "cli": 3}
 FOREIGN = {"docker", "requests", "pynvml", "click", "rich"}
 ONLY = {"docker": {"adapters.docker_engine"}, "requests": {"adapters.docker_engine"}, "pynvml": {"adapters.nvml"}}
+
+
+# What the core may not import: I/O, clocks, threads, randomness (issue #26 item 5).
+CORE_FORBIDDEN = {
+    "os", "subprocess", "socket", "threading", "time", "secrets", "random", "pathlib", "concurrent", "queue",
+    "shutil", "tempfile", "select", "selectors", "fcntl", "io", "asyncio", "multiprocessing", "uuid", "glob",
+}  # fmt: skip
+# What the use cases may not import or call: I/O belongs to the adapters.
+APP_FORBIDDEN = {"subprocess", "socket", "pathlib", "shutil", "tempfile", "select", "selectors", "fcntl", "io"}
+OS_ALLOWED = {"environ", "getenv", "path", "sep", "devnull"}  # reading configuration, joining names
+IO_BUILTINS = {"open", "input", "print"}
+
+
+def violations(module: str, source: str) -> list[str]:
+    """Where `module` (dotted, below pp_launch) breaks its floor's rules on I/O."""
+    top = module.split(".")[0]
+    if top not in ("core", "app"):
+        return []
+    forbidden = CORE_FORBIDDEN if top == "core" else APP_FORBIDDEN
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module]
+        found += [f"imports {n}" for n in names if n.split(".")[0] in forbidden]
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in IO_BUILTINS:
+            found.append(f"calls {node.func.id}()")
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "os"
+            and node.attr not in OS_ALLOWED
+        ):
+            found.append(f"uses os.{node.attr}")
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and "/proc/" in node.value:
+            found.append("reads /proc")
+    return found
 
 
 def modules() -> list[tuple[str, Path]]:
@@ -68,3 +109,41 @@ def test_no_import_reaches_up_or_out_of_its_floor(module: str, path: Path) -> No
 def test_every_module_lives_on_a_floor() -> None:
     loose = [m for m, _ in modules() if floor(m) is None and m not in ("pp_launch", "__main__")]
     assert loose == []
+
+
+@pytest.mark.parametrize(("module", "path"), modules(), ids=[m for m, _ in modules()])
+def test_the_core_does_no_io_and_the_use_cases_leave_io_to_the_adapters(module: str, path: Path) -> None:
+    assert violations(module, path.read_text()) == []
+
+
+CORE_BREAKS = [f"import {name}\n" for name in sorted(CORE_FORBIDDEN)] + [
+    "from pathlib import Path\n",
+    "from concurrent.futures import ThreadPoolExecutor\n",
+    "import os.path\n",
+    "x = open('f').read()\n",
+    "print('hello')\n",
+    "STAT = '/proc/self/stat'\n",
+]
+APP_BREAKS = [f"import {name}\n" for name in sorted(APP_FORBIDDEN)] + [
+    "import os\nos.write(1, b'x')\n",
+    "import os\nos.makedirs('d')\n",
+    "data = open('f').read()\n",
+]
+
+
+@pytest.mark.parametrize("added", CORE_BREAKS)
+def test_each_forbidden_thing_added_to_a_core_module_on_purpose_fails(added: str) -> None:
+    clean = (PKG / "core" / "chain" / "plan.py").read_text()
+    assert violations("core.chain.plan", clean) == []
+    assert violations("core.chain.plan", clean + added) != [], added
+
+
+@pytest.mark.parametrize("added", APP_BREAKS)
+def test_each_io_added_to_a_use_case_on_purpose_fails(added: str) -> None:
+    clean = (PKG / "app" / "chain.py").read_text()
+    assert violations("app.chain", clean) == []
+    assert violations("app.chain", clean + added) != [], added
+
+
+def test_os_environ_stays_allowed_in_the_use_cases() -> None:
+    assert violations("app.chain", "import os\nx = os.environ.get('A')\ny = os.path.join('a', 'b')\n") == []

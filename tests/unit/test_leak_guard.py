@@ -10,11 +10,12 @@ from typing import Any
 
 import pytest
 
+from pp_launch.adapters import identity
 from pp_launch.adapters.docker_engine import ContainerInfo
 from pp_launch.core import labels
 from pp_launch.testing import fixtures
 
-ME = labels.Owner.current().label()
+ME = identity.current_owner().label()
 
 
 class FakeEngine:

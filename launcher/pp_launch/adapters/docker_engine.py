@@ -22,10 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import docker
-import docker.errors
-import requests
-
+from pp_launch.adapters.lazy import defer
 from pp_launch.core import errors, labels
 from pp_launch.core.chain import handoff
 from pp_launch.core.chain.plan import StageSpec
@@ -33,7 +30,34 @@ from pp_launch.core.chain.ports import HANDED_OVER, Sink, StageGone, StageOutput
 from pp_launch.core.lines import LineSplitter
 from pp_launch.core.stage_env import LIFELINE
 
+defer("paramiko")  # docker imports it for ssh:// engines; everyone else should not pay ~0.1 s for it
+import docker  # noqa: E402
+import docker.errors  # noqa: E402
+import requests  # noqa: E402
+
 _STREAMS = {1: "stdout", 2: "stderr"}
+
+
+# docker-py's private parts we rely on (pinned in pyproject.toml; tests/unit/test_docker_private_api.py fails when
+# a release changes them): APIClient._url and ._raise_for_status (the SDK has no public call for a streamed
+# `wait?condition=removed`), and the raw socket under attach_socket's SocketIO (`_sock`: shutdown and timeouts).
+
+
+def removal_wait(api: docker.APIClient, ref: str) -> requests.Response:
+    """Register a wait for the container's removal; returns once the engine has registered it (the response
+    headers arrived), the body comes when the container is gone."""
+    response = api.post(api._url("/containers/{0}/wait", ref), params={"condition": "removed"}, stream=True,
+                        timeout=None)  # fmt: skip
+    api._raise_for_status(response)
+    return response  # type: ignore[no-any-return]
+
+
+def raw_socket(attached: Any) -> socket.socket:
+    """The socket under attach_socket's answer (a SocketIO over a unix socket, or the socket itself)."""
+    raw = getattr(attached, "_sock", attached)
+    return raw  # type: ignore[no-any-return]
+
+
 _READ_CHUNK = 64 * 1024
 
 NVIDIA_TOOLKIT_HINT = (
@@ -355,7 +379,7 @@ class Engine:
             raise errors.EngineError(f"the engine at {self.address} refused {name}: {_reason(exc)}") from None
         try:
             sock = self.api.attach_socket(ref, params={"stdin": 1, "stream": 1})
-            raw = getattr(sock, "_sock", sock)
+            raw = raw_socket(sock)
             self.api.start(ref)
         except BaseException as exc:
             self.remove(ref)
@@ -465,10 +489,7 @@ class Engine:
                     tar.addfile(entry, io.BytesIO(data))
             self.api.put_archive(ref, "/tmp", buf.getvalue())
             stream = self.api.attach(ref, stdout=True, stderr=True, stream=True, demux=True)
-            wait = self.api.post(
-                self.api._url("/containers/{0}/wait", ref), params={"condition": "removed"}, stream=True, timeout=None
-            )
-            self.api._raise_for_status(wait)
+            wait = removal_wait(self.api, ref)
             self.api.start(ref)
         except docker.errors.APIError as exc:
             self.remove(ref)
@@ -601,16 +622,10 @@ class DockerStageBackend:
             # One hijacked connection: stdout/stderr come back on it; stdin is held open and never written,
             # so the engine closes the stage's stdin (PP_LIFELINE=stdin) when this process dies.
             sock = self.api.attach_socket(ref, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
-            raw = getattr(sock, "_sock", sock)
+            raw = raw_socket(sock)
             raw.settimeout(None)  # a quiet stage must not time the stream out
             self._stdin[ref] = raw
-            wait = self.api.post(
-                self.api._url("/containers/{0}/wait", ref),
-                params={"condition": "removed"},
-                stream=True,
-                timeout=None,
-            )
-            self.api._raise_for_status(wait)
+            wait = removal_wait(self.api, ref)
         except docker.errors.APIError as exc:
             raise errors.EngineError(f"cannot attach to {ref[:12]}: {_reason(exc)}") from None
         reader = threading.Thread(
@@ -633,10 +648,7 @@ class DockerStageBackend:
 
     def watch(self, ref: str, stage: int, sink: Sink) -> None:
         try:
-            wait = self.api.post(
-                self.api._url("/containers/{0}/wait", ref), params={"condition": "removed"}, stream=True, timeout=None
-            )
-            self.api._raise_for_status(wait)
+            wait = removal_wait(self.api, ref)
         except docker.errors.NotFound:
             sink(StageGone(stage, None, "already gone"))
             return

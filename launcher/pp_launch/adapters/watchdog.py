@@ -60,8 +60,9 @@ def sweep(run_id: str, grace: float, host: str | None = None, detached: bool = F
     whose hand-over marker is on the engine is `down`'s: left alone."""
     from pp_launch.adapters import bringup
     from pp_launch.adapters.docker_engine import DockerStageBackend, connect
+    from pp_launch.adapters.inbox import QueueInbox
+    from pp_launch.adapters.runtime import ThreadRuntime
     from pp_launch.core import labels
-    from pp_launch.core.chain.ports import QueueInbox
     from pp_launch.core.chain.scope import ChainScope, Found, QuietReporter
 
     engine = connect(timeout=5, host=host)
@@ -69,9 +70,10 @@ def sweep(run_id: str, grace: float, host: str | None = None, detached: bool = F
     if not found or (detached and bringup.handed_over_runs(found)):
         return []
     adopted = [Found(c.id, c.name, c.state == "running") for c in found]
-    scope = ChainScope.adopt(
-        run_id, adopted, DockerStageBackend(engine), QueueInbox(), QuietReporter(), min(grace, MAX_GRACE), kill_wait=5.0
-    )
+    backend = DockerStageBackend(engine)
+    grace = min(grace, MAX_GRACE)
+    quiet, runtime = QuietReporter(), ThreadRuntime()
+    scope = ChainScope.adopt(run_id, adopted, backend, QueueInbox(), quiet, grace, runtime, kill_wait=5.0)
     outcome = scope.stop("launcher gone")
     if outcome.orphans or outcome.exit_code != 0:
         raise RuntimeError(f"run {run_id} not fully removed: {outcome.message}")

@@ -24,10 +24,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from pp_launch.adapters import identity
 from pp_launch.adapters.docker_engine import DockerStageBackend, Engine
+from pp_launch.adapters.inbox import QueueInbox
 from pp_launch.core import errors, labels, stage_env
-from pp_launch.core.chain.plan import Mount, StageSpec, new_run_id
-from pp_launch.core.chain.ports import QueueInbox, StageGone, StageOutput
+from pp_launch.core.chain.plan import Mount, StageSpec
+from pp_launch.core.chain.ports import StageGone, StageOutput
 from pp_launch.core.worker import codec as wire
 from pp_launch.core.worker import controller as c
 from pp_launch.core.worker import record
@@ -99,8 +101,8 @@ class WorkerDriver:
     started_at: float | None = None  # the trace's time origin (default: now); several drivers can share one
 
     def __post_init__(self) -> None:
-        self.run_id = new_run_id()
-        self.owner = labels.Owner.current().label()
+        self.run_id = identity.new_run_id()
+        self.owner = identity.current_owner().label()
         self.prefix = self.name_prefix or f"pp-worker-{self.run_id}"
         self.ctl = c.WorkerController(
             arena_ceiling=self.arena_ceiling, backend=dict(self.backend), init_timeout=self.init_timeout

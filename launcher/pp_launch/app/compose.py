@@ -18,7 +18,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from pp_launch.app.images import images_dir
+from pp_launch.adapters.images import images_dir
 from pp_launch.core import labels
 from pp_launch.core.chain.plan import ChainPlan
 

@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pp_launch.adapters import inventory_file
 from pp_launch.adapters.nvml import NvmlUnavailable, read_inventory
 from pp_launch.core import errors, hosts, labels
 from pp_launch.core.gpu.allocator import (
@@ -38,7 +39,7 @@ def load_inventory(path: str | None) -> GpuInventory:
     with the reason in `note`."""
     path = path or os.environ.get(INVENTORY_ENV) or None
     if path:
-        return GpuInventory.load(path)
+        return inventory_file.load(path)
     try:
         return read_inventory()
     except NvmlUnavailable as exc:
@@ -100,49 +101,30 @@ def parse_gpus_flag(value: str, per_stage: int) -> tuple[str, int]:
     )
 
 
-def select(
-    *,
-    mode: str,
-    stages: int,
-    per_stage: int,
-    attach: str,
-    inventory: GpuInventory,
-    engine_labels: Callable[[], list[Mapping[str, str]]],
-    environ: Mapping[str, str],
-    allow_shared: bool = False,
-    min_free_mib: int | None = None,
-) -> GpuSelection:
-    """mode (--gpus), read as `docker run --gpus` reads it: auto | none | all | N (a count: N GPUs for each
-    stage, placed as auto places them) | device=LIST or a LIST with a comma (indices or UUIDs, in stage order)."""
-    asked = mode.strip()
-    mode, per_stage = parse_gpus_flag(mode, per_stage)
-    cpu = GpuSelection([()] * stages, [()] * stages, ())
-    if mode == "none":
-        return cpu
-    if not inventory.gpus:
-        why = inventory.note or "the GPU inventory lists no GPU"
-        if asked == "auto":  # only auto falls back to CPU stages; a count or a list asked for GPUs
-            return GpuSelection(cpu.stage_gpus, cpu.device_requests, (), f"no GPU found ({why}): stages run on CPU")
-        raise errors.NotEnoughGpus(f"--gpus {asked} asks for GPUs, but {why}; use --gpus none for CPU stages")
-    if mode == "all":
-        every = tuple(g.uuid for g in inventory.gpus)
-        return GpuSelection([every] * stages, [device_requests(every, attach)] * stages, ())
-    request = _request(mode, stages, per_stage, environ, allow_shared, min_free_mib)
-    placement: Placement = allocate(inventory, request, holdings_from_labels(engine_labels()))
-    gpus = list(placement.stage_gpus)
-    return GpuSelection(gpus, [device_requests(g, attach) for g in gpus], placement.hop_levels, cost=placement.cost)
-
-
 @dataclass(frozen=True)
 class HostGpus:
-    """One host of a chain across hosts: its GPUs, and the labels of its engine's live containers."""
+    """One engine's GPUs (its inventory) and the labels of its live containers. `host` "" is the one engine of a
+    chain without --host: the one-host case of a chain across hosts."""
 
     host: str
     inventory: GpuInventory
     engine_labels: Callable[[], list[Mapping[str, str]]]
 
 
-def select_across(
+@dataclass(frozen=True)
+class _Ask:
+    """--gpus as asked and as read, with what the allocator is asked for each block."""
+
+    asked: str
+    mode: str  # auto | none | all | a list
+    request: AllocationRequest
+
+    @property
+    def explicit(self) -> bool:
+        return self.mode not in ("auto", "none", "all")
+
+
+def select(
     *,
     mode: str,
     stages: int,
@@ -155,70 +137,109 @@ def select_across(
     allow_shared: bool = False,
     min_free_mib: int | None = None,
 ) -> tuple[list[str], GpuSelection]:
-    """Each stage's host and GPUs for a chain across hosts: consecutive stages per host in --host order (core
-    hosts.assign), then the allocator on each host for its block. Exclusivity per host: that engine's labels,
-    read under its GPU lock (held by the caller)."""
+    """Each stage's host and GPUs. mode (--gpus), read as `docker run --gpus` reads it: auto | none | all | N (a
+    count: N GPUs for each stage, placed as auto places them) | device=LIST or a LIST with a comma (indices or
+    UUIDs, in stage order; one host only). Stages go in blocks of consecutive stages per host in --host order
+    (core hosts.assign), then the allocator places each block on its host. Exclusivity per host: that engine's
+    labels, read under its GPU lock (held by the caller)."""
     asked = mode.strip()
     mode, per_stage = parse_gpus_flag(mode, per_stage)
-    names = [h.host for h in hosts_gpus]
-    notes = [h.inventory.note for h in hosts_gpus if h.inventory.note and not h.inventory.gpus]
-    explicit = mode not in ("auto", "none", "all")
-    if explicit and len(hosts_gpus) > 1:
+    listed = mode if mode not in ("auto", "none", "all") else "auto"
+    ask = _Ask(asked, mode, _request(listed, 1, per_stage, environ, allow_shared, min_free_mib))
+    one_engine = _one_engine(hosts_gpus)
+    if ask.explicit and len(hosts_gpus) > 1:
         raise errors.ConfigError(
-            f"--gpus {asked} lists GPUs of one host; over several --host use auto, a count, all or none"
+            f"--gpus {ask.asked} lists GPUs of one host; over several --host use auto, a count, all or none"
         )
-    with_gpus = [h for h in hosts_gpus if h.inventory.gpus]
-    cpu = mode == "none" or (asked == "auto" and not with_gpus)
-    if not cpu and not with_gpus:
-        raise errors.NotEnoughGpus(f"--gpus {asked} asks for GPUs, but no host has any ({'; '.join(notes)})")
-    request = _request(mode if explicit else "auto", 1, per_stage, environ, allow_shared, min_free_mib)
+    cpu = _cpu_only(ask, hosts_gpus)
     holdings = [
-        holdings_from_labels(each.engine_labels()) if not cpu and each.inventory.gpus else {}
-        for each in hosts_gpus
+        holdings_from_labels(h.engine_labels()) if not cpu and h.inventory.gpus and mode != "all" else {}
+        for h in hosts_gpus
     ]
-    capacity: list[int | None] = [
-        _capacity(h.inventory, request, got, cpu or mode == "all")
-        for h, got in zip(hosts_gpus, holdings, strict=True)
+    if one_engine:
+        assignment = [0] * stages  # every stage on it (the allocator says what does not fit)
+    else:
+        any_number = cpu or mode == "all"
+        pairs = zip(hosts_gpus, holdings, strict=True)
+        capacity = [_capacity(h.inventory, ask.request, got, any_number) for h, got in pairs]
+        assignment = hosts.assign(stages, [h.host for h in hosts_gpus], capacity, placement, stages_per_host)
+    blocks = [
+        (block, _place(hosts_gpus[h].inventory, len(block), ask, holdings[h], cpu))
+        for h, block in hosts.blocks(assignment)
     ]
-    assignment = hosts.assign(stages, names, capacity, placement, stages_per_host)
+    selection = _combine(blocks, stages, attach, whole=one_engine and (cpu or mode == "all"))
+    return [hosts_gpus[h].host for h in assignment], dataclasses.replace(selection, note=_note(ask, hosts_gpus, cpu))
+
+
+def _cpu_only(ask: _Ask, hosts_gpus: Sequence[HostGpus]) -> bool:
+    """CPU stages: --gpus none, or auto where no host has a GPU. A count or a list with no GPU anywhere: exit 2."""
+    if ask.mode == "none":
+        return True
+    if any(h.inventory.gpus for h in hosts_gpus):
+        return False
+    if ask.asked == "auto":
+        return True
+    if _one_engine(hosts_gpus):
+        why = hosts_gpus[0].inventory.note or "the GPU inventory lists no GPU"
+        raise errors.NotEnoughGpus(f"--gpus {ask.asked} asks for GPUs, but {why}; use --gpus none for CPU stages")
+    notes = "; ".join(_notes(hosts_gpus))
+    raise errors.NotEnoughGpus(f"--gpus {ask.asked} asks for GPUs, but no host has any ({notes})")
+
+
+def _one_engine(hosts_gpus: Sequence[HostGpus]) -> bool:
+    return len(hosts_gpus) == 1 and not hosts_gpus[0].host
+
+
+def _notes(hosts_gpus: Sequence[HostGpus]) -> list[str]:
+    return [h.inventory.note for h in hosts_gpus if h.inventory.note and not h.inventory.gpus]
+
+
+def _note(ask: _Ask, hosts_gpus: Sequence[HostGpus], cpu: bool) -> str:
+    """What the user is told plainly (e.g. why stages run on CPU)."""
+    if cpu and ask.asked == "auto":
+        if _one_engine(hosts_gpus):
+            why = hosts_gpus[0].inventory.note or "the GPU inventory lists no GPU"
+            return f"no GPU found ({why}): stages run on CPU"
+        return f"no GPU found on any host ({'; '.join(_notes(hosts_gpus))}): stages run on CPU"
+    if notes := _notes(hosts_gpus):
+        return "hosts without GPUs take no GPU stage: " + "; ".join(notes)
+    return ""
+
+
+def _place(inventory: GpuInventory, n: int, ask: _Ask, held: Mapping[str, Holding], cpu: bool) -> Placement:
+    """One host's block of n consecutive stages."""
+    if cpu:
+        return Placement(((),) * n, (None,) * n if n > 1 else ())
+    if ask.mode == "all":
+        return Placement((tuple(g.uuid for g in inventory.gpus),) * n, ())
+    return allocate(inventory, dataclasses.replace(ask.request, stages=n), held)
+
+
+def _combine(
+    blocks: list[tuple[list[int], Placement]], stages: int, attach: str, whole: bool
+) -> GpuSelection:
+    """The blocks' placements as one chain: each stage's GPUs and device requests, each hop's level (a hop out of
+    a host is HOST_LEVEL), the summed cost. `whole`: CPU stages or --gpus all on one engine (no hops to show)."""
     stage_gpus: list[tuple[str, ...]] = [()] * stages
     requests: list[tuple[Mapping[str, Any], ...]] = [()] * stages
     hops: list[int | None] = [None] * stages
-    within = ring = 0
-    exact, candidates, costed = True, 0, False
-    blocks = hosts.blocks(assignment)
-    for h, block in blocks:
-        host = hosts_gpus[h]
-        if cpu:
-            placed = Placement(((),) * len(block), (None,) * len(block) if len(block) > 1 else ())
-        elif mode == "all":
-            every = tuple(g.uuid for g in host.inventory.gpus)
-            placed = Placement((every,) * len(block), ())
-        else:
-            sub = dataclasses.replace(request, stages=len(block))
-            placed = allocate(host.inventory, sub, holdings[h])
+    costs = [placed.cost for _, placed in blocks if placed.cost is not None]
+    for block, placed in blocks:
         for i, k in enumerate(block):
             stage_gpus[k] = placed.stage_gpus[i]
             requests[k] = device_requests(placed.stage_gpus[i], attach)
-            if i + 1 < len(block):
-                hops[k] = placed.hop_levels[i] if placed.hop_levels else None
-        last = block[-1]
+            if i + 1 < len(block) or len(blocks) == 1:
+                hops[k] = placed.hop_levels[i] if i < len(placed.hop_levels) else None
         if len(blocks) > 1:
-            hops[last] = HOST_LEVEL  # out of this host, to the next one (or back to stage 0's)
-        elif len(block) > 1:
-            hops[last] = placed.hop_levels[-1] if placed.hop_levels else None
-        if placed.cost is not None:
-            costed = True
-            within, ring = within + placed.cost.within, ring + placed.cost.hops
-            exact, candidates = exact and placed.cost.exact, candidates + placed.cost.candidates
-    hosts_of = [names[h] for h in assignment]
-    cost = PlacementCost(within, ring, exact, candidates) if costed else None
-    note = ""
-    if cpu and asked == "auto":
-        note = f"no GPU found on any host ({'; '.join(notes)}): stages run on CPU"
-    elif notes:
-        note = "hosts without GPUs take no GPU stage: " + "; ".join(notes)
-    return hosts_of, GpuSelection(stage_gpus, requests, tuple(hops) if stages > 1 else (), note, cost)
+            hops[block[-1]] = HOST_LEVEL  # out of this host, to the next one (or back to stage 0's)
+    cost = None
+    if costs:
+        cost = PlacementCost(
+            sum(c.within for c in costs), sum(c.hops for c in costs), all(c.exact for c in costs),
+            sum(c.candidates for c in costs),
+        )  # fmt: skip
+    shown = tuple(hops) if stages > 1 and not whole else ()
+    return GpuSelection(stage_gpus, requests, shown, cost=cost)
 
 
 def _capacity(

@@ -9,15 +9,15 @@ archive) prints the inventory of contract §7. The GPUs held there are read from
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
+from pp_launch.adapters import inventory_file
 from pp_launch.adapters.docker_engine import Engine, connect
+from pp_launch.adapters.probe import PROBE_BOOT, probe_files
 from pp_launch.app import gpus as gpu_select
 from pp_launch.core import errors, labels
 from pp_launch.core.chain.plan import BUILTIN_IMAGE
@@ -25,26 +25,6 @@ from pp_launch.core.gpu.inventory import GpuInventory
 from pp_launch.core.gpu.requests import gpu_request
 
 MIN_API = (1, 40)  # DeviceRequests (--gpus) came with API 1.40 (Docker 19.03)
-PROBE_DIR = "pp-probe"
-PROBE_MODULES = (
-    "pp_launch/__init__.py",
-    "pp_launch/core/__init__.py",
-    "pp_launch/core/errors.py",
-    "pp_launch/core/gpu/__init__.py",
-    "pp_launch/core/gpu/inventory.py",
-    "pp_launch/adapters/__init__.py",
-    "pp_launch/adapters/nvml.py",
-)
-PROBE_BOOT = f"""
-import json, sys
-sys.path.insert(0, "/tmp/{PROBE_DIR}")
-from pp_launch.adapters import nvml
-try:
-    doc = {{"inventory": nvml.read_inventory().to_json()}}
-except nvml.NvmlUnavailable as exc:
-    doc = {{"note": str(exc)}}
-print(json.dumps(doc))
-"""
 
 
 @dataclass
@@ -129,17 +109,6 @@ def check_image(hosts: Sequence[Host], image: str) -> None:
         )
 
 
-def probe_files() -> dict[str, bytes]:
-    """What the probe needs inside the container: our NVML reader, its imports, and nvidia-ml-py's pynvml."""
-    package = Path(__file__).resolve().parents[2]  # the folder that holds pp_launch/
-    files = {f"{PROBE_DIR}/{rel}": (package / rel).read_bytes() for rel in PROBE_MODULES}
-    spec = importlib.util.find_spec("pynvml")
-    if spec is None or spec.origin is None:
-        raise errors.ConfigError("the nvidia-ml-py package is not installed: the GPU probe needs its pynvml.py")
-    files[f"{PROBE_DIR}/pynvml.py"] = Path(spec.origin).read_bytes()
-    return files
-
-
 def probe_requests(attach: str) -> tuple[list[Mapping[str, Any]], dict[str, str]]:
     """Every GPU of the host, attached the way the chain's stages will be (--gpu-attach)."""
     env = {"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "utility"}
@@ -204,7 +173,7 @@ def host_gpus(
 
     def one(h: Host) -> gpu_select.HostGpus:
         path = overrides.get(h.name) or every
-        inventory = GpuInventory.load(path) if path else probe_inventory(h, image, attach, run_id, owner)
+        inventory = inventory_file.load(path) if path else probe_inventory(h, image, attach, run_id, owner)
         engine = h.engine
         return gpu_select.HostGpus(h.name, inventory, lambda: live_gpu_labels(engine))
 

@@ -9,11 +9,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from pp_launch.adapters import bringup
+from pp_launch.adapters import bringup, identity
 from pp_launch.adapters.docker_engine import ContainerInfo, DockerStageBackend, Engine
+from pp_launch.adapters.inbox import QueueInbox
+from pp_launch.adapters.runtime import ThreadRuntime
 from pp_launch.core import errors, labels
 from pp_launch.core.announce import AnnouncementError, parse_line
-from pp_launch.core.chain.ports import QueueInbox
 from pp_launch.core.chain.scope import ChainOutcome, ChainScope, Found, QuietReporter
 from pp_launch.core.errors import EngineError
 from pp_launch.core.gpu.inventory import GpuInventory
@@ -25,7 +26,7 @@ def orphans(engine: Engine) -> list[ContainerInfo]:
     launcher's. A run's hand-over marker goes with the rest of its run, or once no stage of its run is left."""
     found = engine.containers(labels.run_selector())
     handed = bringup.handed_over_runs(found)
-    gone = [c for c in found if not bringup.is_marker(c) and labels.owner_is_gone(bringup.owner_of(c, handed))]
+    gone = [c for c in found if not bringup.is_marker(c) and identity.owner_is_gone(bringup.owner_of(c, handed))]
     return gone + _ended_markers(found)
 
 
@@ -120,7 +121,8 @@ def stop_runs(
         backend = DockerStageBackend(engine)
         adopted = [Found(c.id, c.name, c.state == "running") for c in found]
         inbox = QueueInbox()
-        scope = ChainScope.adopt(run, adopted, backend, inbox, QuietReporter(), grace, kill_wait=kill_wait)
+        quiet, runtime = QuietReporter(), ThreadRuntime()
+        scope = ChainScope.adopt(run, adopted, backend, inbox, quiet, grace, runtime, kill_wait=kill_wait)
         return scope.stop(reason)
 
     with ThreadPoolExecutor(max_workers=max(1, min(len(runs), 8)), thread_name_prefix="down") as pool:
@@ -135,9 +137,9 @@ def owner_status(owner: str) -> str:
     parsed = labels.Owner.parse(owner)
     if parsed is None:
         return "unknown: not ours to judge"
-    if (why := parsed.judge_here()) is not None:
+    if (why := identity.judge_here(parsed)) is not None:
         return why
-    return "alive" if parsed.is_alive() else "gone"
+    return "alive" if identity.is_alive(parsed) else "gone"
 
 
 ANNOUNCE_SCAN_LINES = 2000  # an announcement comes early; a stage that floods without one is not read to its end

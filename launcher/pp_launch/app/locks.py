@@ -16,10 +16,11 @@ other.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from pp_launch.adapters.docker_engine import Engine, Held
@@ -140,3 +141,22 @@ class GpuLocks:
         while self.held:
             _, got = self.held.popitem()
             got.release()
+
+
+@contextlib.contextmanager
+def reserve(
+    sites: Sequence[LockSite],
+    image: str,
+    run_id: str,
+    owner: str,
+    say: Callable[[str], None] = lambda text: None,
+    stop_requested: Callable[[], int | None] = lambda: None,
+) -> Iterator[GpuLocks]:
+    """The one reservation scope of a launch (the chain and pp-gpu-node): inside it the engines' GPU locks are
+    taken when GPUs are picked (`acquire`), released early once every stage exists (`release`, idempotent: the
+    stages' labels then hold the GPUs), and always when the block ends, however it ends."""
+    locks = GpuLocks(sites, image, run_id, owner, say, stop_requested)
+    try:
+        yield locks
+    finally:
+        locks.release()

@@ -13,51 +13,27 @@ Unlike `exec docker run`, it cannot orphan its container:
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 import os
 import signal
-import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pp_launch.adapters import watchdog
+from pp_launch.adapters import identity, local, watchdog
 from pp_launch.adapters.docker_engine import DockerStageBackend, Engine, connect
+from pp_launch.adapters.inbox import QueueInbox
 from pp_launch.app import gpus as gpu_select
 from pp_launch.app.chain import ensure_image, sweep_dead_owners
 from pp_launch.app.hosts import live_gpu_labels
-from pp_launch.app.locks import GpuLocks, LockSite
+from pp_launch.app.locks import GpuLocks, LockSite, reserve
 from pp_launch.core import errors, labels, stage_env
-from pp_launch.core.chain.plan import BUILTIN_IMAGE, Mount, StageSpec, new_run_id
-from pp_launch.core.chain.ports import Inbox, QueueInbox, StageBackend, StageGone, StageOutput, StopRequested
+from pp_launch.core.chain.plan import BUILTIN_IMAGE, Mount, StageSpec
+from pp_launch.core.chain.ports import Inbox, StageBackend, StageGone, StageOutput, StopRequested
 from pp_launch.core.gpu.requests import gpu_request
 from pp_launch.core.stage_env import FORWARD_ENV, NODE_FORWARDED, RUN_ENV
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        try:
-            n = os.write(fd, view)
-        except BrokenPipeError:
-            return  # our reader is gone; the stage runs on until stopped (the lifeline covers our death)
-        view = view[n:]
-
-
-def _watch_parent_lifeline(inbox: QueueInbox) -> None:
-    """A child of `chain --gpu-node`: our stdin is a pipe the launcher holds and never writes. Its end (the
-    launcher died, SIGKILL included) is a stop request, so the stage is torn down as for SIGTERM."""
-
-    def watch() -> None:
-        with contextlib.suppress(OSError):
-            while os.read(0, 4096):
-                pass
-        inbox.put(StopRequested(signal.SIGTERM))
-
-    threading.Thread(target=watch, daemon=True, name="parent-lifeline").start()
 
 
 def run_node(environ: Mapping[str, str], args: tuple[str, ...], inbox: QueueInbox, say: Callable[[str], None]) -> int:
@@ -65,7 +41,7 @@ def run_node(environ: Mapping[str, str], args: tuple[str, ...], inbox: QueueInbo
     already be arriving in `inbox`."""
     config = NodeConfig.from_env(environ, args)
     if environ.get(stage_env.PARENT_LIFELINE) == "stdin":
-        _watch_parent_lifeline(inbox)
+        local.on_stdin_end(lambda: inbox.put(StopRequested(signal.SIGTERM)))
     engine = connect()
     if engine.image_labels(config.image) is None:
         if config.image != BUILTIN_IMAGE:
@@ -77,13 +53,11 @@ def run_node(environ: Mapping[str, str], args: tuple[str, ...], inbox: QueueInbo
     if environ.get("PP_LAUNCH_SWEEP", "1") not in ("0", "false", "no", "off"):
         sweep_dead_owners(engine, say)
     _free_name(engine, config.name, say)
-    owner = labels.Owner.current().label()
-    run_id = config.run_id or new_run_id()
-    locks = GpuLocks([LockSite(engine.address, engine, engine.identity()[0])], config.image, run_id, owner, say)
-    try:
+    owner = identity.current_owner().label()
+    run_id = config.run_id or identity.new_run_id()
+    site = LockSite(engine.address, engine, engine.identity()[0])
+    with reserve([site], config.image, run_id, owner, say) as locks:
         return _run_locked(config, environ, engine, locks, run_id, owner, inbox, say)
-    finally:
-        locks.release()
 
 
 def _run_locked(
@@ -101,13 +75,12 @@ def _run_locked(
         inventory = gpu_select.load_inventory(None)
         if inventory.gpus:
             locks.acquire()  # released once the container exists (its labels then hold the GPU), or on the way out
-        choice = gpu_select.select(
+        _, choice = gpu_select.select(
             mode="auto",
             stages=1,
             per_stage=1,
             attach="request",
-            inventory=inventory,
-            engine_labels=lambda: live_gpu_labels(engine),
+            hosts_gpus=[gpu_select.HostGpus("", inventory, lambda: live_gpu_labels(engine))],
             environ=environ,
         )
         uuids = choice.stage_gpus[0]
@@ -115,15 +88,14 @@ def _run_locked(
         if choice.note:
             say(choice.note)
     spec = dataclasses.replace(config, run_id=run_id).spec(environ, owner, gpus)
-    for m in spec.mounts:
-        os.makedirs(m.host, exist_ok=True)
+    local.ensure_dirs([m.host for m in spec.mounts])
     guard = watchdog.spawn(run_id, config.grace)  # before the container exists: no moment is uncovered
     backend = DockerStageBackend(engine, split_lines=False, expected=1, on_all_created=locks.release)
     try:
         ref = backend.create(spec, spec.env)
         streams = {"stdout": 1, "stderr": 2}
         supervisor = NodeSupervisor(
-            backend, inbox, lambda stream, data: _write_all(streams[stream], data), config.grace
+            backend, inbox, lambda stream, data: local.write_all(streams[stream], data), config.grace
         )
         return supervisor.run(ref, config.stage)
     finally:
@@ -141,7 +113,7 @@ def _free_name(engine: Engine, name: str, say: Callable[[str], None]) -> None:
             f"container {name} exists and was not made by pp-launch; remove it yourself if it is stale "
             f"(docker rm -f {name}) or choose another PP_CONTAINER_PREFIX"
         )
-    if labels.owner_is_gone(owner):
+    if identity.owner_is_gone(owner):
         engine.remove(name)
         say(f"removed stale container {name}: its owner {owner} is gone")
         return
@@ -276,7 +248,7 @@ class NodeConfig:
         return tuple(mounts)
 
     def spec(self, environ: Mapping[str, str], owner: str, gpus: GpuRequest) -> StageSpec:
-        run_id = self.run_id or new_run_id()
+        run_id = self.run_id or identity.new_run_id()
         return StageSpec(
             index=self.stage,
             name=self.name,

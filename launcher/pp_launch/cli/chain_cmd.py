@@ -8,18 +8,15 @@ from typing import Any
 
 import click
 
-from pp_launch.adapters.docker_engine import connect
-from pp_launch.app import chain as launch
 from pp_launch.app import gpus as gpu_select
-from pp_launch.app import hosts as across
-from pp_launch.app.locks import GpuLocks, LockSite
+from pp_launch.app.launch import GpuOptions, Hooks, Launched, LaunchRequest, launch, plan_launch
 from pp_launch.cli import signals
 from pp_launch.cli.main import main
 from pp_launch.cli.options import Seconds, gpu_options, host_options, stage_options, swactor_options
 from pp_launch.cli.report import JsonReporter, LiveReporter, PlainReporter
 from pp_launch.cli.tables import gpu_names
-from pp_launch.core import errors, hosts, labels
-from pp_launch.core.chain.plan import ChainRequest, new_run_id
+from pp_launch.core import errors, hosts
+from pp_launch.core.chain.plan import ChainPlan, ChainRequest
 from pp_launch.core.chain.scope import ChainOutcome
 
 FILE_SKIPS = {"file", "as_json", "dry_run", "detach", "help", "verbose", "quiet"}  # not settable from a chain file
@@ -132,6 +129,7 @@ def load_chain_file(ctx: click.Context, param: click.Parameter, value: str | Non
 @click.option("--json", "as_json", is_flag=True, help="Events as JSON lines on stdout; stage lines on stderr.")
 @click.option("--dry-run", is_flag=True, help="Print the plan (GPUs, env, labels) and start nothing.")
 @click.option(
+    "-d",
     "--detach",
     is_flag=True,
     help="Bring the chain up, print its run id (alone, on stdout), exit 0; then only 'pp-launch down' ends it. "
@@ -157,7 +155,7 @@ def chain(
     ctx: click.Context,
     stages: int,
     image: str,
-    gpu: launch.GpuOptions,
+    gpu: GpuOptions,
     seed: tuple[tuple[str, str], ...],
     entrypoint: str | None,
     network: str,
@@ -192,71 +190,48 @@ def chain(
       pp-launch chain --stages 8 --host gpu1 --host gpu2 --gpus-per-stage 2   (Docker contexts)
     """
     verbosity = ctx.obj["verbosity"]
-    request = ChainRequest(
-        stages=stages,
-        image=image,
-        network=network,
-        name_prefix=name_prefix,
-        env=seed + env,
-        stage_env=stage_env,
-        addr_timeout=addr_timeout,
-        grace=grace,
-        lifeline=True,  # a detached run is its launcher's until it is up (bringup.py)
-        entrypoint=(entrypoint,) if entrypoint else None,
-        handoff=handoff,
-        parallel=bring_up == "parallel",
+    request = LaunchRequest(
+        ChainRequest(
+            stages=stages,
+            image=image,
+            network=network,
+            name_prefix=name_prefix,
+            env=seed + env,
+            stage_env=stage_env,
+            addr_timeout=addr_timeout,
+            grace=grace,
+            lifeline=True,  # a detached run is its launcher's until it is up (bringup.py)
+            entrypoint=(entrypoint,) if entrypoint else None,
+            handoff=handoff,
+            parallel=bring_up == "parallel",
+        ),
+        gpu,
+        hosts=host_names,
+        placement=placement,
+        stages_per_host=stages_per_host,
+        detach=detach,
+        sweep=sweep,
+        gpu_node=gpu_node,
     )
-    if handoff == "stdin" and bring_up == "in-turn":
-        raise click.UsageError("--handoff stdin needs --bring-up parallel: it starts every worker at once")
-    if handoff == "stdin" and gpu_node:
-        raise click.UsageError("--handoff stdin and --gpu-node do not go together: pp-gpu-node children take "
-                               "their peers from the environment")  # fmt: skip
-    if detach and gpu_node:
-        raise click.UsageError("--detach and --gpu-node do not go together: child processes end with the launcher")
-    names = hosts.parse_hosts(host_names)
-    if stages_per_host is not None and not names:
-        raise click.UsageError("--stages-per-host needs --host (a chain across hosts)")
-    if names and gpu_node:
-        raise click.UsageError("--host and --gpu-node do not go together: child processes run on this machine")
-    say = (lambda t: click.echo(f"pp-launch: {t}", err=True)) if verbosity >= 0 or as_json else (lambda t: None)
-    if names:
-        where = launch.HostOptions(names, placement, stages_per_host)
-        _across(ctx, request, gpu, where, as_json, dry_run, detach, sweep, say)
-        return
     if dry_run:
-        _dry_run(request, gpu, as_json)
+        _print_plan(plan_launch(request), as_json, gpu.inventory_path)
         return
-    launch.check_image_name(image)
-    engine = connect()
-    launch.ensure_image(engine, image, say)
-    if sweep:
-        launch.sweep_dead_owners(engine, say)
-    owner = labels.OWNER_DETACHED if detach else None
+    say = (lambda t: click.echo(f"pp-launch: {t}", err=True)) if verbosity >= 0 or as_json else (lambda t: None)
+    reporters: list[Any] = []
+
+    def reporter(plan: ChainPlan) -> Any:
+        reporters.append(_reporter(plan.run_id, stages, verbosity, as_json, detach))
+        return reporters[0]
+
     signals.install()  # already done by the console entry; here for programs that call main() directly
-    site = LockSite(engine.address, engine, engine.identity()[0])
-    locks = GpuLocks([site], image, new_run_id(), labels.Owner.current().label(), say, signals.pending)
+    hooks = Hooks(say, reporter, lambda scope: signals.route_to(scope.request_stop), signals.pending)
     try:
-        plan, note = launch.plan_chain(request, gpu, engine, owner=owner, locks=locks)
-        if note:
-            click.echo(f"pp-launch: {note}", err=True)
-        reporter = _reporter(plan.run_id, stages, verbosity, as_json, detach)
-        if (held := signals.pending()) is not None:  # stopped while planning: nothing was started
-            sys.exit(errors.exit_code_for_signal(held))
-        try:
-            outcome = launch.run_chain(
-                plan,
-                engine,
-                reporter,
-                lambda scope: signals.route_to(scope.request_stop),
-                detach=detach,
-                gpu_node=gpu_node,
-                locks=locks,
-            )
-        finally:
-            reporter.close()
+        done = launch(request, hooks)
     finally:
-        locks.release()
-    _finish(outcome, plan.run_id, as_json, said=getattr(reporter, "said", ""))
+        for r in reporters:
+            r.close()
+    assert done.outcome is not None
+    _finish(done.outcome, done.plan.run_id, as_json, said=getattr(reporters[0], "said", "") if reporters else "")
 
 
 def _reporter(run_id: str, stages: int, verbosity: int, as_json: bool, detach: bool) -> Any:
@@ -292,20 +267,10 @@ def _finish(outcome: ChainOutcome, run_id: str, as_json: bool, said: str = "") -
     sys.exit(outcome.exit_code)
 
 
-def _dry_run(request: ChainRequest, gpu: launch.GpuOptions, as_json: bool) -> None:
-    try:
-        engine = connect(timeout=5)
-    except errors.EngineUnavailable:
-        engine = None
-    plan, note = launch.plan_chain(request, gpu, engine)
-    warning = (
-        "" if engine is not None else "no Docker engine answered: GPUs held by running containers were not checked"
-    )
-    names = gpu_names(gpu_select.load_inventory(gpu.inventory_path)) if any(s.gpus for s in plan.stages) else {}
-    _print_plan(plan, note, as_json, names, warning)
-
-
-def _print_plan(plan: Any, note: str, as_json: bool, names: dict[str, str], warning: str = "") -> None:
+def _print_plan(done: Launched, as_json: bool, inventory_path: str | None) -> None:
+    plan, note, warning = done.plan, done.note, done.warning
+    local = any(s.gpus for s in plan.stages) and not plan.hosts
+    names = gpu_names(gpu_select.load_inventory(inventory_path)) if local else {}
     doc = plan.to_json()
     if note:
         doc["note"] = note
@@ -332,53 +297,3 @@ def _print_plan(plan: Any, note: str, as_json: bool, names: dict[str, str], warn
     for extra in ("note", "warning"):
         if extra in doc:
             click.echo(f"  {extra}: {doc[extra]}")
-
-
-def _across(
-    ctx: click.Context,
-    request: ChainRequest,
-    gpu: launch.GpuOptions,
-    where: launch.HostOptions,
-    as_json: bool,
-    dry_run: bool,
-    detach: bool,
-    sweep: bool,
-    say: Any,
-) -> None:
-    """A chain across hosts: every host reached and checked before anything starts, then one run over all."""
-    launch.check_image_name(request.image)
-    reached = across.connect_all(where.names)
-    sites = [LockSite(h.name, h.engine, h.engine_id) for h in reached]
-    signals.install()
-    locks = GpuLocks(sites, request.image, new_run_id(), labels.Owner.current().label(), say, signals.pending)
-    try:
-        across.check_image(reached, request.image)
-        if dry_run:
-            plan, note = launch.plan_chain_across(request, gpu, reached, where)
-            _print_plan(plan, note, as_json, {})
-            return
-        if sweep:
-            for h in reached:
-                launch.sweep_dead_owners(h.engine, say)
-        owner = labels.OWNER_DETACHED if detach else None
-        # the locks are taken while planning, released once every stage exists (their labels then hold the GPUs)
-        plan, note = launch.plan_chain_across(request, gpu, reached, where, owner=owner, locks=locks)
-        if note:
-            say(note)
-        say(f"run {plan.run_id} across {len(reached)} hosts: " + "; ".join(
-            f"{h}: stages {', '.join(str(s.index) for s in plan.stages if s.host == h)}" for h in plan.hosts
-        ))  # fmt: skip
-        reporter = _reporter(plan.run_id, request.stages, ctx.obj["verbosity"], as_json, detach)
-        if (held := signals.pending()) is not None:
-            sys.exit(errors.exit_code_for_signal(held))
-        try:
-            outcome = launch.run_chain(
-                plan, reached[0].engine, reporter, lambda scope: signals.route_to(scope.request_stop),
-                detach=detach, reached=reached, locks=locks,
-            )  # fmt: skip
-        finally:
-            reporter.close()
-    finally:
-        locks.release()
-        across.close_all(reached)
-    _finish(outcome, plan.run_id, as_json, said=getattr(reporter, "said", ""))

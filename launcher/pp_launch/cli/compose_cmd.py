@@ -7,11 +7,9 @@ import shlex
 
 import click
 
-from pp_launch.adapters.docker_engine import connect
-from pp_launch.app import chain as launch
+from pp_launch.app import launch
 from pp_launch.cli.main import main
 from pp_launch.cli.options import gpu_options, stage_options, swactor_options
-from pp_launch.core import errors
 from pp_launch.core.chain.plan import ChainRequest
 
 
@@ -84,25 +82,15 @@ def compose(
         raise click.BadParameter(
             "use lowercase letters, digits, '-' and '_', starting with a letter or digit", param_hint="--project"
         )
-    request = ChainRequest(
-        stages=stages,
-        image=image,
-        env=seed + env,
-        stage_env=stage_env,
-        lifeline=False,
-    )
-    command = (entrypoint,) if entrypoint else tuple(shlex.split(worker_cmd))
-    try:
-        engine = connect(timeout=5) if gpu.mode != "none" else None
-    except errors.EngineUnavailable:
-        engine = None
-    plan, note = launch.plan_chain(
-        request,
+    request = launch.LaunchRequest(
+        ChainRequest(stages=stages, image=image, env=seed + env, stage_env=stage_env, lifeline=False),
         gpu,
-        engine,
         owner=compose_file.owner_for(project),
         run_id=compose_file.run_id_for(project),
     )
+    command = (entrypoint,) if entrypoint else tuple(shlex.split(worker_cmd))
+    planned = launch.plan_launch(request)
+    plan, note = planned.plan, planned.note
     if note:
         click.echo(f"pp-launch: {note}", err=True)
     click.echo(compose_file.render(plan, project, _canonical(ctx), command, addr_timeout), nl=False)

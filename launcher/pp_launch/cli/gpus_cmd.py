@@ -6,13 +6,14 @@ import json
 
 import click
 
+from pp_launch.adapters import identity, inventory_file
 from pp_launch.adapters.docker_engine import connect
 from pp_launch.app import gpus as gpu_select
 from pp_launch.app import hosts as across
 from pp_launch.app.hosts import live_gpu_labels
 from pp_launch.cli.main import main
-from pp_launch.core import errors, hosts, labels
-from pp_launch.core.chain.plan import BUILTIN_IMAGE, new_run_id
+from pp_launch.core import errors, hosts
+from pp_launch.core.chain.plan import BUILTIN_IMAGE
 
 
 @main.command()
@@ -64,11 +65,11 @@ def gpus(
         reached = across.connect_all(hosts.parse_hosts([host]))
         try:
             across.check_image(reached, image)
-            owner = labels.Owner.current().label()
+            owner = identity.current_owner().label()
             if gpu_inventory:
                 inventory = gpu_select.load_inventory(gpu_inventory)
             else:
-                inventory = across.probe_inventory(reached[0], image, gpu_attach, new_run_id(), owner)
+                inventory = across.probe_inventory(reached[0], image, gpu_attach, identity.new_run_id(), owner)
             held = holders_by_uuid(live_gpu_labels(reached[0].engine))
         finally:
             across.close_all(reached)
@@ -79,7 +80,7 @@ def gpus(
         except errors.EngineUnavailable:
             held = {}
     if record:
-        inventory.save(record)
+        inventory_file.save(inventory, record)
     if inventory.note:
         click.echo(inventory.note, err=True)
     if as_json:

@@ -7,8 +7,8 @@ from collections.abc import Callable
 
 import click
 
+from pp_launch.adapters import images
 from pp_launch.adapters.docker_engine import connect
-from pp_launch.app import images
 from pp_launch.cli.main import main
 
 

@@ -2,15 +2,32 @@
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 import click
 
 from pp_launch import __version__
 from pp_launch.cli import signals
-from pp_launch.cli.options import mapped_errors
+from pp_launch.cli.boundary import mapped_errors
 
 ENVVARS = "PP_LAUNCH"
+
+# Each command's module, imported only when the command runs (docker, rich and the rest load there), and its one
+# line in `pp-launch --help`.
+COMMANDS = {
+    "chain": ("chain_cmd", "Start a chain of stages and supervise it until it ends."),
+    "compose": ("compose_cmd", "Write a chain as a Compose project."),
+    "down": ("housekeeping_cmd", "Stop runs: SIGTERM, grace, SIGKILL, removal confirmed."),
+    "gc": ("housekeeping_cmd", "Remove containers whose launcher is gone."),
+    "gpus": ("gpus_cmd", "Show the GPUs, their use and who holds each."),
+    "images": ("images_cmd", "Build the images pp-launch needs, with no registry."),
+    "logs": ("runs_cmd", "Print a run's output, each line prefixed with its stage."),
+    "node": ("node_cmd", "Run one stage container in the foreground (pp-gpu-node)."),
+    "ps": ("housekeeping_cmd", "List runs and their stages."),
+    "wait": ("runs_cmd", "Wait until a run is up, or until it ended."),
+    "worker": ("worker_cmd", "Drive and check GPU workers over the worker wire."),
+}
 
 
 def _verbosity(ctx: click.Context, param: click.Parameter, value: Any) -> None:
@@ -29,8 +46,30 @@ class Commands(click.Group):
         with mapped_errors():
             return super().invoke(ctx)
 
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(COMMANDS) | set(self.commands))
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in COMMANDS:
+            importlib.import_module(f"pp_launch.cli.{COMMANDS[cmd_name][0]}")  # registers itself on `main`
+        return self.commands.get(cmd_name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The command list without importing any command: each one's line from COMMANDS."""
+        names = self.list_commands(ctx)
+        limit = formatter.width - 6 - max(len(n) for n in names)
+        rows = []
+        for name in names:
+            loaded = self.commands.get(name)
+            text = loaded.get_short_help_str(limit) if loaded else COMMANDS[name][1]
+            rows.append((name, text))
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
     def add_command(self, cmd: click.Command, name: str | None = None) -> None:
         name = name or cmd.name
+        if name in COMMANDS and cmd.short_help is None:
+            cmd.short_help = COMMANDS[name][1]  # one line in --help, imported or not
         if name != "node":
             cmd.params += [
                 click.Option(
@@ -72,14 +111,8 @@ def main(ctx: click.Context, verbose: int, quiet: bool) -> None:
         signals.release()  # nothing of theirs needs a teardown: Ctrl-C interrupts them as usual
 
 
-# Each command module registers its commands on `main` when imported (after `main` exists).
-from pp_launch.cli import (  # noqa: E402, F401
-    chain_cmd,
-    compose_cmd,
-    gpus_cmd,
-    housekeeping_cmd,
-    images_cmd,
-    node_cmd,
-    runs_cmd,
-    worker_cmd,
-)
+def load_all() -> click.Group:
+    """Every command imported (what the lazy group defers): for tools that walk the whole tree."""
+    for module, _ in COMMANDS.values():
+        importlib.import_module(f"pp_launch.cli.{module}")
+    return main

@@ -7,11 +7,12 @@ import sys
 
 import click
 
+from pp_launch.adapters.inbox import QueueInbox
 from pp_launch.app import node
 from pp_launch.cli import signals
+from pp_launch.cli.boundary import mapped_errors
 from pp_launch.cli.main import main
-from pp_launch.cli.options import mapped_errors
-from pp_launch.core.chain.ports import QueueInbox, StopRequested
+from pp_launch.core.chain.ports import StopRequested
 
 
 @main.command("node", context_settings={"ignore_unknown_options": True})

@@ -2,40 +2,22 @@
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 import os
-import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import click
 
-from pp_launch.app import chain as launch
 from pp_launch.app import gpus as gpu_select
-from pp_launch.core import errors, hosts
+from pp_launch.app import launch
+from pp_launch.core import hosts
 from pp_launch.core import stage_env as stage_env_names
 from pp_launch.core.chain.plan import BUILTIN_IMAGE
 from pp_launch.core.stage_env import parse_assignment
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-def message(exc: errors.PpLaunchError, prog: str = "pp-launch") -> str:
-    """The one way a library error reaches a user: one plain line, prefixed by the program."""
-    return f"{prog}: error: {exc}"
-
-
-@contextlib.contextmanager
-def mapped_errors(prog: str = "pp-launch") -> Iterator[None]:
-    """The error boundary: our own errors become one plain message and their exit code (contract §5); no
-    traceback. The `pp-launch` group runs every command inside it, and `pp-gpu-node` runs inside it too."""
-    try:
-        yield
-    except errors.PpLaunchError as exc:
-        click.echo(message(exc, prog), err=True)
-        sys.exit(exc.exit_code)
 
 
 def stage_options(f: F) -> F:

@@ -7,7 +7,7 @@ import sys
 import click
 
 from pp_launch.adapters.docker_engine import connect
-from pp_launch.app import chain as launch
+from pp_launch.app import chain as steps
 from pp_launch.cli.main import main
 from pp_launch.cli.options import parse_env
 from pp_launch.core import errors
@@ -73,9 +73,9 @@ def worker_check(
     from pp_launch.app.worker_check import check
 
     verbose = ctx.obj["verbosity"] > 0
-    launch.check_image_name(image, "IMAGE")
+    steps.check_image_name(image, "IMAGE")
     engine = connect()
-    launch.ensure_image(engine, image, lambda text: click.echo(f"pp-launch: {text}", err=True))
+    steps.ensure_image(engine, image, lambda text: click.echo(f"pp-launch: {text}", err=True))
     ok = check(
         engine,
         image,

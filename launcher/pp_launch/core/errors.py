@@ -28,6 +28,10 @@ class ConfigError(PpLaunchError):
     exit_code = EXIT_USAGE
 
 
+class UsageError(ConfigError):
+    """Options that do not go together (a LaunchRequest checks its own rules when it is made)."""
+
+
 class EngineUnavailable(ConfigError):
     """The Docker engine does not answer."""
 

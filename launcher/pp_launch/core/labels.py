@@ -1,4 +1,5 @@
-"""Container labels (contract §6) and the launcher's owner identity.
+"""Container labels (contract §6) and the launcher's owner identity (pure: the process facts come from
+adapters/identity.py).
 
 The owner value `<hostname>:<pid>:<start time>` identifies a launcher process without being fooled by
 pid reuse: a pid that is alive but started at another time is a different process.
@@ -6,8 +7,7 @@ pid reuse: a pid that is alive but started at another time is a different proces
 
 from __future__ import annotations
 
-import os
-import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 
 RUN = "pp-launch.run"
@@ -25,39 +25,9 @@ OWNER_DETACHED = "detached"
 OWNER_COMPOSE_PREFIX = "compose:"
 
 
-def process_start_time(pid: int) -> str | None:
-    """Start time of `pid` in clock ticks since boot (/proc/PID/stat field 22), or None if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    # The command name (field 2) may hold spaces and parentheses: split after the last ')'.
-    fields = stat.rsplit(")", 1)[-1].split()
-    return fields[19] if len(fields) > 19 else None
-
-
 def ascii_int(text: str) -> int | None:
     """A label's number, read strictly: ASCII digits only (str.isdigit() takes '²', which int() refuses)."""
     return int(text) if text.isascii() and text.isdigit() and len(text) <= 18 else None
-
-
-def pid_namespace(pid: int | str = "self") -> str | None:
-    """The inode of a process's PID namespace: pids compare only within one namespace."""
-    try:
-        link = os.readlink(f"/proc/{pid}/ns/pid")  # "pid:[4026531836]"
-    except OSError:
-        return None
-    inode = link.partition("[")[2].rstrip("]")
-    return inode if inode.isascii() and inode.isdigit() else None
-
-
-def boot_id() -> str | None:
-    try:
-        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
-            return f.read().strip().replace("-", "") or None
-    except OSError:
-        return None
 
 
 @dataclass(frozen=True)
@@ -70,11 +40,6 @@ class Owner:
     start_time: str
     pidns: str | None = None
     boot: str | None = None
-
-    @classmethod
-    def current(cls) -> Owner:
-        pid = os.getpid()
-        return cls(socket.gethostname(), pid, process_start_time(pid) or "0", pid_namespace(), boot_id())
 
     @classmethod
     def parse(cls, value: str) -> Owner | None:
@@ -98,29 +63,33 @@ class Owner:
         extra = "".join(f":{k}-{v}" for k, v in (("pidns", self.pidns), ("boot", self.boot)) if v)
         return f"{self.host}:{self.pid}:{self.start_time}{extra}"
 
-    def is_local(self) -> bool:
-        return self.host == socket.gethostname()
-
-    def judge_here(self) -> str | None:
-        """Why this owner's liveness cannot be judged from this process (None: it can)."""
-        if not self.is_local():
+    def judge(self, here: Here) -> str | None:
+        """Why this owner's liveness cannot be judged from `here` (None: it can; then the pid and its start time
+        decide, adapters/identity.py)."""
+        if self.host != here.host:
             return "owner on another host: not judged"
-        if self.boot is not None and self.boot != boot_id():
+        if self.boot is not None and self.boot != here.boot:
             return "owner from another boot: not judged"
-        if self.pidns is not None and self.pidns != pid_namespace():
+        if self.pidns is not None and self.pidns != here.pidns:
             return "owner in another PID namespace: not judged"
         return None
 
-    def is_alive(self) -> bool:
-        """Only meaningful where judge_here() is None: the pid exists and started when the label says."""
-        return process_start_time(self.pid) == self.start_time
+
+@dataclass(frozen=True)
+class Here:
+    """Where a judgement is made: this host's name, boot and PID namespace (read by adapters/identity.py)."""
+
+    host: str
+    boot: str | None
+    pidns: str | None
 
 
-def owner_is_gone(value: str) -> bool:
-    """True only for a process owner that can be judged from here and no longer runs. Detached, compose,
-    malformed, other hosts' and other PID namespaces' owners are never 'gone' from here: gc must not touch them."""
+def owner_is_gone(value: str, here: Here, start_time_of: Callable[[int], str | None]) -> bool:
+    """True only for a process owner that can be judged from `here` and no longer runs (its pid is gone or
+    started at another time). Detached, compose, malformed, other hosts' and other PID namespaces' owners are
+    never 'gone' from here: gc must not touch them."""
     owner = Owner.parse(value)
-    return owner is not None and owner.judge_here() is None and not owner.is_alive()
+    return owner is not None and owner.judge(here) is None and start_time_of(owner.pid) != owner.start_time
 
 
 def run_selector(run_id: str | None = None) -> list[str]:

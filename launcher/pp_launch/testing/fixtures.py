@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from pp_launch.adapters import inventory_file
 from pp_launch.testing import kit
 from pp_launch.testing.plugin import is_launcher
 
@@ -32,13 +33,14 @@ def _session_id() -> str | None:
 def _containers(engine: Any) -> dict[str, dict[str, Any]]:
     """Containers this session made: pp-launch's (owner: this process or a process it started) and
     testcontainers' (this session's id). Per process, so per pytest-xdist worker."""
+    from pp_launch.adapters import identity
     from pp_launch.core import labels
 
-    me = os.getpid()
+    me, host = os.getpid(), identity.here().host
     found: dict[str, dict[str, Any]] = {}
     for c in engine.containers([labels.RUN]):
         owner = labels.Owner.parse(c.labels.get(labels.OWNER, ""))
-        if owner is not None and owner.is_local() and (owner.pid == me or _descends_from(owner.pid, me)):
+        if owner is not None and owner.host == host and (owner.pid == me or _descends_from(owner.pid, me)):
             found[c.id] = {"name": c.name, "image": c.image, "labels": dict(c.labels), "state": c.state}
     session = _session_id()
     if session is not None:
@@ -244,5 +246,5 @@ def pp_gpu_inventory(tmp_path_factory: pytest.TempPathFactory) -> Path:
     inv = dataclasses.replace(inv, gpus=tuple(dataclasses.replace(g, processes=(), memory_used_mib=512)
                                               for g in inv.gpus))  # fmt: skip
     path = tmp_path_factory.mktemp("pp-gpus") / "inventory.json"
-    inv.save(path)
+    inventory_file.save(inv, path)
     return path

@@ -26,10 +26,9 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any
 
-from pp_launch.adapters import docker_engine
+from pp_launch.adapters import docker_engine, identity
 from pp_launch.adapters.worker_driver import WorkerDriver
-from pp_launch.app import chain as launch
-from pp_launch.app import worker_check
+from pp_launch.app import launch, worker_check
 from pp_launch.core import errors, events, labels
 from pp_launch.core.announce import StageAnnouncement, parse_line
 from pp_launch.core.chain.plan import BUILTIN_IMAGE, ChainRequest, build_plan
@@ -122,8 +121,8 @@ class StageContainer:
         engine = docker_engine.connect()
         request = ChainRequest(stages=self.num_stages, image=self.image, env=tuple(self.stage_env.items()))
         gpus = [self.gpus if k == self.stage else () for k in range(self.num_stages)]
-        plan = build_plan(request, {}, labels.Owner.current().label(), gpus,
-                          [device_requests(g, self.gpu_attach) for g in gpus])  # fmt: skip
+        plan = build_plan(request, {}, identity.current_owner().label(), gpus,
+                          [device_requests(g, self.gpu_attach) for g in gpus], identity.new_run_id())  # fmt: skip
         spec = plan.stages[self.stage]
         if self.stage_command:
             spec = dataclasses.replace(spec, command=self.stage_command)
@@ -254,36 +253,42 @@ def Chain(
     timeout: float = 120.0,
 ) -> Iterator[RunningChain]:
     """A chain for the length of a `with` block: yields once every stage announced; torn down at the end."""
-    engine = docker_engine.connect()
-    request = ChainRequest(stages=stages, image=image, env=tuple((env or {}).items()), grace=grace,
-                           addr_timeout=addr_timeout, handoff=handoff, parallel=bring_up == "parallel")  # fmt: skip
-    gpu = launch.GpuOptions(mode=gpus, per_stage=gpus_per_stage, attach=gpu_attach, inventory_path=gpu_inventory)
-    plan, _note = launch.plan_chain(request, gpu, engine)
+    run_id = identity.new_run_id()
+    request = launch.LaunchRequest(
+        ChainRequest(stages=stages, image=image, env=tuple((env or {}).items()), grace=grace,
+                     addr_timeout=addr_timeout, handoff=handoff, parallel=bring_up == "parallel"),
+        launch.GpuOptions(mode=gpus, per_stage=gpus_per_stage, attach=gpu_attach, inventory_path=gpu_inventory),
+        sweep=False,  # a test suite's chain never removes what others left: that is `pp-launch gc`'s to do
+        run_id=run_id,
+    )  # fmt: skip  # every rule between the options holds here as on the command line
     collect = _Collect()
     scopes: list[Any] = []
     outcome: list[Any] = []
     failure: list[BaseException] = []
 
+    def reporter(plan: Any) -> _Collect:
+        return collect
+
     def run() -> None:
         try:
-            outcome.append(launch.run_chain(plan, engine, collect, on_scope=scopes.append))
+            outcome.append(launch.launch(request, launch.Hooks(reporter=reporter, on_scope=scopes.append)))
         except BaseException as exc:
             failure.append(exc)
         with collect.cond:
             collect.cond.notify_all()
 
-    thread = threading.Thread(target=run, name=f"pp-chain-{plan.run_id}", daemon=True)
+    thread = threading.Thread(target=run, name=f"pp-chain-{run_id}", daemon=True)
     thread.start()
     try:
         deadline = time.monotonic() + timeout
         with collect.cond:
             while not any(isinstance(e, events.StageRoster) for e in collect.events):
                 if not thread.is_alive() or time.monotonic() > deadline:
-                    why = failure[0] if failure else (outcome[0] if outcome else f"no roster within {timeout}s")
-                    raise RuntimeError(f"chain {plan.run_id} of {image} did not come up: {why}")
+                    ended = outcome[0].outcome.message if outcome else f"no roster within {timeout}s"
+                    raise RuntimeError(f"chain {run_id} of {image} did not come up: {failure[0] if failure else ended}")
                 collect.cond.wait(0.2)
             roster = next(e for e in collect.events if isinstance(e, events.StageRoster)).stages
-        yield RunningChain(plan.run_id, roster, collect)
+        yield RunningChain(run_id, roster, collect)
     finally:
         if scopes and thread.is_alive():
             scopes[0].request_stop(signal.SIGTERM)
@@ -335,7 +340,7 @@ def engine_answers() -> bool:
 def leftovers_of_this_process(owner: str | None = None) -> list[dict[str, Any]]:
     """pp-launch containers on the engine whose owner label is this process (or `owner`)."""
     engine = docker_engine.connect()
-    mine = owner or labels.Owner.current().label()
+    mine = owner or identity.current_owner().label()
     return [{"id": c.id, "name": c.name, "image": c.image, "labels": dict(c.labels)}
             for c in engine.containers([labels.RUN]) if c.labels.get(labels.OWNER) == mine]  # fmt: skip
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,10 +13,6 @@ from pp_launch.core.chain import handoff
 from pp_launch.core.gpu.allocator import HOST_LEVEL, PlacementCost, describe_level
 
 BUILTIN_IMAGE = "pp-launch/stub-worker:latest"
-
-
-def new_run_id() -> str:
-    return secrets.token_hex(6)
 
 
 @dataclass(frozen=True)
@@ -142,7 +137,7 @@ def build_plan(
     owner: str,
     stage_gpus: list[tuple[str, ...]],
     device_requests: list[tuple[Mapping[str, Any], ...]],
-    run_id: str | None = None,
+    run_id: str,
     hop_levels: tuple[int | None, ...] = (),
     cost: PlacementCost | None = None,
     stage_hosts: tuple[str, ...] = (),
@@ -150,7 +145,6 @@ def build_plan(
 ) -> ChainPlan:
     """stage_hosts: each stage's host (a chain across hosts), () for the one engine. launcher: for a detached
     run (owner `detached`), the launcher that owns it until the hand-over (labels.LAUNCHER)."""
-    run_id = run_id or new_run_id()
     prefix = request.name_prefix or f"pp-{run_id}"
     base = stage_env.forwarded(environ)
     base.update(request.env)

@@ -1,20 +1,18 @@
-"""The chain scope: start stages in order, hand each one its peers, supervise, and tear everything down.
+"""The chain scope: start every stage, hand each one its peers, supervise, and tear everything down.
 
 In the spirit of a Trio nursery: the scope records every stage the moment its creation is attempted,
 and every way out of `run()` (all stages done, a stage failing, a signal, a bug) goes through the same
 teardown with its own budget. Signals never interrupt bookkeeping: a handler only puts `StopRequested`
 into the inbox, and the scope acts on it between events.
 
-Pure: all I/O goes through the backend port and the reporter; time comes from an injected clock.
+Pure: all I/O goes through the backend port and the reporter; time and threads come from the Runtime port.
 """
 
 from __future__ import annotations
 
 import signal
-import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -27,6 +25,7 @@ from pp_launch.core.chain.ports import (
     ChainEvent,
     HandoffBackend,
     Inbox,
+    Runtime,
     StageBackend,
     StageGone,
     StageOutput,
@@ -147,7 +146,7 @@ class ChainScope:
         backend: StageBackend,
         inbox: Inbox,
         reporter: Reporter,
-        clock: Callable[[], float] = time.monotonic,
+        runtime: Runtime,
         detach: bool = False,
         kill_wait: float = 15.0,
     ) -> None:
@@ -155,7 +154,8 @@ class ChainScope:
         self.backend = backend
         self.inbox = inbox
         self.reporter = reporter
-        self.clock = clock
+        self.runtime = runtime
+        self.clock = runtime.now
         self.detach = detach
         self.kill_wait = kill_wait
         self.stages = [_Stage(spec) for spec in plan.stages]
@@ -174,14 +174,14 @@ class ChainScope:
         inbox: Inbox,
         reporter: Reporter,
         grace: float,
-        clock: Callable[[], float] = time.monotonic,
+        runtime: Runtime,
         kill_wait: float = 15.0,
     ) -> ChainScope:
         """A scope over containers that exist already, so that `down` and the watchdog tear a run down with the
         chain's own teardown: each running one's removal is waited on, every one is known by its engine id."""
         specs = tuple(StageSpec(index=k, name=f.name, image="", env={}, labels={}) for k, f in enumerate(found))
         plan = ChainPlan(run_id=run_id, stages=specs, grace=grace)
-        scope = cls(plan, backend, inbox, reporter, clock, detach=False, kill_wait=kill_wait)
+        scope = cls(plan, backend, inbox, reporter, runtime, detach=False, kill_wait=kill_wait)
         for st, f in zip(scope.stages, found, strict=True):
             st.ref, st.attempted, st.started = f.ref, True, f.running
             if f.running:
@@ -228,12 +228,12 @@ class ChainScope:
     def _each(self, stages: list[_Stage], what: str, call: Callable[[_Stage], None]) -> None:
         """The same engine call for every stage at once: N stages cost one call's time, and a lost engine one
         timeout, not N."""
-        if len(stages) <= 1:
-            for st in stages:
-                self._engine(f"{what} {st.spec.index}", call, st)
-            return
-        with ThreadPoolExecutor(max_workers=min(len(stages), 16), thread_name_prefix="teardown") as pool:
-            list(pool.map(lambda st: self._engine(f"{what} {st.spec.index}", call, st), stages))
+        results = self.runtime.run_all(
+            [lambda st=st: self._engine(f"{what} {st.spec.index}", call, st) for st in stages]  # type: ignore[misc]
+        )
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
 
     def _engine(self, what: str, call: Callable[..., Any], *args: Any) -> bool:
         """One engine call of the teardown. An error is gathered and the teardown goes on with the next stage;
@@ -310,19 +310,20 @@ class ChainScope:
 
         for step, verb in ((create, "create"), (start, "start")):
             todo = [st for st in self.stages if verb == "create" or st.ref is not None]
-            with ThreadPoolExecutor(max_workers=min(16, len(todo)), thread_name_prefix=f"stage-{verb}") as pool:
-                done = [(st, pool.submit(step, st)) for st in todo]
+            results = self.runtime.run_all([lambda st=st, step=step: step(st) for st in todo])  # type: ignore[misc]
             failed: tuple[_Stage, errors.PpLaunchError] | None = None
-            for st, future in done:
-                try:
-                    result = future.result()
-                except errors.PpLaunchError as exc:
-                    failed = failed or (st, exc)
-                    continue
-                if verb == "create":
-                    st.ref = result
-                else:
-                    st.started = True
+            for st, result in zip(todo, results, strict=True):
+                if isinstance(result, errors.PpLaunchError):
+                    failed = failed or (st, result)
+                elif not isinstance(result, BaseException):
+                    if verb == "create":
+                        st.ref = result
+                    else:
+                        st.started = True
+            if bug := next(
+                (r for r in results if isinstance(r, BaseException) and not isinstance(r, errors.PpLaunchError)), None
+            ):
+                raise bug  # every stage created so far is recorded first: the teardown removes it
             if verb == "start":
                 for st in self.stages:
                     if st.started:

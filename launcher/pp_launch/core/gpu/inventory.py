@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from pp_launch.core import errors
@@ -94,17 +93,16 @@ class GpuInventory:
         return cls(tuple(gpus), *versions, topology, nvlink)
 
     @classmethod
-    def load(cls, path: str | Path) -> GpuInventory:
+    def parse(cls, text: str, source: str = "inventory") -> GpuInventory:
+        """From the JSON text of an inventory (contract §7); ConfigError names `source` for anything wrong."""
         try:
-            doc = json.loads(Path(path).read_text())
-        except OSError as exc:
-            raise errors.ConfigError(f"cannot read GPU inventory {path}: {exc.strerror}") from None
+            doc = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise errors.ConfigError(f"GPU inventory {path} is not JSON: {exc}") from None
-        return cls.from_json(doc, f"GPU inventory {path}")
+            raise errors.ConfigError(f"{source} is not JSON: {exc}") from None
+        return cls.from_json(doc, source)
 
-    def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_json(), indent=2) + "\n")
+    def dumps(self) -> str:
+        return json.dumps(self.to_json(), indent=2) + "\n"
 
 
 def _opt_str(v: Any) -> str | None:

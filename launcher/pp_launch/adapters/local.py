@@ -1,0 +1,37 @@
+"""This process's own descriptors and directories (pp-gpu-node): what the node does on its machine."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Callable, Iterable
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """Every byte to `fd`; a reader that went away ends the write quietly (the stage runs on until stopped)."""
+    view = memoryview(data)
+    while view:
+        try:
+            n = os.write(fd, view)
+        except BrokenPipeError:
+            return
+        view = view[n:]
+
+
+def on_stdin_end(callback: Callable[[], None]) -> None:
+    """A child of `chain --gpu-node`: stdin is a pipe the launcher holds and never writes. Its end (the launcher
+    died, SIGKILL included) calls `callback` once, from a daemon thread."""
+
+    def watch() -> None:
+        with contextlib.suppress(OSError):
+            while os.read(0, 4096):
+                pass
+        callback()
+
+    threading.Thread(target=watch, daemon=True, name="parent-lifeline").start()
+
+
+def ensure_dirs(paths: Iterable[str]) -> None:
+    for path in paths:
+        os.makedirs(path, exist_ok=True)

@@ -1,0 +1,351 @@
+"""The chain use case: one request, one call, for every way in.
+
+`pp-launch chain`, `pp-launch compose`, `pp_launch.testing.Chain` and programs that embed pp-launch build a
+`LaunchRequest` (which checks every rule between its options when it is made) and call `launch()` (or
+`plan_launch()` for a dry run). One engine is the one-host case of many: the same planning, GPU selection,
+reservation, run and teardown serve a chain on DOCKER_HOST and a chain across `--host` engines; only the backend
+differs (one engine, several engines, or `pp-gpu-node` children).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from pp_launch.adapters import bringup, host_state, identity, watchdog
+from pp_launch.adapters.docker_engine import DockerStageBackend, Engine, connect
+from pp_launch.adapters.inbox import QueueInbox
+from pp_launch.adapters.multi_host import MultiHostBackend
+from pp_launch.adapters.process_backend import ProcessStageBackend
+from pp_launch.adapters.runtime import ThreadRuntime
+from pp_launch.app import chain as steps
+from pp_launch.app import gpus as gpu_select
+from pp_launch.app import hosts as across
+from pp_launch.app.locks import GpuLocks, LockSite, reserve
+from pp_launch.core import errors, hosts, labels
+from pp_launch.core.chain.plan import ChainPlan, ChainRequest, build_plan
+from pp_launch.core.chain.ports import StageBackend
+from pp_launch.core.chain.scope import ChainOutcome, ChainScope, QuietReporter, Reporter
+from pp_launch.core.gpu.inventory import GpuInventory
+
+
+@dataclass(frozen=True)
+class GpuOptions:
+    """--gpus and its companions: which GPUs, how many per stage, how the engine attaches them."""
+
+    mode: str = "auto"
+    per_stage: int = 1
+    attach: str = "request"
+    inventory_path: str | None = None
+    allow_shared: bool = False
+    min_free_mib: int | None = None
+    host_inventories: tuple[tuple[str, str], ...] = ()  # --gpu-inventory HOST=FILE (chains across hosts)
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    """Everything a launch needs, checked when it is made: UsageError (exit 2) names the first rule broken."""
+
+    chain: ChainRequest
+    gpu: GpuOptions = field(default_factory=GpuOptions)
+    hosts: tuple[str, ...] = ()  # --host: Docker contexts or engine URLs in ring order; () for DOCKER_HOST
+    placement: str = "pack"
+    stages_per_host: int | None = None
+    detach: bool = False
+    sweep: bool = True  # first remove what launchers that died on this host left behind
+    gpu_node: str | None = None  # run each stage as this child process (pp-gpu-node) instead
+    owner: str | None = None  # the containers' owner label; None: this process
+    run_id: str | None = None  # None: a new one
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "hosts", hosts.parse_hosts(self.hosts))
+        problem = next((p for p in _problems(self) if p), None)
+        if problem is not None:
+            raise errors.UsageError(problem)
+
+
+def _problems(r: LaunchRequest) -> list[str]:
+    """Every rule between the options, one message each ("" when kept)."""
+    stdin, gpu = r.chain.handoff == "stdin", r.gpu
+    steps.check_request(r.chain)
+    gpu_select.parse_gpus_flag(gpu.mode, gpu.per_stage)  # ConfigError for a --gpus it cannot read
+    unknown = sorted({h for h, _ in gpu.host_inventories} - set(r.hosts))
+    return [
+        "--handoff stdin needs --bring-up parallel: it starts every worker at once" if stdin and not r.chain.parallel
+        else "",
+        "--handoff stdin and --gpu-node do not go together: pp-gpu-node children take their peers from the "
+        "environment" if stdin and r.gpu_node else "",
+        "--detach and --gpu-node do not go together: child processes end with the launcher"
+        if r.detach and r.gpu_node else "",
+        "--stages-per-host needs --host (a chain across hosts)" if r.stages_per_host is not None and not r.hosts
+        else "",
+        "--host and --gpu-node do not go together: child processes run on this machine" if r.hosts and r.gpu_node
+        else "",
+        f"--placement {r.placement!r}: use one of {', '.join(hosts.PLACEMENTS)}" if r.placement not in hosts.PLACEMENTS
+        else "",
+        f"--gpu-attach {gpu.attach!r}: use one of {', '.join(gpu_select.ATTACH_MODES)}"
+        if gpu.attach not in gpu_select.ATTACH_MODES else "",
+        f"--gpu-inventory {unknown[0]}=FILE: {unknown[0]} is not one of the hosts ({', '.join(r.hosts)})"
+        if unknown and r.hosts else "",
+        f"--gpu-inventory {unknown[0]}=FILE names a host, but this chain has no --host" if unknown and not r.hosts
+        else "",
+    ]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Hooks:
+    """How a caller watches and steers a launch; every hook is optional."""
+
+    say: Callable[[str], None] = lambda text: None  # progress in words ("pp-launch: ..." on the CLI)
+    reporter: Callable[[ChainPlan], Reporter] = lambda plan: QuietReporter()  # once the plan exists
+    on_scope: Callable[[ChainScope], None] = lambda scope: None  # before anything starts (signal routing)
+    stop_pending: Callable[[], int | None] = lambda: None  # a stop signal that arrived while planning
+
+
+@dataclass(frozen=True)
+class Launched:
+    plan: ChainPlan
+    note: str = ""  # said plainly to the user (e.g. why stages run on CPU)
+    outcome: ChainOutcome | None = None  # None: a dry run (plan_launch)
+    warning: str = ""  # what a dry run could not check
+
+
+@dataclass(frozen=True)
+class _Site:
+    """An engine the chain runs on: `name` "" is DOCKER_HOST's (no --host); `engine` None only in a dry run that
+    found no engine."""
+
+    name: str
+    engine: Engine | None
+    lock_name: str = ""
+    engine_id: str = ""
+
+
+def launch(request: LaunchRequest, hooks: Hooks | None = None, environ: Mapping[str, str] | None = None) -> Launched:
+    """Run the chain to its end (or, detached, until it is up). Errors found before anything starts raise
+    (exit 2 for configuration); everything after is in the outcome, and nothing is left behind either way."""
+    environ = os.environ if environ is None else environ
+    hooks = hooks or Hooks()
+    sites = _reach(request, dry_run=False)
+    try:
+        _prepare(request, sites, hooks.say)
+        run_id, owner = request.run_id or identity.new_run_id(), request.owner or _me(request)
+        lock_sites = [LockSite(s.lock_name, s.engine, s.engine_id) for s in sites if s.engine is not None]
+        with reserve(lock_sites, request.chain.image, run_id, identity.current_owner().label(), hooks.say,
+                     hooks.stop_pending) as locks:  # fmt: skip
+            plan, note = _plan(request, sites, environ, owner, run_id, locks)
+            _say_plan(plan, note, hooks.say)
+            if (held := hooks.stop_pending()) is not None:
+                raise errors.Interrupted(held)  # stopped while planning: nothing was started
+            outcome = _run(request, plan, sites, hooks.reporter(plan), hooks.on_scope, locks.release)
+        return Launched(plan, note, outcome)
+    finally:
+        _close(sites)
+
+
+def plan_launch(request: LaunchRequest, environ: Mapping[str, str] | None = None) -> Launched:
+    """The plan only (a dry run, or a Compose file): nothing is started, locked or swept. Without --host an
+    absent engine is no error (the GPUs its containers hold are then not checked: `warning`)."""
+    environ = os.environ if environ is None else environ
+    sites = _reach(request, dry_run=True)
+    try:
+        if request.hosts:
+            across.check_image([s.host for s in sites if isinstance(s, _HostSite)], request.chain.image)
+        run_id, owner = request.run_id or identity.new_run_id(), request.owner or _me(request)
+        plan, note = _plan(request, sites, environ, owner, run_id, None)
+    finally:
+        _close(sites)
+    asked_gpus = request.gpu.mode.strip() != "none"
+    warning = "no Docker engine answered: GPUs held by running containers were not checked"
+    return Launched(plan, note, None, warning if asked_gpus and sites[0].engine is None else "")
+
+
+# ------------------------------------------------------------------------------------------------ the steps
+@dataclass(frozen=True)
+class _HostSite(_Site):
+    host: across.Host = None  # type: ignore[assignment]
+
+
+def _reach(request: LaunchRequest, dry_run: bool) -> list[_Site]:
+    """The engines: every --host reached and checked at once (exit 2 naming each that does not answer), or
+    DOCKER_HOST's (a dry run tolerates none, and needs none for --gpus none)."""
+    if request.hosts:
+        return [_HostSite(h.name, h.engine, h.name, h.engine_id, h) for h in across.connect_all(request.hosts)]
+    if dry_run:
+        if request.gpu.mode.strip() == "none":
+            return [_Site("", None)]
+        try:
+            return [_Site("", connect(timeout=5))]
+        except errors.EngineUnavailable:
+            return [_Site("", None)]
+    engine = connect()
+    return [_Site("", engine, engine.address, engine.identity()[0])]
+
+
+def _close(sites: Sequence[_Site]) -> None:
+    for s in sites:
+        if s.engine is not None:
+            s.engine.close()
+
+
+def _me(request: LaunchRequest) -> str:
+    return labels.OWNER_DETACHED if request.detach else identity.current_owner().label()
+
+
+def _prepare(request: LaunchRequest, sites: Sequence[_Site], say: Callable[[str], None]) -> None:
+    """The image on every engine (the built-in one is built on first use on DOCKER_HOST's; never pulled), then
+    the sweep of what dead launchers of this host left (--no-sweep leaves it to `gc`)."""
+    image = request.chain.image
+    if request.hosts:
+        across.check_image([s.host for s in sites if isinstance(s, _HostSite)], image)
+    else:
+        steps.ensure_image(_engine(sites[0]), image, say)
+    if request.sweep:
+        for s in sites:
+            steps.sweep_dead_owners(_engine(s), say)
+
+
+def _engine(site: _Site) -> Engine:
+    assert site.engine is not None  # only a dry run goes without one
+    return site.engine
+
+
+def _plan(
+    request: LaunchRequest,
+    sites: Sequence[_Site],
+    environ: Mapping[str, str],
+    owner: str,
+    run_id: str,
+    locks: GpuLocks | None,
+) -> tuple[ChainPlan, str]:
+    """Each engine's GPUs and holdings, the engines' GPU locks taken before their labels are read (when GPUs are
+    picked; released once every stage exists), each stage's host and GPUs, the plan."""
+    gpu = request.gpu
+    host_gpus = _host_gpus(request, sites, environ, owner, run_id)
+    if locks is not None and _locks_needed(gpu.mode, [h.inventory for h in host_gpus]):
+        locks.acquire()
+    stage_hosts, selection = gpu_select.select(
+        mode=gpu.mode,
+        stages=request.chain.stages,
+        per_stage=gpu.per_stage,
+        attach=gpu.attach,
+        hosts_gpus=host_gpus,
+        environ=environ,
+        placement=request.placement,
+        stages_per_host=request.stages_per_host,
+        allow_shared=gpu.allow_shared,
+        min_free_mib=gpu.min_free_mib,
+    )
+    launcher = identity.current_owner().label() if owner == labels.OWNER_DETACHED else ""
+    plan = build_plan(
+        request.chain, environ, owner, selection.stage_gpus, selection.device_requests, run_id,
+        selection.hop_levels, selection.cost, tuple(stage_hosts) if request.hosts else (), launcher,
+    )  # fmt: skip
+    return plan, selection.note
+
+
+def _host_gpus(
+    request: LaunchRequest, sites: Sequence[_Site], environ: Mapping[str, str], owner: str, run_id: str
+) -> list[gpu_select.HostGpus]:
+    """DOCKER_HOST's engine: this machine's NVML (or the inventory file). Each --host: its inventory file, or
+    its probe (a short-lived container on that engine; all at once)."""
+    gpu = request.gpu
+    if gpu.mode.strip() == "none":
+        return [gpu_select.HostGpus(s.name, GpuInventory(), list) for s in sites]
+    if not request.hosts:
+        engine = sites[0].engine
+        held = (lambda: across.live_gpu_labels(engine)) if engine is not None else list
+        path = gpu.inventory_path or environ.get(gpu_select.INVENTORY_ENV) or None
+        return [gpu_select.HostGpus("", gpu_select.load_inventory(path), held)]
+    reached = [s.host for s in sites if isinstance(s, _HostSite)]
+    every = gpu.inventory_path or environ.get(gpu_select.INVENTORY_ENV) or None
+    return across.host_gpus(reached, request.chain.image, gpu.attach, run_id, owner, dict(gpu.host_inventories),
+                            every)  # fmt: skip
+
+
+def _locks_needed(mode: str, inventories: list[GpuInventory]) -> bool:
+    """The engines' GPU locks matter only when GPUs are picked from what others hold (not none, not all)."""
+    return mode.strip() not in ("none", "all") and any(inv.gpus for inv in inventories)
+
+
+def _say_plan(plan: ChainPlan, note: str, say: Callable[[str], None]) -> None:
+    if note:
+        say(note)
+    if plan.hosts:
+        where = "; ".join(
+            f"{h}: stages {', '.join(str(s.index) for s in plan.stages if s.host == h)}" for h in plan.hosts
+        )
+        say(f"run {plan.run_id} across {len(plan.hosts)} hosts: {where}")
+
+
+def _backend(
+    request: LaunchRequest, plan: ChainPlan, sites: Sequence[_Site], release: Callable[[], None]
+) -> StageBackend:
+    """Where the stages run: DOCKER_HOST's engine, every --host's engine, or pp-gpu-node children."""
+    if request.gpu_node is not None:
+        engine = _engine(sites[0])
+        return ProcessStageBackend(request.gpu_node, plan.run_id, plan.grace,
+                                   lambda run: [c.id for c in engine.containers(labels.run_selector(run))])  # fmt: skip
+    if not request.hosts:
+        return DockerStageBackend(_engine(sites[0]), expected=len(plan.stages), on_all_created=release)
+    backends = {s.name: DockerStageBackend(_engine(s)) for s in sites}
+    return MultiHostBackend(backends, expected=len(plan.stages), on_all_created=release)
+
+
+def _run(
+    request: LaunchRequest,
+    plan: ChainPlan,
+    sites: Sequence[_Site],
+    reporter: Reporter,
+    on_scope: Callable[[ChainScope], None],
+    release: Callable[[], None],
+) -> ChainOutcome:
+    """One scope over every engine, a watchdog per engine (it removes the run's containers there if this process
+    dies), the hosts of a chain across hosts recorded (ps/down/gc --all-hosts). A detached run is handed over
+    once it is up, and only then."""
+    backend = _backend(request, plan, sites, release)
+    scope = ChainScope(plan, backend, QueueInbox(), reporter, ThreadRuntime(), detach=request.detach)
+    on_scope(scope)
+    record = host_state.RunHosts() if request.hosts else None
+    if record is not None:
+        record.write(plan.run_id, plan.hosts)
+    guards = []
+    outcome: ChainOutcome | None = None
+    try:
+        if request.gpu_node is None:
+            for s in sites:
+                steps.check_names_free(_engine(s), plan, s.name or None)
+        guards = [watchdog.spawn(plan.run_id, plan.grace, detached=request.detach, host=s.name or None) for s in sites]
+        outcome = scope.run()
+        if outcome.reason == "detached":
+            for s in sites:
+                bringup.hand_over(_engine(s), plan.run_id, plan.stages[0].image)  # from here on only `down`
+    finally:
+        release()
+        for guard in guards:
+            guard.stdin.close()  # type: ignore[union-attr]  # a clean end: the watchdog finds nothing and exits
+        lost = getattr(backend, "lost", {})
+        clean = outcome is not None and not (outcome.orphans or lost) and outcome.reason != "detached"
+        if record is not None and clean:
+            record.forget(plan.run_id)
+    assert outcome is not None  # scope.run() returned, or its exception went up through the finally
+    return _with_lost_hosts(outcome, plan.run_id, backend)
+
+
+def _with_lost_hosts(outcome: ChainOutcome, run: str, backend: StageBackend) -> ChainOutcome:
+    """A host lost on the way is named, with what may be left there and the command to run when it is back."""
+    lost: Mapping[str, str] = getattr(backend, "lost", {})
+    if not lost:
+        return outcome
+    said = []
+    for host, why in lost.items():
+        left = [ref[:12] for ref in outcome.orphans if backend.where(ref) == host]  # type: ignore[attr-defined]
+        maybe = f"containers {', '.join(left)} of run {run} may still be there" if left else "none known left"
+        said.append(
+            f"host {host} could not be reached ({why}): {maybe}; this run's watchdog for that host removes them "
+            f"if it comes back soon, else run 'pp-launch down {run} --host {host}' when it is back"
+        )
+    message = f"{outcome.message}; {'; '.join(said)}"
+    return dataclasses.replace(outcome, exit_code=errors.EXIT_FAILURE, message=message)

@@ -1,0 +1,27 @@
+"""The CLI's error boundary, light enough for `pp-launch --help` to import (only the core's errors)."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Iterator
+
+import click
+
+from pp_launch.core import errors
+
+
+def message(exc: errors.PpLaunchError, prog: str = "pp-launch") -> str:
+    """The one way a library error reaches a user: one plain line, prefixed by the program."""
+    return f"{prog}: error: {exc}"
+
+
+@contextlib.contextmanager
+def mapped_errors(prog: str = "pp-launch") -> Iterator[None]:
+    """The error boundary: our own errors become one plain message and their exit code (contract §5); no
+    traceback. The `pp-launch` group runs every command inside it, and `pp-gpu-node` runs inside it too."""
+    try:
+        yield
+    except errors.PpLaunchError as exc:
+        click.echo(message(exc, prog), err=True)
+        sys.exit(exc.exit_code)
