@@ -116,6 +116,12 @@ class FakeWorkerEngine:
         box.thread = threading.Thread(target=run, daemon=True, name=f"fake-worker-{ref}")
         box.thread.start()
 
+    def close(self, timeout: float = 5.0) -> None:
+        """Every ended fake worker's thread is joined (the backend's close: its threads joined, bounded)."""
+        for box in self.boxes.values():
+            if box.thread is not None and not box.alive:
+                box.thread.join(timeout)
+
     def write_stdin(self, ref: str, data: bytes) -> None:
         fd = self.boxes[ref].write_fd
         if fd is None:

@@ -160,6 +160,9 @@ class FakeBackend:
     def tearing_down(self) -> None:
         self.calls.append(("tearing_down",))
 
+    def close(self, timeout: float = 5.0) -> None:
+        self.calls.append(("close",))
+
     def hand_over(self, ref: str) -> None:
         self.calls.append(("hand_over", self.sinks[ref][0]))
 

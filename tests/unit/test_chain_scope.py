@@ -369,3 +369,16 @@ def test_a_waiting_stage_that_never_gets_its_handoff_is_stopped_with_the_rest() 
     assert outcome.exit_code == 1 and "stage 0" in outcome.message and "did not announce" in outcome.message
     assert [c[1] for c in backend.calls if c[0] == "deliver"] == [0]  # stages 1 and 2 still waiting
     assert backend.existing == {}
+
+
+def test_an_illegal_move_raises_and_leaves_the_stage_as_it_was() -> None:
+    """The stage's state is computed from the table first and committed only when the table has the move."""
+    scope, _backend, reporter, _clock = make(2)
+    st = scope.stages[0]
+    with pytest.raises(events.IllegalStageTransition):
+        scope._move(st, events.StageInput.ANNOUNCE)  # planned -> announce: no such row
+    assert st.state is None and not st.attempted and reporter.states == []
+    scope._move(st, events.StageInput.CREATE)
+    with pytest.raises(events.IllegalStageTransition):
+        scope._move(st, events.StageInput.START)  # creating -> start: the engine has not made it yet
+    assert st.state is events.StageState.CREATING and not st.started

@@ -13,6 +13,7 @@ from pp_launch.cli.main import main
 from pp_launch.core import errors, events
 from pp_launch.core.announce import AnnouncementError
 from pp_launch.core.chain.scope import DuplicateNodeId, RosterIncomplete
+from pp_launch.core.chain.teardown import TeardownError, TeardownFailed
 from pp_launch.core.worker import controller
 from pp_launch.core.worker.codec import ProtocolFault
 from pp_launch.core.worker.record import RecordError
@@ -41,6 +42,9 @@ EXAMPLES: dict[type[errors.PpLaunchError], errors.PpLaunchError] = {
     RecordError: RecordError("InvalidObjectHeader", "no MO01 record at offset 128"),
     StepFailure: StepFailure("expected RoleConfigured"),
     events.IllegalStageTransition: events.IllegalStageTransition(events.StageState.GONE, events.StageInput.STOP),
+    TeardownFailed: TeardownFailed(
+        "stage 0 (pp-abc-0)", ["f" * 64], [TeardownError("SIGKILL to stage 0", errors.EngineError("refused"))]
+    ),
 }
 
 

@@ -54,22 +54,39 @@ def test_the_contract_field_names_stay() -> None:
 
 def test_a_stage_lives_along_its_table() -> None:
     state = None
-    for inp, expected in ((In.START, S.STARTING), (In.ANNOUNCE, S.ANNOUNCED), (In.ROSTER, S.RUNNING),
-                          (In.STOP, S.STOPPING), (In.KILL, S.STOPPING), (In.GONE, S.GONE)):  # fmt: skip
+    for inp, expected in ((In.CREATE, S.CREATING), (In.CREATED, S.CREATED), (In.START, S.STARTING),
+                          (In.ANNOUNCE, S.ANNOUNCED), (In.ROSTER, S.RUNNING), (In.STOP, S.STOPPING),
+                          (In.KILL, S.STOPPING), (In.GONE, S.GONE)):  # fmt: skip
         state = events.next_state(state, inp)
         assert state is expected
 
 
+EVERY_PAIR = [(state, inp) for state in (None, *S) for inp in In]
+PAIR_IDS = [f"{s.value if s else 'planned'}-{i.value}" for s, i in EVERY_PAIR]
+
+
+@pytest.mark.parametrize(("state", "inp"), EVERY_PAIR, ids=PAIR_IDS)
+def test_every_pair_is_a_row_of_the_table_or_refused(state: S | None, inp: In) -> None:
+    """Walks every (state, input): a row moves where the table says; anything else raises, naming both."""
+    if (state, inp) in events.STAGE_TRANSITIONS:
+        assert events.next_state(state, inp) is events.STAGE_TRANSITIONS[(state, inp)]
+    else:
+        with pytest.raises(events.IllegalStageTransition, match=f"cannot take '{inp.value}'"):
+            events.next_state(state, inp)
+
+
 @pytest.mark.parametrize(
     ("state", "inp"),
-    [(S.GONE, In.STOP), (S.GONE, In.GONE), (None, In.ANNOUNCE), (S.RUNNING, In.START), (S.RUNNING, In.REMOVED)],
-)
+    [(S.GONE, In.STOP), (S.GONE, In.GONE), (None, In.ANNOUNCE), (S.RUNNING, In.START), (S.RUNNING, In.REMOVED),
+     (S.CREATING, In.START), (S.REMOVED, In.GONE)],
+)  # fmt: skip
 def test_a_move_the_table_lacks_is_our_bug_named_plainly(state: S | None, inp: In) -> None:
     with pytest.raises(events.IllegalStageTransition, match=f"cannot take '{inp.value}'"):
         events.next_state(state, inp)
 
 
-def test_every_live_state_can_end_and_gone_is_final() -> None:
+def test_every_live_state_can_end_and_the_ends_are_final() -> None:
     for state in events.LIVE:
-        assert events.next_state(state, In.GONE) is S.GONE
-    assert not [k for k in events.STAGE_TRANSITIONS if k[0] is S.GONE]
+        ends = {events.STAGE_TRANSITIONS.get((state, In.GONE)), events.STAGE_TRANSITIONS.get((state, In.REMOVED))}
+        assert ends & events.ENDED, state
+    assert not [k for k in events.STAGE_TRANSITIONS if k[0] in events.ENDED]

@@ -6,6 +6,7 @@ import signal
 
 import pytest
 
+from pp_launch.adapters.runtime import ThreadRuntime
 from pp_launch.app.node import NodeConfig, NodeSupervisor, parse_gpus
 from pp_launch.core import errors
 from pp_launch.core.chain.plan import Mount
@@ -115,7 +116,7 @@ def supervisor(scripts: dict[int, StageScript], grace: float = 10.0):  # type: i
     inbox = FakeInbox(clock)
     backend = FakeBackend(scripts=scripts, inbox=inbox)
     out: list[tuple[str, bytes]] = []
-    sup = NodeSupervisor(backend, inbox, lambda stream, data: out.append((stream, data)), grace, clock=clock)
+    sup = NodeSupervisor(backend, inbox, lambda stream, data: out.append((stream, data)), grace, ThreadRuntime(clock))
     return sup, backend, inbox, clock, out
 
 
@@ -162,3 +163,39 @@ def test_with_stage_set_help_is_the_containers_command(monkeypatch: pytest.Monke
 
     monkeypatch.setenv("STAGE", "0")
     assert NodeConfig.from_env({"STAGE": "0"}, ("--help",)).command == ("--help",)
+
+
+def test_a_stage_the_engine_never_confirms_gone_after_sigkill_ends_the_wait_bounded() -> None:
+    """The old supervisor waited without end after its SIGKILL; the one teardown gives up after kill_wait and
+    says what may be left (issue #26 item 3)."""
+    from pp_launch.core.chain.teardown import TeardownFailed
+
+    sup, backend, inbox, clock, _ = supervisor({0: StageScript(ignore_sigterm=True)}, grace=2.0)
+    sup.kill_wait = 5.0
+    backend.kill = lambda ref: backend.calls.append(("kill (no effect)", ref))  # type: ignore[method-assign]
+    inbox.at(1001.0, StopRequested(signal.SIGTERM))
+    ref = _created(backend)
+    with pytest.raises(TeardownFailed, match=f"the stage container {ref[:12]} was not confirmed gone") as caught:
+        sup.run(ref, 0)
+    assert caught.value.left == (ref,)
+    assert 1008.0 <= clock.now < 1010.0  # signal at 1001, grace 2, kill_wait 5: bounded
+    assert ("close",) in backend.calls  # its threads are joined on every way out
+
+
+def test_a_lost_engine_during_the_stop_is_a_typed_teardown_error_not_a_hang() -> None:
+    sup, backend, inbox, _, _ = supervisor({0: StageScript()})
+    inbox.at(1001.0, StopRequested(signal.SIGTERM))
+    ref = _created(backend)
+    original = backend.signal
+
+    def lose(r: str, signum: int) -> None:
+        backend.lost = True
+        original(r, signum)
+
+    backend.signal = lose  # type: ignore[method-assign]
+    from pp_launch.core.chain.teardown import TeardownFailed
+
+    with pytest.raises(TeardownFailed) as caught:
+        sup.run(ref, 0)
+    (failure,) = caught.value.failures
+    assert isinstance(failure.error, errors.EngineLost) and failure.what.startswith("SIGTERM to the stage container")

@@ -4,6 +4,8 @@ the controller's docstring and the README's table), the table walk, and a proper
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -464,3 +466,56 @@ def test_random_sequences_keep_the_invariants(seq: list[c.Input]) -> None:
             assert x.rings == set() and x.pid is None
         faulted = [o.ring_id for o in out if isinstance(o, c.RingFaulted)]
         assert faulted == sorted(faulted)
+
+
+# ---------- the table decides (issue #26 item 4): compute on a copy, commit only when legal
+SAMPLE_INPUTS: dict[type, c.Input] = {
+    c.StartWorker: c.StartWorker(),
+    c.ProcessStarted: c.ProcessStarted(pid=200),
+    c.WorkerReady: c.WorkerReady(1, 200),
+    c.ActorCommand: c.ActorCommand(install(1), 1),
+    c.StdoutEvent: c.StdoutEvent(w.WorkerFatal(reason="x")),
+    c.ProcessExited: c.ProcessExited(0),
+    c.RestartRequested: c.RestartRequested(),
+    c.ShutdownRequested: c.ShutdownRequested(),
+    c.WorkerStopped: c.WorkerStopped(1, "done"),
+    c.TimeAdvanced: c.TimeAdvanced(1000.0),
+    c.ProtocolBroken: c.ProtocolBroken("bad"),
+}
+
+
+@pytest.mark.parametrize(("state", "kind"), sorted(c.TRANSITIONS, key=lambda k: (k[0].value, k[1].__name__)),
+                         ids=lambda v: getattr(v, "value", getattr(v, "__name__", str(v))))  # fmt: skip
+def test_every_row_moves_only_where_the_table_says_or_leaves_the_state_as_it_was(state: c.State, kind: type) -> None:
+    x = in_state(state)
+    before = dataclasses.replace(x, rings=set(x.rings))
+    try:
+        x.handle(SAMPLE_INPUTS[kind])
+    except c.IllegalTransition:
+        assert x == before  # refused: nothing changed
+        return
+    assert x.state in c.TRANSITIONS[(state, kind)].targets
+
+
+def test_a_refused_input_leaves_the_controller_exactly_as_it_was() -> None:
+    x = running()
+    before = dataclasses.replace(x, rings=set(x.rings))
+    with pytest.raises(c.IllegalTransition, match="a process of this generation is live"):
+        x.handle(c.StartWorker())  # D1
+    assert x == before
+
+
+def test_a_handler_that_strays_from_its_row_is_refused_and_nothing_committed(monkeypatch: pytest.MonkeyPatch) -> None:
+    x = running()
+    before = dataclasses.replace(x, rings=set(x.rings))
+    row = c.TRANSITIONS[(S.RUNNING, c.ShutdownRequested)]
+
+    def strays(ctl_: c.WorkerController, inp: object) -> list[c.Output]:
+        ctl_.state, ctl_.pid = S.STOPPED, None  # a bug: ShutdownRequested may only lead to SHUTTING_DOWN
+        ctl_.rings.add(9)
+        return []
+
+    monkeypatch.setitem(c.TRANSITIONS, (S.RUNNING, c.ShutdownRequested), dataclasses.replace(row, handler=strays))
+    with pytest.raises(c.IllegalTransition, match="would move to Stopped, which the table lacks"):
+        x.handle(c.ShutdownRequested())
+    assert x == before and x.rings == before.rings

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from pp_launch.adapters.lazy import defer
+from pp_launch.adapters.runtime import Threads
 from pp_launch.core import errors, labels
 from pp_launch.core.chain import handoff
 from pp_launch.core.chain.plan import StageSpec
@@ -41,6 +42,20 @@ _STREAMS = {1: "stdout", 2: "stderr"}
 # docker-py's private parts we rely on (pinned in pyproject.toml; tests/unit/test_docker_private_api.py fails when
 # a release changes them): APIClient._url and ._raise_for_status (the SDK has no public call for a streamed
 # `wait?condition=removed`), and the raw socket under attach_socket's SocketIO (`_sock`: shutdown and timeouts).
+
+
+def _tar(files: Mapping[str, bytes]) -> bytes:
+    """A tar archive of `files` (path: content, mode 0644), for put_archive."""
+    import io
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for path, data in files.items():
+            entry = tarfile.TarInfo(path)
+            entry.size, entry.mode = len(data), 0o644
+            tar.addfile(entry, io.BytesIO(data))
+    return buf.getvalue()
 
 
 def removal_wait(api: docker.APIClient, ref: str) -> requests.Response:
@@ -450,6 +465,28 @@ class Engine:
             if exc.status_code != 409:  # 409: not running (exited, or never started)
                 raise errors.EngineError(f"cannot signal container {ref}: {_reason(exc)}") from None
 
+    def _create_helper(
+        self,
+        image: str,
+        argv: list[str],
+        labels: Mapping[str, str],
+        env: Mapping[str, str],
+        device_requests: list[Mapping[str, Any]],
+    ) -> str:
+        host_config = self.api.create_host_config(auto_remove=True, network_mode="none")
+        if device_requests:
+            host_config["DeviceRequests"] = [dict(r) for r in device_requests]
+        config = self.api.create_container_config(
+            image=image, command=None, entrypoint=argv, environment=dict(env), labels=dict(labels),
+            host_config=host_config,
+        )  # fmt: skip
+        try:
+            return str(self.api.create_container_from_config(config, None)["Id"])
+        except docker.errors.ImageNotFound:
+            raise errors.ImageMissing(f"image {image} is not present on the engine at {self.address}") from None
+        except docker.errors.APIError as exc:
+            raise errors.EngineError(f"the engine at {self.address} refused the helper: {_reason(exc)}") from None
+
     def run_helper(
         self,
         image: str,
@@ -463,31 +500,10 @@ class Engine:
         """Run a short-lived helper container (`--rm`, no network) with `files` put under /tmp first; its exit
         code (None: it never started or did not end in time), stdout and stderr. Its removal is the engine's
         (auto-remove), or ours by force when it did not start or end: nothing of it is left either way."""
-        import io
-        import tarfile
-
-        host_config = self.api.create_host_config(auto_remove=True, network_mode="none")
-        if device_requests:
-            host_config["DeviceRequests"] = [dict(r) for r in device_requests]
-        config = self.api.create_container_config(
-            image=image, command=None, entrypoint=argv, environment=dict(env), labels=dict(labels),
-            host_config=host_config,
-        )  # fmt: skip
-        try:
-            ref = str(self.api.create_container_from_config(config, None)["Id"])
-        except docker.errors.ImageNotFound:
-            raise errors.ImageMissing(f"image {image} is not present on the engine at {self.address}") from None
-        except docker.errors.APIError as exc:
-            raise errors.EngineError(f"the engine at {self.address} refused the helper: {_reason(exc)}") from None
+        ref = self._create_helper(image, argv, labels, env, device_requests)
         out: dict[str, bytearray] = {"stdout": bytearray(), "stderr": bytearray()}
         try:
-            buf = io.BytesIO()
-            with tarfile.open(fileobj=buf, mode="w") as tar:
-                for path, data in files.items():
-                    entry = tarfile.TarInfo(path)
-                    entry.size, entry.mode = len(data), 0o644
-                    tar.addfile(entry, io.BytesIO(data))
-            self.api.put_archive(ref, "/tmp", buf.getvalue())
+            self.api.put_archive(ref, "/tmp", _tar(files))
             stream = self.api.attach(ref, stdout=True, stderr=True, stream=True, demux=True)
             wait = removal_wait(self.api, ref)
             self.api.start(ref)
@@ -569,6 +585,7 @@ class DockerStageBackend:
         self.split_lines = split_lines
         self._stdin: dict[str, socket.socket] = {}
         self._tearing_down = threading.Event()
+        self._threads = Threads()  # every reader and wait of this backend, joined by close()
         self._image_configs: dict[str, Mapping[str, Any] | None] = {}  # one inspect per image, not per stage
 
     def create(self, spec: StageSpec, env: Mapping[str, str]) -> str:
@@ -628,16 +645,8 @@ class DockerStageBackend:
             wait = removal_wait(self.api, ref)
         except docker.errors.APIError as exc:
             raise errors.EngineError(f"cannot attach to {ref[:12]}: {_reason(exc)}") from None
-        reader = threading.Thread(
-            target=self._pump_output, args=(sock, raw, stage, sink), daemon=True, name=f"stage-{stage}-output"
-        )
-        reader.start()
-        threading.Thread(
-            target=self._wait_removed,
-            args=(wait, reader, stage, sink),
-            daemon=True,
-            name=f"stage-{stage}-wait",
-        ).start()
+        reader = self._threads.start(self._pump_output, sock, raw, stage, sink, name=f"stage-{stage}-output")
+        self._threads.start(self._wait_removed, wait, reader, stage, sink, name=f"stage-{stage}-wait")
         try:
             self.api.start(ref)
         except docker.errors.APIError as exc:
@@ -654,9 +663,8 @@ class DockerStageBackend:
             return
         except docker.errors.APIError as exc:
             raise errors.EngineError(f"cannot wait for {ref[:12]}: {_reason(exc)}") from None
-        done = threading.Thread(target=lambda: None)
-        done.start()  # no output to wait for: the stage's lines are not ours to read
-        threading.Thread(target=self._wait_removed, args=(wait, done, stage, sink), daemon=True).start()
+        done = self._threads.start(lambda: None)  # no output to wait for: the stage's lines are not ours to read
+        self._threads.start(self._wait_removed, wait, done, stage, sink, name=f"stage-{stage}-wait")
 
     def _pump_output(self, sock: Any, raw: socket.socket, stage: int, sink: Sink) -> None:
         splitters = {1: LineSplitter(self.max_line), 2: LineSplitter(self.max_line)}
@@ -733,6 +741,9 @@ class DockerStageBackend:
     def tearing_down(self) -> None:
         self._tearing_down.set()
         self._all_created()
+
+    def close(self, timeout: float = 5.0) -> None:
+        self._threads.join(timeout)
 
     def hand_over(self, ref: str) -> None:
         with contextlib.suppress(OSError, KeyError):

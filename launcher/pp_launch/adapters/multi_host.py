@@ -62,6 +62,7 @@ class MultiHostBackend:
         self._heartbeat = float(os.environ.get("PP_HOST_HEARTBEAT", "5")) if heartbeat is None else heartbeat
         self._stopping = threading.Event()
         self._beating = False
+        self._heart: threading.Thread | None = None
         self._expected = expected
         self._on_all_created: Callable[[], None] | None = on_all_created
 
@@ -150,7 +151,8 @@ class MultiHostBackend:
         host, backend = self._on(ref)
         if not self._beating and self._heartbeat > 0:
             self._beating = True
-            threading.Thread(target=self._beat, daemon=True, name="host-heartbeat").start()
+            self._heart = threading.Thread(target=self._beat, daemon=True, name="host-heartbeat")
+            self._heart.start()
         self._call(host, "start", backend.start, ref, stage, self._sink(ref, host, stage, sink))
 
     def watch(self, ref: str, stage: int, sink: Sink) -> None:
@@ -180,6 +182,14 @@ class MultiHostBackend:
         self._all_created()
         for backend in self.backends.values():
             backend.tearing_down()
+
+    def close(self, timeout: float = 5.0) -> None:
+        self._stopping.set()
+        if self._heart is not None:
+            self._heart.join(timeout)
+        for host, backend in self.backends.items():
+            if host not in self.lost:  # a lost host's waits end with the process: never waited on again
+                backend.close(timeout)
 
     def hand_over(self, ref: str) -> None:
         _, backend = self._on(ref)

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Literal
 
+from pp_launch.adapters.runtime import Threads
 from pp_launch.core import errors, stage_env
 from pp_launch.core.chain.plan import StageSpec
 from pp_launch.core.chain.ports import Sink, StageGone, StageOutput
@@ -60,6 +61,7 @@ class ProcessStageBackend:
         self.settle = settle
         self._pending: dict[str, dict[str, str]] = {}  # created, not yet started: its environment
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._threads = Threads()  # every reader and wait, joined by close()
 
     def create(self, spec: StageSpec, env: Mapping[str, str]) -> str:
         full = dict(os.environ)
@@ -100,12 +102,10 @@ class ProcessStageBackend:
             raise errors.EngineError(f"cannot run --gpu-node {self.path}: {exc.strerror}") from None
         self._procs[ref] = proc
         readers = [
-            threading.Thread(target=self._read, args=(proc.stdout, "stdout", stage, sink), daemon=True),
-            threading.Thread(target=self._read, args=(proc.stderr, "stderr", stage, sink), daemon=True),
+            self._threads.start(self._read, proc.stdout, "stdout", stage, sink, name=f"stage-{stage}-stdout"),
+            self._threads.start(self._read, proc.stderr, "stderr", stage, sink, name=f"stage-{stage}-stderr"),
         ]
-        for r in readers:
-            r.start()
-        threading.Thread(target=self._wait, args=(proc, readers, stage, sink), daemon=True).start()
+        self._threads.start(self._wait, proc, readers, stage, sink, name=f"stage-{stage}-wait")
 
     @staticmethod
     def _read(pipe: object, stream: Literal["stdout", "stderr"], stage: int, sink: Sink) -> None:
@@ -142,6 +142,9 @@ class ProcessStageBackend:
 
     def tearing_down(self) -> None:
         """Child output is small (a pipe per child): read it to its end as ever."""
+
+    def close(self, timeout: float = 5.0) -> None:
+        self._threads.join(timeout)
 
     def hand_over(self, ref: str) -> None:
         """Never reached: a detached run cannot have child processes (they end with the launcher)."""

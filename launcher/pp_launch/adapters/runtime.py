@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -31,3 +32,30 @@ class ThreadRuntime:
             return [guarded(c) for c in calls]
         with ThreadPoolExecutor(max_workers=min(self._max_workers, len(calls)), thread_name_prefix=self._name) as pool:
             return list(pool.map(guarded, calls))
+
+
+class Threads:
+    """The threads one backend starts, so that it can join them all at its end (bounded)."""
+
+    def __init__(self) -> None:
+        self._started: list[threading.Thread] = []
+        self._lock = threading.Lock()
+
+    def start(self, target: Callable[..., Any], *args: Any, name: str | None = None) -> threading.Thread:
+        thread = threading.Thread(target=target, args=args, daemon=True, name=name)
+        with self._lock:
+            self._started.append(thread)
+        thread.start()
+        return thread
+
+    def join(self, timeout: float = 5.0) -> list[str]:
+        """Wait until every thread has ended, at most `timeout` seconds in all; the names of those still running
+        (a lost engine's waits), which are daemons and end with the process."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            started = list(self._started)
+        for thread in started:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        with self._lock:
+            self._started = [t for t in self._started if t.is_alive()]
+            return [t.name for t in self._started]

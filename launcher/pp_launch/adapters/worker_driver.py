@@ -27,9 +27,11 @@ from typing import Any
 from pp_launch.adapters import identity
 from pp_launch.adapters.docker_engine import DockerStageBackend, Engine
 from pp_launch.adapters.inbox import QueueInbox
+from pp_launch.adapters.runtime import ThreadRuntime
 from pp_launch.core import errors, labels, stage_env
 from pp_launch.core.chain.plan import Mount, StageSpec
 from pp_launch.core.chain.ports import StageGone, StageOutput
+from pp_launch.core.chain.teardown import Teardown, TeardownFailed
 from pp_launch.core.worker import codec as wire
 from pp_launch.core.worker import controller as c
 from pp_launch.core.worker import record
@@ -301,10 +303,31 @@ class WorkerDriver:
             self.note("#", f"killed worker container {self.ref[:12]} (SIGKILL)")
             self.engine.signal(self.ref, 9)
 
-    def close(self) -> None:
-        """Remove every container of this driver's run, whatever state it is in, and every arena file."""
-        for info in self.engine.containers(labels.run_selector(self.run_id)):
-            self.engine.remove(info.id)
-        for arena in self._arenas:
-            arena.close()
-        self._arenas.clear()
+    def close(self, grace: float = 0.0, kill_wait: float = 10.0) -> None:
+        """Every container of this driver's run through the one teardown (SIGTERM, `grace` (none: the worker wire has
+        its own graceful ShutdownWorker, this is the cleanup after it), SIGKILL, the engine's
+        word that it is gone; one never started is removed by force), and every arena file. TeardownFailed, its
+        errors typed, when a container cannot be confirmed gone."""
+        try:
+            found = [info.id for info in self.engine.containers(labels.run_selector(self.run_id))]
+            teardown = Teardown(self.docker, ThreadRuntime(self.clock), grace, kill_wait)
+
+            def gone(ref: str) -> bool:
+                return self.engine.inspect(ref) is None
+
+            def wait(done: Callable[[], bool], deadline: float) -> None:
+                while not done() and self.clock() < deadline:
+                    time.sleep(0.05)
+
+            name = lambda r: f"worker container {r[:12]}"  # noqa: E731
+            left = teardown.stop(found, ref=lambda r: r, gone=gone, wait=wait, name=name)
+            for ref in left:  # created, never started: auto-remove does not apply
+                teardown.call(f"removing worker container {ref[:12]}", self.docker.remove, ref)
+            left = [ref for ref in left if not gone(ref)]
+            self.docker.close()
+            if left or teardown.errors:
+                raise TeardownFailed(f"worker run {self.run_id}", left, teardown.errors)
+        finally:
+            for arena in self._arenas:
+                arena.close()
+            self._arenas.clear()

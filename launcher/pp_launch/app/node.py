@@ -17,7 +17,6 @@ import dataclasses
 import math
 import os
 import signal
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,13 +24,15 @@ from typing import Any
 from pp_launch.adapters import identity, local, watchdog
 from pp_launch.adapters.docker_engine import DockerStageBackend, Engine, connect
 from pp_launch.adapters.inbox import QueueInbox
+from pp_launch.adapters.runtime import ThreadRuntime
 from pp_launch.app import gpus as gpu_select
 from pp_launch.app.chain import ensure_image, sweep_dead_owners
 from pp_launch.app.hosts import live_gpu_labels
 from pp_launch.app.locks import GpuLocks, LockSite, reserve
 from pp_launch.core import errors, labels, stage_env
 from pp_launch.core.chain.plan import BUILTIN_IMAGE, Mount, StageSpec
-from pp_launch.core.chain.ports import Inbox, StageBackend, StageGone, StageOutput, StopRequested
+from pp_launch.core.chain.ports import Inbox, Runtime, StageBackend, StageGone, StageOutput, StopRequested
+from pp_launch.core.chain.teardown import Teardown, TeardownFailed
 from pp_launch.core.gpu.requests import gpu_request
 from pp_launch.core.stage_env import FORWARD_ENV, NODE_FORWARDED, RUN_ENV
 
@@ -265,7 +266,9 @@ class NodeConfig:
 
 
 class NodeSupervisor:
-    """Pass output through, forward stop signals, kill after the grace, report the exit code (contract §5)."""
+    """Pass output through; on a stop signal, the one teardown (core/chain/teardown.py: the signal forwarded,
+    the grace, SIGKILL, the engine's word that it is gone, bounded by grace + kill_wait), later signals forwarded
+    meanwhile; report the exit code (contract §5)."""
 
     def __init__(
         self,
@@ -273,39 +276,58 @@ class NodeSupervisor:
         inbox: Inbox,
         write: Callable[[str, bytes], None],
         grace: float,
-        clock: Callable[[], float] = time.monotonic,
+        runtime: Runtime | None = None,
+        kill_wait: float = 15.0,
     ) -> None:
         self.backend = backend
         self.inbox = inbox
         self.write = write
         self.grace = grace
-        self.clock = clock
+        self.runtime = runtime or ThreadRuntime()
+        self.kill_wait = kill_wait
 
     def run(self, ref: str, stage: int) -> int:
-        stop_signal: int | None = None
-        kill_at: float | None = None
         self.backend.start(ref, stage, self.inbox.put)
-        while True:
-            wait = 1.0 if kill_at is None else max(0.0, min(1.0, kill_at - self.clock()))
-            event = self.inbox.get(wait)
-            if kill_at is not None and self.clock() >= kill_at:
-                self.backend.kill(ref)
-                kill_at = None
-            if event is None:
-                continue
-            if isinstance(event, StageOutput):
-                self.write(event.stream, event.data)
-            elif isinstance(event, StopRequested):
-                self.backend.signal(ref, event.signum)
-                if stop_signal is None:
-                    stop_signal = event.signum
-                    kill_at = self.clock() + self.grace
-            elif isinstance(event, StageGone):
-                if event.exit_code is None:  # the engine's wait broke: we do not know what became of it
-                    raise errors.EngineLost(
-                        f"lost track of the stage container ({event.detail or 'the engine gave no exit status'}); "
-                        "its watchdog removes it when the engine answers again, or run 'pp-launch gc' then"
-                    )
-                if stop_signal is not None:
-                    return errors.exit_code_for_signal(stop_signal)
-                return event.exit_code
+        try:
+            while True:
+                event = self.inbox.get(1.0)
+                if isinstance(event, StageOutput):
+                    self.write(event.stream, event.data)
+                elif isinstance(event, StopRequested):
+                    return self._stop(ref, event.signum)
+                elif isinstance(event, StageGone):
+                    return _exit_code(event)
+        finally:
+            self.backend.close()
+
+    def _stop(self, ref: str, signum: int) -> int:
+        ended: list[StageGone] = []
+        teardown = Teardown(self.backend, self.runtime, self.grace, self.kill_wait)
+
+        def wait(done: Callable[[], bool], deadline: float) -> None:
+            while not done() and (left := deadline - self.runtime.now()) > 0:
+                event = self.inbox.get(min(1.0, left))
+                if isinstance(event, StageOutput):
+                    self.write(event.stream, event.data)
+                elif isinstance(event, StopRequested):  # forwarded too, as docker run --sig-proxy does
+                    teardown.call(f"signal {event.signum} to the stage", self.backend.signal, ref, event.signum)
+                elif isinstance(event, StageGone):
+                    ended.append(event)
+
+        name = f"the stage container {ref[:12]}"
+        left = teardown.stop([ref], ref=lambda r: r, gone=lambda r: bool(ended), wait=wait, signum=signum,
+                             name=lambda r: name)  # fmt: skip
+        if left:
+            raise TeardownFailed(f"{name} was not confirmed gone within the grace and {self.kill_wait:g} s more; "
+                                 "its watchdog removes it, or run 'pp-launch gc'", left, teardown.errors)  # fmt: skip
+        _exit_code(ended[0])
+        return errors.exit_code_for_signal(signum)
+
+
+def _exit_code(event: StageGone) -> int:
+    if event.exit_code is None:  # the engine's wait broke: we do not know what became of it
+        raise errors.EngineLost(
+            f"lost track of the stage container ({event.detail or 'the engine gave no exit status'}); "
+            "its watchdog removes it when the engine answers again, or run 'pp-launch gc' then"
+        )
+    return event.exit_code

@@ -190,37 +190,27 @@ def chain(
       pp-launch chain --stages 8 --host gpu1 --host gpu2 --gpus-per-stage 2   (Docker contexts)
     """
     verbosity = ctx.obj["verbosity"]
-    request = LaunchRequest(
-        ChainRequest(
-            stages=stages,
-            image=image,
-            network=network,
-            name_prefix=name_prefix,
-            env=seed + env,
-            stage_env=stage_env,
-            addr_timeout=addr_timeout,
-            grace=grace,
-            lifeline=True,  # a detached run is its launcher's until it is up (bringup.py)
-            entrypoint=(entrypoint,) if entrypoint else None,
-            handoff=handoff,
-            parallel=bring_up == "parallel",
-        ),
-        gpu,
-        hosts=host_names,
-        placement=placement,
-        stages_per_host=stages_per_host,
-        detach=detach,
-        sweep=sweep,
-        gpu_node=gpu_node,
-    )
+    chain_request = ChainRequest(
+        stages=stages, image=image, network=network, name_prefix=name_prefix, env=seed + env, stage_env=stage_env,
+        addr_timeout=addr_timeout, grace=grace, entrypoint=(entrypoint,) if entrypoint else None, handoff=handoff,
+        parallel=bring_up == "parallel",
+        lifeline=True,  # a detached run is its launcher's until it is up (bringup.py)
+    )  # fmt: skip
+    request = LaunchRequest(chain_request, gpu, host_names, placement, stages_per_host, detach, sweep, gpu_node)
     if dry_run:
         _print_plan(plan_launch(request), as_json, gpu.inventory_path)
         return
+    _run(request, verbosity, as_json)
+
+
+def _run(request: LaunchRequest, verbosity: int, as_json: bool) -> None:
+    """Launch, with the CLI's hooks: words on stderr, a reporter once the run id exists, stop signals routed to
+    the chain (and held while planning); then the result line, last."""
     say = (lambda t: click.echo(f"pp-launch: {t}", err=True)) if verbosity >= 0 or as_json else (lambda t: None)
     reporters: list[Any] = []
 
     def reporter(plan: ChainPlan) -> Any:
-        reporters.append(_reporter(plan.run_id, stages, verbosity, as_json, detach))
+        reporters.append(_reporter(plan.run_id, len(plan.stages), verbosity, as_json, request.detach))
         return reporters[0]
 
     signals.install()  # already done by the console entry; here for programs that call main() directly

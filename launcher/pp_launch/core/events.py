@@ -161,34 +161,47 @@ def from_json(doc: dict[str, Any]) -> Event:
 
 # ------------------------------------------------------------------------------------------- stage states
 class StageState(enum.Enum):
-    STARTING = "starting"
+    CREATING = "creating"  # its create was asked for (a container of ours exists only once the engine says so)
+    CREATED = "created"  # the engine made it; not started
+    STARTING = "starting"  # started; its announcement is awaited
     ANNOUNCED = "announced"
-    RUNNING = "running"
+    RUNNING = "running"  # every stage announced (or adopted running)
     STOPPING = "stopping"
-    GONE = "gone"
+    GONE = "gone"  # it ran, and the engine confirmed it exited and was removed
+    REMOVED = "removed"  # never started: removed by force, or never made
 
 
 class StageInput(enum.Enum):
-    START = "start"  # its creation is asked for
+    CREATE = "create"  # its creation is asked for
+    CREATED = "created"  # the engine returned its id
+    START = "start"  # the engine started it
     ANNOUNCE = "announce"  # its valid announcement arrived
     ROSTER = "roster"  # every stage announced
     STOP = "stop"  # SIGTERM, the grace begins
     KILL = "kill"  # the grace is over: SIGKILL
     GONE = "gone"  # the engine confirmed it gone (exited and removed)
     REMOVED = "removed"  # never started, removed by force (or never created)
+    ADOPT_RUNNING = "adopt running"  # `down` or the watchdog found it running
+    ADOPT_STOPPED = "adopt stopped"  # found, not running
 
 
 S, In = StageState, StageInput
-LIVE = (S.STARTING, S.ANNOUNCED, S.RUNNING, S.STOPPING)
+STARTED = frozenset({S.STARTING, S.ANNOUNCED, S.RUNNING, S.STOPPING})  # it runs (as far as we know)
+ENDED = frozenset({S.GONE, S.REMOVED})
+LIVE = (S.CREATING, S.CREATED, *sorted(STARTED, key=list(S).index))  # every state that is not an end
 STAGE_TRANSITIONS: dict[tuple[StageState | None, StageInput], StageState] = {
-    (None, In.START): S.STARTING,
+    (None, In.CREATE): S.CREATING,
+    (S.CREATING, In.CREATED): S.CREATED,
+    (S.CREATED, In.START): S.STARTING,
     (S.STARTING, In.ANNOUNCE): S.ANNOUNCED,
     (S.ANNOUNCED, In.ROSTER): S.RUNNING,
+    (None, In.ADOPT_RUNNING): S.RUNNING,
+    (None, In.ADOPT_STOPPED): S.CREATED,
     **{(s, In.STOP): S.STOPPING for s in (S.STARTING, S.ANNOUNCED, S.RUNNING)},
     (S.STOPPING, In.KILL): S.STOPPING,
-    **{(s, In.GONE): S.GONE for s in LIVE},
-    (None, In.REMOVED): S.GONE,  # adopted, never started
-    (S.STARTING, In.REMOVED): S.GONE,  # its start failed
+    **{(s, In.GONE): S.GONE for s in (S.CREATED, *STARTED)},  # CREATED: a start that failed after its wait began
+    (S.CREATING, In.REMOVED): S.REMOVED,  # its create failed: nothing of ours was made
+    (S.CREATED, In.REMOVED): S.REMOVED,  # never started, removed by force
 }
 
 
@@ -200,6 +213,7 @@ class IllegalStageTransition(PpLaunchError):
 
 
 def next_state(state: StageState | None, inp: StageInput) -> StageState:
+    """The state a stage moves to, from the table alone; IllegalStageTransition (nothing moved) otherwise."""
     try:
         return STAGE_TRANSITIONS[(state, inp)]
     except KeyError:

@@ -61,32 +61,41 @@ def assign(
         raise ValueError("no hosts")
     if placement not in PLACEMENTS:
         raise errors.ConfigError(f"--placement {placement!r}: use pack or spread")
-    n = len(hosts)
     if per_host is not None:
-        if per_host < 1:
-            raise errors.ConfigError("--stages-per-host must be at least 1")
-        if per_host * n < stages:
-            raise errors.ConfigError(
-                f"--stages-per-host {per_host} over {n} host{'s' if n > 1 else ''} holds {per_host * n} stages, "
-                f"not {stages}: add hosts or raise --stages-per-host"
-            )
-        counts = [min(per_host, max(stages - h * per_host, 0)) for h in range(n)]
+        counts = _per_host(stages, len(hosts), per_host)
     elif placement == "spread":
-        counts = [stages // n + (1 if h < stages % n else 0) for h in range(n)]
+        counts = [stages // len(hosts) + (1 if h < stages % len(hosts) else 0) for h in range(len(hosts))]
     else:
-        counts, left = [], stages
-        for cap in capacity:
-            take = left if cap is None else min(cap, left)
-            counts.append(take)
-            left -= take
-        if left:
-            _not_enough(stages, hosts, capacity)
+        counts = _pack(stages, hosts, capacity)
     for h, (count, cap) in enumerate(zip(counts, capacity, strict=True)):
         if cap is not None and count > cap:
-            if placement == "spread" and per_host is None:
-                _not_enough(stages, hosts, capacity, f"host {hosts[h]} cannot take its share of {count}")
-            _not_enough(stages, hosts, capacity, f"host {hosts[h]} cannot take {count}")
+            share = " its share of" if placement == "spread" and per_host is None else ""
+            _not_enough(stages, hosts, capacity, f"host {hosts[h]} cannot take{share} {count}")
     return [h for h, count in enumerate(counts) for _ in range(count)]
+
+
+def _per_host(stages: int, n: int, per_host: int) -> list[int]:
+    """--stages-per-host N: N consecutive stages on each host in turn."""
+    if per_host < 1:
+        raise errors.ConfigError("--stages-per-host must be at least 1")
+    if per_host * n < stages:
+        raise errors.ConfigError(
+            f"--stages-per-host {per_host} over {n} host{'s' if n > 1 else ''} holds {per_host * n} stages, "
+            f"not {stages}: add hosts or raise --stages-per-host"
+        )
+    return [min(per_host, max(stages - h * per_host, 0)) for h in range(n)]
+
+
+def _pack(stages: int, hosts: Sequence[str], capacity: Sequence[int | None]) -> list[int]:
+    """Each host filled as far as it goes, in order."""
+    counts, left = [], stages
+    for cap in capacity:
+        take = left if cap is None else min(cap, left)
+        counts.append(take)
+        left -= take
+    if left:
+        _not_enough(stages, hosts, capacity)
+    return counts
 
 
 def _not_enough(stages: int, hosts: Sequence[str], capacity: Sequence[int | None], first: str = "") -> None:

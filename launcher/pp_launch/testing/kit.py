@@ -21,21 +21,24 @@ import shlex
 import signal
 import threading
 import time
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager, suppress
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from pp_launch.adapters import docker_engine, identity
+from pp_launch.adapters.runtime import ThreadRuntime
 from pp_launch.adapters.worker_driver import WorkerDriver
 from pp_launch.app import launch, worker_check
 from pp_launch.core import errors, events, labels
 from pp_launch.core.announce import StageAnnouncement, parse_line
 from pp_launch.core.chain.plan import BUILTIN_IMAGE, ChainRequest, build_plan
 from pp_launch.core.chain.ports import ChainEvent, StageGone, StageOutput
+from pp_launch.core.chain.teardown import Teardown, TeardownFailed
 from pp_launch.core.gpu.requests import device_requests
 
 DEFAULT_GRACE = 5.0
+KILL_WAIT = 30.0  # after SIGKILL, how long the engine has to confirm a stage gone
 
 
 class StageExited(AssertionError):
@@ -145,15 +148,30 @@ class StageContainer:
             self._cond.notify_all()
 
     def stop(self) -> None:
-        """Our teardown: SIGTERM, up to the grace for it to end, then a kill; auto-remove does the rest."""
-        if self._backend is None or self.ref is None or self._gone.is_set():
+        """The one teardown (core/chain/teardown.py): SIGTERM, up to the grace, SIGKILL, then up to 30 s for the
+        engine to confirm it gone (auto-remove). TeardownFailed, with every error typed, when it cannot say so."""
+        backend, ref = self._backend, self.ref
+        if backend is None or ref is None:
             return
-        with suppress(errors.PpLaunchError):
-            self._backend.signal(self.ref, signal.SIGTERM)
-        if not self._gone.wait(self.grace):
-            with suppress(errors.PpLaunchError):
-                self._backend.kill(self.ref)
-        self._gone.wait(30)
+        try:
+            if self._gone.is_set():
+                return
+            teardown = Teardown(backend, ThreadRuntime(), self.grace, KILL_WAIT)
+            left = teardown.stop(
+                [ref],
+                ref=lambda r: r,
+                gone=lambda r: self._gone.is_set(),
+                wait=self._wait,
+                name=lambda r: f"stage {self.stage} ({self.name}, {r[:12]})",
+            )
+            if left or teardown.errors:
+                raise TeardownFailed(f"stage {self.stage} ({self.name})", left, teardown.errors)
+        finally:
+            backend.close()
+
+    def _wait(self, done: Callable[[], bool], deadline: float) -> None:
+        while not done() and (left := deadline - time.monotonic()) > 0:
+            self._gone.wait(min(left, 0.2))
 
     # ------------------------------------------------------------------------------------------ output
     def lines(self) -> list[str]:

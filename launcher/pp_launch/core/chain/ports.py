@@ -116,6 +116,11 @@ class StageBackend(Protocol):
         """A detached run is up: the stage's stdin stops being the launcher's lifeline (HANDED_OVER)."""
         ...
 
+    def close(self, timeout: float = 5.0) -> None:
+        """The teardown is over: every thread this backend started has ended, waited for at most `timeout`
+        seconds (a lost engine's waits are daemons and end with the process)."""
+        ...
+
 
 @runtime_checkable
 class HandoffBackend(StageBackend, Protocol):

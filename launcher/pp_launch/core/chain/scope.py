@@ -31,6 +31,7 @@ from pp_launch.core.chain.ports import (
     StageOutput,
     StopRequested,
 )
+from pp_launch.core.chain.teardown import Teardown, TeardownError
 from pp_launch.core.events import RosterEntry
 from pp_launch.core.lines import display
 
@@ -87,15 +88,29 @@ def resolve_roster(announcements: Mapping[int, StageAnnouncement | None], num_st
 @dataclass
 class _Stage:
     spec: StageSpec
-    ref: str | None = None
-    attempted: bool = False  # create was called (a container of ours exists only if it returned a ref)
-    started: bool = False
+    ref: str | None = None  # the engine's id for our create: a container is ours only by it
     started_at: float = 0.0
     announcement: StageAnnouncement | None = None
-    gone: bool = False
-    state: events.StageState | None = None  # moved only through events.STAGE_TRANSITIONS
+    state: events.StageState | None = None  # moved only through events.STAGE_TRANSITIONS (ChainScope._move)
     exit_code: int | None = None
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
+
+    # What the scope decides on, read from the state alone.
+    @property
+    def attempted(self) -> bool:
+        return self.state is not None
+
+    @property
+    def started(self) -> bool:
+        return self.state in events.STARTED or self.state is events.StageState.GONE
+
+    @property
+    def gone(self) -> bool:
+        return self.state in events.ENDED
+
+    @property
+    def running(self) -> bool:
+        return self.state in events.STARTED
 
 
 class QuietReporter:
@@ -162,8 +177,11 @@ class ChainScope:
         self._tearing_down = False
         self._escalated = False
         self._roster: list[RosterEntry] = []
-        self._lost: errors.EngineLost | None = None  # the engine went away: ask it nothing more
-        self._teardown_errors: list[str] = []  # gathered, as a nursery gathers its children's errors
+        self._td = Teardown(backend, runtime, plan.grace, kill_wait)  # its errors gathered, typed
+
+    @property
+    def teardown_errors(self) -> list[TeardownError]:
+        return self._td.errors
 
     @classmethod
     def adopt(
@@ -183,9 +201,9 @@ class ChainScope:
         plan = ChainPlan(run_id=run_id, stages=specs, grace=grace)
         scope = cls(plan, backend, inbox, reporter, runtime, detach=False, kill_wait=kill_wait)
         for st, f in zip(scope.stages, found, strict=True):
-            st.ref, st.attempted, st.started = f.ref, True, f.running
+            st.ref = f.ref
+            scope._move(st, events.StageInput.ADOPT_RUNNING if f.running else events.StageInput.ADOPT_STOPPED)
             if f.running:
-                st.state = events.StageState.RUNNING
                 backend.watch(f.ref, st.spec.index, inbox.put)
         return scope
 
@@ -193,8 +211,8 @@ class ChainScope:
         """Tear down what the scope holds (the adopted containers), exactly as a chain's end does."""
         removed, orphans, exit_code = self._teardown(reason, errors.EXIT_OK)
         message = f"{len(removed)} containers stopped and removed"
-        if self._teardown_errors:
-            message += "; teardown errors: " + "; ".join(self._teardown_errors)
+        if self._td.errors:
+            message += "; teardown errors: " + "; ".join(map(str, self._td.errors))
         return ChainOutcome(exit_code, reason, message, None, removed, orphans)
 
     # -------------------------------------------------------------------------------- public API
@@ -212,43 +230,18 @@ class ChainScope:
             return ChainOutcome(0, "detached", end.message, roster=tuple(self._roster))
         removed, orphans, exit_code = self._teardown(end.reason, end.exit_code, end.message)
         message = end.message
-        if self._lost is not None:
+        if self._td.lost is not None:
             run = self.plan.run_id
             message += (
-                f"; then {self._lost}. Its containers of run {run} may still be there: this run's watchdog removes "
+                f"; then {self._td.lost}. Its containers of run {run} may still be there: this run's watchdog removes "
                 f"them when the engine is back (it keeps trying for a while), or run 'pp-launch down {run}' "
                 "(or 'pp-launch gc') then"
             )
-        elif self._teardown_errors:
-            message += "; teardown errors: " + "; ".join(self._teardown_errors)
+        elif self._td.errors:
+            message += "; teardown errors: " + "; ".join(map(str, self._td.errors))
         if dropped := self.dropped_note():
             message += f"; {dropped}"
         return ChainOutcome(exit_code, end.reason, message, end.stage, removed, orphans, tuple(self._roster))
-
-    def _each(self, stages: list[_Stage], what: str, call: Callable[[_Stage], None]) -> None:
-        """The same engine call for every stage at once: N stages cost one call's time, and a lost engine one
-        timeout, not N."""
-        results = self.runtime.run_all(
-            [lambda st=st: self._engine(f"{what} {st.spec.index}", call, st) for st in stages]  # type: ignore[misc]
-        )
-        for result in results:
-            if isinstance(result, BaseException):
-                raise result
-
-    def _engine(self, what: str, call: Callable[..., Any], *args: Any) -> bool:
-        """One engine call of the teardown. An error is gathered and the teardown goes on with the next stage;
-        once the engine is lost it is asked nothing more (each call would wait for its timeout)."""
-        if self._lost is not None:
-            return False
-        try:
-            call(*args)
-            return True
-        except errors.EngineLost as exc:
-            self._lost = exc
-            self._teardown_errors.append(f"{what}: {exc}")
-        except errors.PpLaunchError as exc:
-            self._teardown_errors.append(f"{what}: {exc}")
-        return False
 
     # -------------------------------------------------------------------------------- bring-up
     def _bring_up(self) -> _End | None:
@@ -296,8 +289,7 @@ class ChainScope:
         assert isinstance(backend, HandoffBackend)
         waiting = self.plan.handoff == "env"
         for st in self.stages:
-            self._move(st, events.StageInput.START)
-            st.attempted = True
+            self._move(st, events.StageInput.CREATE)
 
         def create(st: _Stage) -> str:
             env = dict(st.spec.env)
@@ -308,34 +300,41 @@ class ChainScope:
             st.started_at = self.clock()
             backend.start(st.ref, st.spec.index, self.inbox.put)
 
-        for step, verb in ((create, "create"), (start, "start")):
-            todo = [st for st in self.stages if verb == "create" or st.ref is not None]
-            results = self.runtime.run_all([lambda st=st, step=step: step(st) for st in todo])  # type: ignore[misc]
-            failed: tuple[_Stage, errors.PpLaunchError] | None = None
-            for st, result in zip(todo, results, strict=True):
-                if isinstance(result, errors.PpLaunchError):
-                    failed = failed or (st, result)
-                elif not isinstance(result, BaseException):
-                    if verb == "create":
-                        st.ref = result
-                    else:
-                        st.started = True
-            if bug := next(
-                (r for r in results if isinstance(r, BaseException) and not isinstance(r, errors.PpLaunchError)), None
-            ):
-                raise bug  # every stage created so far is recorded first: the teardown removes it
-            if verb == "start":
-                for st in self.stages:
-                    if st.started:
-                        spec = st.spec
-                        self.reporter.event(events.StageStarted(stage=spec.index, container=spec.name,
-                                                                image=spec.image, gpus=spec.gpus))  # fmt: skip
-            if failed is not None:
-                bad, why = failed
-                k = bad.spec.index
-                code = why.exit_code if not any(s.started for s in self.stages) else errors.EXIT_FAILURE
-                return _End(code, "stage_failed", f"stage {k} ({bad.spec.where()}) could not start: {why}", k)
+        end = self._all_at_once(events.StageInput.CREATED, self.stages, create)
+        if end is None:
+            end = self._all_at_once(events.StageInput.START, [st for st in self.stages if st.ref is not None], start)
+        return end or self._hand_off_as_they_announce(waiting)
 
+    def _all_at_once(self, done: events.StageInput, todo: list[_Stage], step: Callable[[_Stage], Any]) -> _End | None:
+        """One engine step (create, or start) for every stage at once; each stage that made it moves on (`done`),
+        the first that failed ends the bring-up. A bug is raised once every stage's result is recorded (the
+        teardown then removes every container created so far)."""
+        results = self.runtime.run_all([lambda st=st: step(st) for st in todo])  # type: ignore[misc]
+        failed: tuple[_Stage, errors.PpLaunchError] | None = None
+        for st, result in zip(todo, results, strict=True):
+            if isinstance(result, errors.PpLaunchError):
+                failed = failed or (st, result)
+            elif not isinstance(result, BaseException):
+                if done is events.StageInput.CREATED:
+                    st.ref = result
+                self._move(st, done)
+        bugs = [r for r in results if isinstance(r, BaseException) and not isinstance(r, errors.PpLaunchError)]
+        if bugs:
+            raise bugs[0]
+        if done is events.StageInput.START:
+            for st in (s for s in self.stages if s.started):
+                spec = st.spec
+                self.reporter.event(events.StageStarted(stage=spec.index, container=spec.name, image=spec.image,
+                                                        gpus=spec.gpus))  # fmt: skip
+        if failed is None:
+            return None
+        bad, why = failed
+        k = bad.spec.index
+        code = why.exit_code if not any(s.started for s in self.stages) else errors.EXIT_FAILURE
+        return _End(code, "stage_failed", f"stage {k} ({bad.spec.where()}) could not start: {why}", k)
+
+    def _hand_off_as_they_announce(self, waiting: bool) -> _End | None:
+        """Stage by stage: wait for its announcement (its own --addr-timeout), hand it to the next stage."""
         first: StageAnnouncement | None = None
         prev: StageAnnouncement | None = None
         if waiting:
@@ -389,14 +388,14 @@ class ChainScope:
 
     def _start_stage(self, st: _Stage, prev: StageAnnouncement | None, first: StageAnnouncement | None) -> _End | None:
         spec, k = st.spec, st.spec.index
-        self._move(st, events.StageInput.START)
+        self._move(st, events.StageInput.CREATE)
         env = spec.launch_env(prev, first)
-        st.attempted = True
         try:
             st.ref = self.backend.create(spec, env)
+            self._move(st, events.StageInput.CREATED)
             st.started_at = self.clock()
             self.backend.start(st.ref, k, self.inbox.put)
-            st.started = True
+            self._move(st, events.StageInput.START)
         except errors.PpLaunchError as exc:
             # Before any container of ours started, a configuration error (a name held by someone) is exit 2.
             code = exc.exit_code if not any(s.started for s in self.stages) else errors.EXIT_FAILURE
@@ -481,7 +480,7 @@ class ChainScope:
     def _on_gone(self, st: _Stage, event: StageGone) -> _End | None:
         if st.gone:
             return None
-        st.gone, st.exit_code = True, event.exit_code
+        st.exit_code = event.exit_code
         k = st.spec.index
         why = events.ExitReason
         if self._tearing_down:
@@ -537,49 +536,28 @@ class ChainScope:
         """What the engine still holds of the run (by label, as ids); when the engine is lost, every stage we
         created and never saw gone: possibly left, said so, never claimed removed."""
         found: list[str] = []
-        if self._engine("asking what is left", lambda: found.extend(self.backend.leftovers(self.plan.run_id))):
+        if self._td.call("asking what is left", lambda: found.extend(self.backend.leftovers(self.plan.run_id))):
             return found
         return [st.ref for st in self.stages if st.ref is not None and not st.gone]
 
     def _teardown(self, reason: str, exit_code: int, message: str = "") -> tuple[tuple[str, ...], tuple[str, ...], int]:
-        """SIGTERM to every stage at once, one shared grace (each stage's own budget, all running
-        together), SIGKILL through the engine, then confirm with the engine that nothing is left."""
+        """The one teardown (core/chain/teardown.py) over every started stage, events flowing meanwhile; then
+        the stages that never started are removed by force, and the engine confirms that nothing is left."""
         self._tearing_down = True
         self.inbox.stop_holding_back()  # stopping never waits behind output
         self.backend.tearing_down()
-        live = [s for s in self.stages if s.started and not s.gone]  # started: each has its ref
-        if live:
-            stopping = events.ChainStopping(reason=events.StopReason(reason), stages=len(live), grace=self.plan.grace)
-            self.reporter.event(stopping)
-        for st in live:
-            self._move(st, events.StageInput.STOP)
-        self._each(live, "SIGTERM to stage", lambda st: self.backend.signal(st.ref or "", signal.SIGTERM))
-        grace_end = self.clock() + self.plan.grace
-        self._pump(lambda: self._escalated or self._lost is not None or all(s.gone for s in live), grace_end)
-        overran = [st for st in live if not st.gone]
-        for st in overran:
-            self._move(st, events.StageInput.KILL, "grace over: SIGKILL")
-        self._each(overran, "SIGKILL to stage", lambda st: self.backend.kill(st.ref or ""))
-        kill_end = self.clock() + self.kill_wait
-        self._pump(lambda: self._lost is not None or all(s.gone for s in live), kill_end)
-        # Never started (auto-remove does not apply), or the engine never confirmed: remove by force, by the id
-        # the engine returned for our create. A create that failed made nothing of ours: a container holding
-        # the name belongs to someone else and is never touched.
-        for st in self.stages:
-            if st.attempted and not st.gone:
-                done = st.ref is None or self._engine(f"removing stage {st.spec.index}", self.backend.remove, st.ref)
-                if not st.started and done:
-                    st.gone = True
-                    self._move(st, events.StageInput.REMOVED, "removed" if st.ref else "never created")
+        self._stop_started(reason)
+        self._remove_unstarted()
         orphans = self._leftovers()
         for ref in orphans:
-            self._engine(f"removing {ref[:12]}", self.backend.remove, ref)
+            self._td.call(f"removing {ref[:12]}", self.backend.remove, ref)
         if orphans:
             orphans = self._leftovers()
         removed = tuple(s.spec.name for s in self.stages if s.ref is not None and s.ref not in orphans)
-        if orphans or self._teardown_errors:
+        if orphans or self._td.errors:
             exit_code = errors.EXIT_FAILURE  # not a clean teardown: never 0 and never 128+N
         self._drain_output()
+        self.backend.close()  # every thread it started for this run has ended (bounded)
         self.reporter.event(
             events.ChainStopped(
                 reason=events.StopReason(reason),
@@ -592,3 +570,38 @@ class ChainScope:
             )
         )
         return removed, tuple(orphans), exit_code
+
+    def _stop_started(self, reason: str) -> None:
+        """SIGTERM to every running stage at once, one shared grace (cut short by a second stop request),
+        SIGKILL to those still there, and the engine's word that each is gone."""
+        live = [s for s in self.stages if s.running]  # each has its ref
+        if not live:
+            return
+        stopping = events.ChainStopping(reason=events.StopReason(reason), stages=len(live), grace=self.plan.grace)
+        self.reporter.event(stopping)
+        for st in live:
+            self._move(st, events.StageInput.STOP)
+        self._td.stop(
+            live,
+            ref=lambda st: st.ref or "",
+            gone=lambda st: st.gone,
+            wait=self._wait,
+            on_kill=lambda st: self._move(st, events.StageInput.KILL, "grace over: SIGKILL"),
+            hurry=lambda: self._escalated,
+            name=lambda st: f"stage {st.spec.index}",
+        )
+
+    def _wait(self, done: Callable[[], bool], deadline: float) -> None:
+        """The teardown's wait: events keep flowing (exits, last lines, a second stop request)."""
+        self._pump(done, deadline)
+
+    def _remove_unstarted(self) -> None:
+        """Never started (auto-remove does not apply), or the engine never confirmed: remove by force, by the id
+        the engine returned for our create. A create that failed made nothing of ours: a container holding the
+        name belongs to someone else and is never touched."""
+        for st in self.stages:
+            if not st.attempted or st.gone:
+                continue
+            done = st.ref is None or self._td.call(f"removing stage {st.spec.index}", self.backend.remove, st.ref)
+            if not st.started and done:
+                self._move(st, events.StageInput.REMOVED, "removed" if st.ref else "never created")

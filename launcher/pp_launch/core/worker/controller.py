@@ -11,6 +11,7 @@ row says so with a deviation id (D1...D9); README.md ("The GPU worker controller
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -295,13 +296,17 @@ class WorkerController:
     _failure: tuple[Failure, str] | None = None
 
     def handle(self, inp: Input) -> list[Output]:
+        """The row of the table decides: its handler computes the next state on a copy, which is committed only
+        when the table allows where it went. An illegal input, or a handler that strays, raises
+        IllegalTransition and leaves the controller exactly as it was (as h11 computes, then commits)."""
         row = TRANSITIONS.get((self.state, type(inp)))
         if row is None:
             raise IllegalTransition(self.state, inp)
-        before = self.state
-        out = row.handler(self, inp)
-        if self.state not in row.targets:  # the table is the truth; a handler that strays is our bug
-            raise AssertionError(f"{before.value} --{type(inp).__name__}--> {self.state.value} is not in the table")
+        trial = dataclasses.replace(self, rings=set(self.rings))
+        out = row.handler(trial, inp)
+        if trial.state not in row.targets:  # the table is the truth; a handler that strays is our bug
+            raise IllegalTransition(self.state, inp, f"it would move to {trial.state.value}, which the table lacks")
+        self.__dict__.update(trial.__dict__)
         return out
 
     # ----------------------------------------------------------------------------------- seed: start, ready

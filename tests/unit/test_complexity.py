@@ -1,0 +1,68 @@
+"""The chain path stays readable (issue #26 item 2): no function on it above radon's rank C (cyclomatic complexity
+20) or longer than 60 lines, nested functions included. The path: the CLI's chain command, the launch use case,
+planning and GPU selection, the reservation, the scope and its teardown, the host assignment, the backends."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from radon.complexity import cc_visit
+from radon.visitors import Function
+
+PKG = Path(__file__).resolve().parents[2] / "launcher" / "pp_launch"
+CHAIN_PATH = [
+    "cli/chain_cmd.py",
+    "app/launch.py",
+    "app/chain.py",
+    "app/gpus.py",
+    "app/hosts.py",
+    "app/locks.py",
+    "core/chain/plan.py",
+    "core/chain/ports.py",
+    "core/chain/handoff.py",
+    "core/chain/scope.py",
+    "core/chain/teardown.py",
+    "core/hosts.py",
+    "core/events.py",
+    "adapters/multi_host.py",
+    "adapters/docker_engine.py",
+    "adapters/process_backend.py",
+    "adapters/inbox.py",
+    "adapters/runtime.py",
+]
+MAX_COMPLEXITY = 20  # the top of rank C
+MAX_LINES = 60
+
+
+def functions(path: Path) -> list[Function]:
+    found: list[Function] = []
+
+    def walk(blocks: list) -> None:  # type: ignore[type-arg]
+        for block in blocks:
+            if isinstance(block, Function):
+                found.append(block)
+                walk(block.closures)
+            else:  # a class: its methods
+                walk(block.methods)
+                walk(getattr(block, "inner_classes", []))
+
+    walk(cc_visit(path.read_text()))
+    return list({(f.lineno, f.name): f for f in found}.values())  # radon lists a method's closures twice
+
+
+@pytest.mark.parametrize("module", CHAIN_PATH)
+def test_no_function_on_the_chain_path_is_above_rank_c_or_60_lines(module: str) -> None:
+    too = [
+        f"{f.fullname} (line {f.lineno}): complexity {f.complexity}, {f.endline - f.lineno + 1} lines"
+        for f in functions(PKG / module)
+        if f.complexity > MAX_COMPLEXITY or f.endline - f.lineno + 1 > MAX_LINES
+    ]
+    assert too == []
+
+
+def test_the_measure_sees_a_function_that_is_too_long_or_too_branchy(tmp_path: Path) -> None:
+    branches = "".join(f"    if x == {i}:\n        return {i}\n" for i in range(35))
+    (tmp_path / "m.py").write_text(f"def branchy(x):\n{branches}    return -1\n")
+    (f,) = functions(tmp_path / "m.py")
+    assert f.complexity > MAX_COMPLEXITY and f.endline - f.lineno + 1 > MAX_LINES
