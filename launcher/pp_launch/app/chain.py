@@ -4,8 +4,10 @@ The use case that puts them together is app/launch.py."""
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
+from typing import Any
 
 from pp_launch.adapters import images
 from pp_launch.adapters.docker_engine import Engine
@@ -13,6 +15,7 @@ from pp_launch.app import housekeeping
 from pp_launch.core import errors, labels
 from pp_launch.core.announce import escape
 from pp_launch.core.chain.plan import BUILTIN_IMAGE, ChainPlan, ChainRequest
+from pp_launch.core.chain.ports import Runtime
 
 # docker's reference grammar, simplified: [host[:port]/]path[:tag][@sha256:digest], lowercase path
 _IMAGE_REF = re.compile(
@@ -70,28 +73,34 @@ def sweep_dead_owners(engine: Engine, say: Callable[[str], None]) -> None:
         say(f"could not remove {gone}: {housekeeping.safe(why)}")
 
 
-def check_names_free(engine: Engine, plan: ChainPlan, host: str | None = None) -> None:
+def check_names_free(engine: Engine, plan: ChainPlan, host: str | None = None, runtime: Runtime | None = None) -> None:
     """A stage's name held by any container, ours or not, is exit 2 before anything starts. The holder is named
     and never touched: a container is ours only by the id the engine gave us for our own create. `host`: only
-    the stages of that host (a chain across hosts), on its engine."""
-    for spec in plan.stages:
-        if host is not None and spec.host != host:
-            continue
-        info = engine.inspect(spec.name)
+    the stages of that host (a chain across hosts), on its engine. `runtime`: every name asked at once."""
+    specs = [spec for spec in plan.stages if host is None or spec.host == host]
+    asks: list[Callable[[], Any]] = [functools.partial(engine.inspect, spec.name) for spec in specs]
+    answers = runtime.run_all(asks) if runtime is not None else [ask() for ask in asks]
+    for spec, info in zip(specs, answers, strict=True):
+        if isinstance(info, BaseException):
+            raise info
         if info is None or str(info.get("Name", "")).lstrip("/") != spec.name:
             continue
-        held = dict((info.get("Config") or {}).get("Labels") or {})
-        run = held.get(labels.RUN)
-        if run is None:
-            holder, fix = "a container not made by pp-launch", ""
-        else:
-            holder = (
-                f"stage {escape(held.get(labels.STAGE, '?'))} of pp-launch run {escape(run)} "
-                f"(owner {escape(held.get(labels.OWNER, '?'))})"
-            )
-            fix = f", or end that run first ('pp-launch down {escape(run)}')"
-        on = f" on host {host}" if host is not None else ""
-        raise errors.NameInUse(
-            f"container name {spec.name}{on} is held by {holder}, id {str(info.get('Id', ''))[:12]}; it was left "
-            f"untouched. Choose another --name{fix}"
+        raise errors.NameInUse(_held(spec.name, info, host))
+
+
+def _held(name: str, info: dict[str, Any], host: str | None) -> str:
+    held = dict((info.get("Config") or {}).get("Labels") or {})
+    run = held.get(labels.RUN)
+    if run is None:
+        holder, fix = "a container not made by pp-launch", ""
+    else:
+        holder = (
+            f"stage {escape(held.get(labels.STAGE, '?'))} of pp-launch run {escape(run)} "
+            f"(owner {escape(held.get(labels.OWNER, '?'))})"
         )
+        fix = f", or end that run first ('pp-launch down {escape(run)}')"
+    on = f" on host {host}" if host is not None else ""
+    return (
+        f"container name {name}{on} is held by {holder}, id {str(info.get('Id', ''))[:12]}; it was left "
+        f"untouched. Choose another --name{fix}"
+    )

@@ -181,7 +181,7 @@ def _reach(request: LaunchRequest, dry_run: bool) -> list[_Site]:
         except errors.EngineUnavailable:
             return [_Site("", None)]
     engine = connect()
-    return [_Site("", engine, engine.address, engine.identity()[0])]
+    return [_Site("", engine, engine.address)]  # one engine: no lock order to keep, no identity to ask
 
 
 def _close(sites: Sequence[_Site]) -> None:
@@ -316,7 +316,7 @@ def _run(
     try:
         if request.gpu_node is None:
             for s in sites:
-                steps.check_names_free(_engine(s), plan, s.name or None)
+                steps.check_names_free(_engine(s), plan, s.name or None, ThreadRuntime())
         guards = [watchdog.spawn(plan.run_id, plan.grace, detached=request.detach, host=s.name or None) for s in sites]
         outcome = scope.run()
         if outcome.reason == "detached":
