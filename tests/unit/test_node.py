@@ -199,3 +199,25 @@ def test_a_lost_engine_during_the_stop_is_a_typed_teardown_error_not_a_hang() ->
         sup.run(ref, 0)
     (failure,) = caught.value.failures
     assert isinstance(failure.error, errors.EngineLost) and failure.what.startswith("SIGTERM to the stage container")
+
+
+@pytest.mark.parametrize("value", ["auto", "all", "2", "device=0,2", "device=GPU-abc", "0,3", "none", "x"])
+def test_pp_gpus_and_chain_gpus_are_read_by_one_reader(value: str) -> None:
+    """One reader (core.gpu.requests.read_gpus) for both: a count means N GPUs for one container in each; only
+    what each does with it differs (the engine picks for PP_GPUS, as docker run does; our allocator for chain)."""
+    from pp_launch.app.gpus import parse_gpus_flag
+    from pp_launch.core.gpu.requests import read_gpus
+
+    node_reads = read_gpus(value, bare_lists=False)
+    if node_reads is None or node_reads.kind == "none":
+        with pytest.raises(errors.ConfigError, match="PP_GPUS"):
+            parse_gpus(value)
+    else:
+        request = parse_gpus(value)
+        if node_reads.kind == "count":
+            assert request.device_requests[0]["Count"] == node_reads.count
+            assert parse_gpus_flag(value, 1) == ("auto", node_reads.count)  # the same count, per container
+    chain_reads = read_gpus(value)
+    if chain_reads is None:
+        with pytest.raises(errors.ConfigError, match="--gpus"):
+            parse_gpus_flag(value, 1)

@@ -26,7 +26,7 @@ from pp_launch.core.gpu.allocator import (
     parse_visible,
 )
 from pp_launch.core.gpu.inventory import GpuInventory
-from pp_launch.core.gpu.requests import device_requests
+from pp_launch.core.gpu.requests import device_requests, read_gpus
 
 ATTACH_MODES = ("request", "cdi", "env")
 
@@ -81,24 +81,23 @@ def _request(
 def parse_gpus_flag(value: str, per_stage: int) -> tuple[str, int]:
     """(mode, GPUs per stage) from --gpus: a bare number is a count, as in `docker run --gpus 2`; indices are
     `device=3` or a list with a comma (`3,` or `0,3`). ConfigError (exit 2) for anything else."""
-    value = value.strip()
-    if value in ("auto", "none", "all"):
-        return value, per_stage
-    if value.isascii() and value.isdigit():
-        count = int(value)
-        if count < 1:
+    asked = read_gpus(value)
+    if asked is None:
+        raise errors.ConfigError(
+            f"--gpus {value.strip()!r} is not understood: use auto, none, all, a count (2), or device=0,2 / "
+            "device=GPU-<uuid> (a bare list with a comma works too: 3, or 0,3)"
+        )
+    if asked.kind == "count":
+        if asked.count < 1:
             raise errors.ConfigError("--gpus 0 asks for no GPU: use --gpus none")
-        if per_stage not in (1, count):
-            raise errors.ConfigError(f"--gpus {count} (a count per stage) and --gpus-per-stage {per_stage} disagree")
-        return "auto", count
-    listed = value.removeprefix("device=").strip("\"'")
-    tokens = [t.strip() for t in listed.split(",") if t.strip()]
-    if tokens and (value.startswith("device=") or "," in value or all(t.startswith(("GPU-", "MIG-")) for t in tokens)):
-        return ",".join(tokens), per_stage
-    raise errors.ConfigError(
-        f"--gpus {value!r} is not understood: use auto, none, all, a count (2), or device=0,2 / device=GPU-<uuid> "
-        "(a bare list with a comma works too: 3, or 0,3)"
-    )
+        if per_stage not in (1, asked.count):
+            raise errors.ConfigError(
+                f"--gpus {asked.count} (a count per stage) and --gpus-per-stage {per_stage} disagree"
+            )
+        return "auto", asked.count
+    if asked.kind == "list":
+        return ",".join(asked.ids), per_stage
+    return asked.kind, per_stage
 
 
 @dataclass(frozen=True)

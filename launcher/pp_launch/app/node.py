@@ -33,7 +33,7 @@ from pp_launch.core import errors, labels, stage_env
 from pp_launch.core.chain.plan import BUILTIN_IMAGE, Mount, StageSpec
 from pp_launch.core.chain.ports import Inbox, Runtime, StageBackend, StageGone, StageOutput, StopRequested
 from pp_launch.core.chain.teardown import Teardown, TeardownFailed
-from pp_launch.core.gpu.requests import gpu_request
+from pp_launch.core.gpu.requests import gpu_request, read_gpus
 from pp_launch.core.stage_env import FORWARD_ENV, NODE_FORWARDED, RUN_ENV
 
 
@@ -155,22 +155,20 @@ class GpuRequest:
 def parse_gpus(value: str | None) -> GpuRequest:
     if value is None or value.strip() == "":
         return GpuRequest()
-    value = value.strip()
-    if value == "auto":
+    asked = read_gpus(value, bare_lists=False)  # the one reader; docker-gpu-node.sh passed PP_GPUS to docker as is
+    if asked is None or asked.kind == "none":
+        raise errors.ConfigError(
+            f"PP_GPUS={value.strip()!r} is not understood: use all, a count (2), device=0,2, device=GPU-<uuid> or auto"
+        )
+    if asked.kind == "auto":
         return GpuRequest(auto=True)
-    if value == "all":
+    if asked.kind == "all":
         return GpuRequest((gpu_request(count=-1),), "all")
-    if value.isascii() and value.isdigit():
-        return GpuRequest((gpu_request(count=int(value)),), None)
-    if value.startswith("device="):
-        ids = [d.strip() for d in value.removeprefix("device=").strip("\"'").split(",") if d.strip()]
-        if ids:
-            req = gpu_request(device_ids=ids)
-            uuids = tuple(i for i in ids if i.startswith(("GPU-", "MIG-")))
-            return GpuRequest((req,), ",".join(ids), uuids if len(uuids) == len(ids) else ())
-    raise errors.ConfigError(
-        f"PP_GPUS={value!r} is not understood: use all, a count (2), device=0,2, device=GPU-<uuid> or auto"
-    )
+    if asked.kind == "count":  # as docker run --gpus 2: the engine picks two
+        return GpuRequest((gpu_request(count=asked.count),), None)
+    uuids = tuple(i for i in asked.ids if i.startswith(("GPU-", "MIG-")))
+    every = uuids if len(uuids) == len(asked.ids) else ()
+    return GpuRequest((gpu_request(device_ids=list(asked.ids)),), ",".join(asked.ids), every)
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 GPU_CAPABILITIES = [["gpu"]]
@@ -29,3 +30,30 @@ def device_requests(gpus: tuple[str, ...], attach: str) -> tuple[Mapping[str, An
             },
         )
     return (gpu_request(device_ids=list(gpus)),)
+
+
+@dataclass(frozen=True)
+class GpusAsked:
+    """A `--gpus` value read as `docker run --gpus` reads it (the one reader; `pp-launch chain` and pp-gpu-node's
+    PP_GPUS each decide what it means for them): auto, none, all, a count of GPUs for one container, or a list
+    of indices/UUIDs."""
+
+    kind: str  # auto | none | all | count | list
+    count: int = 0
+    ids: tuple[str, ...] = ()
+
+
+def read_gpus(value: str, bare_lists: bool = True) -> GpusAsked | None:
+    """None when it is not understood (the caller names its flag in the error). A count is ASCII digits; a list
+    is `device=LIST` (quoted or not), or with `bare_lists` a LIST with a comma (`3,` or `0,3`) or of UUIDs."""
+    value = value.strip()
+    if value in ("auto", "none", "all"):
+        return GpusAsked(value)
+    if value.isascii() and value.isdigit():
+        return GpusAsked("count", int(value))
+    listed = value.removeprefix("device=").strip("\"'")
+    ids = tuple(t.strip() for t in listed.split(",") if t.strip())
+    uuids = all(t.startswith(("GPU-", "MIG-")) for t in ids)
+    if ids and (value.startswith("device=") or (bare_lists and ("," in value or uuids))):
+        return GpusAsked("list", ids=ids)
+    return None
