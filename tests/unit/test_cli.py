@@ -443,3 +443,20 @@ def test_version_and_help_import_neither_docker_nor_rich() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert "Commands:" in done.stdout
     assert done.stderr.strip() == "heavy:", done.stderr
+
+
+@pytest.mark.parametrize("path", [p for p in all_commands(main) if p and p[0] != "node"], ids=" ".join)
+def test_every_usage_error_is_one_line_and_a_hint_exit_2(path: tuple[str, ...]) -> None:
+    result = run(*path, "--no-such-flag")
+    assert result.exit_code == 2
+    lines = result.output.strip().splitlines()
+    assert lines[0].startswith("pp-launch: error: No such option") and "--no-such-flag" in lines[0], lines
+    assert lines[1:] == [f"pp-launch: hint: 'pp-launch {' '.join(path)} --help' lists its options"]
+
+
+@pytest.mark.parametrize(("args", "words"), [(("chain", "--stages", "0"), "Invalid value for '--stages'"),
+                                             (("chian",), "No such command 'chian'")])  # fmt: skip
+def test_click_and_our_own_errors_look_alike(args: tuple[str, ...], words: str) -> None:
+    result = run(*args)
+    assert result.exit_code == 2 and result.output.startswith(f"pp-launch: error: {words}")
+    assert "Usage:" not in result.output

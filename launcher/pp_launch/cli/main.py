@@ -38,13 +38,39 @@ def _verbosity(ctx: click.Context, param: click.Parameter, value: Any) -> None:
     obj["verbosity"] = -1 if param.name == "quiet" else max(obj["verbosity"], int(value))
 
 
+class OneLineUsage(click.UsageError):
+    """A usage error in the one style of every pp-launch error: `pp-launch: error: ...` and a hint, exit 2."""
+
+    def show(self, file: Any = None) -> None:
+        path = " ".join(["pp-launch", *(self.ctx.command_path.split()[1:] if self.ctx is not None else [])])
+        click.echo(f"pp-launch: error: {self.format_message()}", err=True)
+        click.echo(f"pp-launch: hint: '{path} --help' lists its options", err=True)
+
+
+def one_line(exc: click.UsageError) -> OneLineUsage:
+    if isinstance(exc, OneLineUsage):
+        return exc
+    return OneLineUsage(exc.format_message(), exc.ctx)
+
+
 class Commands(click.Group):
     """The `pp-launch` group: every command runs inside the one error boundary (options.mapped_errors), and
     takes -v/-q after its name too (not `node`: its arguments are the container's command)."""
 
     def invoke(self, ctx: click.Context) -> Any:
-        with mapped_errors():
-            return super().invoke(ctx)
+        try:
+            with mapped_errors():
+                return super().invoke(ctx)
+        except click.UsageError as exc:  # a command's own flags, or its body's BadParameter
+            raise one_line(exc) from None
+
+    def make_context(
+        self, info_name: str | None, args: list[str], parent: click.Context | None = None, **extra: Any
+    ) -> click.Context:
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except click.UsageError as exc:  # the group's own: an unknown command, a bad root flag
+            raise one_line(exc) from None
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(set(COMMANDS) | set(self.commands))
