@@ -85,3 +85,22 @@ def test_ps_quiet_lists_run_ids_and_run_filters_and_shows_addresses(detached: st
     assert all(r["address"].startswith("127.0.0.1:") and r["uptime_s"] is not None for r in rows)
     table = cli("ps", "--run", detached)
     assert "address" in table.stdout.splitlines()[0] and "127.0.0.1:" in table.stdout
+
+
+def test_a_docker_context_chosen_by_docker_context_reaches_its_engine(detached: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A context whose endpoint is the suite's engine, chosen by DOCKER_CONTEXT alone: ps sees the run there."""
+    import hashlib
+    import json
+    import os
+
+    from pp_launch.adapters.docker_engine import engine_address
+
+    meta = tmp_path / "contexts" / "meta" / hashlib.sha256(b"suite").hexdigest()
+    meta.mkdir(parents=True)
+    (meta / "meta.json").write_text(json.dumps({"Name": "suite", "Endpoints": {"docker": {"Host": engine_address()}}}))
+    env = {k: v for k, v in os.environ.items() if k != "DOCKER_HOST"}
+    env.update(DOCKER_CONTEXT="suite", DOCKER_CONFIG=str(tmp_path))
+    done = subprocess.run([sys.executable, "-m", "pp_launch", "ps", "-q"], capture_output=True, text=True,
+                          timeout=60, env=env)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert detached in done.stdout.split()

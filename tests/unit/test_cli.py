@@ -460,3 +460,20 @@ def test_click_and_our_own_errors_look_alike(args: tuple[str, ...], words: str) 
     result = run(*args)
     assert result.exit_code == 2 and result.output.startswith(f"pp-launch: error: {words}")
     assert "Usage:" not in result.output
+
+
+def test_a_bare_env_name_passes_the_callers_value_through_as_docker_does() -> None:
+    result = run("chain", "--stages", "1", "-e", "FOO", "-e", "UNSET_PP_X", "-e", "A=1", "--gpus", "none",
+                 "--dry-run", "--json", env={"FOO": "bar", "UNSET_PP_X": None})  # type: ignore[dict-item]  # fmt: skip
+    assert result.exit_code == 0, result.output
+    env = json.loads(result.output)["stages"][0]["env"]
+    assert env["FOO"] == "bar" and env["A"] == "1" and "UNSET_PP_X" not in env
+
+
+def test_docker_context_is_honoured_as_the_docker_cli_does(tmp_path: Path) -> None:
+    """DOCKER_CONTEXT names the engine when DOCKER_HOST is not set (it used to be ignored: the default engine
+    was listed while docker itself failed)."""
+    env = {"DOCKER_HOST": None, "DOCKER_CONTEXT": "bogus", "DOCKER_CONFIG": str(tmp_path)}
+    result = run("ps", env=env)  # type: ignore[arg-type]
+    assert result.exit_code == 2
+    assert result.output.startswith("pp-launch: error: DOCKER_CONTEXT=bogus: no Docker context of that name")

@@ -137,6 +137,12 @@ def connect(timeout: float | None = None, host: str | None = None) -> Engine:
     host: a Docker context name or an engine URL (--host); None for DOCKER_HOST or the default socket."""
     if timeout is None:
         timeout = float(os.environ.get("PP_ENGINE_TIMEOUT", "30"))
+    if host is None and (chosen := chosen_context()) is not None:
+        name, source = chosen
+        try:
+            return connect(timeout, name)
+        except errors.EngineUnavailable as exc:
+            raise errors.EngineUnavailable(str(exc).replace(f"host {name}:", f"{source}:", 1)) from None
     if host is not None:
         context = _context(host)
         return Engine(_host_client(host, context, timeout), timeout, host, context.url)
@@ -149,6 +155,23 @@ def connect(timeout: float | None = None, host: str | None = None) -> Engine:
             "DOCKER_HOST to the engine you mean) and check that 'docker info' works."
         ) from None
     return Engine(client, timeout)
+
+
+def chosen_context() -> tuple[str, str] | None:
+    """The Docker context the docker CLI would use when DOCKER_HOST is not set: DOCKER_CONTEXT, else the
+    config's currentContext; (name, where it was chosen) or None for the default engine."""
+    if os.environ.get("DOCKER_HOST"):
+        return None
+    if name := os.environ.get("DOCKER_CONTEXT"):
+        return (None if name == "default" else (name, f"DOCKER_CONTEXT={name}"))
+    config = Path(os.environ.get("DOCKER_CONFIG") or Path.home() / ".docker") / "config.json"
+    try:
+        current = json.loads(config.read_text()).get("currentContext")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if isinstance(current, str) and current and current != "default":
+        return current, f"the current Docker context {current} ({config})"
+    return None
 
 
 @dataclass(frozen=True)

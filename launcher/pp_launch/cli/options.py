@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import click
@@ -38,7 +38,14 @@ def stage_options(f: F) -> F:
             help="Stage image; must be present locally (pp-launch never pulls). The built-in one is built on "
             "first use.",
         ),
-        click.option("--env", "env", multiple=True, metavar="NAME=VALUE", help="Set a variable in every stage."),
+        click.option(
+            "-e",
+            "--env",
+            "env",
+            multiple=True,
+            metavar="NAME[=VALUE]",
+            help="Set a variable in every stage; a bare NAME passes this shell's value through (as docker run -e).",
+        ),
         click.option("--stage-env", multiple=True, metavar="K:NAME=VALUE", help="Set a variable in stage K only."),
     ]
 
@@ -217,9 +224,17 @@ def swactor_options(f: F) -> F:
     return command  # type: ignore[no-any-return]
 
 
-def parse_env(values: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+def parse_env(values: tuple[str, ...], environ: Mapping[str, str] | None = None) -> tuple[tuple[str, str], ...]:
+    """NAME=VALUE, or a bare NAME: the caller's own value passes through, as `docker run -e NAME` does (a NAME
+    the caller has not set is left out, as docker leaves it)."""
+    environ = os.environ if environ is None else environ
     out = []
     for v in values:
+        if "=" not in v and v and (v[0].isalpha() or v[0] == "_") and v.replace("_", "a").isalnum():
+            if v in environ:
+                v = f"{v}={environ[v]}"
+            else:
+                continue
         try:
             out.append(parse_assignment(v))
         except ValueError as exc:
