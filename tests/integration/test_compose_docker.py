@@ -79,6 +79,9 @@ def test_a_four_stage_demo_starts_every_service_at_once_and_down_leaves_nothing(
         assert ps.wait(30) == 0
         mine = [r for r in ps.events if r["run"] == compose.run_id_for(project)]
         assert [(r["stage"], r["owner_status"]) for r in mine] == [(k, "compose") for k in range(4)]
+        waited = Launcher("wait", compose.run_id_for(project), "--timeout", "60")  # compose keeps its stages
+        assert waited.wait(90) == 0, waited.stderr_text()
+        assert sorted(line.split()[1] for line in waited.stdout_text().splitlines()) == ["0", "1", "2", "3"]
     finally:
         down = dc(path, "down", check=False)
     assert down.returncode == 0, down.stderr

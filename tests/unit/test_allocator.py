@@ -166,7 +166,7 @@ def test_explicit_list_is_used_in_stage_order() -> None:
 @pytest.mark.parametrize(
     ("explicit", "message"),
     [
-        (("0",), "--gpus lists 1 GPUs but 2 stages x 1 need 2"),
+        (("0",), "--gpus lists 1 GPU but 2 stages x 1 need 2: list 2 (2 stages x 1 GPU each)"),
         (("2", "9"), "--gpus names '9', which is no GPU on this host"),
         (("1", "1"), "which is listed twice"),
         (

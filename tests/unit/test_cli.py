@@ -477,3 +477,20 @@ def test_docker_context_is_honoured_as_the_docker_cli_does(tmp_path: Path) -> No
     result = run("ps", env=env)  # type: ignore[arg-type]
     assert result.exit_code == 2
     assert result.output.startswith("pp-launch: error: DOCKER_CONTEXT=bogus: no Docker context of that name")
+
+
+def test_one_stage_with_a_list_of_two_gets_both_as_docker_gives_its_container(tmp_path: Path) -> None:
+    inv = str(DATA / "nvlink-8gpu.json")
+    result = run("chain", "--stages", "1", "--gpus", "device=0,2", "--dry-run", "--json", "--gpu-inventory", inv)
+    assert result.exit_code == 0, result.output
+    assert len(json.loads(result.output)["stages"][0]["gpus"]) == 2
+
+
+def test_a_list_that_does_not_fit_the_stages_says_how_to_fix_it() -> None:
+    inv = str(DATA / "nvlink-8gpu.json")
+    result = run("chain", "--stages", "2", "--gpus", "device=0,2,3", "--dry-run", "--gpu-inventory", inv)
+    assert result.exit_code == 2
+    assert "--gpus lists 3 GPUs but 2 stages x 1 need 2: list 2 (2 stages x 1 GPU each)" in result.output
+    result = run("chain", "--stages", "2", "--gpus", "device=0,2,3,4", "--gpus-per-stage", "1", "--stages", "1",
+                 "--dry-run", "--gpu-inventory", inv)  # fmt: skip
+    assert result.exit_code == 0  # one stage takes all four

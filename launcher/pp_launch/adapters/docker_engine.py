@@ -467,11 +467,12 @@ class Engine:
         if pending:
             yield pending
 
-    def wait_removed(self, ref: str, timeout: float | None = None) -> int | None:
+    def wait_removed(self, ref: str, timeout: float | None = None, condition: str = "removed") -> int | None:
         """Block until the container is gone (auto-remove) and return its exit code; None if it was gone already
-        or the engine could not say."""
+        or the engine could not say. condition "not-running": until it exited (a container that is kept, as
+        Compose keeps its services')."""
         try:
-            resp = self.api.wait(ref, timeout=timeout, condition="removed")
+            resp = self.api.wait(ref, timeout=timeout, condition=condition)
         except docker.errors.NotFound:
             return None
         except requests.exceptions.ReadTimeout:

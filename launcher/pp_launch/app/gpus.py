@@ -143,6 +143,7 @@ def select(
     labels, read under its GPU lock (held by the caller)."""
     asked = mode.strip()
     mode, per_stage = parse_gpus_flag(mode, per_stage)
+    per_stage = _per_stage_of_list(mode, stages, per_stage)
     listed = mode if mode not in ("auto", "none", "all") else "auto"
     ask = _Ask(asked, mode, _request(listed, 1, per_stage, environ, allow_shared, min_free_mib))
     one_engine = _one_engine(hosts_gpus)
@@ -183,6 +184,15 @@ def _cpu_only(ask: _Ask, hosts_gpus: Sequence[HostGpus]) -> bool:
         raise errors.NotEnoughGpus(f"--gpus {ask.asked} asks for GPUs, but {why}; use --gpus none for CPU stages")
     notes = "; ".join(_notes(hosts_gpus))
     raise errors.NotEnoughGpus(f"--gpus {ask.asked} asks for GPUs, but no host has any ({notes})")
+
+
+def _per_stage_of_list(mode: str, stages: int, per_stage: int) -> int:
+    """A list of k x stages GPUs with --gpus-per-stage left at 1 gives each stage k of them, as `docker run --gpus
+    device=0,2` gives its one container both."""
+    ids = mode.split(",") if mode not in ("auto", "none", "all") else []
+    if ids and per_stage == 1 and len(ids) > stages and len(ids) % stages == 0:
+        return len(ids) // stages
+    return per_stage
 
 
 def _one_engine(hosts_gpus: Sequence[HostGpus]) -> bool:

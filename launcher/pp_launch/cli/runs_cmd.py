@@ -171,8 +171,9 @@ def _wait_exit(run: str, found: list[tuple[Engine, Any]], deadline: float | None
 
     def one(engine: Engine, c: Any) -> None:
         left = None if deadline is None else max(0.1, deadline - time.monotonic())
+        kept = c.labels.get(labels.OWNER, "").startswith(labels.OWNER_COMPOSE_PREFIX)  # compose keeps its stages
         with contextlib.suppress(errors.PpLaunchError):
-            codes[c.id] = engine.wait_removed(c.id, left)
+            codes[c.id] = engine.wait_removed(c.id, left, "not-running" if kept else "removed")
 
     threads = [threading.Thread(target=one, args=(e, c), daemon=True) for e, c in found]
     for t in threads:

@@ -209,8 +209,16 @@ def _explicit(
     need: int,
 ) -> list[Unit]:
     if len(request.explicit) != need:
+        n, k = len(request.explicit), request.stages
+        hint = (
+            f": list {need}, or ask --gpus-per-stage {n // k} to give each stage {n // k} of them"
+            if n % k == 0 and n // k != request.per_stage
+            else f": list {need} ({k} stage{'s' if k != 1 else ''} x {request.per_stage} GPU"
+            f"{'s' if request.per_stage != 1 else ''} each)"
+        )
         raise errors.ConfigError(
-            f"--gpus lists {len(request.explicit)} GPUs but {request.stages} stages x {request.per_stage} need {need}"
+            f"--gpus lists {n} GPU{'s' if n != 1 else ''} but {k} stage{'s' if k != 1 else ''} x "
+            f"{request.per_stage} need{'s' if k == 1 and request.per_stage == 1 else ''} {need}{hint}"
         )
     chosen: list[Unit] = []
     for token in request.explicit:
@@ -230,7 +238,8 @@ def _not_enough(
     need: int, request: AllocationRequest, free: list[Unit], passed_over: list[str], inventory: GpuInventory
 ) -> errors.NotEnoughGpus:
     lines = [
-        f"not enough GPUs: {request.stages} stages x {request.per_stage} need {need}, "
+        f"not enough GPUs: {request.stages} stage{'s' if request.stages != 1 else ''} x {request.per_stage} "
+        f"need{'s' if request.stages == 1 and request.per_stage == 1 else ''} {need}, "
         f"{len(free)} free of {len(units(inventory))}"
     ]
     lines += [f"  {why}" for why in passed_over]
