@@ -120,6 +120,17 @@ def test_gpu_requests_through_the_engine(engine, stub_image, value: str) -> None
         engine.remove(ref)
 
 
+def test_pp_gpus_on_an_engine_without_the_toolkit_is_exit_2_with_pp_gpu_nodes_own_fix(engine, stub_image) -> None:
+    """This engine has no NVIDIA device driver: PP_GPUS cannot be attached. The message suggests what pp-gpu-node
+    takes (not chain's --gpu-attach), and the exit is 2, as for any host set-up problem; nothing is left."""
+    prefix = unique("tk")
+    node = Launcher("node", env=node_env(prefix, stub_image, PP_GPUS="all"))
+    assert node.wait(60) == 2
+    err = node.stderr_text()
+    assert "the engine cannot attach GPUs" in err and "leave PP_GPUS unset" in err and "--gpu-attach" not in err
+    assert containers_named(engine, f"{prefix}-0") == []
+
+
 @pytest.mark.parametrize("code", [0, 3, 137])
 def test_exit_codes_propagate(engine, stub_image, code: int) -> None:
     script = "kill -9 $$" if code == 137 else f"exit {code}"

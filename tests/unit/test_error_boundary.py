@@ -25,6 +25,7 @@ EXAMPLES: dict[type[errors.PpLaunchError], errors.PpLaunchError] = {
     errors.EngineUnavailable: errors.EngineUnavailable("cannot reach the Docker engine at unix:///x.sock"),
     errors.ImageMissing: errors.ImageMissing("image x:1 is not present on this engine"),
     errors.NotEnoughGpus: errors.NotEnoughGpus("4 GPUs needed, 2 free"),
+    errors.GpuAttachUnavailable: errors.GpuAttachUnavailable("could not select device driver: the engine cannot ..."),
     errors.NameInUse: errors.NameInUse("container name pp-0 is held by a container not made by pp-launch"),
     errors.EngineError: errors.EngineError("the engine refused to create pp-0"),
     errors.EngineLost: errors.EngineLost("the Docker engine at unix:///x.sock stopped"),

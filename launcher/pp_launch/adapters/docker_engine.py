@@ -75,12 +75,13 @@ def raw_socket(attached: Any) -> socket.socket:
 
 _READ_CHUNK = 64 * 1024
 
-NVIDIA_TOOLKIT_HINT = (
+TOOLKIT_MISSING = (
     "the engine cannot attach GPUs: the NVIDIA container toolkit is missing or not configured. "
     "Check with 'docker info | grep -i runtime' and 'nvidia-ctk --version'; install nvidia-container-toolkit "
-    "and run 'nvidia-ctk runtime configure --runtime=docker', or use --gpu-attach env on hosts whose default "
-    "runtime is NVIDIA's"
+    "and run 'nvidia-ctk runtime configure --runtime=docker'"
 )
+NVIDIA_TOOLKIT_HINT = f"{TOOLKIT_MISSING}, or use --gpu-attach env on hosts whose default runtime is NVIDIA's"
+NODE_TOOLKIT_HINT = f"{TOOLKIT_MISSING}, or leave PP_GPUS unset to run this stage on CPU"
 
 
 def engine_address() -> str:
@@ -596,8 +597,10 @@ class DockerStageBackend:
         split_lines: bool = True,
         expected: int = 0,
         on_all_created: Callable[[], None] | None = None,
+        toolkit_hint: str = "",
     ) -> None:
         """split_lines=False passes output on as it comes (pp-gpu-node: byte for byte, any line length).
+        toolkit_hint: what to do when the engine cannot attach GPUs (the caller's own flags; the chain's by default).
         expected/on_all_created: called once when that many containers exist, or teardown begins (the engine's
         GPU lock is released then: the stages' labels now say which GPUs they hold)."""
         self.engine = engine
@@ -608,6 +611,7 @@ class DockerStageBackend:
         self.max_line = max_line
         self.split_lines = split_lines
         self._stdin: dict[str, socket.socket] = {}
+        self._toolkit_hint = toolkit_hint or NVIDIA_TOOLKIT_HINT
         self._tearing_down = threading.Event()
         self._threads = Threads()  # every reader and wait of this backend, joined by close()
         self._image_configs: dict[str, Mapping[str, Any] | None] = {}  # one inspect per image, not per stage
@@ -676,7 +680,7 @@ class DockerStageBackend:
         except docker.errors.APIError as exc:
             reason = _reason(exc)
             if "could not select device driver" in reason:
-                raise errors.EngineError(f"{reason}: {NVIDIA_TOOLKIT_HINT}") from None
+                raise errors.GpuAttachUnavailable(f"{reason}: {self._toolkit_hint}") from None
             raise errors.EngineError(f"the engine could not start it: {reason}") from None
 
     def watch(self, ref: str, stage: int, sink: Sink) -> None:

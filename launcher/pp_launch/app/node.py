@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pp_launch.adapters import identity, local, watchdog
-from pp_launch.adapters.docker_engine import DockerStageBackend, Engine, connect
+from pp_launch.adapters.docker_engine import NODE_TOOLKIT_HINT, DockerStageBackend, Engine, connect
 from pp_launch.adapters.inbox import QueueInbox
 from pp_launch.adapters.runtime import ThreadRuntime
 from pp_launch.app import gpus as gpu_select
@@ -91,7 +91,9 @@ def _run_locked(
     spec = dataclasses.replace(config, run_id=run_id).spec(environ, owner, gpus)
     local.ensure_dirs([m.host for m in spec.mounts])
     guard = watchdog.spawn(run_id, config.grace)  # before the container exists: no moment is uncovered
-    backend = DockerStageBackend(engine, split_lines=False, expected=1, on_all_created=locks.release)
+    backend = DockerStageBackend(
+        engine, split_lines=False, expected=1, on_all_created=locks.release, toolkit_hint=NODE_TOOLKIT_HINT
+    )
     try:
         ref = backend.create(spec, spec.env)
         streams = {"stdout": 1, "stderr": 2}

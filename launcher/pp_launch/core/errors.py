@@ -44,6 +44,10 @@ class NotEnoughGpus(ConfigError):
     """The machine cannot fit the requested GPUs; the message says why each GPU was passed over."""
 
 
+class GpuAttachUnavailable(ConfigError):
+    """The engine cannot attach GPUs (no NVIDIA container toolkit, or not configured): a host's set-up, exit 2."""
+
+
 class NameInUse(ConfigError):
     """A container name is taken by a live owner: never killed, reported."""
 
