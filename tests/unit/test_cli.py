@@ -494,3 +494,18 @@ def test_a_list_that_does_not_fit_the_stages_says_how_to_fix_it() -> None:
     result = run("chain", "--stages", "2", "--gpus", "device=0,2,3,4", "--gpus-per-stage", "1", "--stages", "1",
                  "--dry-run", "--gpu-inventory", inv)  # fmt: skip
     assert result.exit_code == 0  # one stage takes all four
+
+
+def test_chain_file_keys_are_the_flags_and_a_typo_gets_a_suggestion(tmp_path: Path) -> None:
+    bad = tmp_path / "c.toml"
+    bad.write_text('stages = 2\nnmae = "x"\n')
+    result = run("chain", "-f", str(bad), "--dry-run")
+    assert result.exit_code == 2
+    assert "unknown key 'nmae' (did you mean 'name'?)" in result.output
+    assert "name_prefix" not in result.output and "host_names" not in result.output and " host," in result.output
+    good = tmp_path / "g.toml"
+    good.write_text('stages = 3\nname = "mine"\ngpus = "none"\n[stage-env.1]\nA = "1"\n')
+    result = run("chain", "-f", str(good), "--dry-run", "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    assert [s["name"] for s in doc["stages"]] == ["mine-0", "mine-1", "mine-2"] and doc["stages"][1]["env"]["A"] == "1"

@@ -22,10 +22,29 @@ from pp_launch.core.chain.scope import ChainOutcome
 FILE_SKIPS = {"file", "as_json", "dry_run", "detach", "help", "verbose", "quiet"}  # not settable from a chain file
 
 
+def file_keys(command: click.Command) -> dict[str, str]:
+    """A chain file's keys are the command's long flags without their dashes (`gpus-per-stage`, `name`, `host`),
+    each mapped to the option it sets."""
+    keys = {}
+    for p in command.params:
+        if isinstance(p, click.Option) and p.name and p.name not in FILE_SKIPS:
+            flag = max((o for o in p.opts if o.startswith("--")), key=len, default=None)
+            if flag is not None:
+                keys[flag[2:]] = p.name
+    return keys
+
+
+def _did_you_mean(key: str, keys: dict[str, str]) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(key.replace("_", "-"), list(keys), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def load_chain_file(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    """-f FILE: a TOML chain file whose keys are chain's options (dashes or underscores); it sets their
-    defaults, so flags given on the command line override it. `env` is a table, `stage_env` a table of tables
-    keyed by stage."""
+    """-f FILE: a TOML chain file whose keys are chain's long flags (`gpus-per-stage`, or `gpus_per_stage`); it sets
+    their defaults, so flags given on the command line override it. `env` is a table, `stage-env` a table of
+    tables keyed by stage."""
     if value is None:
         return None
     try:
@@ -39,19 +58,20 @@ def load_chain_file(ctx: click.Context, param: click.Parameter, value: str | Non
         raise errors.ConfigError(f"cannot read chain file {value}: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise errors.ConfigError(f"chain file {value} is not TOML: {exc}") from None
-    names = {p.name for p in ctx.command.params if p.name} - FILE_SKIPS
+    keys = file_keys(ctx.command)
     defaults: dict[str, Any] = {}
     for raw_key, item in doc.items():
-        key = {"name": "name_prefix"}.get(raw_key.replace("-", "_"), raw_key.replace("-", "_"))
-        if key not in names:
-            raise errors.ConfigError(f"chain file {value}: unknown key {raw_key!r}; keys: {', '.join(sorted(names))}")
+        key = keys.get(raw_key.replace("_", "-"))
+        if key is None:
+            raise errors.ConfigError(f"chain file {value}: unknown key {raw_key!r}{_did_you_mean(raw_key, keys)}; "
+                                     f"keys: {', '.join(sorted(keys))}")  # fmt: skip
         if key == "env":
             if not isinstance(item, dict):
                 raise errors.ConfigError(f'chain file {value}: env must be a table of NAME = "value"')
             defaults[key] = [f"{k}={v}" for k, v in item.items()]
         elif key == "stage_env":
             if not isinstance(item, dict) or not all(isinstance(t, dict) for t in item.values()):
-                raise errors.ConfigError(f"chain file {value}: stage_env must be tables by stage: [stage_env.1]")
+                raise errors.ConfigError(f"chain file {value}: stage-env must be tables by stage: [stage-env.1]")
             defaults[key] = [f"{k}:{n}={v}" for k, table in item.items() for n, v in table.items()]
         else:
             defaults[key] = item
