@@ -49,6 +49,11 @@ def test_gpus_held_by_a_running_labelled_container_are_avoided(engine, stub_imag
         too_many = Launcher("chain", "--stages", "3", "--dry-run", env=state_dir)
         assert too_many.wait(30) == 2
         assert f"GPU 0 ({UUIDS[0]}) held by pp-launch run held" in too_many.stderr_text()
+        shown = Launcher("gpus", "--json", env=state_dir)  # who holds what, in --json too
+        assert shown.wait(30) == 0, shown.stderr_text()
+        held_by = json.loads("\n".join(shown.stdout_lines))["held_by"]
+        assert set(held_by) == {UUIDS[0], UUIDS[1]} and held_by[UUIDS[0]]["stage"] == 0
+        assert held_by[UUIDS[0]]["run"].startswith("held")
     plan = Launcher("chain", "--stages", "2", "--dry-run", "--json", env=state_dir)
     assert plan.wait(30) == 0
     assert [s["gpus"] for s in json.loads("\n".join(plan.stdout_lines))["stages"]] == [[UUIDS[0]], [UUIDS[1]]]

@@ -186,21 +186,32 @@ def test_not_enough_gpus_is_exit_2_naming_each_gpu() -> None:
     assert "busy: pid 4242 using 1024 MiB" in result.output
 
 
-def test_gpus_without_a_driver_is_one_line_and_exit_0() -> None:
+def test_gpus_without_a_driver_is_one_line_and_exit_0_and_says_what_it_could_not_check() -> None:
     result = run("gpus")
     assert result.exit_code == 0
-    assert result.output.strip() == NO_DRIVER
+    assert result.output.strip().splitlines() == [
+        "pp-launch: warning: no Docker engine answered: which run holds each GPU is not shown",
+        NO_DRIVER,
+    ]
+
+
+def test_gpus_record_without_nvml_records_nothing_and_says_why(tmp_path: Path) -> None:
+    out = tmp_path / "rec.json"
+    result = run("gpus", "--record", str(out))
+    assert result.exit_code == 2 and f"nothing recorded to {out}: {NO_DRIVER}" in result.output
+    assert not out.exists()
 
 
 def test_gpus_table_json_and_record(tmp_path: Path) -> None:
     inv = str(DATA / "pcie-2socket-4gpu.json")
     table = run("gpus", "--gpu-inventory", inv)
     assert table.exit_code == 0
-    lines = table.output.splitlines()
+    lines = table.stdout.splitlines()
     assert lines[0].split()[:3] == ["idx", "uuid", "name"]
     assert "4242(1024 MiB)" in lines[1] and "1536/46068" in lines[1]
     assert lines[-1] == "driver 580.159.03, CUDA 13.0"
-    as_json = json.loads(run("gpus", "--json", "--gpu-inventory", inv).output)
+    as_json = json.loads(run("gpus", "--json", "--gpu-inventory", inv).stdout)
+    assert as_json.pop("held_by") is None  # no engine answered: not known (an engine's holders: integration)
     assert as_json == json.loads(Path(inv).read_text())
     out = tmp_path / "rec.json"
     assert run("gpus", "--gpu-inventory", inv, "--record", str(out)).exit_code == 0

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
+from typing import Any
 
 import click
 
@@ -70,21 +72,27 @@ def gpus(
                 inventory = gpu_select.load_inventory(gpu_inventory)
             else:
                 inventory = across.probe_inventory(reached[0], image, gpu_attach, identity.new_run_id(), owner)
-            held = holders_by_uuid(live_gpu_labels(reached[0].engine))
+            held_rows = live_gpu_labels(reached[0].engine)
+            held = holders_by_uuid(held_rows)
         finally:
             across.close_all(reached)
     else:
         inventory = gpu_select.load_inventory(gpu_inventory)
-        try:
-            held = holders_by_uuid(live_gpu_labels(connect(timeout=5)))
-        except errors.EngineUnavailable:
-            held = {}
+        rows = _live_labels()
+        held = holders_by_uuid(rows) if rows is not None else {}
+        if rows is None:
+            click.echo("pp-launch: warning: no Docker engine answered: which run holds each GPU is not shown", err=True)
     if record:
+        if not inventory.gpus and inventory.note:
+            raise errors.ConfigError(f"nothing recorded to {record}: {inventory.note}")
         inventory_file.save(inventory, record)
     if inventory.note:
         click.echo(inventory.note, err=True)
-    if as_json:
-        click.echo(json.dumps(inventory.to_json(), separators=(",", ":")))  # JSON lines, as every --json
+    if as_json:  # JSON lines, as every --json; an inventory file as it is, with who holds what beside it
+        doc = {**inventory.to_json(), "held_by": _held_by(rows) if host is None and rows is not None else None}
+        if host is not None:
+            doc["held_by"] = _held_by(held_rows)
+        click.echo(json.dumps(doc, separators=(",", ":")))
     elif inventory.gpus:
         click.echo(render_table(inventory, held))
         if topo:
@@ -92,3 +100,16 @@ def gpus(
             click.echo(render_topology(inventory))
     if record:
         click.echo(f"recorded {len(inventory.gpus)} GPUs to {record}", err=True)
+
+
+def _live_labels() -> list[Mapping[str, str]] | None:
+    """The labels of DOCKER_HOST's containers that hold GPUs; None when no engine answers."""
+    try:
+        return live_gpu_labels(connect(timeout=5))
+    except errors.EngineUnavailable:
+        return None
+
+
+def _held_by(rows: list[Mapping[str, str]]) -> dict[str, dict[str, Any]]:
+    """UUID -> {"run", "stage"} of the pp-launch stage holding it."""
+    return {uuid: {"run": h.run_id, "stage": h.stage} for uuid, h in gpu_select.holdings_from_labels(rows).items()}
