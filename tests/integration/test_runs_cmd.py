@@ -104,3 +104,15 @@ def test_a_docker_context_chosen_by_docker_context_reaches_its_engine(detached: 
                           timeout=60, env=env)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert detached in done.stdout.split()
+
+
+def test_detach_quiet_prints_the_run_id_alone_and_nothing_else(engine, stub_image) -> None:  # type: ignore[no-untyped-def]
+    up = cli("chain", "--stages", "1", "--gpus", "none", "-d", "-q", "--env", "STUB_MODE=hold", "--no-sweep")
+    assert up.returncode == 0, up.stderr
+    run = up.stdout.strip()
+    remember_run(run)
+    try:
+        assert len(run) == 12 and up.stderr == ""
+    finally:
+        assert cli("down", run, "--grace", "1", "-q").returncode == 0
+    assert run_containers(engine, run) == []

@@ -520,3 +520,13 @@ def test_chain_file_keys_are_the_flags_and_a_typo_gets_a_suggestion(tmp_path: Pa
     assert result.exit_code == 0, result.output
     doc = json.loads(result.output)
     assert [s["name"] for s in doc["stages"]] == ["mine-0", "mine-1", "mine-2"] and doc["stages"][1]["env"]["A"] == "1"
+
+
+@pytest.mark.parametrize("command", ["ps", "logs", "wait", "down", "gc"])
+def test_the_housekeeping_host_help_is_their_own_not_the_chains(command: str) -> None:
+    text = " ".join(run(command, "--help").output.split())
+    assert "Look at these Docker engines instead" in text and "ring order" not in text
+
+
+def test_ps_help_suggests_nothing_that_stops_other_users_runs() -> None:
+    assert "xargs" not in run("ps", "--help").output

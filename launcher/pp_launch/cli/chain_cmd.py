@@ -18,6 +18,7 @@ from pp_launch.cli.tables import gpu_names
 from pp_launch.core import errors, hosts
 from pp_launch.core.chain.plan import ChainPlan, ChainRequest
 from pp_launch.core.chain.scope import ChainOutcome
+from pp_launch.core.lines import count
 
 FILE_SKIPS = {"file", "as_json", "dry_run", "detach", "help", "verbose", "quiet"}  # not settable from a chain file
 
@@ -241,15 +242,16 @@ def _run(request: LaunchRequest, verbosity: int, as_json: bool) -> None:
         for r in reporters:
             r.close()
     assert done.outcome is not None
-    _finish(done.outcome, done.plan.run_id, as_json, said=getattr(reporters[0], "said", "") if reporters else "")
+    said = getattr(reporters[0], "said", "") if reporters else ""
+    _finish(done.outcome, done.plan.run_id, as_json, said, quiet=verbosity < 0)
 
 
 def _reporter(run_id: str, stages: int, verbosity: int, as_json: bool, detach: bool) -> Any:
     """--json: events on stdout; --detach: stdout is the run id alone (RUN=$(pp-launch chain --detach)), so
     everything else goes to stderr; a terminal: the live table; else plain lines."""
-    if detach:
+    if detach and verbosity >= 0:
         click.echo(
-            f"pp-launch: run {run_id}: bringing up {stages} stages; until every stage has announced it ends "
+            f"pp-launch: run {run_id}: bringing up {count(stages, 'stage')}; until every stage has announced it ends "
             "with this launcher, then only 'pp-launch down' ends it",
             err=True,
         )
@@ -262,12 +264,13 @@ def _reporter(run_id: str, stages: int, verbosity: int, as_json: bool, detach: b
     return PlainReporter(run_id, verbosity)
 
 
-def _finish(outcome: ChainOutcome, run_id: str, as_json: bool, said: str = "") -> None:
+def _finish(outcome: ChainOutcome, run_id: str, as_json: bool, said: str = "", quiet: bool = False) -> None:
     """The result last; a failure's cause was said before the teardown summary (only what it did not say yet)."""
     if outcome.reason == "detached":
         if not as_json:  # --json: stdout carries events only, and every event names the run
             click.echo(run_id)
-        click.echo(f"pp-launch: {outcome.message}; stop it with 'pp-launch down {run_id}'", err=True)
+        if not quiet:
+            click.echo(f"pp-launch: {outcome.message}; stop it with 'pp-launch down {run_id}'", err=True)
     elif outcome.exit_code != 0:
         rest = outcome.message[len(said) :].lstrip("; ") if said and outcome.message.startswith(said) else None
         if rest is None:
@@ -289,7 +292,7 @@ def _print_plan(done: Launched, as_json: bool, inventory_path: str | None) -> No
     if as_json:
         click.echo(json.dumps(doc, separators=(",", ":")))  # JSON lines, as every --json (docs/formats.md)
         return
-    click.echo(f"run {plan.run_id}: {len(plan.stages)} stages (nothing started: dry run)")
+    click.echo(f"run {plan.run_id}: {count(len(plan.stages), 'stage')} (nothing started: dry run)")
     for s in plan.stages:
         gpus = ", ".join(f"{names[u]} {u}" if u in names else u for u in s.gpus) or "none"
         on = f"  host {s.host}" if s.host else ""

@@ -15,9 +15,9 @@ from pp_launch.cli import runs_cmd
 from pp_launch.cli.engines import Engines, host_choice
 from pp_launch.cli.main import main
 from pp_launch.cli.options import Seconds
-from pp_launch.cli.report import count
 from pp_launch.core import errors, labels
 from pp_launch.core.gpu.inventory import GpuInventory
+from pp_launch.core.lines import count
 
 
 @main.command()
@@ -33,7 +33,7 @@ def ps(as_json: bool, ids_only: bool, run_id: str | None, host_names: tuple[str,
     \b
     Examples:
       pp-launch ps
-      pp-launch ps -q | xargs -n1 pp-launch down
+      pp-launch ps -q                      # run ids only, one per line
       pp-launch ps --run 3f2a --json
       pp-launch ps --all-hosts
     """

@@ -15,6 +15,7 @@ from datetime import datetime, timezone
 from typing import Any, ClassVar, TextIO
 
 from pp_launch.core import events
+from pp_launch.core.lines import count
 
 
 def rfc3339_now() -> str:
@@ -28,10 +29,6 @@ STOP_WORDS = {
     events.StopReason.ERROR: "an error in pp-launch",
     events.StopReason.DETACHED: "detached",
 }
-
-
-def count(n: int, noun: str) -> str:
-    return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
 def stage_prefix(stage: int) -> str:
@@ -95,7 +92,7 @@ class PlainReporter:
             self._say(f"roster of run {self.run_id}: {roster}")
         elif isinstance(event, events.ChainStopping):
             second = "; Ctrl-C again to kill now" if event.reason is events.StopReason.SIGNAL else ""
-            self._say(f"stopping {event.stages} stages (grace {event.grace:g} s){second}")
+            self._say(f"stopping {count(event.stages, 'stage')} (grace {event.grace:g} s){second}")
         elif isinstance(event, events.StageExited) and event.reason is events.ExitReason.STOPPED:
             self._say(f"stage {event.stage} gone (exit {event.exit_code})")
         elif isinstance(event, events.StageExited) and self.verbosity > 0:

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Sequence
 
 from pp_launch.core import errors
 from pp_launch.core.gpu.allocator import HOST_LEVEL
+from pp_launch.core.lines import count as counted
 
 __all__ = ["HOSTS_ENV", "HOST_LEVEL", "PLACEMENTS", "assign", "blocks", "parse_hosts"]
 
@@ -80,7 +81,7 @@ def _per_host(stages: int, n: int, per_host: int) -> list[int]:
         raise errors.ConfigError("--stages-per-host must be at least 1")
     if per_host * n < stages:
         raise errors.ConfigError(
-            f"--stages-per-host {per_host} over {n} host{'s' if n > 1 else ''} holds {per_host * n} stages, "
+            f"--stages-per-host {per_host} over {n} host{'s' if n > 1 else ''} holds {counted(per_host * n, 'stage')}, "
             f"not {stages}: add hosts or raise --stages-per-host"
         )
     return [min(per_host, max(stages - h * per_host, 0)) for h in range(n)]
@@ -102,7 +103,8 @@ def _not_enough(stages: int, hosts: Sequence[str], capacity: Sequence[int | None
     room = "; ".join(f"{h}: {'any number' if c is None else c}" for h, c in zip(hosts, capacity, strict=True))
     lead = f"{first}; " if first else ""
     raise errors.NotEnoughGpus(
-        f"{lead}{stages} stages do not fit on the hosts: stages each host can take now: {room}. Add hosts "
+        f"{lead}{counted(stages, 'stage')} do{'es' if stages == 1 else ''} not fit on the hosts: stages each host "
+        f"can take now: {room}. Add hosts "
         "(--host), use fewer GPUs per stage, or --placement pack"
     )
 

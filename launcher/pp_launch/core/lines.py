@@ -61,3 +61,8 @@ def display(data: bytes) -> str:
     if text.isprintable() or all(c == "\t" or c.isprintable() for c in text):
         return text
     return "".join(c if c == "\t" or c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
+def count(n: int, noun: str) -> str:
+    """'1 stage', '2 stages': how every message counts."""
+    return f"{n} {noun}" + ("" if n == 1 else "s")

@@ -33,7 +33,7 @@ from pp_launch.core.chain.ports import (
 )
 from pp_launch.core.chain.teardown import Teardown, TeardownError
 from pp_launch.core.events import RosterEntry
-from pp_launch.core.lines import display
+from pp_launch.core.lines import count, display
 
 TAIL_LINES = 10
 
@@ -262,7 +262,7 @@ class ChainScope:
             for st in self.stages:
                 if st.ref is not None and not st.gone:
                     self.backend.hand_over(st.ref)
-            return _End(0, "detached", f"run {self.plan.run_id} is up with {len(self.stages)} stages")
+            return _End(0, "detached", f"run {self.plan.run_id} is up with {count(len(self.stages), 'stage')}")
         return None
 
     def _parallel(self) -> bool:
