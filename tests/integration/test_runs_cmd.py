@@ -3,6 +3,7 @@ drive them from scripts."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -116,3 +117,40 @@ def test_detach_quiet_prints_the_run_id_alone_and_nothing_else(engine, stub_imag
     finally:
         assert cli("down", run, "--grace", "1", "-q").returncode == 0
     assert run_containers(engine, run) == []
+
+
+def test_ps_filter_and_format_and_down_of_two_runs_at_once(engine, stub_image, detached: str) -> None:  # type: ignore[no-untyped-def]
+    other = cli("chain", "--stages", "1", "--gpus", "none", "-d", "-q", "--env", "STUB_MODE=hold", "--no-sweep")
+    assert other.returncode == 0, other.stderr
+    second = other.stdout.strip()
+    remember_run(second)
+    shown = cli("ps", "--filter", f"run={detached}", "--filter", "stage=1", "--format", "{{.run}}|{{.stage}}|{{.state}}")
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.splitlines() == [f"{detached}|1|running"]
+    as_json = cli("ps", "--filter", f"run={second}", "--format", "{{json .}}")
+    assert [json.loads(line)["run"] for line in as_json.stdout.splitlines()] == [second]
+    bad = cli("ps", "--filter", "colour=red")
+    assert bad.returncode == 2 and "use KEY=VALUE with KEY one of run," in bad.stderr
+    both = cli("down", detached, second, "--grace", "1")
+    assert both.returncode == 0, both.stderr
+    assert run_containers(engine, detached) == [] and run_containers(engine, second) == []
+
+
+def test_gc_dry_run_names_what_it_would_remove_and_removes_nothing(engine, stub_image) -> None:  # type: ignore[no-untyped-def]
+    """A container whose launcher is gone (a pid that does not run), planted: named by --dry-run, and left."""
+    from pp_launch.adapters import identity
+    from pp_launch.core import labels
+
+    me = identity.current_owner()
+    gone_owner = labels.Owner(me.host, 2**22 + 5, "1", me.pidns, me.boot).label()
+    run = "gcdry" + identity.new_run_id()[:7]
+    ref = engine.api.create_container(stub_image, ["sleep", "60"], name=f"pp-{run}-0",
+                                      labels={labels.RUN: run, labels.STAGE: "0", labels.OWNER: gone_owner,
+                                              labels.GPUS: ""})["Id"]  # fmt: skip
+    try:
+        dry = cli("gc", "--dry-run")
+        assert dry.returncode == 0, dry.stderr
+        assert f"would remove pp-{run}-0" in dry.stdout
+        assert engine.inspect(ref) is not None  # named, never touched (a real gc here would reach beyond this test)
+    finally:
+        engine.remove(ref)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
+from typing import Any
 
 import click
 
@@ -23,10 +25,29 @@ from pp_launch.core.lines import count
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per container.")
 @click.option("-q", "--quiet", "ids_only", is_flag=True, help="Only the run ids, one per line (as docker ps -q).")
+@click.option(
+    "-f",
+    "--filter",
+    "filters",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Only rows whose KEY (a --json field: run, stage, container, image, owner, owner_status, state, host) "
+    "is VALUE; repeat to narrow (as docker ps --filter).",
+)
+@click.option(
+    "--format",
+    "template",
+    metavar="TEMPLATE",
+    help="Each row through TEMPLATE, as docker ps --format: {{.run}} {{.stage}} {{.container}} ... any --json "
+    "field, or {{json .}}.",
+)
 @click.option("--run", "run_id", metavar="RUN", shell_complete=runs_cmd.complete_runs,
               help="Only this run (a unique prefix is enough).")  # fmt: skip
 @host_choice
-def ps(as_json: bool, ids_only: bool, run_id: str | None, host_names: tuple[str, ...], all_hosts: bool) -> None:
+def ps(
+    as_json: bool, ids_only: bool, filters: tuple[str, ...], template: str | None, run_id: str | None,
+    host_names: tuple[str, ...], all_hosts: bool,
+) -> None:  # fmt: skip
     """List pp-launch runs and their stages: run, stage, container, image, GPUs (index, memory, utilisation
     where NVML answers), announced address, owner, alive or gone, uptime.
 
@@ -35,8 +56,10 @@ def ps(as_json: bool, ids_only: bool, run_id: str | None, host_names: tuple[str,
       pp-launch ps
       pp-launch ps -q                      # run ids only, one per line
       pp-launch ps --run 3f2a --json
+      pp-launch ps --filter owner_status=gone --format '{{.run}} {{.container}}'
       pp-launch ps --all-hosts
     """
+    wanted = _filters(filters)
     engines = Engines(host_names, all_hosts, run_id)
     rows = []
     for name, engine in engines.reached:
@@ -51,6 +74,7 @@ def ps(as_json: bool, ids_only: bool, run_id: str | None, host_names: tuple[str,
         rows += housekeeping.list_stages(engine, run, details=not ids_only, gpus=gpus, host=where)
     if run_id is not None and not rows and engines.several:
         raise errors.ConfigError(f"no run {housekeeping.safe(run_id)!r} on any of these hosts")
+    rows = [r for r in rows if all(str(r.get(k, "")) == v for k, v in wanted)]
     if ids_only:
         for r in sorted({row["run"] for row in rows}):
             click.echo(r)
@@ -60,13 +84,44 @@ def ps(as_json: bool, ids_only: bool, run_id: str | None, host_names: tuple[str,
     if as_json:
         for row in rows:
             click.echo(json.dumps(row))
+    elif template is not None:
+        for row in rows:
+            click.echo(_formatted(template, row))
     else:
         click.echo(housekeeping.render(rows))
     engines.finish()
 
 
+PS_FIELDS = ("run", "stage", "role", "container", "image", "gpus", "owner", "owner_status", "state", "age_s", "host",
+             "address", "uptime_s")  # fmt: skip
+
+
+def _filters(values: tuple[str, ...]) -> list[tuple[str, str]]:
+    out = []
+    for value in values:
+        key, sep, wanted = value.partition("=")
+        if not sep or key not in PS_FIELDS:
+            raise click.BadParameter(f"{value!r}: use KEY=VALUE with KEY one of {', '.join(PS_FIELDS)}",
+                                     param_hint="--filter")  # fmt: skip
+        out.append((key, wanted))
+    return out
+
+
+def _formatted(template: str, row: dict[str, Any]) -> str:
+    """docker's Go-template habit for the simple cases: {{.field}} and {{json .}}."""
+
+    def field(m: re.Match[str]) -> str:
+        name = m.group(1)
+        if name is None:
+            return json.dumps(row)
+        value = row.get(name, "")
+        return ",".join(map(str, value)) if isinstance(value, list) else ("" if value is None else str(value))
+
+    return re.sub(r"\{\{\s*(?:json\s+\.|\.(\w+))\s*\}\}", field, template).replace("\\t", "\t")
+
+
 @main.command()
-@click.argument("run_id", required=False, shell_complete=runs_cmd.complete_runs)
+@click.argument("run_ids", nargs=-1, metavar="[RUN]...", shell_complete=runs_cmd.complete_runs)
 @click.option("--all", "all_runs", is_flag=True, help="Every pp-launch container, whatever its owner.")
 @click.option(
     "--grace",
@@ -79,22 +134,43 @@ def ps(as_json: bool, ids_only: bool, run_id: str | None, host_names: tuple[str,
 @click.option("--yes", "-y", is_flag=True, help="With --all: do not ask first.")
 @host_choice
 def down(
-    run_id: str | None, all_runs: bool, grace: float, yes: bool, host_names: tuple[str, ...], all_hosts: bool
+    run_ids: tuple[str, ...], all_runs: bool, grace: float, yes: bool, host_names: tuple[str, ...], all_hosts: bool
 ) -> None:
-    """Stop a run (or --all) with the chain's guarantees: SIGTERM, one grace, SIGKILL, removal confirmed.
+    """Stop runs (or --all) with the chain's guarantees: SIGTERM, one grace, SIGKILL, removal confirmed.
 
-    Acts on containers with pp-launch labels only, of any owner (detached and compose runs included). RUN_ID
-    may be a unique prefix. --all asks first (other people's runs may be among them) unless --yes.
+    Acts on containers with pp-launch labels only, of any owner (detached and compose runs included). Each RUN
+    may be a unique prefix; several are stopped one after another, and every one is tried even when one fails
+    (exit 1 then). --all asks first (other people's runs may be among them) unless --yes.
 
     \b
     Examples:
       pp-launch down 3f2a9c1b7d00
-      pp-launch down 3f2a
+      pp-launch down 3f2a 77c1
       pp-launch down --all --yes --grace 2
       pp-launch down 3f2a --all-hosts
     """
-    if bool(run_id) == all_runs:
-        raise click.UsageError("name one RUN_ID, or --all")
+    if bool(run_ids) == all_runs:
+        raise click.UsageError("name a RUN (or several), or --all")
+    failed = False
+    for run_id in run_ids or (None,):
+        try:
+            _down(run_id, all_runs, grace, yes, host_names, all_hosts)
+        except SystemExit as stop:
+            if stop.code not in (None, 0) and len(run_ids) <= 1:
+                raise
+            failed = failed or stop.code not in (None, 0)
+        except errors.PpLaunchError as exc:
+            if len(run_ids) <= 1:
+                raise
+            click.echo(f"pp-launch: error: {exc}", err=True)
+            failed = True
+    if failed:
+        sys.exit(errors.EXIT_FAILURE)
+
+
+def _down(
+    run_id: str | None, all_runs: bool, grace: float, yes: bool, host_names: tuple[str, ...], all_hosts: bool
+) -> None:
     engines = Engines(host_names, all_hosts, run_id)
     if not engines.several:
         _down_on(engines.reached[0][1], run_id, all_runs, grace, yes, None)
@@ -157,8 +233,9 @@ def _inventory() -> GpuInventory | None:
 
 
 @main.command()
+@click.option("-n", "--dry-run", is_flag=True, help="Say what would be removed, and remove nothing.")
 @host_choice
-def gc(host_names: tuple[str, ...], all_hosts: bool) -> None:
+def gc(dry_run: bool, host_names: tuple[str, ...], all_hosts: bool) -> None:
     """Remove containers whose launcher is gone (a process on this host that no longer runs).
 
     Never touches detached or compose runs, runs of another host, or containers without pp-launch labels.
@@ -167,12 +244,19 @@ def gc(host_names: tuple[str, ...], all_hosts: bool) -> None:
     \b
     Example:
       pp-launch gc
+      pp-launch gc --dry-run
       pp-launch gc --host gpu2
     """
     engines = Engines(host_names, all_hosts)
     anything = False
     for name, engine in engines.reached:
         on = f" on host {name or 'local'}" if engines.several else ""
+        if dry_run:
+            found = housekeeping.orphans(engine)
+            for c in found:
+                click.echo(f"would remove {housekeeping.describe(c)}{on}: its owner is gone")
+            anything = anything or bool(found)
+            continue
         collected = housekeeping.gc(engine)
         for c in collected.removed:
             why = "" if bringup.is_marker(c) else ": its owner is gone"
