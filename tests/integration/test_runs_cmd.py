@@ -124,7 +124,8 @@ def test_ps_filter_and_format_and_down_of_two_runs_at_once(engine, stub_image, d
     assert other.returncode == 0, other.stderr
     second = other.stdout.strip()
     remember_run(second)
-    shown = cli("ps", "--filter", f"run={detached}", "--filter", "stage=1", "--format", "{{.run}}|{{.stage}}|{{.state}}")
+    fmt = "{{.run}}|{{.stage}}|{{.state}}"
+    shown = cli("ps", "--filter", f"run={detached}", "--filter", "stage=1", "--format", fmt)
     assert shown.returncode == 0, shown.stderr
     assert shown.stdout.splitlines() == [f"{detached}|1|running"]
     as_json = cli("ps", "--filter", f"run={second}", "--format", "{{json .}}")
