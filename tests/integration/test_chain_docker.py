@@ -206,3 +206,17 @@ def test_a_failed_chain_says_the_cause_before_the_teardown_summary_and_once(engi
     summary = [i for i, line in enumerate(lines) if line.startswith("pp-launch: chain stopped")]
     assert len(cause) == 1 and len(summary) == 1 and cause[0] < summary[0], lines
     assert lines[cause[0]].startswith("pp-launch: error: stage ")
+
+
+def test_the_readmes_python_example_runs_as_written(engine, stub_image) -> None:  # type: ignore[no-untyped-def]
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    code = readme.split("## In Python", 1)[1].split("```python", 1)[1].split("```", 1)[0]
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180,
+                          env={**os.environ, "PP_LAUNCH_SWEEP": "0"})  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("0 every stage exited 0"), done.stdout

@@ -82,8 +82,8 @@ def test_the_example_passes_as_a_user_runs_it(pytester: pytest.Pytester) -> None
     result.assert_outcomes(passed=2)
 
 
-def test_the_readme_example_runs_as_written(pytester: pytest.Pytester) -> None:
-    readme = (ROOT / "README.md").read_text()
+def test_the_docs_example_runs_as_written(pytester: pytest.Pytester) -> None:
+    readme = (ROOT / "docs" / "testing-kit.md").read_text()
     block = readme.split("# README example, run as written by tests/integration/test_testing_kit.py", 1)[1]
     code = block.split("\n", 1)[1].split("```", 1)[0]
     (pytester.path / "test_readme_example.py").write_text(code)

@@ -54,7 +54,7 @@ class LaunchRequest:
     placement: str = "pack"
     stages_per_host: int | None = None
     detach: bool = False
-    sweep: bool = True  # first remove what launchers that died on this host left behind
+    sweep: bool = field(default_factory=lambda: _sweep_default())  # first remove what dead launchers left here
     gpu_node: str | None = None  # run each stage as this child process (pp-gpu-node) instead
     owner: str | None = None  # the containers' owner label; None: this process
     run_id: str | None = None  # None: a new one
@@ -64,6 +64,11 @@ class LaunchRequest:
         problem = next((p for p in _problems(self) if p), None)
         if problem is not None:
             raise errors.UsageError(problem)
+
+
+def _sweep_default() -> bool:
+    """PP_LAUNCH_SWEEP=0 (or false, no, off) turns the sweep off by default, as for `pp-launch chain`."""
+    return os.environ.get("PP_LAUNCH_SWEEP", "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 def _problems(r: LaunchRequest) -> list[str]:

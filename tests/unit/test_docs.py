@@ -1,0 +1,61 @@
+"""The README a newcomer reads in five minutes, and the documentation site beside it (issue #28 item 1): the site
+builds with `mkdocs build --strict`, and every command block marked "runs here" in the README and the docs runs
+as written from the repository's root."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+MARK = "<!-- runs here -->"
+
+
+def runnable() -> list[tuple[str, str]]:
+    found = []
+    for page in PAGES:
+        for block in page.read_text().split(MARK)[1:]:
+            body = block.split("```", 2)[1]
+            found += [(page.name, line[2:]) for line in body.splitlines() if line.startswith("$ ")]
+    return found
+
+
+def test_the_readme_is_a_five_minute_read() -> None:
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 200
+
+
+def test_the_site_builds_strict(tmp_path: Path) -> None:
+    mkdocs = Path(sys.executable).parent / "mkdocs"
+    done = subprocess.run(
+        [str(mkdocs), "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "site" / "troubleshooting" / "index.html").exists()
+
+
+def test_every_page_is_in_the_site_nav() -> None:
+    nav = (ROOT / "mkdocs.yml").read_text()
+    assert [p.name for p in PAGES[1:] if p.name not in nav] == []
+
+
+@pytest.mark.parametrize(("page", "command"), runnable(), ids=[f"{p}: {c}" for p, c in runnable()])
+def test_a_command_marked_runs_here_runs_as_written(page: str, command: str) -> None:
+    argv = shlex.split(command)
+    assert argv[0] in ("pp-launch", "pp-gpu-node"), command
+    argv[0] = str(Path(sys.executable).parent / argv[0])
+    env = {**os.environ, "DOCKER_HOST": "unix:///nonexistent/docker.sock", "PP_LAUNCH_GPU_INVENTORY": ""}
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 0, f"{page}: {command}\n{done.stderr}"
+    assert not re.search(r"Traceback|error:", done.stdout + done.stderr)
+
+
+def test_there_are_commands_to_run() -> None:
+    assert len(runnable()) >= 4
