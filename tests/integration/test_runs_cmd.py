@@ -155,3 +155,21 @@ def test_gc_dry_run_names_what_it_would_remove_and_removes_nothing(engine, stub_
         assert engine.inspect(ref) is not None  # named, never touched (a real gc here would reach beyond this test)
     finally:
         engine.remove(ref)
+
+
+def test_logs_of_a_foreground_run_after_it_ended_come_from_what_its_launcher_kept(engine, stub_image, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The engine no longer has the run (auto-remove); `logs` reads what the launcher kept, -n and -t as docker."""
+    where = str(tmp_path / "kept")
+    done = cli("chain", "--stages", "2", "--gpus", "none", "--json", "--log-dir", where, "--no-sweep")
+    assert done.returncode == 0, done.stderr
+    run = json.loads(done.stdout.splitlines()[0])["run"]
+    assert run_containers(engine, run) == []
+    everything = cli("logs", run[:8], "--log-dir", where)
+    assert everything.returncode == 0, everything.stderr
+    assert any(line.startswith("[stage 0] PP_DEMO_RESULT") and "match=true" in line
+               for line in everything.stdout.splitlines())  # fmt: skip
+    last = cli("logs", run, "--log-dir", where, "-n", "1", "-t", "--stage", "1")
+    lines = last.stdout.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("[stage 1] 20") and "Z " in lines[0]
+    gone = cli("logs", "ffffffffff", "--log-dir", where)
+    assert gone.returncode == 2 and "no run" in gone.stderr

@@ -448,11 +448,16 @@ class Engine:
         except docker.errors.NotFound:
             return None
 
-    def log_lines(self, ref: str, follow: bool = False, since: int | None = None) -> Iterator[bytes]:
+    def log_lines(
+        self, ref: str, follow: bool = False, since: int | None = None, tail: int | None = None,
+        timestamps: bool = False,
+    ) -> Iterator[bytes]:  # fmt: skip
         """The container's output (stdout and stderr, as the engine kept it), line by line; with follow, until
-        the container is gone. Nothing when it is gone already."""
+        the container is gone. Nothing when it is gone already. tail: only the last lines; timestamps: each line
+        starts with the engine's time (RFC 3339) and a space, as docker logs -t."""
         try:
-            stream = self.api.logs(ref, stream=True, follow=follow, since=since, stdout=True, stderr=True)
+            stream = self.api.logs(ref, stream=True, follow=follow, since=since, stdout=True, stderr=True,
+                                   tail="all" if tail is None else tail, timestamps=timestamps)  # fmt: skip
         except docker.errors.NotFound:
             return
         except docker.errors.APIError as exc:

@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from pp_launch.adapters import bringup, host_state, identity, watchdog
+from pp_launch.adapters import bringup, host_state, identity, run_logs, watchdog
 from pp_launch.adapters.docker_engine import DockerStageBackend, Engine, connect
 from pp_launch.adapters.inbox import QueueInbox
 from pp_launch.adapters.multi_host import MultiHostBackend
@@ -24,7 +24,7 @@ from pp_launch.app import chain as steps
 from pp_launch.app import gpus as gpu_select
 from pp_launch.app import hosts as across
 from pp_launch.app.locks import GpuLocks, LockSite, reserve
-from pp_launch.core import errors, hosts, labels
+from pp_launch.core import errors, events, hosts, labels
 from pp_launch.core.chain.plan import ChainPlan, ChainRequest, build_plan
 from pp_launch.core.chain.ports import StageBackend
 from pp_launch.core.chain.scope import ChainOutcome, ChainScope, QuietReporter, Reporter
@@ -58,6 +58,8 @@ class LaunchRequest:
     gpu_node: str | None = None  # run each stage as this child process (pp-gpu-node) instead
     owner: str | None = None  # the containers' owner label; None: this process
     run_id: str | None = None  # None: a new one
+    keep_logs: bool = True  # each stage's output kept after the run (adapters/run_logs.py) for `pp-launch logs`
+    log_dir: str | None = None  # where: None for this user's state directory
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "hosts", hosts.parse_hosts(self.hosts))
@@ -144,7 +146,15 @@ def launch(request: LaunchRequest, hooks: Hooks | None = None, environ: Mapping[
             _say_plan(plan, note, hooks.say)
             if (held := hooks.stop_pending()) is not None:
                 raise errors.Interrupted(held)  # stopped while planning: nothing was started
-            outcome = _run(request, plan, sites, hooks.reporter(plan), hooks.on_scope, locks.release)
+            kept = _keep_logs(request, plan, hooks.say)
+            try:
+                reporter = hooks.reporter(plan) if kept is None else _Kept(hooks.reporter(plan), kept)
+                outcome = _run(request, plan, sites, reporter, hooks.on_scope, locks.release)
+            finally:
+                if kept is not None:
+                    kept.close()
+                    if kept.problem:
+                        hooks.say(f"warning: {kept.problem}")
         return Launched(plan, note, outcome)
     finally:
         _close(sites)
@@ -268,6 +278,34 @@ def _host_gpus(
     every = gpu.inventory_path or environ.get(gpu_select.INVENTORY_ENV) or None
     return across.host_gpus(reached, request.chain.image, gpu.attach, run_id, owner, dict(gpu.host_inventories),
                             every)  # fmt: skip
+
+
+def _keep_logs(request: LaunchRequest, plan: ChainPlan, say: Callable[[str], None]) -> run_logs.RunLog | None:
+    """Where the run's output is kept; a state directory that cannot be used is said, and the chain runs on."""
+    if not request.keep_logs:
+        return None
+    try:
+        return run_logs.RunLog(plan.run_id, request.log_dir)
+    except errors.PpLaunchError as exc:
+        say(f"warning: this run's output will not be kept for 'pp-launch logs': {exc}")
+        return None
+
+
+class _Kept:
+    """The caller's reporter, and every stage line kept beside it."""
+
+    def __init__(self, inner: Reporter, kept: run_logs.RunLog) -> None:
+        self.inner, self.kept = inner, kept
+
+    def event(self, event: events.Event) -> None:
+        self.inner.event(event)
+
+    def stage_line(self, stage: int, stream: str, text: str) -> None:
+        self.kept.line(stage, stream, text)
+        self.inner.stage_line(stage, stream, text)
+
+    def stage_state(self, stage: int, state: events.StageState, detail: str = "") -> None:
+        self.inner.stage_state(stage, state, detail)
 
 
 def _locks_needed(mode: str, inventories: list[GpuInventory]) -> bool:

@@ -165,6 +165,13 @@ def load_chain_file(ctx: click.Context, param: click.Parameter, value: str | Non
     "--no-sweep (or PP_LAUNCH_SWEEP=0) leaves them for 'pp-launch gc'.",
 )
 @click.option(
+    "--log-dir",
+    type=click.Path(file_okay=False),
+    metavar="DIR",
+    help="Keep each stage's output here after the run ('pp-launch logs RUN --log-dir DIR'), instead of your "
+    "state directory; bounded per stage, the newest 50 runs kept.",
+)
+@click.option(
     "--gpu-node",
     type=click.Path(exists=True, dir_okay=False),
     metavar="PATH",
@@ -194,6 +201,7 @@ def chain(
     dry_run: bool,
     detach: bool,
     sweep: bool,
+    log_dir: str | None,
     gpu_node: str | None,
 ) -> None:
     """Start STAGES stages at once and supervise them until they end.
@@ -217,7 +225,8 @@ def chain(
         parallel=bring_up == "parallel",
         lifeline=True,  # a detached run is its launcher's until it is up (bringup.py)
     )  # fmt: skip
-    request = LaunchRequest(chain_request, gpu, host_names, placement, stages_per_host, detach, sweep, gpu_node)
+    request = LaunchRequest(chain_request, gpu, host_names, placement, stages_per_host, detach, sweep, gpu_node,
+                            log_dir=log_dir)  # fmt: skip
     if dry_run:
         _print_plan(plan_launch(request), as_json, gpu.inventory_path)
         return

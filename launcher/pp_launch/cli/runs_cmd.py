@@ -13,6 +13,7 @@ from typing import Any
 import click
 from click.shell_completion import CompletionItem
 
+from pp_launch.adapters import run_logs
 from pp_launch.adapters.docker_engine import Engine, connect
 from pp_launch.app import housekeeping
 from pp_launch.cli.engines import Engines, host_choice
@@ -47,23 +48,36 @@ def _since(value: str | None) -> int | None:
 @click.option("-f", "--follow", is_flag=True, help="Keep printing until every stage of the run is gone.")
 @click.option("--stage", "stages", type=int, multiple=True, metavar="K", help="Only stage K (repeatable).")
 @click.option("--since", metavar="DURATION", help="Only lines of the last DURATION (90, 90s, 5m, 2h).")
+@click.option("-n", "--tail", type=click.IntRange(min=0), metavar="N", help="Only each stage's last N lines.")
+@click.option("-t", "--timestamps", is_flag=True, help="Each line with its time (UTC), as docker logs -t.")
+@click.option("--log-dir", type=click.Path(file_okay=False), metavar="DIR", help="Where chain --log-dir kept it.")
 @host_choice
 def logs(
-    run_id: str, follow: bool, stages: tuple[int, ...], since: str | None, host_names: tuple[str, ...], all_hosts: bool
-) -> None:
+    run_id: str, follow: bool, stages: tuple[int, ...], since: str | None, tail: int | None, timestamps: bool,
+    log_dir: str | None, host_names: tuple[str, ...], all_hosts: bool,
+) -> None:  # fmt: skip
     """Print a run's output, each line prefixed with its stage, as `docker compose logs` does.
 
-    Works for any run the engine has (foreground, detached, compose). RUN_ID may be a unique prefix. Without
-    -f, each stage's output so far in stage order; with -f, every stage's lines as they come, until the run ends.
+    Works for any run the engine has (foreground, detached, compose), and after a run ended: every chain keeps
+    its stages' output (bounded) in your state directory (or chain --log-dir). RUN_ID may be a unique prefix.
+    Without -f, each stage's output so far in stage order; with -f, every stage's lines as they come, until the
+    run ends.
 
     \b
     Examples:
       pp-launch logs 3f2a
+      pp-launch logs 3f2a -n 20 -t
       pp-launch logs 3f2a -f --stage 0 --since 5m
       pp-launch logs 3f2a --all-hosts
     """
     engines = Engines(host_names, all_hosts, run_id)
-    run, found = engines.find_run(run_id)
+    try:
+        run, found = engines.find_run(run_id)
+    except errors.ConfigError:
+        if follow or not _print_kept(run_id, stages, tail, timestamps, log_dir):
+            raise
+        engines.finish()
+        return
     found = [(e, c) for e, c in found if housekeeping.is_stage(c)]  # not its lock or hand-over marker
     if stages:
         found = [(e, c) for e, c in found if labels.ascii_int(c.labels.get(labels.STAGE, "")) in stages]
@@ -77,7 +91,7 @@ def logs(
 
     if not follow:
         for engine, c in found:
-            for line in engine.log_lines(c.id, since=when):
+            for line in engine.log_lines(c.id, since=when, tail=tail, timestamps=timestamps):
                 out.write(prefix(c) + display(line) + "\n")
         out.flush()
         engines.finish()
@@ -86,7 +100,7 @@ def logs(
 
     def pump(engine: Engine, c: Any) -> None:
         try:
-            for line in engine.log_lines(c.id, follow=True, since=when):
+            for line in engine.log_lines(c.id, follow=True, since=when, tail=tail, timestamps=timestamps):
                 lines.put((prefix(c), line))
         finally:
             lines.put(None)
@@ -102,6 +116,25 @@ def logs(
         out.write(item[0] + display(item[1]) + "\n")
         out.flush()
     engines.finish()
+
+
+def _print_kept(prefix: str, stages: tuple[int, ...], tail: int | None, timestamps: bool, log_dir: str | None) -> bool:
+    """A run the engine no longer has, from what its launcher kept; False when nothing was kept for it."""
+    kept = run_logs.kept_runs(log_dir)
+    matches = [r for r in kept if r.startswith(prefix)]
+    if len(matches) != 1:
+        if len(matches) > 1:
+            raise errors.ConfigError(f"run {housekeeping.safe(prefix)!r} is ambiguous: {', '.join(matches)}")
+        return False
+    lines = [k for k in run_logs.read(matches[0], log_dir) if not stages or k.stage in stages]
+    by_stage: dict[int, list[run_logs.KeptLine]] = {}
+    for k in lines:
+        by_stage.setdefault(k.stage, []).append(k)
+    for stage in sorted(by_stage):
+        shown = by_stage[stage] if tail is None else by_stage[stage][len(by_stage[stage]) - tail :] if tail else []
+        for k in shown:
+            click.echo(f"[stage {stage}] " + (f"{k.time} " if timestamps else "") + display(k.text.encode()))
+    return True
 
 
 @main.command()

@@ -1,0 +1,135 @@
+"""Each run's output, kept after the run ended (issue #28 item 3): `pp-launch logs RUN` reads it when the engine
+no longer has the run's containers.
+
+Per stage, bounded: `logs/<run>/stage-K.log` in this user's private state directory (or `--log-dir DIR`, held to
+the same rules: yours, not writable by others, never through a symbolic link), each line as
+`<UTC time> <stream> <text>`. A file that reaches LIMIT bytes is moved to `stage-K.log.1` (the one before it
+dropped), so a stage keeps at most 2 x LIMIT. The newest KEEP_RUNS runs are kept; older ones are removed when
+a new run starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import errno
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from pp_launch.adapters.host_state import NOFOLLOW, StateDir
+from pp_launch.core import errors
+
+LIMIT = 1 << 20
+KEEP_RUNS = 50
+RUNS = "logs"
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+@dataclass(frozen=True)
+class KeptLine:
+    stage: int
+    time: str
+    stream: str
+    text: str
+
+
+class RunLog:
+    """The launcher's side: every stage line appended as it is shown. Never fails the chain: a write that fails
+    (no space, a read-only disk) stops the keeping and is said once, in `problem`."""
+
+    def __init__(self, run_id: str, root: str | Path | None = None, limit: int = LIMIT) -> None:
+        self.limit = limit
+        self.problem = ""
+        self._files: dict[int, tuple[int, int]] = {}  # stage -> (fd, size)
+        with StateDir.open(_root(root)) as base, base.sub(RUNS) as runs:
+            _prune(runs, KEEP_RUNS - 1)
+            self._dir = runs.sub(run_id)
+
+    def line(self, stage: int, stream: str, text: str) -> None:
+        if self.problem:
+            return
+        data = f"{_now()} {stream} {text}\n".encode("utf-8", "backslashreplace")
+        try:
+            fd, size = self._files.get(stage) or self._open(stage)
+            if size + len(data) > self.limit and size > 0:
+                os.close(fd)
+                os.replace(f"stage-{stage}.log", f"stage-{stage}.log.1", src_dir_fd=self._dir.fd,
+                           dst_dir_fd=self._dir.fd)  # fmt: skip
+                fd, size = self._open(stage)
+            os.write(fd, data)
+            self._files[stage] = (fd, size + len(data))
+        except OSError as exc:
+            self.problem = f"the run's output is no longer kept in {self._dir.path}: {exc.strerror}"
+
+    def _open(self, stage: int) -> tuple[int, int]:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | NOFOLLOW
+        fd = os.open(f"stage-{stage}.log", flags, 0o600, dir_fd=self._dir.fd)
+        return fd, os.fstat(fd).st_size
+
+    def close(self) -> None:
+        for fd, _ in self._files.values():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._files.clear()
+        self._dir.close()
+
+
+def _prune(runs: StateDir, keep: int) -> None:
+    """Only the newest `keep` runs' logs stay (by their directory's time)."""
+    try:
+        names = [n for n in os.listdir(runs.fd) if not n.startswith(".")]
+        dated = sorted(names, key=lambda n: os.stat(n, dir_fd=runs.fd, follow_symlinks=False).st_mtime)
+    except OSError:
+        return
+    for name in dated[: max(0, len(dated) - keep)]:
+        with contextlib.suppress(OSError), runs.sub(name) as old:
+            for f in os.listdir(old.fd):
+                os.unlink(f, dir_fd=old.fd)
+        with contextlib.suppress(OSError):
+            os.rmdir(name, dir_fd=runs.fd)
+
+
+def _root(root: str | Path | None) -> Path | None:
+    return Path(root) if root else None
+
+
+def kept_runs(root: str | Path | None = None) -> list[str]:
+    with StateDir.open(_root(root)) as base, base.sub(RUNS) as runs:
+        return sorted(n for n in os.listdir(runs.fd) if not n.startswith("."))
+
+
+def read(run_id: str, root: str | Path | None = None) -> list[KeptLine]:
+    """Every kept line of the run, stage by stage, oldest first."""
+    out: list[KeptLine] = []
+    with StateDir.open(_root(root)) as base, base.sub(RUNS) as runs:
+        try:
+            fd = os.open(run_id, os.O_RDONLY | os.O_DIRECTORY | NOFOLLOW, dir_fd=runs.fd)
+        except OSError as exc:
+            if exc.errno in (errno.ENOENT, errno.ELOOP, errno.ENOTDIR):
+                return []
+            raise errors.StateFault(f"cannot read {runs.path / run_id}: {exc.strerror}") from None
+        with StateDir(runs.path / run_id, fd) as d:
+            stages = sorted({int(n.split("-")[1].split(".")[0]) for n in os.listdir(d.fd) if n.startswith("stage-")})
+            for k in stages:
+                for name in (f"stage-{k}.log.1", f"stage-{k}.log"):
+                    out += [_parse(k, raw) for raw in _lines(d, name)]
+    return out
+
+
+def _lines(d: StateDir, name: str) -> list[str]:
+    try:
+        fd = os.open(name, os.O_RDONLY | NOFOLLOW, dir_fd=d.fd)
+    except OSError:
+        return []
+    with os.fdopen(fd, "rb") as f:
+        return f.read().decode("utf-8", "backslashreplace").splitlines()
+
+
+def _parse(stage: int, raw: str) -> KeptLine:
+    when, _, rest = raw.partition(" ")
+    stream, _, text = rest.partition(" ")
+    return KeptLine(stage, when, stream, text)

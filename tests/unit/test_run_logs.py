@@ -1,0 +1,62 @@
+"""Each run's output kept after it ended (issue #28 item 3): per stage, bounded, in the user's private state."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from pp_launch.adapters import run_logs
+from pp_launch.core import errors
+
+
+def test_lines_are_kept_per_stage_and_read_back_in_stage_order(tmp_path: Path) -> None:
+    log = run_logs.RunLog("r1", tmp_path)
+    log.line(1, "stdout", "one")
+    log.line(0, "stderr", "zero")
+    log.line(1, "stdout", "two ünïcode")
+    log.close()
+    kept = run_logs.read("r1", tmp_path)
+    assert [(k.stage, k.stream, k.text) for k in kept] == [(0, "stderr", "zero"), (1, "stdout", "one"),
+                                                           (1, "stdout", "two ünïcode")]  # fmt: skip
+    assert all(k.time.endswith("Z") for k in kept)
+    assert run_logs.kept_runs(tmp_path) == ["r1"]
+    assert os.stat(tmp_path / "logs" / "r1" / "stage-0.log").st_mode & 0o777 == 0o600
+
+
+def test_a_stage_keeps_at_most_two_files_of_the_limit(tmp_path: Path) -> None:
+    log = run_logs.RunLog("big", tmp_path, limit=1000)
+    for i in range(500):
+        log.line(0, "stdout", f"line {i:04d} " + "x" * 40)
+    log.close()
+    sizes = [p.stat().st_size for p in (tmp_path / "logs" / "big").iterdir()]
+    assert len(sizes) == 2 and all(s <= 1000 for s in sizes)
+    texts = [k.text for k in run_logs.read("big", tmp_path)]
+    assert texts[-1].startswith("line 0499") and not any(t.startswith("line 0000") for t in texts)
+    numbers = [int(t.split()[1]) for t in texts]
+    assert numbers == sorted(numbers)  # the older file first
+
+
+def test_only_the_newest_runs_are_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(run_logs, "KEEP_RUNS", 3)
+    for i in range(5):
+        log = run_logs.RunLog(f"run{i}", tmp_path)
+        log.line(0, "stdout", "x")
+        log.close()
+        os.utime(tmp_path / "logs" / f"run{i}", (1000 + i, 1000 + i))
+    assert run_logs.kept_runs(tmp_path) == ["run2", "run3", "run4"]
+
+
+def test_a_planted_link_is_never_followed(tmp_path: Path) -> None:
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    (tmp_path / "state").mkdir(mode=0o700)
+    (tmp_path / "state" / "logs").symlink_to(target)
+    with pytest.raises(errors.PpLaunchError):
+        run_logs.RunLog("r", tmp_path / "state")
+    assert list(target.iterdir()) == []
+
+
+def test_a_run_never_kept_reads_as_nothing(tmp_path: Path) -> None:
+    assert run_logs.read("nope", tmp_path) == []
