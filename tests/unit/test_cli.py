@@ -530,3 +530,24 @@ def test_the_housekeeping_host_help_is_their_own_not_the_chains(command: str) ->
 
 def test_ps_help_suggests_nothing_that_stops_other_users_runs() -> None:
     assert "xargs" not in run("ps", "--help").output
+
+
+def test_the_dry_run_draws_the_ring_over_the_topology() -> None:
+    inv = str(DATA / "nvlink-8gpu.json")
+    result = run("chain", "--stages", "3", "--dry-run", "--gpus-per-stage", "2", "--gpu-inventory", inv)
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    top = next(line for line in lines if line.strip().startswith("┌>"))
+    bottom = lines[lines.index(top) + 1]
+    assert "[0: GPU 0,GPU 1]" in top and "[2: " in top and top.rstrip().endswith("┐")
+    assert bottom.strip().startswith("└") and bottom.rstrip().endswith("┘") and len(bottom) == len(top)
+    assert "══" in top  # NVLink between the stages of this machine
+
+
+def test_gpus_watch_draws_bars_and_holders_frame_by_frame() -> None:
+    inv = str(DATA / "pcie-2socket-4gpu.json")
+    result = run("gpus", "--watch", "--frames", "2", "--interval", "0.1", "--gpu-inventory", inv)
+    assert result.exit_code == 0, result.output
+    assert "pp-launch gpus --watch" in result.stdout and "░" in result.stdout and "1536/46068" in result.stdout
+    refused = run("gpus", "--watch", "--json")
+    assert refused.exit_code == 2 and "--watch shows this machine's GPUs" in refused.output

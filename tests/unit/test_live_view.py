@@ -52,3 +52,58 @@ def test_the_summary_says_what_happened_in_words_and_counts_right() -> None:
     plain = PlainReporter("r1", 0, out=io.StringIO(), err=err)
     plain.event(events.ChainStopped(reason=events.StopReason.STAGE_FAILED, exit_code=1, removed=("a",), orphans=()))
     assert err.getvalue() == "pp-launch: chain stopped (a stage failed), 1 container removed; nothing left behind\n"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_bring_up_shows_what_each_stage_waits_for_and_for_how_long_against_its_timeout() -> None:
+    console, out = terminal(width=120)
+    clock = Clock()
+    live = LiveReporter("r1", 2, console=console, addr_timeout=60.0, handoff="env", clock=clock)
+    live.event(events.StageStarted(stage=0, container="c0", image="i", gpus=()))
+    live.event(events.StageStarted(stage=1, container="c1", image="i", gpus=()))
+    clock.now += 7.4
+    live.live.refresh()
+    text = out.getvalue()
+    assert "7 s / 60 s" in text and "its announcement" in text and "stage 0's address" in text
+    assert "0/2 stages announced" in text
+    live.event(events.StageAnnounced(stage=0, node_id_hex="ab" * 32, direct="127.0.0.1:4000", elapsed_s=7.4))
+    live.stage_state(0, events.StageState.ANNOUNCED)
+    live.live.refresh()
+    assert "1/2 stages announced" in out.getvalue()
+    live.close()
+
+
+def test_the_last_frame_keeps_the_addresses_and_the_result_comes_after_it() -> None:
+    console, out = terminal(width=120)
+    live = LiveReporter("r1", 1, console=console, addr_timeout=60.0)
+    live.event(events.StageStarted(stage=0, container="c0", image="i", gpus=()))
+    live.event(events.StageAnnounced(stage=0, node_id_hex="ab" * 32, direct="127.0.0.1:4000", elapsed_s=0.1))
+    live.stage_state(0, events.StageState.GONE, "exit 0")
+    live.event(events.ChainStopped(reason=events.StopReason.COMPLETED, exit_code=0, removed=("c0",), orphans=()))
+    live.close()
+    text = out.getvalue()
+    last_table = text.rfind("pp-launch run r1")
+    result = text.rfind("pp-launch: chain stopped (")
+    assert 0 <= last_table < result, text
+    assert "127.0.0.1:4000" in text[last_table:result]  # the address is still there when it is gone
+
+
+def test_the_gpu_watch_frame_shows_each_gpus_bars_and_its_holder() -> None:
+    from pathlib import Path
+
+    from pp_launch.adapters import inventory_file
+    from pp_launch.cli.tables import _bar, render_watch
+
+    inv = inventory_file.load(Path(__file__).parent.parent / "data" / "pcie-2socket-4gpu.json")
+    console, out = terminal(width=140)
+    console.print(render_watch(inv, {inv.gpus[1].uuid: "run abc stage 2"}))
+    text = out.getvalue()
+    assert "run abc stage 2" in text and "1536/46068" in text
+    assert _bar(0.5, 10) == "█████░░░░░" and _bar(None, 4) == "·?··" and _bar(2.0, 3) == "███"

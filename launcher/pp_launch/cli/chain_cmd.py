@@ -14,7 +14,7 @@ from pp_launch.cli import signals
 from pp_launch.cli.main import main
 from pp_launch.cli.options import Seconds, gpu_options, host_options, stage_options, swactor_options
 from pp_launch.cli.report import JsonReporter, LiveReporter, PlainReporter
-from pp_launch.cli.tables import gpu_names
+from pp_launch.cli.tables import gpu_names, render_ring
 from pp_launch.core import errors, hosts
 from pp_launch.core.chain.plan import ChainPlan, ChainRequest
 from pp_launch.core.chain.scope import ChainOutcome
@@ -240,7 +240,7 @@ def _run(request: LaunchRequest, verbosity: int, as_json: bool) -> None:
     reporters: list[Any] = []
 
     def reporter(plan: ChainPlan) -> Any:
-        reporters.append(_reporter(plan.run_id, len(plan.stages), verbosity, as_json, request.detach))
+        reporters.append(_reporter(plan, verbosity, as_json, request.detach))
         return reporters[0]
 
     signals.install()  # already done by the console entry; here for programs that call main() directly
@@ -255,9 +255,10 @@ def _run(request: LaunchRequest, verbosity: int, as_json: bool) -> None:
     _finish(done.outcome, done.plan.run_id, as_json, said, quiet=verbosity < 0)
 
 
-def _reporter(run_id: str, stages: int, verbosity: int, as_json: bool, detach: bool) -> Any:
+def _reporter(plan: ChainPlan, verbosity: int, as_json: bool, detach: bool) -> Any:
     """--json: events on stdout; --detach: stdout is the run id alone (RUN=$(pp-launch chain --detach)), so
     everything else goes to stderr; a terminal: the live table; else plain lines."""
+    run_id, stages = plan.run_id, len(plan.stages)
     if detach and verbosity >= 0:
         click.echo(
             f"pp-launch: run {run_id}: bringing up {count(stages, 'stage')}; until every stage has announced it ends "
@@ -269,7 +270,7 @@ def _reporter(run_id: str, stages: int, verbosity: int, as_json: bool, detach: b
     if detach:
         return PlainReporter(run_id, verbosity, out=sys.stderr)
     if sys.stdout.isatty() and verbosity >= 0:
-        return LiveReporter(run_id, stages, verbosity)
+        return LiveReporter(run_id, stages, verbosity, addr_timeout=plan.addr_timeout, handoff=plan.handoff)
     return PlainReporter(run_id, verbosity)
 
 
@@ -310,6 +311,10 @@ def _print_plan(done: Launched, as_json: bool, inventory_path: str | None) -> No
             click.echo(f"      {k}={v}")
     for hop in doc.get("hops", []):
         click.echo(f"  hop {hop['from']} -> {hop['to']}: {hop['link']}")
+    if len(plan.stages) > 1:
+        click.echo("  the ring over the topology:")
+        for line in render_ring(doc, names).splitlines():
+            click.echo(f"    {line}")
     if cost := doc.get("placement_cost"):
         how = "the least possible" if cost["search"] == "exact" else "greedy (more than 16 candidates)"
         click.echo(

@@ -28,6 +28,11 @@ from pp_launch.core.chain.plan import BUILTIN_IMAGE
 )
 @click.option("--record", type=click.Path(dir_okay=False), metavar="FILE", help="Write the inventory to FILE.")
 @click.option("--topo", is_flag=True, help="Also the topology matrix, as nvidia-smi topo -m shows it.")
+@click.option("-w", "--watch", is_flag=True, help="A live view, refreshed every --interval: memory and use as bars, "
+              "and who holds each GPU (Ctrl-C ends it).")  # fmt: skip
+@click.option("--interval", type=click.FloatRange(min=0.1), default=1.0, show_default=True, metavar="S",
+              help="With --watch: seconds between frames.")  # fmt: skip
+@click.option("--frames", type=click.IntRange(min=0), default=0, hidden=True, help="With --watch: stop after N.")
 @click.option(
     "--host",
     "host",
@@ -48,8 +53,8 @@ from pp_launch.core.chain.plan import BUILTIN_IMAGE
     help="With --host: how the probe is given the GPUs (as the chain's stages would be).",
 )
 def gpus(
-    as_json: bool, gpu_inventory: str | None, record: str | None, topo: bool, host: str | None, image: str,
-    gpu_attach: str,
+    as_json: bool, gpu_inventory: str | None, record: str | None, topo: bool, watch: bool, interval: float,
+    frames: int, host: str | None, image: str, gpu_attach: str,
 ) -> None:  # fmt: skip
     """Show the GPUs NVML sees, MIG slices as rows of their own: memory, utilization, processes, and which
     pp-launch run holds each; --topo adds how they are connected.
@@ -58,11 +63,17 @@ def gpus(
     Examples:
       pp-launch gpus
       pp-launch gpus --topo
+      pp-launch gpus --watch
       pp-launch gpus --record inventory.json
       pp-launch gpus --host gpu2
     """
     from pp_launch.cli.tables import holders_by_uuid, render_table, render_topology
 
+    if watch:
+        if host is not None or as_json or record:
+            raise click.UsageError("--watch shows this machine's GPUs on a terminal: not with --host, --json, --record")
+        _watch(gpu_inventory, interval, frames)
+        return
     if host is not None:
         reached = across.connect_all(hosts.parse_hosts([host]))
         try:
@@ -113,3 +124,28 @@ def _live_labels() -> list[Mapping[str, str]] | None:
 def _held_by(rows: list[Mapping[str, str]]) -> dict[str, dict[str, Any]]:
     """UUID -> {"run", "stage"} of the pp-launch stage holding it."""
     return {uuid: {"run": h.run_id, "stage": h.stage} for uuid, h in gpu_select.holdings_from_labels(rows).items()}
+
+
+def _watch(gpu_inventory: str | None, interval: float, frames: int) -> None:
+    """Read NVML (or the inventory file) and the engine's holders again for every frame."""
+    import time
+
+    from rich.console import Console
+    from rich.live import Live
+
+    from pp_launch.cli.tables import holders_by_uuid, render_watch
+
+    def frame() -> Any:
+        rows = _live_labels()
+        return render_watch(gpu_select.load_inventory(gpu_inventory), holders_by_uuid(rows or []))
+
+    shown = 0
+    try:
+        with Live(frame(), console=Console(highlight=False), auto_refresh=False) as live:
+            while frames == 0 or shown < frames:
+                shown += 1
+                live.update(frame(), refresh=True)
+                if frames == 0 or shown < frames:
+                    time.sleep(interval)
+    except KeyboardInterrupt:
+        pass  # Ctrl-C ends the view: exit 0

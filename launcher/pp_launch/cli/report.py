@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import sys
 import threading
@@ -121,39 +122,78 @@ class PlainReporter:
 
 
 class LiveReporter(PlainReporter):
-    """A live table of stages (starting, announced with address and seconds, running, stopping, gone)
-    above which stage lines scroll. Only on a terminal."""
+    """A live table of stages above which stage lines scroll (only on a terminal): each stage's state, what it
+    waits for (its predecessor's address, or its own announcement), the seconds it has waited against its
+    --addr-timeout, its address once announced (kept to the last frame), and an N/M line. The result line is
+    printed after the last frame."""
 
     STYLES: ClassVar[dict[str, str]] = {
+        events.StageState.CREATING.value: "yellow",
+        events.StageState.CREATED.value: "yellow",
         events.StageState.STARTING.value: "yellow",
         events.StageState.ANNOUNCED.value: "cyan",
         events.StageState.RUNNING.value: "green",
         events.StageState.STOPPING.value: "magenta",
         events.StageState.GONE.value: "dim",
+        events.StageState.REMOVED.value: "dim",
     }
 
-    def __init__(self, run_id: str, num_stages: int, verbosity: int = 0, console: Any = None) -> None:
+    def __init__(
+        self,
+        run_id: str,
+        num_stages: int,
+        verbosity: int = 0,
+        console: Any = None,
+        addr_timeout: float | None = None,
+        handoff: str = "env",
+        clock: Any = time.monotonic,
+    ) -> None:
         super().__init__(run_id, verbosity)
         from rich.console import Console
         from rich.live import Live
 
         self.console = console or Console(highlight=False)
+        self.clock = clock
+        self.addr_timeout = addr_timeout
+        self.handoff = handoff
         self.rows: dict[int, list[str]] = {k: ["waiting", ""] for k in range(num_stages)}
-        self.started = time.monotonic()
-        self.live = Live(self._table(), console=self.console, refresh_per_second=8, transient=False)
+        self.since: dict[int, float] = {}  # when each stage began to wait for its announcement
+        self.addresses: dict[int, str] = {}
+        self.started = clock()
+        self.held: list[str] = []  # the result, said after the last frame
+        self.live = Live(console=self.console, refresh_per_second=4, transient=False, get_renderable=self._table)
         self.live.start()
 
+    def _waiting_for(self, k: int) -> str:
+        if k in self.addresses:
+            return ""
+        if self.handoff == "env" and k > 0 and (k - 1) not in self.addresses:
+            return f"stage {k - 1}'s address"
+        return "its announcement"
+
+    def _elapsed(self, k: int) -> str:
+        if k not in self.since or k in self.addresses or self.rows[k][0] not in ("starting", "created"):
+            return ""
+        waited = self.clock() - self.since[k]
+        return f"{waited:.0f} s" + (f" / {self.addr_timeout:g} s" if self.addr_timeout else "")
+
     def _table(self) -> Any:
+        from rich.console import Group
         from rich.table import Table
         from rich.text import Text
 
         table = Table(title=f"pp-launch run {self.run_id}", title_justify="left", expand=False)
-        for col in ("stage", "state", "detail"):
+        for col in ("stage", "state", "waiting for", "waited", "address", "detail"):
             table.add_column(col)
-        for k, (state, detail) in sorted(self.rows.items()):
-            # styled Text, never markup: a stage's address or a state is shown as it is
-            table.add_row(Text(str(k)), Text(state, style=self.STYLES.get(state, "white")), Text(detail))
-        return table
+        with self._lock:
+            rows = sorted(self.rows.items())
+            for k, (state, detail) in rows:
+                # styled Text, never markup: a stage's address or a state is shown as it is
+                table.add_row(Text(str(k)), Text(state, style=self.STYLES.get(state, "white")),
+                              Text(self._waiting_for(k)), Text(self._elapsed(k)), Text(self.addresses.get(k, "")),
+                              Text(detail))  # fmt: skip
+            done = len(self.addresses)
+        return Group(table, Text(f"{done}/{len(rows)} stages announced"))
 
     def _print(self, text: str) -> None:
         """Whole, as it came: never wrapped at the terminal's width nor cut (soft wrap), never read as markup."""
@@ -170,15 +210,31 @@ class LiveReporter(PlainReporter):
 
     def stage_state(self, stage: int, state: events.StageState, detail: str = "") -> None:
         with self._lock:
-            # a state without detail keeps the last one (running keeps "127.0.0.1:4000 in 0.15 s")
+            if state in (events.StageState.CREATED, events.StageState.STARTING) and stage not in self.since:
+                self.since[stage] = self.clock()
+            # a state without detail keeps the last one
             self.rows[stage] = [state.value, detail or self.rows.get(stage, ["", ""])[1]]
-            self.live.update(self._table())
+        self.live.refresh()
 
     def event(self, event: events.Event) -> None:
         if isinstance(event, events.StageStarted):
             self.stage_state(event.stage, events.StageState.STARTING, event.container)
             return
+        if isinstance(event, events.StageAnnounced):
+            with self._lock:
+                self.addresses[event.stage] = event.direct
+        if isinstance(event, events.ChainStopped):  # the result after the last frame, not above it
+            said = io.StringIO()
+            quiet = PlainReporter(self.run_id, self.verbosity, out=io.StringIO(), err=said)
+            quiet.event(event)
+            self.said = getattr(quiet, "said", "")
+            with self._lock:
+                self.held.append(said.getvalue())
+            return
         super().event(event)
 
     def close(self) -> None:
         self.live.stop()
+        for text in self.held:
+            for line in text.splitlines():
+                self._print(line)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from pp_launch.app.gpus import holdings_from_labels
 from pp_launch.core.gpu.allocator import PCIE_LEVELS
@@ -82,3 +83,69 @@ def render_table(inventory: GpuInventory, held: Mapping[str, str]) -> str:
     if inventory.driver_version:
         footer.append(f"driver {inventory.driver_version}, CUDA {inventory.cuda_version or '?'}")
     return "\n".join(lines + footer)
+
+
+def _link(level: int | None) -> str:
+    """A hop as a line: ══ NVLink, ~~ between hosts, ── anything else (PCIe, or CPU stages)."""
+    from pp_launch.core.gpu.allocator import HOST_LEVEL
+
+    if level is not None and 1 <= level <= 8:
+        return "══"
+    if level is not None and level >= HOST_LEVEL:
+        return "~~"
+    return "──"
+
+
+def render_ring(doc: dict[str, Any], names: dict[str, str]) -> str:
+    """The chain's ring over the topology, left to right, the hop back to stage 0 drawn underneath: which GPUs
+    each stage has (and its host), and each hop's link."""
+    stages = doc["stages"]
+    levels = [h.get("topology_level") for h in doc.get("hops", [])]
+    levels = [(10**6 if lvl == "host" else lvl) for lvl in levels] or [None] * len(stages)
+
+    def box(s: dict[str, Any]) -> str:
+        gpus = ",".join(names.get(u, u[:12]) for u in s["gpus"]) or "CPU"
+        on = f"@{s['host']}" if s.get("host") else ""
+        return f"[{s['stage']}: {gpus}{on}]"
+
+    boxes = [box(s) for s in stages]
+    top = "┌> " + "".join(b + (f" {_link(levels[k])} " if k + 1 < len(boxes) else "") for k, b in enumerate(boxes))
+    back = _link(levels[-1])
+    inner = len(top)  # the top line ends with " ┐": the bottom spans it between its corners
+    left = max(0, (inner - 4) // 2)
+    bottom = "└" + "─" * left + f" {back} " + "─" * max(0, inner - 4 - left) + "┘"
+    legend = "══ NVLink  ── PCIe or none  ~~ between hosts"
+    return "\n".join([top + " ┐", bottom, legend])
+
+
+def _bar(fraction: float | None, width: int = 20) -> str:
+    if fraction is None:
+        return "?".center(width, "·")
+    full = round(max(0.0, min(1.0, fraction)) * width)
+    return "█" * full + "░" * (width - full)
+
+
+def render_watch(inventory: GpuInventory, held: Mapping[str, str]) -> Any:
+    """One frame of `pp-launch gpus --watch`, in the spirit of nvitop: per GPU (and MIG slice) its memory and
+    utilisation as bars, its processes, and the pp-launch run and stage holding it."""
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title="pp-launch gpus --watch (Ctrl-C ends it)", title_justify="left", expand=False)
+    for col in ("idx", "name", "memory MiB", "util", "processes", "held by"):
+        table.add_column(col, no_wrap=col in ("memory MiB", "util"))
+
+    def memory(used: int | None, total: int | None) -> Text:
+        fraction = None if used is None or not total else used / total
+        return Text(f"{_bar(fraction, 10)} {_mib(used)}/{_mib(total)}")
+
+    for g in inventory.gpus:
+        util = None if g.utilization_gpu_pct is None else g.utilization_gpu_pct / 100
+        pct = "?" if g.utilization_gpu_pct is None else f"{g.utilization_gpu_pct}%"
+        table.add_row(Text(str(g.index)), Text(g.name), memory(g.memory_used_mib, g.memory_total_mib),
+                      Text(f"{_bar(util, 10)} {pct}"), Text(_procs(g.processes)),
+                      Text(held.get(g.uuid, "-"), style="bold" if g.uuid in held else ""))  # fmt: skip
+        for k, m in enumerate(g.mig_devices):
+            table.add_row(Text(f"{g.index}/{k}"), Text("  MIG slice"), memory(m.memory_used_mib, m.memory_total_mib),
+                          Text("-"), Text(_procs(m.processes)), Text(held.get(m.uuid, "-")))  # fmt: skip
+    return table
