@@ -81,11 +81,12 @@ def test_a_four_stage_demo_starts_every_service_at_once_and_down_leaves_nothing(
         assert [(r["stage"], r["owner_status"]) for r in mine] == [(k, "compose") for k in range(4)]
         waited = Launcher("wait", compose.run_id_for(project), "--timeout", "60")  # compose keeps its stages
         assert waited.wait(90) == 0, waited.stderr_text()
-        assert sorted(line.split()[1] for line in waited.stdout_text().splitlines()) == ["0", "1", "2", "3"]
+        assert sorted(line.split()[1] for line in waited.stdout_lines) == ["0", "1", "2", "3"]
     finally:
         down = dc(path, "down", check=False)
     assert down.returncode == 0, down.stderr
     assert leftovers(engine, project) == {"containers": 0, "networks": 0, "volumes": 0}
+    assert not Path(f"/tmp/pp-launch-compose/{project}").exists()  # the hand-off lived in stage 0's /dev/shm
 
 
 @pytest.mark.full  # compose faults

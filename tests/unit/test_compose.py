@@ -56,7 +56,9 @@ def test_the_file_parses_as_yaml_into_the_services_we_meant() -> None:
     assert "PEER_DIRECT" not in s1["environment"]  # comes from stage 0's file at run time
     assert s2["labels"]["pp-launch.owner"] == "compose:p1"
     assert s2["labels"]["pp-launch.run"] == compose.run_id_for("p1") and s2["labels"]["pp-launch.stage"] == "2"
-    assert s2["healthcheck"]["test"] == ["CMD", "/bin/sh", "-c", "test -s /pp-announce/stage-2.addr"]
+    assert s2["healthcheck"]["test"] == ["CMD", "/bin/sh", "-c", "test -s /dev/shm/pp-announce/stage-2.addr"]
+    assert s0["ipc"] == "shareable" and s1["ipc"] == s2["ipc"] == "service:stage-0"  # stage 0's /dev/shm
+    assert all("volumes" not in s for s in (s0, s1, s2))  # nothing on the host to leave behind
     assert "deploy" not in s2 and s2["environment"]["NVIDIA_VISIBLE_DEVICES"] == "void"
     script = doc["configs"]["pp-stage-entry"]["content"]
     assert script.replace("$$", "$") == ENTRY.read_text()

@@ -24,8 +24,7 @@ from pp_launch.core.chain.plan import ChainPlan
 
 ENTRY_CONFIG = "pp-stage-entry"
 ENTRY_PATH = "/pp-stage-entry"
-ANNOUNCE_MOUNT = "/pp-announce"
-HOST_ANNOUNCE_ROOT = "/tmp/pp-launch-compose"
+ANNOUNCE_MOUNT = "/dev/shm/pp-announce"  # stage 0's /dev/shm, shared by every stage (ipc): nothing on the host
 DEFAULT_WORKER_CMD = ("/usr/local/bin/pp-worker",)
 HEALTH_INTERVAL_S = 1
 
@@ -61,14 +60,9 @@ def services(plan: ChainPlan, project: str, worker_cmd: tuple[str, ...], addr_ti
             "environment": dict(sorted(env.items())),
             "labels": dict(s.labels),
             "configs": [{"source": ENTRY_CONFIG, "target": ENTRY_PATH}],
-            "volumes": [
-                {
-                    "type": "bind",
-                    "source": f"{HOST_ANNOUNCE_ROOT}/{project}",
-                    "target": ANNOUNCE_MOUNT,
-                    "bind": {"create_host_path": True},
-                }
-            ],
+            # the announcements are handed over in stage 0's /dev/shm, which every stage shares: it goes with
+            # the containers at `docker compose down`, and nothing is left on the host
+            "ipc": "shareable" if k == 0 else "service:stage-0",
             "healthcheck": {
                 "test": ["CMD", "/bin/sh", "-c", f"test -s {ANNOUNCE_MOUNT}/stage-{k}.addr"],
                 "interval": f"{HEALTH_INTERVAL_S}s",
