@@ -107,3 +107,10 @@ def test_the_gpu_watch_frame_shows_each_gpus_bars_and_its_holder() -> None:
     text = out.getvalue()
     assert "run abc stage 2" in text and "1536/46068" in text
     assert _bar(0.5, 10) == "█████░░░░░" and _bar(None, 4) == "·?··" and _bar(2.0, 3) == "███"
+
+
+def test_one_of_anything_is_counted_in_the_singular() -> None:
+    err = io.StringIO()
+    plain = PlainReporter("r1", 0, out=io.StringIO(), err=err)
+    plain.event(events.ChainStopping(reason=events.StopReason.SIGNAL, stages=1, grace=5.0))
+    assert err.getvalue().startswith("pp-launch: stopping 1 stage (grace 5 s)")
