@@ -24,6 +24,8 @@ CHAIN_PATH = [
     "core/chain/scope.py",
     "core/chain/teardown.py",
     "core/hosts.py",
+    "core/gpu/allocator.py",
+    "core/gpu/requests.py",
     "core/events.py",
     "adapters/multi_host.py",
     "adapters/docker_engine.py",

@@ -350,24 +350,35 @@ def _exact_ring(d: list[list[int]], need: int, start: list[int]) -> list[int] | 
     distances to the units that can still be joined; every edge is seen from both ends, so the sum is halved.
     A state (units used, first and last unit) reached again at no lower cost is not searched again. Ties keep
     the first found in pool order (bus ids), so one inventory gives one plan."""
-    n = len(d)
-    twins_below = _twins_below(d)
-    opens_after = _opens_after(d, twins_below)
-    near = _nearest(d)
+    return _RingSearch(d, need, start).run()
 
-    def ring(seq: list[int]) -> int:
+
+class _RingSearch:
+    """_exact_ring's branch and bound: its state, and one method per step."""
+
+    def __init__(self, d: list[list[int]], need: int, start: list[int]) -> None:
+        self.d, self.need, self.n = d, need, len(d)
+        self.twins_below = _twins_below(d)
+        self.opens_after = _opens_after(d, self.twins_below)
+        self.near = _nearest(d)
+        self.best_cost = self._ring(start)
+        self.best: list[int] | None = None
+        self.seq: list[int] = []
+        self.used = [False] * self.n
+        self.seen: dict[tuple[int, int, int], int] = {}
+
+    def run(self) -> list[int] | None:
+        self._dfs(0, 0, 0)
+        return self.best
+
+    def _ring(self, seq: list[int]) -> int:
+        d = self.d
         return sum(d[seq[i]][seq[(i + 1) % len(seq)]] for i in range(len(seq))) if len(seq) > 1 else 0
 
-    best_cost = ring(start)
-    best: list[int] | None = None
-    seq: list[int] = []
-    used = [False] * n
-    seen: dict[tuple[int, int, int], int] = {}
-
-    def smallest(v: int, q: int, among: list[bool]) -> int:
+    def _smallest(self, v: int, q: int, among: list[bool]) -> int:
         """The sum of v's q smallest distances to units in `among`."""
         total = 0
-        for dist, j in near[v]:
+        for dist, j in self.near[v]:
             if q == 0:
                 break
             if among[j]:
@@ -375,26 +386,39 @@ def _exact_ring(d: list[list[int]], need: int, start: list[int]) -> list[int] | 
                 q -= 1
         return total
 
-    def dfs(pos: int, cost: int, mask: int) -> None:
-        nonlocal best_cost, best
-        if 0 < pos < need:
-            key = (mask, seq[0], seq[-1])  # what is left depends only on these
-            if seen.get(key, cost + 1) <= cost:
-                return
-            seen[key] = cost
-        if pos == need:
-            total = cost + (d[seq[-1]][seq[0]] if need > 1 else 0)
-            if total < best_cost or (best is None and total == best_cost):
-                best_cost, best = total, list(seq)
-            return
-        steps = sorted(
+    def _steps(self, pos: int) -> list[tuple[int, int]]:
+        """The units that may come next (symmetries cut), nearest to the last placed first."""
+        d, seq, used, twins_below, opens_after = self.d, self.seq, self.used, self.twins_below, self.opens_after
+        return sorted(
             (d[seq[-1]][u] if pos else 0, u)
-            for u in range(n)
+            for u in range(self.n)
             if not used[u]
             and not (pos and u < seq[0])
             and all(used[t] for t in twins_below[u])
             and all(used[t] for t in opens_after[u])
         )
+
+    def _seen_cheaper(self, pos: int, cost: int, mask: int) -> bool:
+        """A state (units used, first and last unit) reached before at no higher cost: what is left depends only
+        on these."""
+        if not 0 < pos < self.need:
+            return False
+        key = (mask, self.seq[0], self.seq[-1])
+        if self.seen.get(key, cost + 1) <= cost:
+            return True
+        self.seen[key] = cost
+        return False
+
+    def _dfs(self, pos: int, cost: int, mask: int) -> None:
+        if self._seen_cheaper(pos, cost, mask):
+            return
+        need, seq, used, smallest = self.need, self.seq, self.used, self._smallest
+        if pos == need:
+            total = cost + (self.d[seq[-1]][seq[0]] if need > 1 else 0)
+            if total < self.best_cost or (self.best is None and total == self.best_cost):
+                self.best_cost, self.best = total, list(seq)
+            return
+        steps = self._steps(pos)
         # what every child shares: the units still free (the child's own unit among them, which only loosens
         # the bound) and, for each, its two nearest among the free units and the ends (the first unit, and the
         # last placed, which is the child's own unit, free here)
@@ -402,20 +426,17 @@ def _exact_ring(d: list[list[int]], need: int, start: list[int]) -> list[int] | 
         ends = list(free)
         if seq:
             ends[seq[0]] = True
-        two = sorted(smallest(v, 2, ends) for v in range(n) if free[v])
+        two = sorted(smallest(v, 2, ends) for v in range(self.n) if free[v])
         for add, u in steps:
             used[u] = True
             seq.append(u)
             floor = cost + add
             if need > 1 and pos + 1 < need:
                 floor += -(-(sum(two[: need - pos - 1]) + smallest(u, 1, free) + smallest(seq[0], 1, free)) // 2)
-            if floor < best_cost or (best is None and floor == best_cost):
-                dfs(pos + 1, cost + add, mask | 1 << u)
+            if floor < self.best_cost or (self.best is None and floor == self.best_cost):
+                self._dfs(pos + 1, cost + add, mask | 1 << u)
             seq.pop()
             used[u] = False
-
-    dfs(0, 0, 0)
-    return best
 
 
 def _exact_stages(d: list[list[int]], need: int, k: int, start: list[int]) -> list[int] | None:
@@ -428,31 +449,44 @@ def _exact_stages(d: list[list[int]], need: int, k: int, start: list[int]) -> li
     opened first. Bounds: each unit still to come is at least its nearest distances to the units it can still
     share a stage with; each stage of the ring has two hops, at least its two nearest units outside it. Ties
     keep the first found, so one inventory gives one plan."""
-    n = len(d)
-    stages = need // k
-    twins_below = _twins_below(d)
-    near = _nearest(d)
-    opens_after = _opens_after(d, twins_below)
-    dmin = min((d[i][j] for i in range(n) for j in range(n) if i != j), default=0)
+    return _StageSearch(d, need, k, start).run()
 
-    def cost_of(seq: list[int]) -> tuple[int, int]:
+
+class _StageSearch:
+    """_exact_stages' branch and bound: its state, and one method per step."""
+
+    def __init__(self, d: list[list[int]], need: int, k: int, start: list[int]) -> None:
+        self.d, self.need, self.k, self.n = d, need, k, len(d)
+        self.stages = need // k
+        n = self.n
+        self.twins_below = _twins_below(d)
+        self.near = _nearest(d)
+        self.opens_after = _opens_after(d, self.twins_below)
+        self.dmin = min((d[i][j] for i in range(n) for j in range(n) if i != j), default=0)
+        self.best_w, self.best_h = self._cost_of(start)
+        self.best: list[int] | None = None
+        self.seq: list[int] = []
+        self.used = [False] * n
+        self.hrows: list[list[int]] = []  # hrows[j][i]: the hop between complete stages j and i < j
+        self.outs: list[int] = []  # each complete stage's two hops at least (its two nearest units outside it)
+
+    def run(self) -> list[int] | None:
+        self._dfs(0, 0)
+        return self.best
+
+    def _cost_of(self, seq: list[int]) -> tuple[int, int]:
+        d, k, need, stages = self.d, self.k, self.need, self.stages
         groups = [seq[i : i + k] for i in range(0, need, k)]
         within = sum(d[a][b] for g in groups for a, b in itertools.combinations(g, 2))
         if stages == 1:
             return within, 0
         return within, sum(min(d[a][b] for a in groups[i] for b in groups[(i + 1) % stages]) for i in range(stages))
 
-    best_w, best_h = cost_of(start)
-    best: list[int] | None = None
-    seq: list[int] = []
-    used = [False] * n
-    hrows: list[list[int]] = []  # hrows[j][i]: the hop between complete stages j and i < j
-    outs: list[int] = []  # each complete stage's two hops at least (its two nearest units outside it)
-
-    def smallest(v: int, q: int, above: int) -> int:
+    def _smallest(self, v: int, q: int, above: int) -> int:
         """The sum of v's q smallest distances to unused units above `above`."""
+        used = self.used
         total = 0
-        for dist, j in near[v]:
+        for dist, j in self.near[v]:
             if q == 0:
                 break
             if j > above and not used[j]:
@@ -460,12 +494,13 @@ def _exact_stages(d: list[list[int]], need: int, k: int, start: list[int]) -> li
                 q -= 1
         return total
 
-    def within_floors(pos: int, lo: int) -> Callable[[int], int]:
+    def _within_floors(self, pos: int, lo: int) -> Callable[[int], int]:
         """For the children of a node (seq holds pos units, a child puts a unit u > lo at pos): at least what the
         units after u add to `within`. The rest of u's stage takes units above u; stages not begun take units
         above their lowest, so above the lowest of u's stage. Each pair is seen from both its ends, so the sum is
         halved. What the children share is worked out once here: there u itself still counts as free and the
         nearest are sought above lo (slot 0) or above its stage's lowest, which can only lower the floor."""
+        d, k, n, need, seq, used, smallest = self.d, self.k, self.n, self.need, self.seq, self.used, self._smallest
         slot = pos % k
         q = k - slot - 1  # units after u in its stage
         rest = need - pos - 1 - q  # units in stages not begun
@@ -488,8 +523,8 @@ def _exact_stages(d: list[list[int]], need: int, k: int, start: list[int]) -> li
 
         return floor
 
-    def leaf(within: int) -> None:
-        nonlocal best_w, best_h, best
+    def _leaf(self, within: int) -> None:
+        stages, k, seq, hrows = self.stages, self.k, self.seq, self.hrows
         hops, order = 0, [0]
         if stages > 1:
             h = [[0] * stages for _ in range(stages)]
@@ -499,43 +534,59 @@ def _exact_stages(d: list[list[int]], need: int, k: int, start: list[int]) -> li
             # a ring enters and leaves each stage: at least its two nearest stages (one, twice, for two stages)
             ends = (sorted(h[g][x] for x in range(stages) if x != g) for g in range(stages))
             floor = 2 * h[0][1] if stages == 2 else -(-sum(e[0] + e[1] for e in ends) // 2)
-            if within == best_w and (floor > best_h or (floor == best_h and best is not None)):
+            if within == self.best_w and (floor > self.best_h or (floor == self.best_h and self.best is not None)):
                 return
             hops, order = _ring_order(h)
-        if (within, hops) < (best_w, best_h) or (best is None and (within, hops) == (best_w, best_h)):
-            best_w, best_h = within, hops
-            best = [u for s in order for u in seq[s * k : (s + 1) * k]]
+        best_w, best_h = self.best_w, self.best_h
+        if (within, hops) < (best_w, best_h) or (self.best is None and (within, hops) == (best_w, best_h)):
+            self.best_w, self.best_h = within, hops
+            self.best = [u for s in order for u in seq[s * k : (s + 1) * k]]
 
-    def dfs(pos: int, within: int) -> None:
-        if pos == need:
-            leaf(within)
-            return
+    def _children(self, pos: int, within: int) -> list[tuple[int, int, int, int, int]]:
+        """The units that may come next (symmetries cut), each with the floors of what a plan through it costs,
+        the most promising first: a good plan found early prunes the rest."""
+        d, k, n, need, stages = self.d, self.k, self.n, self.need, self.stages
+        seq, used = self.seq, self.used
         slot = pos % k
         lo = (seq[pos - k] if pos else -1) if slot == 0 else seq[-1]
-        twice_hops = sum(outs) + (stages - len(outs)) * 2 * dmin if stages > 1 else 0
-        within_floor = within_floors(pos, lo) if pos + 1 < need else lambda u: 0
+        twice_hops = sum(self.outs) + (stages - len(self.outs)) * 2 * self.dmin if stages > 1 else 0
+        within_floor = self._within_floors(pos, lo) if pos + 1 < need else lambda u: 0
         children = []
         for u in range(lo + 1, n):
-            if used[u] or not all(used[t] for t in twins_below[u]) or not all(used[t] for t in opens_after[u]):
+            if not self._may_come_next(u):
                 continue
             if slot == 0 and sum(1 for v in range(u + 1, n) if not used[v]) < need - pos - 1:
                 break  # too few units above u left to fill the stages: the same for every higher u
             add = sum(d[u][m] for m in seq[pos - slot :])
-            used[u] = True
-            seq.append(u)
-            out, twice = 0, twice_hops
-            if stages > 1 and slot == k - 1:  # u completes a stage: its units' nearest outside it (in another
-                g = seq[pos + 1 - k :]  # stage, or still to be placed: above its lowest)
-                reach = sorted(min(d[v][x] for v in g) for x in range(n) if x not in g and (used[x] or x > g[0]))
-                out = reach[0] + reach[1] if stages > 2 else 2 * reach[0]
-                twice += out - 2 * dmin
-            seq.pop()
-            used[u] = False
+            out = self._out_if_completed(pos, u) if stages > 1 and slot == k - 1 else 0
+            twice = twice_hops + (out - 2 * self.dmin if out else 0)
             floor = within + add + within_floor(u)
             children.append((floor, -(-twice // 2), u, add, out))
-        children.sort()  # the most promising first: a good plan found early prunes the rest
-        for floor, hop_floor, u, add, out in children:
-            if (floor, hop_floor) > (best_w, best_h) or ((floor, hop_floor) == (best_w, best_h) and best is not None):
+        children.sort()
+        return children
+
+    def _may_come_next(self, u: int) -> bool:
+        """Unused, and the symmetries allow it: its lower twins and the classes it opens after are used."""
+        used = self.used
+        return not used[u] and all(used[t] for t in self.twins_below[u]) and all(used[t] for t in self.opens_after[u])
+
+    def _out_if_completed(self, pos: int, u: int) -> int:
+        """u completes a stage: its units' two hops out at least (their nearest units in another stage, or still
+        to be placed: above the stage's lowest)."""
+        d, k, n, seq, used = self.d, self.k, self.n, self.seq, self.used
+        g = [*seq[pos + 1 - k :], u]
+        reach = sorted(min(d[v][x] for v in g) for x in range(n) if x not in g and (used[x] or x > g[0]))
+        return reach[0] + reach[1] if self.stages > 2 else 2 * reach[0]
+
+    def _dfs(self, pos: int, within: int) -> None:
+        if pos == self.need:
+            self._leaf(within)
+            return
+        d, k, stages, seq, used, hrows, outs = self.d, self.k, self.stages, self.seq, self.used, self.hrows, self.outs
+        slot = pos % k
+        for floor, hop_floor, u, add, out in self._children(pos, within):
+            best = (self.best_w, self.best_h)
+            if (floor, hop_floor) > best or ((floor, hop_floor) == best and self.best is not None):
                 continue  # (best may have improved since the children were listed)
             used[u] = True
             seq.append(u)
@@ -544,15 +595,12 @@ def _exact_stages(d: list[list[int]], need: int, k: int, start: list[int]) -> li
                 g = seq[pos + 1 - k :]
                 hrows.append([min(d[a][b] for a in g for b in seq[i * k : (i + 1) * k]) for i in range(len(outs))])
                 outs.append(out)
-            dfs(pos + 1, within + add)
+            self._dfs(pos + 1, within + add)
             if completes:
                 hrows.pop()
                 outs.pop()
             seq.pop()
             used[u] = False
-
-    dfs(0, 0)
-    return best
 
 
 def _ring_order(h: list[list[int]]) -> tuple[int, list[int]]:
