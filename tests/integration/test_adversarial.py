@@ -303,6 +303,29 @@ def test_a_state_directory_another_user_planted_is_refused_never_followed(engine
     assert list((shared / "theirs").iterdir()) == []
 
 
+def test_a_log_dir_another_user_planted_is_never_written_and_the_chain_still_runs(engine, stub_image, open_dir) -> None:
+    """Issue #28 item 3, as a second user: --log-dir under a shared directory where `nobody` planted a link (to a
+    directory of root's) or a directory of its own. The chain runs to its end and says its output is not kept;
+    nothing is written through the link or into the other user's directory; `logs` refuses both in one line."""
+    shared = open_dir / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    victim = open_dir / "victim"
+    victim.mkdir(mode=0o700)
+    as_nobody("ln", "-s", str(victim), str(shared / "logs-link"))
+    as_nobody("mkdir", "-m", "0777", str(shared / "logs-theirs"))
+    for planted in (shared / "logs-link", shared / "logs-theirs"):
+        run = Launcher("chain", "--stages", "2", "--gpus", "none", "--env", "MAX_TOKENS=2", "--log-dir", str(planted))
+        assert run.wait(60) == 0, run.stderr_text()
+        assert "will not be kept for 'pp-launch logs'" in run.stderr_text()
+        logs = Launcher("logs", "deadbeef0000", "--log-dir", str(planted))
+        assert logs.wait(30) == 2
+        assert str(planted) in logs.stderr_text() and "nothing in it is trusted" in logs.stderr_text() or (
+            "symbolic link" in logs.stderr_text()
+        ), logs.stderr_text()
+    assert list(victim.iterdir()) == [] and list((shared / "logs-theirs").iterdir()) == []
+
+
 def test_the_old_shared_state_path_is_no_longer_touched(engine, stub_image, tmp_path) -> None:
     """A chain with the default state (no PP_LAUNCH_STATE_DIR) goes nowhere near /tmp/pp-launch-state, where
     another user may have planted links and a lock (`flock -s gpu.lock` used to block every GPU launch)."""
