@@ -289,16 +289,22 @@ class NodeSupervisor:
     def run(self, ref: str, stage: int) -> int:
         self.backend.start(ref, stage, self.inbox.put)
         try:
-            while True:
-                event = self.inbox.get(1.0)
-                if isinstance(event, StageOutput):
-                    self.write(event.stream, event.data)
-                elif isinstance(event, StopRequested):
-                    return self._stop(ref, event.signum)
-                elif isinstance(event, StageGone):
-                    return _exit_code(event)
-        finally:
-            self.backend.close()
+            code = self._supervise(ref)
+        except BaseException:
+            self.backend.close(0.0)  # a lost engine's reads and waits never end by themselves: not waited for
+            raise
+        self.backend.close()
+        return code
+
+    def _supervise(self, ref: str) -> int:
+        while True:
+            event = self.inbox.get(1.0)
+            if isinstance(event, StageOutput):
+                self.write(event.stream, event.data)
+            elif isinstance(event, StopRequested):
+                return self._stop(ref, event.signum)
+            elif isinstance(event, StageGone):
+                return _exit_code(event)
 
     def _stop(self, ref: str, signum: int) -> int:
         ended: list[StageGone] = []

@@ -557,7 +557,9 @@ class ChainScope:
         if orphans or self._td.errors:
             exit_code = errors.EXIT_FAILURE  # not a clean teardown: never 0 and never 128+N
         self._drain_output()
-        self.backend.close()  # every thread it started for this run has ended (bounded)
+        # every thread it started for this run has ended (bounded); a lost engine's reads and waits never end by
+        # themselves: they are not waited for (daemons, they end with the process)
+        self.backend.close(0.0 if self._td.lost is not None else 5.0)
         self.reporter.event(
             events.ChainStopped(
                 reason=events.StopReason(reason),
