@@ -10,21 +10,13 @@ import click
 from pp_launch.adapters import host_state
 from pp_launch.adapters.docker_engine import ContainerInfo, Engine, connect
 from pp_launch.app import housekeeping
+from pp_launch.cli.options import host_option
 from pp_launch.core import errors, hosts, labels
 
 
 def host_choice(f: Any) -> Any:
     """--host (repeatable) and --all-hosts, as the housekeeping commands read them (no ring here)."""
-    return click.option(
-        "--host",
-        "host_names",
-        multiple=True,
-        metavar="CONTEXT|URL",
-        envvar=hosts.HOSTS_ENV,
-        help="Look at these Docker engines instead: a Docker context ('docker context ls') or an engine URL "
-        "(unix://, tcp://, ssh://USER@HOST:PORT). Repeat it or give a comma list (also PP_LAUNCH_HOSTS). "
-        "Default: the one engine of DOCKER_HOST (or DOCKER_CONTEXT).",
-    )(ALL_HOSTS(f))
+    return host_option("Look at these Docker engines instead")(ALL_HOSTS(f))
 
 
 ALL_HOSTS = click.option(

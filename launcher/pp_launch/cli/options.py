@@ -141,18 +141,22 @@ def split_inventories(values: tuple[str, ...]) -> tuple[str | None, tuple[tuple[
     return plain, tuple(per_host)
 
 
-def host_options(f: Any) -> Any:
-    """--host, repeatable (or a comma list, or PP_LAUNCH_HOSTS): Docker contexts or engine URLs."""
+def host_option(help: str) -> Callable[[Any], Any]:
+    """--host, repeatable (or a comma list, or PP_LAUNCH_HOSTS): Docker contexts or engine URLs; `help` says what
+    the command does with them."""
     return click.option(
         "--host",
         "host_names",
         multiple=True,
         metavar="CONTEXT|URL",
         envvar=hosts.HOSTS_ENV,
-        help="Run on these Docker engines, in ring order: a Docker context ('docker context ls') or an engine URL "
-        "(unix://, tcp://, ssh://USER@HOST:PORT). Repeat it or give a comma list (also PP_LAUNCH_HOSTS). "
-        "Default: the one engine of DOCKER_HOST.",
-    )(f)
+        help=f"{help}: a Docker context ('docker context ls') or an engine URL (unix://, tcp://, "
+        "ssh://USER@HOST:PORT). Repeat it or give a comma list (also PP_LAUNCH_HOSTS). Default: the one engine of "
+        "DOCKER_HOST (or DOCKER_CONTEXT).",
+    )
+
+
+host_options = host_option("Run on these Docker engines, in ring order")
 
 
 class Seconds(click.ParamType):  # type: ignore[type-arg]  # generic only in newer Click stubs
