@@ -128,6 +128,7 @@ class _Site:
     engine: Engine | None
     lock_name: str = ""
     engine_id: str = ""
+    host: across.Host | None = None  # a --host engine, reached and checked
 
 
 def launch(request: LaunchRequest, hooks: Hooks | None = None, environ: Mapping[str, str] | None = None) -> Launched:
@@ -167,7 +168,7 @@ def plan_launch(request: LaunchRequest, environ: Mapping[str, str] | None = None
     sites = _reach(request, dry_run=True)
     try:
         if request.hosts:
-            across.check_image([s.host for s in sites if isinstance(s, _HostSite)], request.chain.image)
+            across.check_image(_hosts(sites), request.chain.image)
         run_id, owner = request.run_id or identity.new_run_id(), request.owner or _me(request)
         plan, note = _plan(request, sites, environ, owner, run_id, None)
     finally:
@@ -178,16 +179,11 @@ def plan_launch(request: LaunchRequest, environ: Mapping[str, str] | None = None
 
 
 # ------------------------------------------------------------------------------------------------ the steps
-@dataclass(frozen=True)
-class _HostSite(_Site):
-    host: across.Host = None  # type: ignore[assignment]
-
-
 def _reach(request: LaunchRequest, dry_run: bool) -> list[_Site]:
     """The engines: every --host reached and checked at once (exit 2 naming each that does not answer), or
     DOCKER_HOST's (a dry run tolerates none, and needs none for --gpus none)."""
     if request.hosts:
-        return [_HostSite(h.name, h.engine, h.name, h.engine_id, h) for h in across.connect_all(request.hosts)]
+        return [_Site(h.name, h.engine, h.name, h.engine_id, h) for h in across.connect_all(request.hosts)]
     if dry_run:
         if request.gpu.mode.strip() == "none":
             return [_Site("", None)]
@@ -197,6 +193,10 @@ def _reach(request: LaunchRequest, dry_run: bool) -> list[_Site]:
             return [_Site("", None)]
     engine = connect()
     return [_Site("", engine, engine.address)]  # one engine: no lock order to keep, no identity to ask
+
+
+def _hosts(sites: Sequence[_Site]) -> list[across.Host]:
+    return [s.host for s in sites if s.host is not None]
 
 
 def _close(sites: Sequence[_Site]) -> None:
@@ -214,7 +214,7 @@ def _prepare(request: LaunchRequest, sites: Sequence[_Site], say: Callable[[str]
     the sweep of what dead launchers of this host left (--no-sweep leaves it to `gc`)."""
     image = request.chain.image
     if request.hosts:
-        across.check_image([s.host for s in sites if isinstance(s, _HostSite)], image)
+        across.check_image(_hosts(sites), image)
     else:
         steps.ensure_image(_engine(sites[0]), image, say)
     if request.sweep:
@@ -274,7 +274,7 @@ def _host_gpus(
         held = (lambda: across.live_gpu_labels(engine)) if engine is not None else list
         path = gpu.inventory_path or environ.get(gpu_select.INVENTORY_ENV) or None
         return [gpu_select.HostGpus("", gpu_select.load_inventory(path), held)]
-    reached = [s.host for s in sites if isinstance(s, _HostSite)]
+    reached = _hosts(sites)
     every = gpu.inventory_path or environ.get(gpu_select.INVENTORY_ENV) or None
     return across.host_gpus(reached, request.chain.image, gpu.attach, run_id, owner, dict(gpu.host_inventories),
                             every)  # fmt: skip
