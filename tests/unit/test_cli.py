@@ -88,10 +88,12 @@ def test_bad_flags_are_usage_errors(args: tuple[str, ...], message: str) -> None
     ],
 )
 def test_configuration_errors_are_exit_2_with_one_plain_message(args: tuple[str, ...], message: str) -> None:
+    """One line; a usage error (a value no option takes) adds the hint line Click's own errors have."""
     result = run("chain", *args, "--dry-run")
     assert result.exit_code == 2
     assert result.output.startswith(f"pp-launch: error: {message}")
-    assert len(result.output.strip().splitlines()) == 1
+    hint = "pp-launch: hint: 'pp-launch chain --help' lists its options"
+    assert result.output.strip().splitlines()[1:] in ([], [hint])
 
 
 def test_dry_run_json_is_the_whole_plan_with_placeholders() -> None:
@@ -551,3 +553,15 @@ def test_gpus_watch_draws_bars_and_holders_frame_by_frame() -> None:
     assert "pp-launch gpus --watch" in result.stdout and "░" in result.stdout and "1536/46068" in result.stdout
     refused = run("gpus", "--watch", "--json")
     assert refused.exit_code == 2 and "--watch shows this machine's GPUs" in refused.output
+
+
+@pytest.mark.parametrize(
+    "args", [("chain", "--gpus", "foo", "--dry-run"), ("chain", "--handoff", "stdin", "--bring-up", "in-turn")]
+)
+def test_our_own_usage_errors_carry_the_same_hint_as_clicks(args: tuple[str, ...]) -> None:
+    result = run(*args)
+    assert result.exit_code == 2
+    lines = result.output.strip().splitlines()
+    assert lines[0].startswith("pp-launch: error: ") and lines[1:] == [
+        "pp-launch: hint: 'pp-launch chain --help' lists its options"
+    ]

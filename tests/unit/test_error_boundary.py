@@ -71,7 +71,8 @@ def test_every_error_type_through_a_command_is_one_plain_line_and_its_exit_code(
     monkeypatch.setattr(engines, "connect", boom)  # what `pp-launch ps` calls first (cli/engines.py)
     result = CliRunner().invoke(main, ["ps"], catch_exceptions=False)
     assert result.exit_code == error.exit_code
-    assert result.output == f"pp-launch: error: {error}\n"
+    hint = "pp-launch: hint: 'pp-launch ps --help' lists its options\n" if isinstance(error, errors.UsageError) else ""
+    assert result.output == f"pp-launch: error: {error}\n{hint}"
 
 
 @pytest.mark.parametrize("error", [EXAMPLES[errors.EngineLost], EXAMPLES[errors.ConfigError]])

@@ -91,7 +91,8 @@ def test_a_broken_rule_on_the_command_line_is_one_line_and_exit_2() -> None:
     result = CliRunner().invoke(main, ["chain", "--handoff", "stdin", "--bring-up", "in-turn"], env=NO_ENGINE)
     assert result.exit_code == 2
     assert result.output.strip().splitlines() == [
-        "pp-launch: error: --handoff stdin needs --bring-up parallel: it starts every worker at once"
+        "pp-launch: error: --handoff stdin needs --bring-up parallel: it starts every worker at once",
+        "pp-launch: hint: 'pp-launch chain --help' lists its options",
     ]
 
 

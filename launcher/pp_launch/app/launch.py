@@ -62,8 +62,13 @@ class LaunchRequest:
     log_dir: str | None = None  # where: None for this user's state directory
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "hosts", hosts.parse_hosts(self.hosts))
-        problem = next((p for p in _problems(self) if p), None)
+        try:
+            object.__setattr__(self, "hosts", hosts.parse_hosts(self.hosts))
+            problem = next((p for p in _problems(self) if p), None)
+        except errors.UsageError:
+            raise
+        except errors.ConfigError as exc:  # a value no option takes (--gpus foo, --host 'a b'): a usage error too
+            raise errors.UsageError(str(exc)) from None
         if problem is not None:
             raise errors.UsageError(problem)
 

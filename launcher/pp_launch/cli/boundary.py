@@ -24,4 +24,13 @@ def mapped_errors(prog: str = "pp-launch") -> Iterator[None]:
         yield
     except errors.PpLaunchError as exc:
         click.echo(message(exc, prog), err=True)
+        if isinstance(exc, errors.UsageError):  # options that do not go together: the same hint as Click's errors
+            click.echo(f"{prog}: hint: '{_command_path(prog)} --help' lists its options", err=True)
         sys.exit(exc.exit_code)
+
+
+def _command_path(prog: str) -> str:
+    """The command that failed: the group's context is the current one by the time its error gets here."""
+    ctx = click.get_current_context(silent=True)
+    sub = ctx.invoked_subcommand if ctx is not None else None
+    return f"{prog} {sub}" if sub else prog
