@@ -73,13 +73,13 @@ def sweep_dead_owners(engine: Engine, say: Callable[[str], None]) -> None:
         say(f"could not remove {gone}: {housekeeping.safe(why)}")
 
 
-def check_names_free(engine: Engine, plan: ChainPlan, host: str | None = None, runtime: Runtime | None = None) -> None:
+def check_names_free(engine: Engine, plan: ChainPlan, host: str | None, runtime: Runtime) -> None:
     """A stage's name held by any container, ours or not, is exit 2 before anything starts. The holder is named
     and never touched: a container is ours only by the id the engine gave us for our own create. `host`: only
     the stages of that host (a chain across hosts), on its engine. `runtime`: every name asked at once."""
     specs = [spec for spec in plan.stages if host is None or spec.host == host]
     asks: list[Callable[[], Any]] = [functools.partial(engine.inspect, spec.name) for spec in specs]
-    answers = runtime.run_all(asks) if runtime is not None else [ask() for ask in asks]
+    answers = runtime.run_all(asks)
     for spec, info in zip(specs, answers, strict=True):
         if isinstance(info, BaseException):
             raise info
