@@ -225,8 +225,9 @@ def _flood_run(engine, flood: str | None, megabytes: int) -> tuple[int, int, byt
         for chunk in iter(lambda: proc.stdout.read1(1 << 16), b""):  # type: ignore[union-attr]
             if len(sample) < 1 << 20:
                 sample.extend(chunk)
-            tail = (tail + chunk)[-200:]
-            if (b"flood of" in tail) if flood else (sample.count(b"holding") >= 2):
+            window = tail + chunk  # the marker may sit anywhere in a chunk, with the flood's own bytes after it
+            tail = window[-200:]
+            if (b"flood of" in window) if flood else (sample.count(b"holding") >= 2):
                 done.set()
 
     threading.Thread(target=drain, daemon=True).start()
