@@ -60,6 +60,8 @@ class LaunchRequest:
     run_id: str | None = None  # None: a new one
     keep_logs: bool = True  # each stage's output kept after the run (adapters/run_logs.py) for `pp-launch logs`
     log_dir: str | None = None  # where: None for this user's state directory
+    ray: str | None = None  # --ray ADDRESS: the stages run on that Ray cluster (app/on_ray.py)
+    ray_timeout: float = 60.0  # how long Ray may take to grant the run's GPUs before it is refused (exit 2)
 
     def __post_init__(self) -> None:
         try:
@@ -84,15 +86,17 @@ def _problems(r: LaunchRequest) -> list[str]:
     steps.check_request(r.chain)
     gpu_select.parse_gpus_flag(gpu.mode, gpu.per_stage)  # ConfigError for a --gpus it cannot read
     unknown = sorted({h for h, _ in gpu.host_inventories} - set(r.hosts))
+    mode = gpu_select.parse_gpus_flag(gpu.mode, gpu.per_stage)[0]
     return [
+        *_ray_problems(r, mode),
         "--handoff stdin needs --bring-up parallel: it starts every worker at once" if stdin and not r.chain.parallel
         else "",
         "--handoff stdin and --gpu-node do not go together: pp-gpu-node children take their peers from the "
         "environment" if stdin and r.gpu_node else "",
         "--detach and --gpu-node do not go together: child processes end with the launcher"
         if r.detach and r.gpu_node else "",
-        "--stages-per-host needs --host (a chain across hosts)" if r.stages_per_host is not None and not r.hosts
-        else "",
+        "--stages-per-host needs --host or --ray (a chain across hosts)"
+        if r.stages_per_host is not None and not (r.hosts or r.ray) else "",
         "--host and --gpu-node do not go together: child processes run on this machine" if r.hosts and r.gpu_node
         else "",
         f"--placement {r.placement!r}: use one of {', '.join(hosts.PLACEMENTS)}" if r.placement not in hosts.PLACEMENTS
@@ -104,6 +108,22 @@ def _problems(r: LaunchRequest) -> list[str]:
         f"--gpu-inventory {unknown[0]}=FILE names a host, but this chain has no --host" if unknown and not r.hosts
         else "",
     ]  # fmt: skip
+
+
+def _ray_problems(r: LaunchRequest, mode: str) -> list[str]:
+    if r.ray is None:
+        return []
+    return [
+        "--ray ADDRESS is empty: name the cluster (HOST:PORT, ray://HOST:PORT, or auto)" if not r.ray.strip() else "",
+        "--ray and --host do not go together: the Ray cluster's nodes are the hosts" if r.hosts else "",
+        "--ray and --gpu-node do not go together: stages run as containers on the cluster's nodes"
+        if r.gpu_node else "",
+        f"--gpus {r.gpu.mode} and --ray do not go together: Ray grants the GPUs; use --gpus auto (with "
+        "--gpus-per-stage N) or none" if mode not in ("auto", "none") else "",
+        "--gpu-inventory HOST=FILE and --ray do not go together: each node reads its own GPUs"
+        if r.gpu.host_inventories else "",
+        "--ray-timeout must be positive" if r.ray_timeout <= 0 else "",
+    ]
 
 
 @dataclass(frozen=True)
@@ -141,6 +161,10 @@ def launch(request: LaunchRequest, hooks: Hooks | None = None, environ: Mapping[
     (exit 2 for configuration); everything after is in the outcome, and nothing is left behind either way."""
     environ = os.environ if environ is None else environ
     hooks = hooks or Hooks()
+    if request.ray is not None:
+        from pp_launch.app import on_ray
+
+        return on_ray.launch(request, hooks, environ)
     sites = _reach(request, dry_run=False)
     try:
         _prepare(request, sites, hooks.say)
@@ -170,6 +194,10 @@ def plan_launch(request: LaunchRequest, environ: Mapping[str, str] | None = None
     """The plan only (a dry run, or a Compose file): nothing is started, locked or swept. Without --host an
     absent engine is no error (the GPUs its containers hold are then not checked: `warning`)."""
     environ = os.environ if environ is None else environ
+    if request.ray is not None:
+        from pp_launch.app import on_ray
+
+        return on_ray.plan(request, environ)
     sites = _reach(request, dry_run=True)
     try:
         if request.hosts:

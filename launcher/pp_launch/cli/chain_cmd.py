@@ -145,7 +145,23 @@ def load_chain_file(ctx: click.Context, param: click.Parameter, value: str | Non
     "--stages-per-host",
     type=click.IntRange(min=1),
     metavar="N",
-    help="With several --host: N consecutive stages on each host in turn.",
+    help="With several --host (or --ray nodes): N consecutive stages on each host in turn.",
+)
+@click.option(
+    "--ray",
+    "ray_address",
+    metavar="ADDRESS",
+    help="Run the chain on a Ray cluster: HOST:PORT of its GCS, ray://HOST:PORT (Ray Client), or auto (RAY_ADDRESS, "
+    "or this machine's cluster). Ray places the stages (--placement, --stages-per-host) and grants their GPUs; "
+    "each stage is an actor that owns its container on its node's Docker engine. Needs pp-launch[ray].",
+)
+@click.option(
+    "--ray-timeout",
+    type=Seconds(positive=True),
+    default=60.0,
+    show_default=True,
+    metavar="S",
+    help="With --ray: how long the cluster may take to grant the run's GPUs; then exit 2, nothing started.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Events as JSON lines on stdout; stage lines on stderr.")
 @click.option("--dry-run", is_flag=True, help="Print the plan (GPUs, env, labels) and start nothing.")
@@ -197,6 +213,8 @@ def chain(
     host_names: tuple[str, ...],
     placement: str,
     stages_per_host: int | None,
+    ray_address: str | None,
+    ray_timeout: float,
     as_json: bool,
     dry_run: bool,
     detach: bool,
@@ -217,6 +235,7 @@ def chain(
       pp-launch chain --stages 8 --gpus auto --gpus-per-stage 1 --json
       pp-launch chain --stages 2 --dry-run --json --gpu-inventory inventory.json
       pp-launch chain --stages 8 --host gpu1 --host gpu2 --gpus-per-stage 2   (Docker contexts)
+      pp-launch chain --stages 8 --ray 10.0.0.1:6379 --gpus-per-stage 2      (a Ray cluster)
     """
     verbosity = ctx.obj["verbosity"]
     chain_request = ChainRequest(
@@ -226,7 +245,7 @@ def chain(
         lifeline=True,  # a detached run is its launcher's until it is up (bringup.py)
     )  # fmt: skip
     request = LaunchRequest(chain_request, gpu, host_names, placement, stages_per_host, detach, sweep, gpu_node,
-                            log_dir=log_dir)  # fmt: skip
+                            log_dir=log_dir, ray=ray_address, ray_timeout=ray_timeout)  # fmt: skip
     if dry_run:
         _print_plan(plan_launch(request), as_json, gpu.inventory_path)
         return

@@ -274,6 +274,20 @@ def _ring_cost(inventory: GpuInventory, order: Sequence[Unit], per_stage: int) -
     return within, hops
 
 
+def order_groups(inventory: GpuInventory, groups: Sequence[Sequence[str]]) -> tuple[list[int], list[int]]:
+    """GPUs granted by someone else (a Ray cluster), one group per stage, on one machine: the order of the groups
+    round the cheapest ring (from group 0; every order up to five groups, Held-Karp above), and the hop level
+    from each group in that order to the next (the last to the first). UUIDs the inventory lacks are as close
+    as any (no topology known)."""
+    by_uuid = {u.uuid: u for u in units(inventory)}
+    known = [[by_uuid[g] for g in group if g in by_uuid] for group in groups]
+    n = len(known)
+    h = [[_hop(inventory, a, b) if a and b and i != j else UNKNOWN for j, b in enumerate(known)]
+         for i, a in enumerate(known)]  # fmt: skip
+    order = _ring_order(h)[1] if n > 1 else list(range(n))
+    return order, [h[order[i]][order[(i + 1) % n]] for i in range(n)] if n > 1 else []
+
+
 EXACT_MAX = 16  # exact search (branch and bound) up to this many candidate units; greedy above
 
 

@@ -1,0 +1,557 @@
+"""Chains on a Ray cluster: the only module that imports `ray`.
+
+Ray does the cluster's part: membership, GPU accounting across nodes (one placement group per run holds the
+run's GPUs: Ray grants them to no other job while it lives), failure detection, and the end of every actor of a
+driver that dies. pp-launch keeps what only it does, on each node's own Docker engine:
+
+- each stage is an actor (`StageActor`) placed in its block's bundle; it owns one container on its node's engine
+  (the node's `pp-launch.docker-host` label, else its DOCKER_HOST, else the default socket), created with exactly
+  the GPUs Ray granted the actor (by UUID, resolved through the node's NVML or PP_LAUNCH_GPU_INVENTORY), `--init`,
+  auto-remove, our labels with the actor itself as the owner, and the stdin lifeline held by the actor: when
+  the actor ends (the launcher died and Ray ended its actors, `ray.kill`, its worker killed, its raylet gone)
+  the engine closes the stage's stdin and the stage ends; a watchdog the actor starts on the node removes
+  what is left, as for a local launcher;
+- the launcher (the driver) drives the actors through the same StageBackend port as the Docker backends:
+  `RayStageBackend` sends each call to the stage's actor and pulls its output and exit back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from pp_launch.core import errors, labels
+from pp_launch.core.chain.plan import StageSpec
+from pp_launch.core.chain.ports import ChainEvent, Sink, StageGone
+from pp_launch.core.gpu.inventory import GpuInventory
+from pp_launch.core.lines import count
+
+try:
+    import ray
+    import ray.exceptions
+    from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
+except ImportError:  # an optional extra: pip install 'pp-launch[ray]'
+    ray = None
+
+NAMESPACE = "pp-launch"  # every actor and placement group of ours lives here (detached runs are found by name)
+NODE_LABEL = "pp-launch.node"  # a node's name in messages and labels (ray start --labels '{"pp-launch.node": "a"}')
+ENGINE_LABEL = "pp-launch.docker-host"  # the node's Docker engine, when not its DOCKER_HOST
+RAY_NODE = "pp-launch.ray-node"  # container labels: the Ray node and job of a stage
+RAY_JOB = "pp-launch.ray-job"
+NODE_ID = "ray.io/node-id"
+CPU_SHARE = 0.01  # what a CPU stage's actor takes of its node's CPUs (a bundle needs something to hold)
+POLL = 1.0  # how long one pull of a stage's events waits on its actor
+MISSING = "--ray needs Ray on this machine and on every node: pip install 'pp-launch[ray]'"
+
+
+def available() -> bool:
+    return ray is not None
+
+
+# ------------------------------------------------------------------------------------------------ the cluster
+@dataclass(frozen=True)
+class RayNode:
+    node_id: str
+    name: str  # its pp-launch.node label, else its address and the start of its id
+    gpus: int  # in all
+    free_gpus: int  # not granted to anyone now
+    cpus: float
+    engine: str  # its pp-launch.docker-host label ("" : its DOCKER_HOST)
+
+
+def connect(address: str) -> Cluster:
+    """The cluster at `address` (HOST:PORT of its GCS, ray://HOST:PORT, or auto: RAY_ADDRESS or this machine's);
+    EngineUnavailable (exit 2) when it does not answer."""
+    if ray is None:
+        raise errors.ConfigError(MISSING)
+    os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "error")  # Ray's C++ core: its warnings are not the user's
+    try:
+        ray.init(address=address, namespace=NAMESPACE, logging_level="ERROR", log_to_driver=False,
+                 configure_logging=False)  # fmt: skip
+    except (ConnectionError, RuntimeError, ValueError, TimeoutError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise errors.EngineUnavailable(
+            f"the Ray cluster at {address} does not answer ({first}); start it ('ray start --head') or name its "
+            "address (--ray HOST:PORT, or RAY_ADDRESS with --ray auto)"
+        ) from None
+    return Cluster(address)
+
+
+class Cluster:
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.job = ray.get_runtime_context().get_job_id()
+
+    def close(self) -> None:
+        ray.shutdown()
+
+    def nodes(self) -> list[RayNode]:
+        """Every live node, by name."""
+        free = _free_per_node()
+        out = []
+        for n in ray.nodes():
+            if not n.get("Alive"):
+                continue
+            node_id, res, lab = n["NodeID"], n.get("Resources", {}), n.get("Labels") or {}
+            name = lab.get(NODE_LABEL) or f"{n.get('NodeManagerAddress', '?')}/{node_id[:8]}"
+            gpus = int(res.get("GPU", 0))
+            left = int(free.get(node_id, {}).get("GPU", gpus))
+            out.append(RayNode(node_id, name, gpus, left, float(res.get("CPU", 0)), lab.get(ENGINE_LABEL, "")))
+        return sorted(out, key=lambda n: n.name)
+
+    def reserve(self, run_id: str, blocks: Sequence[tuple[RayNode, int]], per_stage: int, detached: bool,
+                timeout: float) -> PlacementGroup:  # fmt: skip
+        """One placement group for the run: a bundle per block, pinned to its node. NotEnoughGpus (exit 2) when
+        Ray cannot grant it within `timeout` seconds (others hold the GPUs, or a node left)."""
+        bundles = [{"GPU": float(per_stage * k)} if per_stage else {"CPU": CPU_SHARE * k} for _, k in blocks]
+        pg = placement_group(
+            bundles, strategy="PACK", name=f"pp-launch-{run_id}", lifetime="detached" if detached else None,
+            bundle_label_selector=[{NODE_ID: node.node_id} for node, _ in blocks],
+        )  # fmt: skip
+        if pg.wait(timeout_seconds=max(timeout, 0.1)):
+            return pg
+        remove_placement_group(pg)
+        want = "; ".join(f"{node.name}: {count(per_stage * k, 'GPU')}" for node, k in blocks) if per_stage else ""
+        have = "; ".join(f"{n.name}: {n.free_gpus} of {n.gpus} free" for n in self.nodes()) or "no live node"
+        raise errors.NotEnoughGpus(
+            f"the Ray cluster did not grant this run's GPUs within {timeout:g} s (--ray-timeout): it needs {want}; "
+            f"the cluster has {have}. Wait for other jobs to end, add nodes, or use fewer GPUs per stage"
+            if per_stage else f"the Ray cluster did not place this run's stages within {timeout:g} s "
+            f"(--ray-timeout); nodes: {have}"
+        )
+
+    def stage_actors(self, pg: PlacementGroup, blocks: Sequence[tuple[RayNode, int]], per_stage: int, run_id: str,
+                     grace: float, image: str, detached: bool) -> list[list[StageHandle]]:  # fmt: skip
+        """Every block's actors, placed in its bundle, each told its GPUs (as Ray granted them) and its node's
+        engine; ConfigError names the node when its engine does not answer or lacks the image."""
+        remote = ray.remote(StageActor)
+        made: list[list[tuple[Any, RayNode]]] = []  # (actor, its node)
+        for b, (node, k) in enumerate(blocks):
+            row = []
+            for i in range(k):
+                options: dict[str, Any] = {
+                    "scheduling_strategy": PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=b),
+                    "num_cpus": 0 if per_stage else CPU_SHARE,
+                    "num_gpus": per_stage,
+                    "max_concurrency": 16,
+                    "max_restarts": 0,
+                }
+                if detached:
+                    options.update(lifetime="detached", name=f"{run_id}-{b}-{i}")
+                row.append((remote.options(**options).remote(run_id, grace, node.engine, node.name), node))
+            made.append(row)
+        rows = [[StageHandle(a, node) for a, node in pairs] for pairs in made]
+        try:
+            facts = ray.get([h.actor.describe.remote(image) for block in rows for h in block])
+            it = iter(facts)
+            for block in rows:
+                for h in block:
+                    h.facts = next(it)
+                    if h.facts.get("problem"):
+                        raise errors.ConfigError(f"Ray node {h.node.name}: {h.facts['problem']}")
+        except BaseException:
+            self.release(None, [h for block in rows for h in block])
+            raise
+        return rows
+
+    def release(self, pg: PlacementGroup | None, handles: Sequence[StageHandle]) -> None:
+        for h in handles:
+            with contextlib.suppress(Exception):
+                ray.kill(h.actor, no_restart=True)
+        if pg is not None:
+            with contextlib.suppress(Exception):
+                remove_placement_group(pg)
+
+
+def _free_per_node() -> Mapping[str, Mapping[str, float]]:
+    """What each node has not granted now (Ray's own accounting); {} when this Ray cannot say."""
+    try:
+        from ray._private.state import available_resources_per_node
+
+        return available_resources_per_node()  # type: ignore[no-any-return]
+    except Exception:
+        return {}
+
+
+@dataclass
+class StageHandle:
+    actor: Any
+    node: RayNode
+    facts: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def gpus(self) -> tuple[str, ...]:
+        return tuple(self.facts.get("gpus", ()))
+
+    @property
+    def inventory(self) -> GpuInventory:
+        return GpuInventory.from_json(self.facts.get("inventory") or {"gpus": []}, f"node {self.node.name}")
+
+
+# ------------------------------------------------------------------------------------------------ on a node
+class StageActor:
+    """One stage on its node: its container on the node's engine, the lifeline, the output, the watchdog."""
+
+    def __init__(self, run_id: str, grace: float, engine: str, node: str) -> None:
+        from pp_launch.adapters import identity, watchdog
+        from pp_launch.adapters.docker_engine import DockerStageBackend, connect
+
+        self.run_id, self.node = run_id, node
+        self.problem = ""
+        self.events: queue.Queue[ChainEvent] = queue.Queue(maxsize=20000)  # a full queue holds the reader back
+        self.owner = identity.current_owner().label()
+        try:
+            self.engine = connect(timeout=30, host=engine or None)
+        except errors.PpLaunchError as exc:
+            self.problem, self.backend = str(exc), None
+            self.guard = None
+            return
+        self.backend = DockerStageBackend(self.engine)
+        self.guard = watchdog.spawn(run_id, grace, host=engine or None)  # this actor's death ends the run here
+
+    def describe(self, image: str) -> dict[str, Any]:
+        from pp_launch.app.gpus import load_inventory
+
+        if self.problem:
+            return {"problem": f"its Docker engine does not answer: {self.problem}"}
+        if self.engine.image_config(image) is None:
+            return {"problem": f"image {image} is not on its Docker engine ({self.engine.address}); pp-launch "
+                               "never pulls: load it there ('docker load -i FILE')"}  # fmt: skip
+        granted = [str(g) for g in ray.get_gpu_ids()]
+        inventory = load_inventory(None) if granted else GpuInventory()
+        uuids = []
+        for g in granted:
+            match = [x.uuid for x in inventory.gpus if str(x.index) == g or x.uuid == g]
+            if not match:
+                why = inventory.note or "no match"
+                return {"problem": f"Ray granted GPU {g}, which its NVML does not list ({why})"}
+            uuids.append(match[0])
+        node_id = ray.get_runtime_context().get_node_id()
+        return {"gpus": uuids, "inventory": inventory.to_json(), "node_id": node_id, "engine": self.engine.address,
+                "pid": os.getpid()}  # fmt: skip
+
+    def _labelled(self, spec: StageSpec) -> StageSpec:
+        extra = {labels.OWNER: self.owner, RAY_NODE: self.node, RAY_JOB: ray.get_runtime_context().get_job_id()}
+        kept = {k: v for k, v in spec.labels.items() if k != labels.LAUNCHER}
+        return replace(spec, labels={**kept, **extra})
+
+    def create(self, spec: StageSpec, env: Mapping[str, str], waiting: bool) -> str:
+        assert self.backend is not None
+        made = self.backend.create_waiting if waiting else self.backend.create
+        return made(self._labelled(spec), env)
+
+    def start(self, ref: str, stage: int) -> None:
+        assert self.backend is not None
+        self.backend.start(ref, stage, self.events.put)
+
+    def watch(self, ref: str, stage: int) -> None:
+        assert self.backend is not None
+        self.backend.watch(ref, stage, self.events.put)
+
+    def poll(self, timeout: float) -> list[ChainEvent]:
+        """The stage's next events: waits up to `timeout` for the first, then takes what is there."""
+        out: list[ChainEvent] = []
+        try:
+            out.append(self.events.get(timeout=timeout))
+            while len(out) < 2000:
+                out.append(self.events.get_nowait())
+        except queue.Empty:
+            pass
+        return out
+
+    def deliver(self, ref: str, data: bytes) -> None:
+        assert self.backend is not None
+        self.backend.deliver(ref, data)
+
+    def signal(self, ref: str, signum: int) -> None:
+        assert self.backend is not None
+        self.backend.signal(ref, signum)
+
+    def kill(self, ref: str) -> None:
+        assert self.backend is not None
+        self.backend.kill(ref)
+
+    def remove(self, ref: str) -> None:
+        assert self.backend is not None
+        self.backend.remove(ref)
+
+    def tearing_down(self) -> None:
+        if self.backend is not None:
+            self.backend.tearing_down()
+
+    def leftovers(self, run_id: str) -> list[str]:
+        assert self.backend is not None
+        return self.backend.leftovers(run_id)
+
+    def status(self) -> dict[str, Any]:
+        """For `ps --ray`: this node's containers of the run."""
+        assert self.backend is not None
+        found = self.engine.containers(labels.run_selector(self.run_id))
+        return {"node": self.node, "containers": [(c.id, c.name, c.state, dict(c.labels)) for c in found]}
+
+    def sweep(self, grace: float) -> list[str]:
+        """`down --ray`: the run's containers on this node's engine stopped (TERM, grace, KILL) and confirmed gone."""
+        from pp_launch.adapters import watchdog
+
+        return watchdog.sweep(self.run_id, grace, host=self.engine.host)
+
+    def close(self) -> None:
+        """A clean end: every thread joined, the watchdog told (it finds nothing and ends)."""
+        if self.backend is not None:
+            self.backend.close(5.0)
+        if self.guard is not None and self.guard.stdin is not None:
+            self.guard.stdin.close()
+
+
+# ------------------------------------------------------------------------------------------------ the launcher's side
+class RayStageBackend:
+    """The StageBackend port over stage actors: each call goes to the stage's actor on its node."""
+
+    def __init__(self, handles: Sequence[StageHandle], detached: bool = False) -> None:
+        self.handles = list(handles)  # in stage order
+        self.detached = detached
+        self.lost: dict[str, str] = {}  # node name -> why: what was there may be left
+        self._stage_of: dict[str, int] = {}
+        self._gone: set[str] = set()
+        self._stopping = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+
+    # ----------------------------------------------------------------------------------------- calls
+    def _ask(self, stage: int, what: str, method: str, *args: Any, timeout: float | None = 60.0) -> Any:
+        h = self.handles[stage]
+        if h.node.name in self.lost:
+            raise errors.HostLost(f"Ray node {h.node.name} is lost ({self.lost[h.node.name]}); not asked to {what}")
+        try:
+            return ray.get(getattr(h.actor, method).remote(*args), timeout=timeout)
+        except ray.exceptions.RayTaskError as exc:
+            cause = getattr(exc, "cause", None)
+            if isinstance(cause, errors.PpLaunchError):
+                raise cause from None
+            raise errors.EngineError(f"stage {stage} on Ray node {h.node.name}: {what} failed: {cause}") from None
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
+            why = _why(exc)
+            with self._lock:
+                self.lost.setdefault(h.node.name, why)
+            raise errors.HostLost(f"stage {stage}'s actor on Ray node {h.node.name} is gone ({why})") from None
+
+    def _quietly(self, stage: int, what: str, method: str, *args: Any) -> None:
+        """A call whose target may be gone already: a dead actor's container ends through its lifeline."""
+        with contextlib.suppress(errors.HostLost):
+            self._ask(stage, what, method, *args)
+
+    def create(self, spec: StageSpec, env: Mapping[str, str]) -> str:
+        return self._made(spec, self._ask(spec.index, "create", "create", spec, dict(env), False))
+
+    def create_waiting(self, spec: StageSpec, env: Mapping[str, str]) -> str:
+        return self._made(spec, self._ask(spec.index, "create", "create", spec, dict(env), True))
+
+    def _made(self, spec: StageSpec, ref: str) -> str:
+        self._stage_of[ref] = spec.index
+        return ref
+
+    def start(self, ref: str, stage: int, sink: Sink) -> None:
+        self._ask(stage, "start", "start", ref, stage)
+        self._pull(ref, stage, sink)
+
+    def watch(self, ref: str, stage: int, sink: Sink) -> None:
+        self._ask(stage, "watch", "watch", ref, stage)
+        self._pull(ref, stage, sink)
+
+    def _pull(self, ref: str, stage: int, sink: Sink) -> None:
+        t = threading.Thread(target=self._pump, args=(ref, stage, sink), daemon=True, name=f"ray-stage-{stage}")
+        self._threads.append(t)
+        t.start()
+
+    def _pump(self, ref: str, stage: int, sink: Sink) -> None:
+        h = self.handles[stage]
+        while True:
+            try:
+                batch = ray.get(h.actor.poll.remote(POLL))
+            except Exception as exc:  # the actor died (killed, its worker or node gone): its container ends with it
+                why = _why(exc)
+                gone = StageGone(stage, None, f"its Ray actor on node {h.node.name} ended ({why})")
+                if not self._stopping.is_set():
+                    with self._lock:
+                        self.lost.setdefault(h.node.name, why) if not _node_alive(h.node.node_id) else None
+                self._gone.add(ref)
+                sink(gone)
+                return
+            for event in batch:
+                sink(event)
+                if isinstance(event, StageGone):
+                    self._gone.add(ref)
+                    return
+
+    def deliver(self, ref: str, data: bytes) -> None:
+        self._ask(self._stage_of[ref], "hand off", "deliver", ref, data)
+
+    def signal(self, ref: str, signum: int) -> None:
+        self._quietly(self._stage_of[ref], "signal", "signal", ref, signum)
+
+    def kill(self, ref: str) -> None:
+        self._quietly(self._stage_of[ref], "kill", "kill", ref)
+
+    def remove(self, ref: str) -> None:
+        if ref in self._stage_of:
+            self._quietly(self._stage_of[ref], "remove", "remove", ref)
+
+    def tearing_down(self) -> None:
+        self._stopping.set()
+        for k, h in enumerate(self.handles):
+            if h.node.name not in self.lost:
+                h.actor.tearing_down.remote()  # no answer awaited: a dead actor has nothing to tear down
+            del k
+
+    def hand_over(self, ref: str) -> None:
+        """A detached run on Ray keeps its lifeline: the detached actor holds it, and `down --ray` ends it."""
+
+    def leftovers(self, run_id: str) -> list[str]:
+        """Asked of one live actor per node; a node whose actors are all gone is swept by a task of ours placed
+        there (the watchdog's own teardown), and a node that is lost keeps what was created there unconfirmed."""
+        found: list[str] = []
+        for node_id, stages in _by_node(self.handles).items():
+            node = self.handles[stages[0]].node
+            mine = [ref for ref, k in self._stage_of.items() if k in stages]
+            refs = self._leftovers_on(node, stages, run_id)
+            if refs is None:
+                refs = [ref for ref in mine if ref not in self._gone]
+            found += refs
+            del node_id
+        return found
+
+    def _leftovers_on(self, node: RayNode, stages: list[int], run_id: str) -> list[str] | None:
+        for k in stages:
+            try:
+                return list(self._ask(k, "list", "leftovers", run_id, timeout=30.0))
+            except (errors.HostLost, errors.EngineError):
+                continue
+        if not _node_alive(node.node_id):
+            self.lost.setdefault(node.name, "the node left the cluster")
+            return None
+        try:
+            task = ray.remote(_sweep_node).options(
+                num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node.node_id, soft=False))
+            return list(ray.get(task.remote(run_id, node.engine), timeout=60.0))
+        except Exception as exc:
+            self.lost.setdefault(node.name, _why(exc))
+            return None
+
+    def where(self, ref: str) -> str:
+        k = self._stage_of.get(ref)
+        return "?" if k is None else self.handles[k].node.name
+
+    def close(self, timeout: float = 5.0) -> None:
+        self._stopping.set()
+        deadline = time.monotonic() + timeout
+        for t in self._threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        if self.detached:
+            return
+        calls = [h.actor.close.remote() for h in self.handles if h.node.name not in self.lost]
+        with contextlib.suppress(Exception):
+            ray.wait(calls, num_returns=len(calls), timeout=max(0.1, deadline - time.monotonic()))
+
+
+def _sweep_node(run_id: str, engine: str) -> list[str]:
+    """On a node whose stage actors are gone: the run's containers there stopped and removed; what is left."""
+    from pp_launch.adapters import watchdog
+    from pp_launch.adapters.docker_engine import connect
+
+    with contextlib.suppress(Exception):
+        watchdog.sweep(run_id, watchdog.MAX_GRACE, host=engine or None)
+    eng = connect(timeout=10, host=engine or None)
+    try:
+        return sorted(c.id for c in eng.containers(labels.run_selector(run_id)))
+    finally:
+        eng.close()
+
+
+def _by_node(handles: Sequence[StageHandle]) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for k, h in enumerate(handles):
+        out.setdefault(h.node.node_id, []).append(k)
+    return out
+
+
+def _node_alive(node_id: str) -> bool:
+    try:
+        return any(n["NodeID"] == node_id and n.get("Alive") for n in ray.nodes())
+    except Exception:
+        return False
+
+
+def _why(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    for line in text:
+        if "died" in line or "killed" in line or "exited" in line or "lost" in line.lower():
+            return line.strip()[:200]
+    return (text[0][:200] if text else type(exc).__name__)
+
+
+# ------------------------------------------------------------------------------------------------ detached runs
+@dataclass(frozen=True)
+class RayRun:
+    run_id: str
+    actors: tuple[Any, ...]
+
+
+def detached_runs() -> dict[str, list[Any]]:
+    """Every detached run of ours on the cluster: its stage actors by name (RUN-BLOCK-I)."""
+    out: dict[str, list[Any]] = {}
+    for entry in ray.util.list_named_actors(all_namespaces=False):
+        name = entry if isinstance(entry, str) else entry.get("name", "")
+        run, sep, _ = name.partition("-")
+        if sep:
+            with contextlib.suppress(ValueError):
+                out.setdefault(run, []).append(ray.get_actor(name, namespace=NAMESPACE))
+    return out
+
+
+def run_status(actors: Sequence[Any]) -> list[dict[str, Any]]:
+    """One answer per node of the run (the first live actor there)."""
+    seen: set[str] = set()
+    out = []
+    for answer in _each(actors, "status"):
+        if isinstance(answer, dict) and answer.get("node") not in seen:
+            seen.add(answer["node"])
+            out.append(answer)
+    return out
+
+
+def end_run(run_id: str, actors: Sequence[Any], grace: float) -> list[str]:
+    """`down --ray RUN`: on every node the run's containers stopped and confirmed gone, then its actors and its
+    placement group released. Returns the names removed."""
+    removed: list[str] = []
+    for answer in _each(actors, "sweep", grace):
+        if isinstance(answer, list):
+            removed += answer
+    for a in actors:
+        with contextlib.suppress(Exception):
+            ray.kill(a, no_restart=True)
+    with contextlib.suppress(Exception):
+        from ray.util import get_placement_group
+
+        remove_placement_group(get_placement_group(f"pp-launch-{run_id}"))
+    return removed
+
+
+def _each(actors: Sequence[Any], method: str, *args: Any) -> list[Any]:
+    refs = [getattr(a, method).remote(*args) for a in actors]
+    out: list[Any] = []
+    for ref in refs:
+        try:
+            out.append(ray.get(ref, timeout=60))
+        except Exception as exc:
+            out.append(exc)
+    return out
+
+
+Hook = Callable[[str], None]

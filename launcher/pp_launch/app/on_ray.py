@@ -1,0 +1,154 @@
+"""The chain use case on a Ray cluster (`pp-launch chain --ray ADDRESS`): the same request, plan, scope and
+teardown as on Docker engines; Ray places the stages, grants their GPUs and watches the nodes.
+
+1. the cluster's live nodes, and the stages in blocks of consecutive stages per node (`--placement`,
+   `--stages-per-host` as across Docker hosts: the ring crosses each node boundary once);
+2. one placement group for the run, a bundle per block pinned to its node, granted within `--ray-timeout` or
+   refused (exit 2, saying what the cluster has and what is missing) before any container exists;
+3. an actor per stage in its block's bundle; each reports the GPUs Ray granted it (UUIDs, from its node's NVML)
+   and our allocator orders each block's stages over them (the closest ring);
+4. the chain scope over `RayStageBackend`, exactly as over Docker engines.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from pp_launch.adapters import identity, ray_cluster
+from pp_launch.adapters.inbox import QueueInbox
+from pp_launch.adapters.runtime import ThreadRuntime
+from pp_launch.app import gpus as gpu_select
+from pp_launch.app.launch import Hooks, Launched, LaunchRequest, _keep_logs, _Kept, _me, _say_plan
+from pp_launch.core import errors, hosts, labels
+from pp_launch.core.chain.plan import ChainPlan, build_plan
+from pp_launch.core.chain.scope import ChainOutcome, ChainScope
+from pp_launch.core.gpu.allocator import HOST_LEVEL, order_groups
+from pp_launch.core.gpu.requests import device_requests
+from pp_launch.core.lines import count
+
+
+def launch(request: LaunchRequest, hooks: Hooks, environ: Mapping[str, str]) -> Launched:
+    assert request.ray is not None
+    cluster = ray_cluster.connect(request.ray)
+    placed = _Placed(cluster)
+    keep = False
+    try:
+        plan = placed.plan(request, environ, hooks.say)
+        _say_plan(plan, "", hooks.say)
+        if (held := hooks.stop_pending()) is not None:
+            raise errors.Interrupted(held)  # stopped while planning: nothing was started
+        outcome, lost = _run(request, plan, placed.handles, hooks)
+        keep = outcome.reason == "detached"
+        return Launched(plan, "", _with_lost_nodes(outcome, plan.run_id, lost))
+    finally:
+        if not keep:
+            placed.release()
+        cluster.close()
+
+
+def plan(request: LaunchRequest, environ: Mapping[str, str]) -> Launched:
+    """The dry run: the run's GPUs are granted and ordered as for a launch, then released; no container starts."""
+    assert request.ray is not None
+    cluster = ray_cluster.connect(request.ray)
+    placed = _Placed(cluster)
+    try:
+        return Launched(placed.plan(dataclasses.replace(request, detach=False), environ, lambda text: None))
+    finally:
+        placed.release()
+        cluster.close()
+
+
+class _Placed:
+    """The run's placement group and stage actors, held until released."""
+
+    def __init__(self, cluster: ray_cluster.Cluster) -> None:
+        self.cluster = cluster
+        self.pg: Any = None  # Ray's PlacementGroup
+        self.handles: list[ray_cluster.StageHandle] = []
+
+    def plan(self, request: LaunchRequest, environ: Mapping[str, str], say: Callable[[str], None]) -> ChainPlan:
+        run_id, owner = request.run_id or identity.new_run_id(), request.owner or _me(request)
+        mode, per_stage = gpu_select.parse_gpus_flag(request.gpu.mode, request.gpu.per_stage)
+        per_stage = 0 if mode == "none" else per_stage
+        blocks = _blocks(request, self.cluster.nodes(), per_stage)
+        what = (lambda k: count(k * per_stage, "GPU")) if per_stage else (lambda k: count(k, "CPU stage"))
+        say(f"run {run_id}: asking the Ray cluster at {request.ray} for "
+            + "; ".join(f"{node.name}: {what(k)}" for node, k in blocks))  # fmt: skip
+        self.pg = self.cluster.reserve(run_id, blocks, per_stage, request.detach, request.ray_timeout)
+        rows = self.cluster.stage_actors(self.pg, blocks, per_stage, run_id, request.chain.grace,
+                                         request.chain.image, request.detach)  # fmt: skip
+        self.handles, hops = _order(rows, per_stage)
+        stage_gpus = [h.gpus for h in self.handles]
+        launcher = identity.current_owner().label() if owner == labels.OWNER_DETACHED else ""
+        return build_plan(
+            request.chain, environ, owner, stage_gpus, [device_requests(g, request.gpu.attach) for g in stage_gpus],
+            run_id, hops, None, tuple(h.node.name for h in self.handles), launcher,
+        )  # fmt: skip
+
+    def release(self) -> None:
+        self.cluster.release(self.pg, self.handles)
+
+
+def _run(
+    request: LaunchRequest, plan: ChainPlan, handles: Sequence[ray_cluster.StageHandle], hooks: Hooks
+) -> tuple[ChainOutcome, Mapping[str, str]]:
+    kept = _keep_logs(request, plan, hooks.say)
+    backend = ray_cluster.RayStageBackend(handles, detached=request.detach)
+    try:
+        reporter = hooks.reporter(plan) if kept is None else _Kept(hooks.reporter(plan), kept)
+        scope = ChainScope(plan, backend, QueueInbox(), reporter, ThreadRuntime(), detach=request.detach)
+        hooks.on_scope(scope)
+        return scope.run(), backend.lost
+    finally:
+        if kept is not None:
+            kept.close()
+            if kept.problem:
+                hooks.say(f"warning: {kept.problem}")
+
+
+def _blocks(
+    request: LaunchRequest, nodes: Sequence[ray_cluster.RayNode], per_stage: int
+) -> list[tuple[ray_cluster.RayNode, int]]:
+    """The stages in blocks of consecutive stages per node: pack fills the nodes with the most free GPUs first,
+    spread shares them out over every node that can run a stage; NotEnoughGpus (exit 2) names each node."""
+    usable = [n for n in nodes if (n.gpus if per_stage else n.cpus) > 0]
+    if not usable:
+        what = "GPUs" if per_stage else "CPUs"
+        raise errors.NotEnoughGpus(f"the Ray cluster at {request.ray} has no live node with {what} "
+                                   f"(nodes: {', '.join(n.name for n in nodes) or 'none'})")  # fmt: skip
+    if request.placement == "pack":
+        usable = sorted(usable, key=lambda n: (-n.free_gpus, n.name))
+    capacity = [n.free_gpus // per_stage if per_stage else None for n in usable]
+    assignment = hosts.assign(request.chain.stages, [n.name for n in usable], capacity, request.placement,
+                              request.stages_per_host)  # fmt: skip
+    return [(usable[h], len(stages)) for h, stages in hosts.blocks(assignment)]
+
+
+def _order(
+    rows: Sequence[Sequence[ray_cluster.StageHandle]], per_stage: int
+) -> tuple[list[ray_cluster.StageHandle], tuple[int | None, ...]]:
+    """Each block's actors in the order of the closest ring over the GPUs Ray granted them, blocks in ring order;
+    each stage's hop to the next (HOST_LEVEL out of a node)."""
+    ordered: list[ray_cluster.StageHandle] = []
+    hops: list[int | None] = []
+    for row in rows:
+        if per_stage and len(row) > 1:
+            order, levels = order_groups(row[0].inventory, [h.gpus for h in row])
+        else:
+            order, levels = list(range(len(row))), [0] * len(row)
+        ordered += [row[i] for i in order]
+        inside: list[int | None] = list(levels[: len(row) - 1]) if len(rows) > 1 else list(levels)
+        hops += inside + ([HOST_LEVEL] if len(rows) > 1 else [])
+    return ordered, tuple(hops) if per_stage and len(ordered) > 1 else ()
+
+
+def _with_lost_nodes(outcome: ChainOutcome, run: str, lost: Mapping[str, str]) -> ChainOutcome:
+    """A node lost on the way is named, with what to run there when it is back."""
+    if not lost:
+        return outcome
+    said = "; ".join(f"Ray node {node} was lost ({why})" for node, why in lost.items())
+    message = (f"{outcome.message}; {said}: its stages' lifelines ended with their actors; if that node comes back "
+               f"with containers of run {run}, 'pp-launch gc' there removes them")  # fmt: skip
+    return dataclasses.replace(outcome, exit_code=errors.EXIT_FAILURE, message=message)

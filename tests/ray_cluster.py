@@ -1,0 +1,228 @@
+"""A real Ray cluster on this machine, for the `--ray` tests: a head and two worker nodes, each worker node with its
+own Docker engine and fake GPUs.
+
+- node `a`: the fake GPU host of tests/data/plain-4gpu.json, its GPU engine (the fake toolkit's hook);
+- node `b`: the fake GPU host of tests/data/pcie-2socket-4gpu.json, its own GPU engine;
+- the head: no CPU and no GPU for tasks (nothing of ours runs there), no dashboard, no usage stats.
+
+Ray registers its nodes under the machine's address and listens on every interface, so the whole cluster, and
+every launcher the tests run against it, lives in a network namespace of the tests' own with only loopback (the
+engines' namespace: node b's engine joins node a's). `listeners()` reads what listens there (`ss`), so a test can
+check that nothing listens or connects beyond 127.0.0.1. Each node is `ray start --block` in a process session of
+its own; `close()` ends every process of those sessions and checks that none is left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from pp_launch.testing import fake_nvml
+
+from .gpu_host import DATA, FakeGpuHost
+
+PORT = 6379  # the namespace is the tests' own: nothing else listens there
+RAY = str(Path(sys.executable).with_name("ray"))
+
+
+class RayCluster:
+    def __init__(self, images: tuple[str, ...]) -> None:
+        self.root = Path(tempfile.mkdtemp(prefix="ppr-", dir="/tmp"))  # short: Ray's socket paths must fit
+        self.hosts: dict[str, FakeGpuHost] = {}
+        self.nodes: dict[str, subprocess.Popen[bytes]] = {}
+        self.state_dir = self.root / "state"
+        self.state_dir.mkdir()
+        try:
+            a = FakeGpuHost(DATA / "plain-4gpu.json")
+            a.images = images
+            self.hosts["a"] = a
+            self.netns_pid = self._engine_pid(a)
+            b = FakeGpuHost(DATA / "pcie-2socket-4gpu.json", netns_of=a.engine("request"))
+            b.images = images
+            self.hosts["b"] = b
+            b.engine("request")
+            self.address = f"127.0.0.1:{PORT}"
+            self._start("head", ["--head", f"--port={PORT}", "--num-cpus=0", "--num-gpus=0",
+                                 f"--temp-dir={self.root / 'r'}", "--include-dashboard=false"], self._base_env())
+            self.wait_nodes(1)
+            for n, name in enumerate(("a", "b"), start=2):  # one at a time: raylets starting together collide
+                self.start_node(name)
+                self.wait_nodes(n)
+        except BaseException:
+            self.close()
+            raise
+
+    # ------------------------------------------------------------------------------------------ nodes
+    def _engine_pid(self, host: FakeGpuHost) -> int:
+        side = host.engine("request")
+        assert side.proc is not None
+        return side.proc.pid
+
+    def netns(self) -> list[str]:
+        return ["nsenter", f"--net=/proc/{self.netns_pid}/ns/net", "--"]
+
+    def _base_env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(RAY_USAGE_STATS_ENABLED="0", RAY_DISABLE_DOCKER_CPU_WARNING="1", PYTHONUNBUFFERED="1")
+        for drop in ("RAY_ADDRESS", "DOCKER_HOST", "DOCKER_CONTEXT"):
+            env.pop(drop, None)
+        return env
+
+    def node_env(self, name: str) -> dict[str, str]:
+        """What a node's raylet, and so each actor on it, inherits: its engine and its GPUs (the fake NVML)."""
+        host = self.hosts[name]
+        env = self._base_env()
+        env.update(host.env("request"))
+        env["RAY_USAGE_STATS_ENABLED"] = "0"
+        return env
+
+    def start_node(self, name: str) -> None:
+        gpus = len(self.hosts[name].inventory.gpus)
+        args = [f"--address={self.address}", "--num-cpus=2", f"--num-gpus={gpus}",
+                "--labels", json.dumps({"pp-launch.node": name})]  # fmt: skip
+        self._start(name, args, self.node_env(name))
+
+    def _start(self, name: str, args: list[str], env: dict[str, str]) -> None:
+        log = open(self.root / f"{name}.log", "ab")  # noqa: SIM115  (the node writes it while it runs)
+        argv = [*self.netns(), "sh", "-c", 'ip link set lo up && exec "$@"', "ray-node", RAY, "start",
+                "--node-ip-address=127.0.0.1", "--disable-usage-stats", "--block", *args]  # fmt: skip
+        self.nodes[name] = subprocess.Popen(argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=env,
+                                            start_new_session=True, cwd=self.root)  # fmt: skip
+        log.close()
+
+    def kill_node(self, name: str) -> None:
+        """The node lost: every process of it SIGKILLed at once (raylet, workers, actors)."""
+        proc = self.nodes.pop(name)
+        _kill_session(proc.pid)
+        proc.wait()
+
+    def alive_nodes(self) -> int:
+        out = self.python("import ray; ray.init(address='auto', logging_level='ERROR');"
+                          "print(sum(1 for n in ray.nodes() if n['Alive']))", timeout=60)  # fmt: skip
+        return int(out.stdout.strip() or 0)
+
+    def wait_nodes(self, n: int, timeout: float = 90.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if self.alive_nodes() >= n:
+                    return
+            except (ValueError, subprocess.TimeoutExpired):
+                pass
+            for name, proc in self.nodes.items():
+                if proc.poll() is not None:
+                    raise RuntimeError(f"ray node {name} exited: {self.log_tail(name)}")
+            time.sleep(0.5)
+        raise RuntimeError(f"the Ray cluster did not reach {n} nodes: {self.log_tail('head')}")
+
+    def log_tail(self, name: str) -> str:
+        path = self.root / f"{name}.log"
+        return path.read_text(errors="replace")[-2000:] if path.exists() else ""
+
+    # ------------------------------------------------------------------------------------------ the launcher's side
+    def env(self, **extra: str) -> dict[str, str]:
+        """A launcher's environment: the cluster's address, no engine and no GPU of its own, a private state."""
+        env = fake_nvml.environ(self.hosts["a"].lib_dir, self.root / "no-gpu")
+        for drop in ("DOCKER_HOST", "DOCKER_CONTEXT"):
+            env.pop(drop, None)
+        env.update(RAY_ADDRESS=self.address, RAY_USAGE_STATS_ENABLED="0", PP_LAUNCH_STATE_DIR=str(self.state_dir))
+        env.update(extra)
+        return env
+
+    def run(self, *argv: str, timeout: float = 240, **kwargs: object) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*self.netns(), *argv], capture_output=True, text=True, timeout=timeout,
+                              env=kwargs.pop("env", None) or self.env(), **kwargs)  # type: ignore[call-overload]
+
+    def popen(self, *argv: str, **kwargs: object) -> subprocess.Popen[str]:
+        env = kwargs.pop("env", None) or self.env()
+        return subprocess.Popen([*self.netns(), *argv], text=True, env=env, **kwargs)  # type: ignore[call-overload]
+
+    def python(self, code: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        return self.run(sys.executable, "-c", code, timeout=timeout)
+
+    def ours(self) -> dict[str, list[str]]:
+        """Every container labelled pp-launch.run on each node's engine (running or not)."""
+        out = {}
+        for name, host in self.hosts.items():
+            side = host.engines.get("request")
+            if side is None:
+                continue
+            argv = ["docker", "-H", side.host, "ps", "-aq", "--no-trunc", "--filter", "label=pp-launch.run"]
+            out[name] = subprocess.run(argv, capture_output=True, text=True, check=False).stdout.split()
+        return out
+
+    def actors(self) -> list[str]:
+        """Every live actor of the cluster's pp-launch namespace, and every live actor of any job (by class)."""
+        code = (
+            "import ray; from ray.util import state\n"
+            "ray.init(address='auto', logging_level='ERROR')\n"
+            "from ray._private.state import actors\n"
+            "print('\\n'.join(f\"{a['ActorClassName'] if 'ActorClassName' in a else a.get('Name')}\" "
+            "for a in actors().values() if a.get('State') == 'ALIVE'))\n"
+        )
+        out = self.python(code)
+        return [line for line in out.stdout.splitlines() if line.strip()]
+
+    def listeners(self) -> list[str]:
+        """Local addresses of every listening socket in the cluster's namespace (ss -ltn)."""
+        out = subprocess.run([*self.netns(), "ss", "-Htln"], capture_output=True, text=True, check=True).stdout
+        return [line.split()[3] for line in out.splitlines() if line.split()]
+
+    def connections(self) -> list[str]:
+        """Peer addresses of every TCP connection in the namespace."""
+        out = subprocess.run([*self.netns(), "ss", "-Htn"], capture_output=True, text=True, check=True).stdout
+        return [line.split()[4] for line in out.splitlines() if len(line.split()) > 4]
+
+    # ------------------------------------------------------------------------------------------ the end
+    def close(self) -> list[str]:
+        left: list[str] = []
+        for name in list(self.nodes):
+            proc = self.nodes.pop(name)
+            _kill_session(proc.pid, gently=True)
+            proc.wait()
+            if _session(proc.pid):
+                left.append(f"processes of ray node {name}: {_session(proc.pid)}")
+        for host in self.hosts.values():
+            left += host.close()
+        shutil.rmtree(self.root, ignore_errors=True)
+        return left
+
+
+def _session(sid: int) -> list[int]:
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+                if os.getsid(int(entry)) == sid and int(entry) != sid and stat.rsplit(")", 1)[1].split()[0] != "Z":
+                    pids.append(int(entry))
+            except (OSError, IndexError):
+                pass
+    return pids
+
+
+def _kill_session(sid: int, gently: bool = False) -> None:
+    """Every process of the session (the node's raylet, its workers, its GCS): SIGTERM first when `gently`."""
+    if gently:
+        for pid in [sid, *_session(sid)]:
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except OSError:
+                pass
+        deadline = time.monotonic() + 5
+        while _session(sid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+    for _ in range(3):
+        for pid in [sid, *_session(sid)]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        time.sleep(0.2)
