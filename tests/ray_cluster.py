@@ -14,6 +14,7 @@ its own; `close()` ends every process of those sessions and checks that none is 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -191,6 +192,9 @@ class RayCluster:
                 left.append(f"processes of ray node {name}: {_session(proc.pid)}")
         for host in self.hosts.values():
             left += host.close()
+        if os.environ.get("PP_RAY_KEEP_LOGS"):  # a folder to keep the cluster's own logs in, for a post-mortem
+            shutil.copytree(self.root / "r" / "session_latest" / "logs", os.environ["PP_RAY_KEEP_LOGS"],
+                            dirs_exist_ok=True, ignore_dangling_symlinks=True)  # fmt: skip
         shutil.rmtree(self.root, ignore_errors=True)
         return left
 
@@ -212,17 +216,13 @@ def _kill_session(sid: int, gently: bool = False) -> None:
     """Every process of the session (the node's raylet, its workers, its GCS): SIGTERM first when `gently`."""
     if gently:
         for pid in [sid, *_session(sid)]:
-            try:
+            with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGTERM)
-            except OSError:
-                pass
         deadline = time.monotonic() + 5
         while _session(sid) and time.monotonic() < deadline:
             time.sleep(0.1)
     for _ in range(3):
         for pid in [sid, *_session(sid)]:
-            try:
+            with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
         time.sleep(0.2)

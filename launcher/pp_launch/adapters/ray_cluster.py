@@ -71,7 +71,12 @@ def connect(address: str) -> Cluster:
     EngineUnavailable (exit 2) when it does not answer."""
     if ray is None:
         raise errors.ConfigError(MISSING)
-    os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "error")  # Ray's C++ core: its warnings are not the user's
+    target = os.environ.get("RAY_ADDRESS", "") if address == "auto" else address
+    if target and target != "auto" and (why := _unreachable(target)):
+        raise errors.EngineUnavailable(
+            f"the Ray cluster at {target} does not answer ({why}); start it ('ray start --head') or name its "
+            "address (--ray HOST:PORT, or RAY_ADDRESS with --ray auto)"
+        )
     try:
         ray.init(address=address, namespace=NAMESPACE, logging_level="ERROR", log_to_driver=False,
                  configure_logging=False)  # fmt: skip
@@ -82,6 +87,21 @@ def connect(address: str) -> Cluster:
             "address (--ray HOST:PORT, or RAY_ADDRESS with --ray auto)"
         ) from None
     return Cluster(address)
+
+
+def _unreachable(address: str, timeout: float = 5.0) -> str:
+    """Why nothing answers at HOST:PORT (or ray://HOST:PORT), "" when something does: Ray's own client waits for
+    an absent cluster without end."""
+    import socket
+
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit():
+        return f"{address!r} is not HOST:PORT"
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            return ""
+    except OSError as exc:
+        return exc.strerror or str(exc)
 
 
 class Cluster:
@@ -102,7 +122,7 @@ class Cluster:
             node_id, res, lab = n["NodeID"], n.get("Resources", {}), n.get("Labels") or {}
             name = lab.get(NODE_LABEL) or f"{n.get('NodeManagerAddress', '?')}/{node_id[:8]}"
             gpus = int(res.get("GPU", 0))
-            left = int(free.get(node_id, {}).get("GPU", gpus))
+            left = int(free[node_id].get("GPU", 0)) if node_id in free else gpus  # none left: Ray omits the key
             out.append(RayNode(node_id, name, gpus, left, float(res.get("CPU", 0)), lab.get(ENGINE_LABEL, "")))
         return sorted(out, key=lambda n: n.name)
 

@@ -20,6 +20,7 @@ from pp_launch.adapters import identity, ray_cluster
 from pp_launch.adapters.inbox import QueueInbox
 from pp_launch.adapters.runtime import ThreadRuntime
 from pp_launch.app import gpus as gpu_select
+from pp_launch.app import housekeeping
 from pp_launch.app.launch import Hooks, Launched, LaunchRequest, _keep_logs, _Kept, _me, _say_plan
 from pp_launch.core import errors, hosts, labels
 from pp_launch.core.chain.plan import ChainPlan, build_plan
@@ -73,9 +74,9 @@ class _Placed:
         mode, per_stage = gpu_select.parse_gpus_flag(request.gpu.mode, request.gpu.per_stage)
         per_stage = 0 if mode == "none" else per_stage
         blocks = _blocks(request, self.cluster.nodes(), per_stage)
-        what = (lambda k: count(k * per_stage, "GPU")) if per_stage else (lambda k: count(k, "CPU stage"))
+        asked = [count(k * per_stage, "GPU") if per_stage else count(k, "CPU stage") for _, k in blocks]
         say(f"run {run_id}: asking the Ray cluster at {request.ray} for "
-            + "; ".join(f"{node.name}: {what(k)}" for node, k in blocks))  # fmt: skip
+            + "; ".join(f"{node.name}: {a}" for (node, _), a in zip(blocks, asked, strict=True)))  # fmt: skip
         self.pg = self.cluster.reserve(run_id, blocks, per_stage, request.detach, request.ray_timeout)
         rows = self.cluster.stage_actors(self.pg, blocks, per_stage, run_id, request.chain.grace,
                                          request.chain.image, request.detach)  # fmt: skip
@@ -120,10 +121,30 @@ def _blocks(
                                    f"(nodes: {', '.join(n.name for n in nodes) or 'none'})")  # fmt: skip
     if request.placement == "pack":
         usable = sorted(usable, key=lambda n: (-n.free_gpus, n.name))
-    capacity = [n.free_gpus // per_stage if per_stage else None for n in usable]
-    assignment = hosts.assign(request.chain.stages, [n.name for n in usable], capacity, request.placement,
-                              request.stages_per_host)  # fmt: skip
-    return [(usable[h], len(stages)) for h, stages in hosts.blocks(assignment)]
+    names = [n.name for n in usable]
+    stages, placement, per_host = request.chain.stages, request.placement, request.stages_per_host
+    try:  # what is free now; else what the nodes have (the grant then waits up to --ray-timeout for others to end)
+        free = [n.free_gpus // per_stage if per_stage else None for n in usable]
+        assignment = hosts.assign(stages, names, free, placement, per_host)
+    except errors.NotEnoughGpus:
+        try:
+            assignment = hosts.assign(stages, names, [n.gpus // per_stage for n in usable], placement, per_host)
+        except errors.NotEnoughGpus:
+            raise _never_fits(request, usable, per_stage) from None
+    return [(usable[h], len(block)) for h, block in hosts.blocks(assignment)]
+
+
+def _never_fits(request: LaunchRequest, usable: Sequence[ray_cluster.RayNode], per_stage: int) -> errors.NotEnoughGpus:
+    have = "; ".join(f"{n.name}: {count(n.gpus, 'GPU')} ({n.free_gpus} free)" for n in usable)
+    per_host, stages = request.stages_per_host, request.chain.stages
+    how = f"{per_host} per node" if per_host else "in blocks per node"
+    if request.placement == "spread" and per_host is None:
+        how = f"spread evenly over {count(len(usable), 'node')}"
+    return errors.NotEnoughGpus(
+        f"{count(stages, 'stage')} of {count(per_stage, 'GPU')} each ({how}) do not fit on the Ray cluster at "
+        f"{request.ray}, even with every GPU free: {have}. Add nodes, use fewer GPUs per stage (--gpus-per-stage), "
+        "or --placement pack"
+    )
 
 
 def _order(
@@ -152,3 +173,38 @@ def _with_lost_nodes(outcome: ChainOutcome, run: str, lost: Mapping[str, str]) -
     message = (f"{outcome.message}; {said}: its stages' lifelines ended with their actors; if that node comes back "
                f"with containers of run {run}, 'pp-launch gc' there removes them")  # fmt: skip
     return dataclasses.replace(outcome, exit_code=errors.EXIT_FAILURE, message=message)
+
+
+# ------------------------------------------------------------------------------------------------ housekeeping
+def runs(address: str, run: str | None = None) -> list[dict[str, Any]]:
+    """`ps --ray`: every stage container of the detached runs on the cluster (or of `run`), one row each, its node
+    as the host; the actor that owns it answers for its node."""
+    cluster = ray_cluster.connect(address)
+    try:
+        found = ray_cluster.detached_runs()
+        wanted = [housekeeping.resolve_run(run, set(found))] if run is not None else sorted(found)
+        rows: list[dict[str, Any]] = []
+        for run_id in wanted:
+            for answer in ray_cluster.run_status(found[run_id]):
+                for ref, name, state, tags in answer["containers"]:
+                    gpus = [g for g in tags.get(labels.GPUS, "").split(",") if g]
+                    rows.append({
+                        "run": run_id, "stage": labels.ascii_int(tags.get(labels.STAGE, "")), "role": "stage",
+                        "container": name, "id": ref[:12], "gpus": gpus, "owner": tags.get(labels.OWNER, ""),
+                        "state": state, "host": answer["node"],
+                    })  # fmt: skip
+        return rows
+    finally:
+        cluster.close()
+
+
+def down(address: str, run: str, grace: float) -> tuple[str, list[str]]:
+    """`down --ray RUN`: the run's containers stopped and confirmed gone on every node, then its actors and its
+    placement group released. (run id, container names removed); ConfigError when the cluster has no such run."""
+    cluster = ray_cluster.connect(address)
+    try:
+        found = ray_cluster.detached_runs()
+        run_id = housekeeping.resolve_run(run, set(found))
+        return run_id, ray_cluster.end_run(run_id, found[run_id], grace)
+    finally:
+        cluster.close()

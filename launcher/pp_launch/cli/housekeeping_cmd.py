@@ -21,6 +21,11 @@ from pp_launch.core import errors, labels
 from pp_launch.core.gpu.inventory import GpuInventory
 from pp_launch.core.lines import count
 
+RAY_OPTION = click.option(
+    "--ray", "ray_address", metavar="ADDRESS",
+    help="Look at the detached runs on this Ray cluster (HOST:PORT, ray://HOST:PORT, or auto) instead.",
+)  # fmt: skip
+
 
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per container.")
@@ -44,9 +49,10 @@ from pp_launch.core.lines import count
 @click.option("--run", "run_id", metavar="RUN", shell_complete=runs_cmd.complete_runs,
               help="Only this run (a unique prefix is enough).")  # fmt: skip
 @host_choice
+@RAY_OPTION
 def ps(
     as_json: bool, ids_only: bool, filters: tuple[str, ...], template: str | None, run_id: str | None,
-    host_names: tuple[str, ...], all_hosts: bool,
+    host_names: tuple[str, ...], all_hosts: bool, ray_address: str | None,
 ) -> None:  # fmt: skip
     """List pp-launch runs and their stages: run, stage, container, image, GPUs (index, memory, utilisation
     where NVML answers), announced address, owner, alive or gone, uptime.
@@ -58,8 +64,15 @@ def ps(
       pp-launch ps --run 3f2a --json
       pp-launch ps --filter owner_status=gone --format '{{.run}} {{.container}}'
       pp-launch ps --all-hosts
+      pp-launch ps --ray 10.0.0.1:6379     # the detached runs on a Ray cluster
     """
     wanted = _filters(filters)
+    if ray_address is not None:
+        from pp_launch.app import on_ray
+
+        _show([r for r in on_ray.runs(ray_address, run_id) if all(str(r.get(k, "")) == v for k, v in wanted)],
+              ids_only, as_json, template)  # fmt: skip
+        return
     engines = Engines(host_names, all_hosts, run_id)
     rows = []
     for name, engine in engines.reached:
@@ -75,10 +88,14 @@ def ps(
     if run_id is not None and not rows and engines.several:
         raise errors.ConfigError(f"no run {housekeeping.safe(run_id)!r} on any of these hosts")
     rows = [r for r in rows if all(str(r.get(k, "")) == v for k, v in wanted)]
+    _show(rows, ids_only, as_json, template)
+    engines.finish()
+
+
+def _show(rows: list[dict[str, Any]], ids_only: bool, as_json: bool, template: str | None) -> None:
     if ids_only:
         for r in sorted({row["run"] for row in rows}):
             click.echo(r)
-        engines.finish()
         return
     rows.sort(key=lambda r: (r["run"], r["stage"] if r["stage"] is not None else -1, r.get("host") or ""))
     if as_json:
@@ -89,7 +106,6 @@ def ps(
             click.echo(_formatted(template, row))
     else:
         click.echo(housekeeping.render(rows))
-    engines.finish()
 
 
 PS_FIELDS = ("run", "stage", "role", "container", "image", "gpus", "owner", "owner_status", "state", "age_s", "host",
@@ -133,8 +149,10 @@ def _formatted(template: str, row: dict[str, Any]) -> str:
 )
 @click.option("--yes", "-y", is_flag=True, help="With --all: do not ask first.")
 @host_choice
+@RAY_OPTION
 def down(
-    run_ids: tuple[str, ...], all_runs: bool, grace: float, yes: bool, host_names: tuple[str, ...], all_hosts: bool
+    run_ids: tuple[str, ...], all_runs: bool, grace: float, yes: bool, host_names: tuple[str, ...], all_hosts: bool,
+    ray_address: str | None,
 ) -> None:
     """Stop runs (or --all) with the chain's guarantees: SIGTERM, one grace, SIGKILL, removal confirmed.
 
@@ -148,9 +166,13 @@ def down(
       pp-launch down 3f2a 77c1
       pp-launch down --all --yes --grace 2
       pp-launch down 3f2a --all-hosts
+      pp-launch down 3f2a --ray 10.0.0.1:6379   (a detached run on a Ray cluster)
     """
     if bool(run_ids) == all_runs:
         raise click.UsageError("name a RUN (or several), or --all")
+    if ray_address is not None:
+        _down_ray(ray_address, run_ids, all_runs, grace)
+        return
     failed = False
     for run_id in run_ids or (None,):
         try:
@@ -166,6 +188,17 @@ def down(
             failed = True
     if failed:
         sys.exit(errors.EXIT_FAILURE)
+
+
+def _down_ray(address: str, run_ids: tuple[str, ...], all_runs: bool, grace: float) -> None:
+    from pp_launch.app import on_ray
+
+    if all_runs:
+        raise click.UsageError("--all and --ray do not go together: name the runs ('pp-launch ps --ray ADDRESS -q')")
+    for run in run_ids:
+        run_id, removed = on_ray.down(address, run, grace)
+        click.echo(f"pp-launch: run {run_id} on the Ray cluster: {count(len(removed), 'container')} removed, its "
+                   "actors and GPUs released", err=True)  # fmt: skip
 
 
 def _down(

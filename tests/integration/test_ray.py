@@ -1,0 +1,236 @@
+"""Chains on a real Ray cluster of this machine (tests/ray_cluster.py): a head and two worker nodes, each worker
+node with its own Docker engine and fake GPUs, all in the tests' own loopback-only network namespace.
+
+Every test ends with nothing of ours on any node's engine and no stage actor alive on the cluster (checked after
+each one). Ray is an optional extra: CI installs it (make test-all) and these tests fail there, never skip, when
+it is missing.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ..gpu_host import wait_for
+
+pytestmark = [pytest.mark.docker, pytest.mark.full, pytest.mark.timeout(900)]
+
+PP = str(Path(sys.executable).with_name("pp-launch"))
+GPU_LINE = re.compile(r"^\[stage (\d+)\] PP_STAGE_GPUS (\S*)$", re.M)
+
+
+@pytest.fixture(scope="module")
+def cluster(engine, stub_image):  # type: ignore[no-untyped-def]
+    if importlib.util.find_spec("ray") is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("Ray is not installed: CI installs pp-launch[ray] (make test-all)", pytrace=False)
+        pytest.skip("Ray is not installed: pip install -e '.[ray]' (make test-all installs it)")
+    from ..ray_cluster import RayCluster
+
+    c = RayCluster((stub_image,))
+    try:
+        yield c
+    finally:
+        left = c.close()
+        if left:
+            pytest.fail(f"the Ray cluster left {left}", pytrace=False)
+
+
+@pytest.fixture(autouse=True)
+def nothing_left(cluster):  # type: ignore[no-untyped-def]
+    yield
+    gone = wait_for(lambda: not any(cluster.ours().values()), 30)
+    actors = [a for a in cluster.actors() if "StageActor" in a]
+    assert gone, f"containers left on the nodes' engines: {cluster.ours()}"
+    assert not actors, f"stage actors left on the cluster: {actors}"
+
+
+def uuids(cluster, node: str) -> set[str]:  # type: ignore[no-untyped-def]
+    return {g.uuid for g in cluster.hosts[node].inventory.gpus}
+
+
+def stage_gpus(stdout: str) -> dict[int, list[str]]:
+    return {int(k): [g for g in v.split(",") if g] for k, v in GPU_LINE.findall(stdout)}
+
+
+def running(cluster) -> int:  # type: ignore[no-untyped-def]
+    total = 0
+    for host in cluster.hosts.values():
+        side = host.engines["request"]
+        out = side.docker("ps", "-q", "--filter", "label=pp-launch.run", "--filter", "status=running", check=False)
+        total += len(out.stdout.split())
+    return total
+
+
+# ------------------------------------------------------------------------------------------------ the chain
+@pytest.mark.parametrize("handoff", ["env", "stdin"])
+def test_demo_over_two_nodes(cluster, handoff) -> None:  # type: ignore[no-untyped-def]
+    """spread: two stages on each node, each with exactly one GPU of its own node, the ring to match=true."""
+    r = cluster.run(PP, "chain", "--ray", "auto", "--stages", "4", "--gpus-per-stage", "1", "--placement", "spread",
+                    "--handoff", handoff)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "match=true" in r.stdout
+    gpus = stage_gpus(r.stdout)
+    assert sorted(gpus) == [0, 1, 2, 3]
+    assert all(len(g) == 1 for g in gpus.values())
+    assert {gpus[0][0], gpus[1][0]} <= uuids(cluster, "a")
+    assert {gpus[2][0], gpus[3][0]} <= uuids(cluster, "b")
+    assert len({g[0] for g in gpus.values()}) == 4
+    assert "across 2 hosts: a: stages 0, 1; b: stages 2, 3" in r.stderr
+    assert "nothing left behind" in r.stderr
+
+
+def test_pack_takes_one_node_and_gpus_per_stage(cluster) -> None:  # type: ignore[no-untyped-def]
+    """pack: both stages on one node (the one with the most free GPUs, a on a tie), two GPUs each, disjoint."""
+    r = cluster.run(PP, "chain", "--ray", cluster.address, "--stages", "2", "--gpus-per-stage", "2")
+    assert r.returncode == 0, r.stderr
+    gpus = stage_gpus(r.stdout)
+    assert all(len(g) == 2 for g in gpus.values())
+    assert set(gpus[0]) | set(gpus[1]) <= uuids(cluster, "a")
+    assert not set(gpus[0]) & set(gpus[1])
+
+
+def test_cpu_stages(cluster) -> None:  # type: ignore[no-untyped-def]
+    r = cluster.run(PP, "chain", "--ray", "auto", "--stages", "3", "--gpus", "none", "--stages-per-host", "2")
+    assert r.returncode == 0, r.stderr
+    assert "match=true" in r.stdout
+    assert "a: stages 0, 1; b: stages 2" in r.stderr
+
+
+def test_dry_run_shows_nodes_and_hops_and_holds_nothing(cluster) -> None:  # type: ignore[no-untyped-def]
+    r = cluster.run(PP, "chain", "--ray", "auto", "--stages", "4", "--placement", "spread", "--dry-run", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert [s["host"] for s in doc["stages"]] == ["a", "a", "b", "b"]
+    assert [h["topology_level"] for h in doc["hops"]][1::2] == ["host", "host"]
+    assert all(len(s["gpus"]) == 1 for s in doc["stages"])
+    # the dry run's grant was released: all eight GPUs can be granted at once
+    again = cluster.run(PP, "chain", "--ray", "auto", "--stages", "8", "--dry-run", "--json", "--ray-timeout", "20")
+    assert again.returncode == 0, again.stderr
+    assert len({g for s in json.loads(again.stdout)["stages"] for g in s["gpus"]}) == 8
+
+
+def test_infeasible_is_refused_before_anything_starts(cluster) -> None:  # type: ignore[no-untyped-def]
+    r = cluster.run(PP, "chain", "--ray", "auto", "--stages", "2", "--gpus-per-stage", "5")
+    assert r.returncode == 2, r.stderr
+    assert "a: 4 GPUs (4 free); b: 4 GPUs (4 free)" in r.stderr  # what each node has
+    r = cluster.run(PP, "chain", "--ray", "auto", "--stages", "9")
+    assert r.returncode == 2
+    assert "9 stages of 1 GPU each (in blocks per node) do not fit on the Ray cluster" in r.stderr
+
+
+def test_unreachable_cluster_is_exit_2(cluster) -> None:  # type: ignore[no-untyped-def]
+    r = cluster.run(PP, "chain", "--ray", "127.0.0.1:1", "--stages", "1", timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert "127.0.0.1:1" in r.stderr and "does not answer" in r.stderr
+
+
+# ------------------------------------------------------------------------------------------------ sharing the GPUs
+def test_two_runs_get_disjoint_gpus_a_third_is_refused_and_local_chains_see_them_held(cluster) -> None:  # type: ignore[no-untyped-def]
+    runs = []
+    try:
+        for _ in range(2):
+            r = cluster.run(PP, "chain", "--ray", "auto", "--stages", "4", "--detach", "-e", "STUB_MODE=hold")
+            assert r.returncode == 0, r.stderr
+            runs.append(r.stdout.strip())
+        ps = cluster.run(PP, "ps", "--ray", "auto", "--json")
+        rows = [json.loads(line) for line in ps.stdout.splitlines()]
+        assert sorted({row["run"] for row in rows}) == sorted(runs)
+        held = [g for row in rows for g in row["gpus"]]
+        assert len(held) == len(set(held)) == 8  # disjoint: every GPU of the cluster once
+        assert {row["host"] for row in rows if row["run"] == runs[0]} == {"a"}  # pack: one node each
+        assert {row["host"] for row in rows if row["run"] == runs[1]} == {"b"}
+
+        t0 = time.monotonic()
+        third = cluster.run(PP, "chain", "--ray", "auto", "--stages", "1", "--ray-timeout", "3")
+        assert third.returncode == 2, third.stderr
+        assert time.monotonic() - t0 < 60
+        assert "a: 0 of 4 free" in third.stderr and "b: 0 of 4 free" in third.stderr
+
+        # a local chain on node a (its engine, its NVML) sees the GPUs held by the Ray run's labels
+        local = subprocess.run([*cluster.netns(), PP, "chain", "--stages", "1", "--dry-run"], capture_output=True,
+                               text=True, env=cluster.hosts["a"].env("request"), timeout=120)  # fmt: skip
+        assert local.returncode == 2, local.stdout + local.stderr
+        assert runs[0] in local.stderr
+    finally:
+        for run in runs:
+            down = cluster.run(PP, "down", run, "--ray", "auto")
+            assert down.returncode == 0, down.stderr
+    assert not any(cluster.ours().values())
+
+
+# ------------------------------------------------------------------------------------------------ nothing orphaned
+def _hold(cluster, *extra: str) -> subprocess.Popen[str]:  # type: ignore[no-untyped-def]
+    proc = cluster.popen(PP, "chain", "--ray", "auto", "--stages", "4", "--placement", "spread", "-e",
+                         "STUB_MODE=hold", *extra, stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    assert wait_for(lambda: running(cluster) == 4 or proc.poll() is not None, 120), cluster.ours()
+    assert proc.poll() is None, proc.communicate()
+    return proc
+
+
+def test_launcher_sigkill_leaves_nothing_on_any_node(cluster) -> None:  # type: ignore[no-untyped-def]
+    proc = _hold(cluster)
+    t0 = time.monotonic()
+    proc.kill()
+    proc.wait()
+    assert wait_for(lambda: not any(cluster.ours().values()), 60), cluster.ours()
+    print(f"launcher SIGKILL -> zero containers on both nodes: {time.monotonic() - t0:.2f} s")
+
+
+def test_stage_actor_killed_fails_the_chain_naming_stage_and_node(cluster) -> None:  # type: ignore[no-untyped-def]
+    proc = _hold(cluster)
+    workers = subprocess.run(["pgrep", "-f", "^ray::StageActor"], capture_output=True, text=True).stdout.split()
+    assert len(workers) == 4, workers
+    os.kill(int(workers[0]), signal.SIGKILL)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1, err
+    assert re.search(r"stage \d+ .*Ray actor on node [ab]", err), err
+
+
+def test_ray_kill_of_a_detached_stage_ends_its_container(cluster) -> None:  # type: ignore[no-untyped-def]
+    r = cluster.run(PP, "chain", "--ray", "auto", "--stages", "2", "--placement", "spread", "--detach",
+                    "-e", "STUB_MODE=hold")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    run = r.stdout.strip()
+    try:
+        code = ("import ray, sys; ray.init(address='auto', namespace='pp-launch', logging_level='ERROR');"
+                f"ray.kill(ray.get_actor('{run}-1-0'))")  # fmt: skip
+        assert cluster.python(code).returncode == 0
+        assert wait_for(lambda: len(cluster.ours()["b"]) == 0, 30), cluster.ours()
+        assert len(cluster.ours()["a"]) == 1  # the other stage is the run's until `down`
+    finally:
+        down = cluster.run(PP, "down", run, "--ray", "auto")
+        assert down.returncode == 0, down.stderr
+
+
+def test_node_lost_mid_run(cluster) -> None:  # type: ignore[no-untyped-def]
+    proc = _hold(cluster)
+    t0 = time.monotonic()
+    try:
+        cluster.kill_node("b")
+        _, err = proc.communicate(timeout=180)
+        failed_after = time.monotonic() - t0
+        assert proc.returncode == 1, err
+        assert "node b" in err, err
+        assert wait_for(lambda: not any(cluster.ours().values()), 60), cluster.ours()
+        print(f"node b lost -> chain failed after {failed_after:.2f} s")
+    finally:
+        cluster.start_node("b")
+        cluster.wait_nodes(3)
+
+
+def test_everything_listens_on_loopback_only(cluster) -> None:  # type: ignore[no-untyped-def]
+    r = cluster.run(PP, "chain", "--ray", "auto", "--stages", "2", "--gpus", "none")
+    assert r.returncode == 0, r.stderr
+    local = ("127.0.0.1:", "[::ffff:127.0.0.1]:", "[::1]:", "127.0.0.53")
+    assert all(a.startswith(local) for a in cluster.listeners()), cluster.listeners()
+    assert all(a.startswith(local) for a in cluster.connections()), cluster.connections()
