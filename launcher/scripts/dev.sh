@@ -3,7 +3,7 @@
 #   dev.sh setup   virtual environment (.venv), the package, a Docker engine, the images
 #   dev.sh demo    setup, then a 4-stage demo chain
 #   dev.sh test    setup, then the quick tier (unit tests and a representative real-engine set), ruff and mypy
-#   dev.sh test-all  setup, then every test (what CI runs), ruff and mypy
+#   dev.sh test-all  setup (with the Ray extra), then every test (what CI runs), ruff and mypy
 #   dev.sh test-load setup, then the quick tier three times in a row beside a CPU hog on both cores (stress-ng)
 #   dev.sh bench   setup, then the benchmarks under bench/
 set -euo pipefail
@@ -13,6 +13,7 @@ PY="$VENV/bin/python"
 say() { printf 'dev: %s\n' "$*" >&2; }
 
 setup() {
+  local extras=${1:-test}
   if [ ! -x "$PY" ]; then
     say "creating the virtual environment $VENV"
     if ! python3 -m venv "$VENV" 2>/dev/null; then
@@ -28,8 +29,8 @@ setup() {
       fi
     fi
   fi
-  say "installing pp-launch and its test tools into $VENV"
-  "$PY" -m pip install -q --disable-pip-version-check -e '.[test]'
+  say "installing pp-launch and its test tools ($extras) into $VENV"
+  "$PY" -m pip install -q --disable-pip-version-check -e ".[$extras]"
   launcher/scripts/ensure-host-tools.sh
   launcher/scripts/ensure-docker.sh
   say "building the images (nothing is pulled; a second run rebuilds nothing)"
@@ -80,7 +81,7 @@ case "$cmd" in
   setup) setup ;;
   demo) setup; exec "$VENV/bin/pp-launch" chain --stages "${STAGES:-4}" "$@" ;;
   test) setup; launcher/scripts/ensure-docker26.sh; run_tests -m "not full" "$@" ;;
-  test-all) setup; launcher/scripts/ensure-docker26.sh; run_tests "$@" ;;
+  test-all) setup test,ray; launcher/scripts/ensure-docker26.sh; run_tests "$@" ;;  # the Ray tests need the extra
   test-load)
     setup; launcher/scripts/ensure-docker26.sh
     if ! command -v stress-ng >/dev/null 2>&1; then

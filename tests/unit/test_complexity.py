@@ -14,6 +14,7 @@ PKG = Path(__file__).resolve().parents[2] / "launcher" / "pp_launch"
 CHAIN_PATH = [
     "cli/chain_cmd.py",
     "app/launch.py",
+    "app/on_ray.py",
     "app/chain.py",
     "app/gpus.py",
     "app/hosts.py",
@@ -28,6 +29,7 @@ CHAIN_PATH = [
     "core/gpu/requests.py",
     "core/events.py",
     "adapters/multi_host.py",
+    "adapters/ray_cluster.py",
     "adapters/docker_engine.py",
     "adapters/process_backend.py",
     "adapters/inbox.py",

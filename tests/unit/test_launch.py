@@ -38,6 +38,13 @@ BROKEN: list[tuple[dict[str, Any], dict[str, Any], str]] = [
     ({}, {"hosts": ("a", "a")}, "named twice"),
     ({"image": "Not An Image"}, {}, "not a valid image reference"),
     ({"name_prefix": "-x"}, {}, "not a valid container name prefix"),
+    ({}, {"ray": " "}, "--ray ADDRESS is empty"),
+    ({}, {"ray": "auto", "hosts": ("a",)}, "--ray and --host do not go together"),
+    ({}, {"ray": "auto", "gpu_node": "/bin/true"}, "--ray and --gpu-node do not go together"),
+    ({}, {"ray": "auto", "gpu": GpuOptions(mode="device=0,1")}, "Ray grants the GPUs"),
+    ({}, {"ray": "auto", "gpu": GpuOptions(mode="all")}, "Ray grants the GPUs"),
+    ({}, {"ray": "auto", "gpu": GpuOptions(host_inventories=(("a", "f.json"),))}, "each node reads its own GPUs"),
+    ({}, {"ray": "auto", "ray_timeout": 0}, "--ray-timeout must be positive"),
 ]
 
 
@@ -48,6 +55,11 @@ def test_each_rule_broken_alone_is_refused_when_the_request_is_made(chain: dict,
     assert words in str(caught.value)
     assert "\n" not in str(caught.value)  # one message, one line
     assert caught.value.exit_code == errors.EXIT_USAGE
+
+
+def test_a_ray_request_takes_a_count_none_and_stages_per_host() -> None:
+    for gpu in (GpuOptions(mode="2"), GpuOptions(mode="none"), GpuOptions(per_stage=2)):
+        assert LaunchRequest(ChainRequest(stages=4), gpu, ray="auto", stages_per_host=2).ray == "auto"
 
 
 def test_a_request_that_keeps_every_rule_is_made_and_its_hosts_are_read_once() -> None:

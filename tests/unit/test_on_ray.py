@@ -1,0 +1,98 @@
+"""The Ray use case's pure parts, without a cluster: which node takes which block of stages, the order of each
+block's stages over the GPUs Ray granted, and the words of a refusal. (The cluster itself: tests/integration/
+test_ray.py.)"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pp_launch.adapters import inventory_file
+from pp_launch.adapters.ray_cluster import RayNode, StageHandle
+from pp_launch.app import on_ray
+from pp_launch.app.launch import GpuOptions, LaunchRequest
+from pp_launch.core import errors
+from pp_launch.core.chain.plan import ChainRequest
+from pp_launch.core.gpu.allocator import HOST_LEVEL, distance, order_groups, units
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+
+
+def node(name: str, gpus: int, free: int | None = None) -> RayNode:
+    return RayNode(f"id-{name}", name, gpus, gpus if free is None else free, 2.0, "")
+
+
+def request(stages: int, **kw: object) -> LaunchRequest:
+    return LaunchRequest(ChainRequest(stages=stages), GpuOptions(), ray="HEAD:6379", **kw)  # type: ignore[arg-type]
+
+
+def blocks(req: LaunchRequest, nodes: list[RayNode], per_stage: int = 1) -> list[tuple[str, int]]:
+    return [(n.name, k) for n, k in on_ray._blocks(req, nodes, per_stage)]
+
+
+def test_pack_fills_the_node_with_the_most_free_gpus_first() -> None:
+    assert blocks(request(6), [node("a", 4, 2), node("b", 8, 5)]) == [("b", 5), ("a", 1)]
+
+
+def test_spread_shares_the_stages_over_every_node_in_name_order() -> None:
+    assert blocks(request(5, placement="spread"), [node("a", 4), node("b", 4), node("c", 4)]) == [
+        ("a", 2), ("b", 2), ("c", 1)]  # fmt: skip
+
+
+def test_stages_per_host() -> None:
+    assert blocks(request(5, stages_per_host=2), [node("a", 4), node("b", 4), node("c", 4)]) == [
+        ("a", 2), ("b", 2), ("c", 1)]  # fmt: skip
+
+
+def test_nodes_without_gpus_take_no_gpu_stage_and_cpu_stages_go_anywhere_with_cpus() -> None:
+    assert blocks(request(2), [node("head", 0), node("a", 2)]) == [("a", 2)]
+    cpu_only = [RayNode("id-h", "head", 0, 0, 0.0, ""), node("a", 0)]
+    assert blocks(request(3), cpu_only, per_stage=0) == [("a", 3)]
+
+
+def test_a_run_that_fits_only_an_idle_cluster_is_planned_on_the_totals_and_waits_for_the_grant() -> None:
+    assert blocks(request(4), [node("a", 4, 0), node("b", 4, 1)]) == [("b", 4)]  # the most free first
+
+
+def test_a_run_that_never_fits_is_refused_naming_every_node() -> None:
+    with pytest.raises(errors.NotEnoughGpus) as caught:
+        on_ray._blocks(request(3), [node("a", 4), node("b", 2, 1)], per_stage=3)
+    text = str(caught.value)
+    assert "3 stages of 3 GPUs each" in text
+    assert "a: 4 GPUs (4 free); b: 2 GPUs (1 free)" in text
+    assert "HEAD:6379" in text and "--host" not in text
+
+
+def test_no_node_with_gpus() -> None:
+    with pytest.raises(errors.NotEnoughGpus, match="no live node with GPUs"):
+        on_ray._blocks(request(1), [node("head", 0)], per_stage=1)
+
+
+def handle(name: str, gpus: tuple[str, ...], inventory: dict[str, object]) -> StageHandle:
+    return StageHandle(None, node(name, 8), {"gpus": list(gpus), "inventory": inventory})
+
+
+def test_a_block_is_ordered_round_its_closest_ring_and_the_ring_leaves_each_node_once() -> None:
+    inv = inventory_file.load(DATA / "nvlink-8gpu.json")
+    doc = inv.to_json()
+    by_index = [g.uuid for g in inv.gpus]
+    granted = [(by_index[i],) for i in (0, 5, 1, 4)]  # as Ray handed them out: not in ring order
+    row_a = [handle("a", g, doc) for g in granted]
+    row_b = [handle("b", (by_index[2],), doc), handle("b", (by_index[3],), doc)]
+    ordered, hops = on_ray._order([row_a, row_b], per_stage=1)
+    assert [h.node.name for h in ordered] == ["a"] * 4 + ["b"] * 2
+    assert hops[3] == HOST_LEVEL and hops[5] == HOST_LEVEL
+    u = {x.uuid: x for x in units(inv)}
+    inside = [distance(inv, u[ordered[i].gpus[0]], u[ordered[i + 1].gpus[0]]) for i in range(3)]
+    assert list(hops[:3]) == inside
+    given = [distance(inv, u[granted[i][0]], u[granted[(i + 1) % 4][0]]) for i in range(4)]
+    order, levels = order_groups(inv, [g for g in granted])
+    assert sum(levels) <= sum(given)  # never worse than the order Ray gave
+    assert sorted(order) == [0, 1, 2, 3] and order[0] == 0
+
+
+def test_cpu_stages_have_no_hops() -> None:
+    rows = [[handle("a", (), {"gpus": []})] * 2, [handle("b", (), {"gpus": []})]]
+    ordered, hops = on_ray._order(rows, per_stage=0)
+    assert len(ordered) == 3 and hops == ()
