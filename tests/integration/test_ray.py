@@ -212,6 +212,29 @@ def test_ray_kill_of_a_detached_stage_ends_its_container(cluster) -> None:  # ty
         assert down.returncode == 0, down.stderr
 
 
+def test_a_detached_run_is_never_held_back_and_its_last_lines_are_kept(cluster) -> None:  # type: ignore[no-untyped-def]
+    """After the hand-over nobody pulls the actors' events: the stage must not block on its output (60000 lines,
+    more than an actor queues), and `logs --ray` shows its last lines."""
+    r = cluster.run(PP, "chain", "--ray", "auto", "--stages", "2", "--gpus", "none", "--detach", "-e",
+                    "STUB_MODE=hold", "-e", "STUB_FLOOD=lines", "-e", "STUB_FLOOD_LINES=60000")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    run = r.stdout.strip()
+    try:
+        def done() -> bool:
+            out = cluster.run(PP, "logs", run[:6], "--ray", "auto", "-n", "5")
+            return out.stdout.count("PP_FLOOD_DONE lines=60000") == 2
+
+        assert wait_for(done, 120)
+        one = cluster.run(PP, "logs", run, "--ray", "auto", "-n", "3", "--stage", "1")
+        assert "[stage 1] PP_FLOOD_DONE lines=60000" in one.stdout.splitlines()
+        assert len(one.stdout.splitlines()) == 3
+        assert all(line.startswith("[stage 1] ") for line in one.stdout.splitlines())
+    finally:
+        down = cluster.run(PP, "down", run, "--ray", "auto")
+        assert down.returncode == 0, down.stderr
+    assert "2 containers removed" in down.stderr
+
+
 def test_node_lost_mid_run(cluster) -> None:  # type: ignore[no-untyped-def]
     proc = _hold(cluster)
     t0 = time.monotonic()

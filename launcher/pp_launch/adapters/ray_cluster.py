@@ -22,13 +22,14 @@ import os
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pp_launch.core import errors, labels
 from pp_launch.core.chain.plan import StageSpec
-from pp_launch.core.chain.ports import ChainEvent, Sink, StageGone
+from pp_launch.core.chain.ports import ChainEvent, Sink, StageGone, StageOutput
 from pp_launch.core.gpu.inventory import GpuInventory
 from pp_launch.core.lines import count
 
@@ -48,6 +49,7 @@ RAY_JOB = "pp-launch.ray-job"
 NODE_ID = "ray.io/node-id"
 CPU_SHARE = 0.01  # what a CPU stage's actor takes of its node's CPUs (a bundle needs something to hold)
 POLL = 1.0  # how long one pull of a stage's events waits on its actor
+TAIL = 2000  # lines of each stage an actor keeps for `logs --ray`
 MISSING = "--ray needs Ray on this machine and on every node: pip install 'pp-launch[ray]'"
 
 
@@ -226,6 +228,9 @@ class StageActor:
         self.run_id, self.node = run_id, node
         self.problem = ""
         self.events: queue.Queue[ChainEvent] = queue.Queue(maxsize=20000)  # a full queue holds the reader back
+        self.tail: deque[StageOutput] = deque(maxlen=TAIL)  # the stage's last lines, for `logs --ray`
+        self.handed_over = threading.Event()  # a detached run is up: nobody reads `events` any more
+        self.stage = -1
         self.owner = identity.current_owner().label()
         try:
             self.engine = connect(timeout=30, host=engine or None)
@@ -265,13 +270,38 @@ class StageActor:
         made = self.backend.create_waiting if waiting else self.backend.create
         return made(self._labelled(spec), env)
 
+    def _put(self, event: ChainEvent) -> None:
+        """The launcher pulls the events (a full queue holds the stage's reader back, as a local chain does);
+        once a detached run is handed over only the last lines are kept, and nothing holds the stage back."""
+        if isinstance(event, StageOutput):
+            self.tail.append(event)
+        while not self.handed_over.is_set():
+            try:
+                self.events.put(event, timeout=0.5)
+                return
+            except queue.Full:
+                continue
+
     def start(self, ref: str, stage: int) -> None:
         assert self.backend is not None
-        self.backend.start(ref, stage, self.events.put)
+        self.stage = stage
+        self.backend.start(ref, stage, self._put)
 
     def watch(self, ref: str, stage: int) -> None:
         assert self.backend is not None
-        self.backend.watch(ref, stage, self.events.put)
+        self.stage = stage
+        self.backend.watch(ref, stage, self._put)
+
+    def hand_over(self) -> None:
+        self.handed_over.set()
+        with contextlib.suppress(queue.Empty):
+            while True:
+                self.events.get_nowait()
+
+    def logs(self, lines: int) -> list[tuple[int, str, str]]:
+        """`logs --ray`: the stage's last lines (stage, stream, text)."""
+        kept = list(self.tail)[-lines:] if lines else list(self.tail)
+        return [(self.stage, e.stream, e.data.decode("utf-8", "replace").rstrip("\n")) for e in kept]
 
     def poll(self, timeout: float) -> list[ChainEvent]:
         """The stage's next events: waits up to `timeout` for the first, then takes what is there."""
@@ -352,6 +382,7 @@ class RayStageBackend:
         self.lost: dict[str, str] = {}  # node name -> why: what was there may be left
         self._stage_of: dict[str, int] = {}
         self._gone: set[str] = set()
+        self._handed: set[str] = set()
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
@@ -404,7 +435,7 @@ class RayStageBackend:
 
     def _pump(self, ref: str, stage: int, sink: Sink) -> None:
         h = self.handles[stage]
-        while True:
+        while ref not in self._handed:
             try:
                 batch = ray.get(h.actor.poll.remote(POLL))
             except Exception as exc:  # the actor died (killed, its worker or node gone): its container ends with it
@@ -443,7 +474,10 @@ class RayStageBackend:
             del k
 
     def hand_over(self, ref: str) -> None:
-        """A detached run on Ray keeps its lifeline: the detached actor holds it, and `down --ray` ends it."""
+        """A detached run on Ray keeps its lifeline: the detached actor holds it, and `down --ray` ends it. The
+        actor stops queueing the stage's output for us (it keeps the last lines for `logs --ray`)."""
+        self._handed.add(ref)
+        self._quietly(self._stage_of[ref], "hand over", "hand_over")
 
     def leftovers(self, run_id: str) -> list[str]:
         """Asked of one live actor per node; a node whose actors are all gone is swept by a task of ours placed
@@ -558,13 +592,22 @@ def run_status(actors: Sequence[Any]) -> list[dict[str, Any]]:
     return out
 
 
+def run_logs(actors: Sequence[Any], lines: int) -> list[tuple[int, str, str]]:
+    """Every stage's last lines, in stage order."""
+    out: list[tuple[int, str, str]] = []
+    for answer in sorted((a for a in _each(actors, "logs", lines) if isinstance(a, list)), key=lambda a: a[0][0] if a
+                         else -1):  # fmt: skip
+        out += answer
+    return out
+
+
 def end_run(run_id: str, actors: Sequence[Any], grace: float) -> list[str]:
     """`down --ray RUN`: on every node the run's containers stopped and confirmed gone, then its actors and its
     placement group released. Returns the names removed."""
-    removed: list[str] = []
+    removed: set[str] = set()  # the actors of one node each sweep it: a container counted once
     for answer in _each(actors, "sweep", grace):
         if isinstance(answer, list):
-            removed += answer
+            removed.update(answer)
     for a in actors:
         with contextlib.suppress(Exception):
             ray.kill(a, no_restart=True)
@@ -572,7 +615,7 @@ def end_run(run_id: str, actors: Sequence[Any], grace: float) -> list[str]:
         from ray.util import get_placement_group
 
         remove_placement_group(get_placement_group(f"pp-launch-{run_id}"))
-    return removed
+    return sorted(removed)
 
 
 def _each(actors: Sequence[Any], method: str, *args: Any) -> list[Any]:

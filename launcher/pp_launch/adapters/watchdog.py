@@ -36,6 +36,7 @@ BOOT = (
 MAX_GRACE = 5.0  # the launcher's promise: gone within 10 s of its death
 PATIENCE = 900.0  # how long it waits for a lost engine to come back (PP_WATCHDOG_PATIENCE)
 RETRY = 2.0
+SETTLE = 2.0  # after a sweep that found the run, the second look
 
 
 def spawn(run_id: str, grace: float, detached: bool = False, host: str | None = None) -> subprocess.Popen[bytes]:
@@ -92,7 +93,11 @@ def main(argv: list[str]) -> int:
     deadline = time.monotonic() + patience
     while True:
         try:
-            sweep(run_id, grace, host, detached)
+            if sweep(run_id, grace, host, detached):
+                # It found the run: a create the launcher (or a Ray stage actor) sent as it died may land after
+                # that first look, so look once more when such a request has had time to finish.
+                time.sleep(SETTLE)
+                sweep(run_id, grace, host, detached)
             return 0
         except Exception:  # the engine is lost (or not back yet): try again while it may come back
             if time.monotonic() + RETRY > deadline:

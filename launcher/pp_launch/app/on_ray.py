@@ -208,3 +208,14 @@ def down(address: str, run: str, grace: float) -> tuple[str, list[str]]:
         return run_id, ray_cluster.end_run(run_id, found[run_id], grace)
     finally:
         cluster.close()
+
+
+def logs(address: str, run: str, lines: int) -> tuple[str, list[tuple[int, str, str]]]:
+    """`logs --ray RUN`: each stage's last lines as its actor kept them (stage, stream, text), in stage order."""
+    cluster = ray_cluster.connect(address)
+    try:
+        found = ray_cluster.detached_runs()
+        run_id = housekeeping.resolve_run(run, set(found))
+        return run_id, ray_cluster.run_logs(found[run_id], lines)
+    finally:
+        cluster.close()

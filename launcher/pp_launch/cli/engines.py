@@ -19,6 +19,11 @@ def host_choice(f: Any) -> Any:
     return host_option("Look at these Docker engines instead")(ALL_HOSTS(f))
 
 
+RAY_OPTION = click.option(
+    "--ray", "ray_address", metavar="ADDRESS",
+    help="Look at the detached runs on this Ray cluster (HOST:PORT, ray://HOST:PORT, or auto) instead.",
+)  # fmt: skip
+
 ALL_HOSTS = click.option(
     "--all-hosts",
     is_flag=True,

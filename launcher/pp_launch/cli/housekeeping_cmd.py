@@ -14,17 +14,12 @@ from pp_launch.adapters.docker_engine import Engine
 from pp_launch.adapters.nvml import NvmlUnavailable, read_inventory
 from pp_launch.app import housekeeping
 from pp_launch.cli import runs_cmd
-from pp_launch.cli.engines import Engines, host_choice
+from pp_launch.cli.engines import RAY_OPTION, Engines, host_choice
 from pp_launch.cli.main import main
 from pp_launch.cli.options import Seconds
 from pp_launch.core import errors, labels
 from pp_launch.core.gpu.inventory import GpuInventory
 from pp_launch.core.lines import count
-
-RAY_OPTION = click.option(
-    "--ray", "ray_address", metavar="ADDRESS",
-    help="Look at the detached runs on this Ray cluster (HOST:PORT, ray://HOST:PORT, or auto) instead.",
-)  # fmt: skip
 
 
 @main.command()

@@ -16,7 +16,7 @@ from click.shell_completion import CompletionItem
 from pp_launch.adapters import run_logs
 from pp_launch.adapters.docker_engine import Engine, connect
 from pp_launch.app import housekeeping
-from pp_launch.cli.engines import Engines, host_choice
+from pp_launch.cli.engines import RAY_OPTION, Engines, host_choice
 from pp_launch.cli.main import main
 from pp_launch.cli.options import Seconds
 from pp_launch.core import errors, labels
@@ -52,9 +52,10 @@ def _since(value: str | None) -> int | None:
 @click.option("-t", "--timestamps", is_flag=True, help="Each line with its time (UTC), as docker logs -t.")
 @click.option("--log-dir", type=click.Path(file_okay=False), metavar="DIR", help="Where chain --log-dir kept it.")
 @host_choice
+@RAY_OPTION
 def logs(
     run_id: str, follow: bool, stages: tuple[int, ...], since: str | None, tail: int | None, timestamps: bool,
-    log_dir: str | None, host_names: tuple[str, ...], all_hosts: bool,
+    log_dir: str | None, host_names: tuple[str, ...], all_hosts: bool, ray_address: str | None,
 ) -> None:  # fmt: skip
     """Print a run's output, each line prefixed with its stage, as `docker compose logs` does.
 
@@ -69,7 +70,11 @@ def logs(
       pp-launch logs 3f2a -n 20 -t
       pp-launch logs 3f2a -f --stage 0 --since 5m
       pp-launch logs 3f2a --all-hosts
+      pp-launch logs 3f2a --ray 10.0.0.1:6379 -n 50   (a detached run on a Ray cluster: its last lines)
     """
+    if ray_address is not None:
+        _ray_logs(ray_address, run_id, stages, tail)
+        return
     engines = Engines(host_names, all_hosts, run_id)
     try:
         run, found = engines.find_run(run_id)
@@ -116,6 +121,16 @@ def logs(
         out.write(item[0] + display(item[1]) + "\n")
         out.flush()
     engines.finish()
+
+
+def _ray_logs(address: str, run_id: str, stages: tuple[int, ...], tail: int | None) -> None:
+    """Each stage's last lines as its actor kept them (up to 2000 a stage); -f and -t are the engines' alone."""
+    from pp_launch.app import on_ray
+
+    _, lines = on_ray.logs(address, run_id, tail or 0)
+    for stage, stream, text in lines:
+        if not stages or stage in stages:
+            click.echo(f"[stage {stage}] {text}", err=stream == "stderr")
 
 
 def _print_kept(prefix: str, stages: tuple[int, ...], tail: int | None, timestamps: bool, log_dir: str | None) -> bool:
