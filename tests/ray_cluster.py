@@ -30,6 +30,7 @@ from pp_launch.testing import fake_nvml
 from .gpu_host import DATA, FakeGpuHost
 
 PORT = 6379  # the namespace is the tests' own: nothing else listens there
+NODE_CPUS = 2  # each worker node's CPUs as Ray counts them: this machine's (8 made no difference to bring-up)
 RAY = str(Path(sys.executable).with_name("ray"))
 
 
@@ -86,7 +87,7 @@ class RayCluster:
 
     def start_node(self, name: str) -> None:
         gpus = len(self.hosts[name].inventory.gpus)
-        args = [f"--address={self.address}", "--num-cpus=2", f"--num-gpus={gpus}",
+        args = [f"--address={self.address}", f"--num-cpus={NODE_CPUS}", f"--num-gpus={gpus}",
                 "--labels", json.dumps({"pp-launch.node": name})]  # fmt: skip
         self._start(name, args, self.node_env(name))
 

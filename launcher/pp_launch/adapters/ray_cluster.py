@@ -167,7 +167,8 @@ class Cluster:
                 }
                 if detached:
                     options.update(lifetime="detached", name=f"{run_id}-{b}-{i}")
-                row.append((remote.options(**options).remote(run_id, grace, node.engine, node.name), node))
+                guard = i == 0  # one watchdog per node: its block's first actor holds it
+                row.append((remote.options(**options).remote(run_id, grace, node.engine, node.name, guard), node))
             made.append(row)
         rows = [[StageHandle(a, node) for a, node in pairs] for pairs in made]
         try:
@@ -221,7 +222,7 @@ class StageHandle:
 class StageActor:
     """One stage on its node: its container on the node's engine, the lifeline, the output, the watchdog."""
 
-    def __init__(self, run_id: str, grace: float, engine: str, node: str) -> None:
+    def __init__(self, run_id: str, grace: float, engine: str, node: str, guard: bool = True) -> None:
         from pp_launch.adapters import identity, watchdog
         from pp_launch.adapters.docker_engine import DockerStageBackend, connect
 
@@ -239,7 +240,9 @@ class StageActor:
             self.guard = None
             return
         self.backend = DockerStageBackend(self.engine)
-        self.guard = watchdog.spawn(run_id, grace, host=engine or None)  # this actor's death ends the run here
+        # The node's safety net, held by its block's first actor: when that actor ends (the launcher died, it was
+        # killed, its node's raylet went), the run's containers on this engine are removed, started or not.
+        self.guard = watchdog.spawn(run_id, grace, host=engine or None) if guard else None
 
     def describe(self, image: str) -> dict[str, Any]:
         if self.problem:
