@@ -47,6 +47,16 @@ def bring_up(cluster: RayCluster, args: list[str], env: dict[str, str]) -> float
     return took
 
 
+def diagnose(cluster: RayCluster) -> str:
+    """What is left, and which of our processes still run (a failed check)."""
+    rows = {}
+    for name, host in cluster.hosts.items():
+        side = host.engines["request"]
+        rows[name] = side.docker("ps", "-a", "--format", "{{.Names}} {{.State}} {{.Labels}}", check=False).stdout
+    procs = subprocess.run(["pgrep", "-af", "watchdog|StageActor"], capture_output=True, text=True).stdout
+    return f"containers: {rows}\nprocesses: {procs}"
+
+
 def ours(cluster: RayCluster) -> int:
     return sum(len(v) for v in cluster.ours().values())
 
@@ -83,7 +93,7 @@ def main() -> int:
             t0 = time.monotonic()
             proc.kill()
             proc.wait()
-            assert wait_for(lambda: ours(cluster) == 0, 60), cluster.ours()
+            assert wait_for(lambda: ours(cluster) == 0, 60), diagnose(cluster)
             kill_s.append(time.monotonic() - t0)
         for _ in range(min(opts.repeats, 2)):
             proc = cluster.popen(PP, "chain", "--ray", "auto", "--stages", "4", "--placement", "spread", "--env",

@@ -51,8 +51,9 @@ class RayCluster:
             self.hosts["b"] = b
             b.engine("request")
             self.address = f"127.0.0.1:{PORT}"
-            self._start("head", ["--head", f"--port={PORT}", "--num-cpus=0", "--num-gpus=0",
-                                 f"--temp-dir={self.root / 'r'}", "--include-dashboard=false"], self._base_env())
+            head = ["--head", f"--port={PORT}", "--num-cpus=0", "--num-gpus=0", f"--temp-dir={self.root / 'r'}",
+                    "--include-dashboard=false", "--ray-client-server-port=10001"]  # fmt: skip
+            self._start("head", head, self._base_env())
             self.wait_nodes(1)
             for n, name in enumerate(("a", "b"), start=2):  # one at a time: raylets starting together collide
                 self.start_node(name)

@@ -128,6 +128,15 @@ def test_infeasible_is_refused_before_anything_starts(cluster) -> None:  # type:
     assert "9 stages of 1 GPU each (in blocks per node) do not fit on the Ray cluster" in r.stderr
 
 
+def test_through_ray_client(cluster) -> None:  # type: ignore[no-untyped-def]
+    """ray://HOST:PORT: the launcher is a Ray Client of the head's client server (port 10001)."""
+    r = cluster.run(PP, "chain", "--ray", "ray://127.0.0.1:10001", "--stages", "2", "--placement", "spread")
+    assert r.returncode == 0, r.stderr
+    assert "match=true" in r.stdout
+    gpus = stage_gpus(r.stdout)
+    assert set(gpus[0]) <= uuids(cluster, "a") and set(gpus[1]) <= uuids(cluster, "b")
+
+
 def test_unreachable_cluster_is_exit_2(cluster) -> None:  # type: ignore[no-untyped-def]
     r = cluster.run(PP, "chain", "--ray", "127.0.0.1:1", "--stages", "1", timeout=120)
     assert r.returncode == 2, r.stderr
@@ -184,6 +193,15 @@ def test_launcher_sigkill_leaves_nothing_on_any_node(cluster) -> None:  # type: 
     proc.wait()
     assert wait_for(lambda: not any(cluster.ours().values()), 60), cluster.ours()
     print(f"launcher SIGKILL -> zero containers on both nodes: {time.monotonic() - t0:.2f} s")
+
+
+def test_launcher_sigkill_with_stages_that_ignore_the_lifeline_leaves_nothing(cluster) -> None:  # type: ignore[no-untyped-def]
+    """Only each node's watchdog can end these: it must outlive the actor that started it (Ray kills an actor's
+    child processes with it)."""
+    proc = _hold(cluster, "-e", "STUB_IGNORE_LIFELINE=1", "--grace", "1")
+    proc.kill()
+    proc.wait()
+    assert wait_for(lambda: not any(cluster.ours().values()), 60), cluster.ours()
 
 
 def test_stage_actor_killed_fails_the_chain_naming_stage_and_node(cluster) -> None:  # type: ignore[no-untyped-def]

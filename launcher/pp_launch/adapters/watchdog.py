@@ -19,6 +19,7 @@ that loses power). `pp-launch gc` and the sweep at every start cover those.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -39,13 +40,18 @@ RETRY = 2.0
 SETTLE = 2.0  # after a sweep that found the run, the second look
 
 
-def spawn(run_id: str, grace: float, detached: bool = False, host: str | None = None) -> subprocess.Popen[bytes]:
+def spawn(
+    run_id: str, grace: float, detached: bool = False, host: str | None = None, orphan: bool = False
+) -> subprocess.Popen[bytes]:
     """Start the watchdog for `run_id`; keep the returned Popen (its stdin is the lifeline) until exit. For a
     detached run it sweeps only while the run has no hand-over marker (see bringup.py). `host`: the engine it
-    watches (--host; a chain across hosts has one watchdog per host), None for DOCKER_HOST or the default."""
+    watches (--host; a chain across hosts has one watchdog per host), None for DOCKER_HOST or the default.
+    orphan: not a child of this process (`setsid -f`), for a parent whose children are killed with it (a Ray
+    worker: Ray kills an actor's child processes when it ends it)."""
     extra = (["detached"] if detached else []) + ([f"--host={host}"] if host is not None else [])
+    fork = ["setsid", "-f"] if orphan and shutil.which("setsid") else []
     return subprocess.Popen(
-        [sys.executable, "-I", "-c", BOOT, PACKAGE_ROOT, MODULE, run_id, str(grace), *extra],
+        [*fork, sys.executable, "-I", "-c", BOOT, PACKAGE_ROOT, MODULE, run_id, str(grace), *extra],
         cwd="/",
         stdin=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
