@@ -91,6 +91,6 @@ case "$cmd" in
     stress-ng --cpu "$(nproc)" --timeout 3h --quiet & hog=$!
     trap 'kill "$hog" 2>/dev/null || true' EXIT
     for round in 1 2 3; do say "quick tier under load, round $round of 3"; run_tests -m "not full" "$@"; done ;;
-  bench) setup; exec "$PY" bench/run_all.py "$@" ;;
+  bench) setup test,ray; exec "$PY" bench/run_all.py "$@" ;;
   *) echo "usage: $0 setup|demo|test|test-all|test-load|bench [args...]" >&2; exit 2 ;;
 esac
