@@ -253,6 +253,37 @@ def test_a_detached_run_is_never_held_back_and_its_last_lines_are_kept(cluster) 
     assert "2 containers removed" in down.stderr
 
 
+def test_a_detached_run_that_ends_by_itself_is_waited_for_and_its_gpus_released_by_gc(cluster) -> None:  # type: ignore[no-untyped-def]
+    r = cluster.run(PP, "chain", "--ray", "auto", "--stages", "2", "--placement", "spread", "--detach", "-e",
+                    "STUB_MODE=hold", "-e", "STUB_EXIT_AFTER=3")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    run = r.stdout.strip()
+    try:
+        up = cluster.run(PP, "wait", run, "--ray", "auto", "--until", "announced")
+        assert up.returncode == 0, up.stderr
+        done = cluster.run(PP, "wait", run, "--ray", "auto", "--timeout", "60")
+        assert done.returncode == 0, done.stderr
+        assert not any(cluster.ours().values())
+        dry = cluster.run(PP, "gc", "--ray", "auto", "--dry-run")
+        assert f"would release run {run}: every stage has ended" in dry.stdout
+        gc = cluster.run(PP, "gc", "--ray", "auto")
+        assert f"released run {run}: every stage has ended" in gc.stdout
+        # its GPUs are free again: all eight can be granted at once
+        again = cluster.run(PP, "chain", "--ray", "auto", "--stages", "8", "--dry-run", "--ray-timeout", "20")
+        assert again.returncode == 0, again.stderr
+        assert "nothing to collect" in cluster.run(PP, "gc", "--ray", "auto").stderr
+    finally:
+        cluster.run(PP, "down", run, "--ray", "auto")
+
+
+def test_sigterm_ends_a_ray_chain_with_128_plus_15_and_nothing_left(cluster) -> None:  # type: ignore[no-untyped-def]
+    proc = _hold(cluster)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "nothing left behind" in err
+
+
 def test_node_lost_mid_run(cluster) -> None:  # type: ignore[no-untyped-def]
     proc = _hold(cluster)
     t0 = time.monotonic()

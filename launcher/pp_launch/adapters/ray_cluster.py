@@ -614,11 +614,28 @@ def end_run(run_id: str, actors: Sequence[Any], grace: float) -> list[str]:
     for a in actors:
         with contextlib.suppress(Exception):
             ray.kill(a, no_restart=True)
-    with contextlib.suppress(Exception):
-        from ray.util import get_placement_group
-
-        remove_placement_group(get_placement_group(f"pp-launch-{run_id}"))
+    release_group(run_id)
     return sorted(removed)
+
+
+def stray_groups(live_runs: Sequence[str]) -> list[str]:
+    """Placement groups of ours whose run has no stage actor left (they hold GPUs for nothing)."""
+    from ray.util import placement_group_table
+
+    out = []
+    for entry in placement_group_table().values():
+        name = str(entry.get("name", ""))
+        run = name.removeprefix("pp-launch-")
+        if name.startswith("pp-launch-") and entry.get("state") != "REMOVED" and run not in live_runs:
+            out.append(run)
+    return sorted(out)
+
+
+def release_group(run_id: str) -> None:
+    from ray.util import get_placement_group
+
+    with contextlib.suppress(Exception):
+        remove_placement_group(get_placement_group(f"pp-launch-{run_id}"))
 
 
 def _each(actors: Sequence[Any], method: str, *args: Any) -> list[Any]:

@@ -219,3 +219,45 @@ def logs(address: str, run: str, lines: int) -> tuple[str, list[tuple[int, str, 
         return run_id, ray_cluster.run_logs(found[run_id], lines)
     finally:
         cluster.close()
+
+
+def gc(address: str, dry_run: bool = False) -> list[str]:
+    """`gc --ray`: the detached runs that ended by themselves (no container of theirs left on any node) have their
+    actors and GPUs released, and placement groups of ours with no actor left are removed. Returns what was (or,
+    dry run, would be) released, in words."""
+    cluster = ray_cluster.connect(address)
+    try:
+        found = ray_cluster.detached_runs()
+        said = []
+        for run_id, actors in sorted(found.items()):
+            answers = ray_cluster.run_status(actors)
+            if answers and not any(a["containers"] for a in answers):
+                said.append(f"run {run_id}: every stage has ended; its actors and GPUs released")
+                if not dry_run:
+                    ray_cluster.end_run(run_id, actors, 0.0)
+        for run_id in ray_cluster.stray_groups(list(found)):
+            said.append(f"run {run_id}: no stage actor left; its placement group (GPUs) released")
+            if not dry_run:
+                ray_cluster.release_group(run_id)
+        return said
+    finally:
+        cluster.close()
+
+
+def wait_gone(address: str, run: str, timeout: float | None, every: float = 1.0) -> tuple[str, int]:
+    """`wait --ray RUN`: until no container of the run is left on any node, or `timeout` seconds passed;
+    (run id, how many are left)."""
+    import time
+
+    cluster = ray_cluster.connect(address)
+    try:
+        found = ray_cluster.detached_runs()
+        run_id = housekeeping.resolve_run(run, set(found))
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = sum(len(a["containers"]) for a in ray_cluster.run_status(found[run_id]))
+            if left == 0 or (deadline is not None and time.monotonic() >= deadline):
+                return run_id, left
+            time.sleep(every)
+    finally:
+        cluster.close()

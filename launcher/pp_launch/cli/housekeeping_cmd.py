@@ -263,7 +263,8 @@ def _inventory() -> GpuInventory | None:
 @main.command()
 @click.option("-n", "--dry-run", is_flag=True, help="Say what would be removed, and remove nothing.")
 @host_choice
-def gc(dry_run: bool, host_names: tuple[str, ...], all_hosts: bool) -> None:
+@RAY_OPTION
+def gc(dry_run: bool, host_names: tuple[str, ...], all_hosts: bool, ray_address: str | None) -> None:
     """Remove containers whose launcher is gone (a process on this host that no longer runs).
 
     Never touches detached or compose runs, runs of another host, or containers without pp-launch labels.
@@ -274,7 +275,17 @@ def gc(dry_run: bool, host_names: tuple[str, ...], all_hosts: bool) -> None:
       pp-launch gc
       pp-launch gc --dry-run
       pp-launch gc --host gpu2
+      pp-launch gc --ray 10.0.0.1:6379   (detached runs on a Ray cluster whose stages all ended: GPUs released)
     """
+    if ray_address is not None:
+        from pp_launch.app import on_ray
+
+        said = on_ray.gc(ray_address, dry_run)
+        for line in said:
+            click.echo(f"{'would release' if dry_run else 'released'} {line}")
+        if not said:
+            click.echo("nothing to collect", err=True)
+        return
     engines = Engines(host_names, all_hosts)
     anything = False
     for name, engine in engines.reached:

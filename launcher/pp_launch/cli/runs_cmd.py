@@ -20,7 +20,7 @@ from pp_launch.cli.engines import RAY_OPTION, Engines, host_choice
 from pp_launch.cli.main import main
 from pp_launch.cli.options import Seconds
 from pp_launch.core import errors, labels
-from pp_launch.core.lines import display
+from pp_launch.core.lines import count, display
 
 
 def complete_runs(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
@@ -133,6 +133,22 @@ def _ray_logs(address: str, run_id: str, stages: tuple[int, ...], tail: int | No
             click.echo(f"[stage {stage}] {text}", err=stream == "stderr")
 
 
+def _wait_ray(address: str, run_id: str, until: str, timeout: float | None) -> None:
+    """A detached run on Ray is up once every stage announced, so --until announced holds at once; --until exit
+    waits for every container to be gone (their exit codes are the engines'; `logs --ray` shows the last lines)."""
+    from pp_launch.app import on_ray
+
+    if until == "announced":
+        run, _ = on_ray.wait_gone(address, run_id, 0.0)
+        click.echo(f"run {run}: up (a detached run on Ray is handed over once every stage announced)")
+        return
+    run, left = on_ray.wait_gone(address, run_id, timeout)
+    if left:
+        click.echo(f"pp-launch: error: run {run}: {count(left, 'container')} still there after {timeout:g} s", err=True)
+        sys.exit(errors.EXIT_FAILURE)
+    click.echo(f"run {run}: every stage is gone ('pp-launch gc --ray' releases its GPUs)")
+
+
 def _print_kept(prefix: str, stages: tuple[int, ...], tail: int | None, timestamps: bool, log_dir: str | None) -> bool:
     """A run the engine no longer has, from what its launcher kept; False when nothing was kept for it."""
     kept = run_logs.kept_runs(log_dir)
@@ -164,7 +180,11 @@ def _print_kept(prefix: str, stages: tuple[int, ...], tail: int | None, timestam
 )
 @click.option("--timeout", type=Seconds(), default=None, metavar="S", help="Give up after S seconds (exit 1).")
 @host_choice
-def wait(run_id: str, until: str, timeout: float | None, host_names: tuple[str, ...], all_hosts: bool) -> None:
+@RAY_OPTION
+def wait(
+    run_id: str, until: str, timeout: float | None, host_names: tuple[str, ...], all_hosts: bool,
+    ray_address: str | None,
+) -> None:  # fmt: skip
     """Wait for a run: until every stage announced, or until every stage ended.
 
     Exit 0 when the condition is met (for --until exit: when every stage exited 0), 1 when a stage failed,
@@ -174,7 +194,11 @@ def wait(run_id: str, until: str, timeout: float | None, host_names: tuple[str, 
     Examples:
       RUN=$(pp-launch chain --stages 4 --detach) && pp-launch wait "$RUN" --until announced
       pp-launch wait 3f2a --timeout 600
+      pp-launch wait 3f2a --ray 10.0.0.1:6379   (a detached run on a Ray cluster: until its stages are gone)
     """
+    if ray_address is not None:
+        _wait_ray(ray_address, run_id, until, timeout)
+        return
     engines = Engines(host_names, all_hosts, run_id)
     run, every = engines.find_run(run_id)
     found = [(e, c) for e, c in every if housekeeping.is_stage(c)]  # not its lock or hand-over marker
