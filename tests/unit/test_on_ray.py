@@ -96,3 +96,28 @@ def test_cpu_stages_have_no_hops() -> None:
     rows = [[handle("a", (), {"gpus": []})] * 2, [handle("b", (), {"gpus": []})]]
     ordered, hops = on_ray._order(rows, per_stage=0)
     assert len(ordered) == 3 and hops == ()
+
+
+def test_without_ray_installed_the_message_says_how_to_get_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pp_launch.adapters import ray_cluster
+
+    monkeypatch.setattr(ray_cluster, "ray", None)
+    with pytest.raises(errors.ConfigError, match=r"pip install 'pp-launch\[ray\]'") as caught:
+        ray_cluster.connect("auto")
+    assert caught.value.exit_code == errors.EXIT_USAGE
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1:1", "ray://127.0.0.1:1", "nohost"])
+def test_an_address_where_nothing_answers_is_exit_2_at_once(address: str) -> None:
+    pytest.importorskip("ray")
+    from pp_launch.adapters import ray_cluster
+
+    with pytest.raises(errors.EngineUnavailable, match="does not answer"):
+        ray_cluster.connect(address)
+
+
+def test_ray_and_its_timeout_are_chain_file_keys() -> None:
+    from pp_launch.cli.chain_cmd import chain, file_keys
+
+    keys = file_keys(chain)
+    assert keys["ray"] == "ray_address" and keys["ray-timeout"] == "ray_timeout"
