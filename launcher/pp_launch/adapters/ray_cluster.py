@@ -23,7 +23,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -444,9 +444,9 @@ class RayStageBackend:
             except Exception as exc:  # the actor died (killed, its worker or node gone): its container ends with it
                 why = _why(exc)
                 gone = StageGone(stage, None, f"its Ray actor on node {h.node.name} ended ({why})")
-                if not self._stopping.is_set():
+                if not self._stopping.is_set() and not _node_alive(h.node.node_id):
                     with self._lock:
-                        self.lost.setdefault(h.node.name, why) if not _node_alive(h.node.node_id) else None
+                        self.lost.setdefault(h.node.name, why)
                 self._gone.add(ref)
                 sink(gone)
                 return
@@ -471,10 +471,9 @@ class RayStageBackend:
 
     def tearing_down(self) -> None:
         self._stopping.set()
-        for k, h in enumerate(self.handles):
+        for h in self.handles:
             if h.node.name not in self.lost:
                 h.actor.tearing_down.remote()  # no answer awaited: a dead actor has nothing to tear down
-            del k
 
     def hand_over(self, ref: str) -> None:
         """A detached run on Ray keeps its lifeline: the detached actor holds it, and `down --ray` ends it. The
@@ -486,14 +485,11 @@ class RayStageBackend:
         """Asked of one live actor per node; a node whose actors are all gone is swept by a task of ours placed
         there (the watchdog's own teardown), and a node that is lost keeps what was created there unconfirmed."""
         found: list[str] = []
-        for node_id, stages in _by_node(self.handles).items():
-            node = self.handles[stages[0]].node
-            mine = [ref for ref, k in self._stage_of.items() if k in stages]
-            refs = self._leftovers_on(node, stages, run_id)
-            if refs is None:
-                refs = [ref for ref in mine if ref not in self._gone]
+        for stages in _by_node(self.handles).values():
+            refs = self._leftovers_on(self.handles[stages[0]].node, stages, run_id)
+            if refs is None:  # the node is lost: what was created there and not seen gone may be left
+                refs = [ref for ref, k in self._stage_of.items() if k in stages and ref not in self._gone]
             found += refs
-            del node_id
         return found
 
     def _leftovers_on(self, node: RayNode, stages: list[int], run_id: str) -> list[str] | None:
@@ -566,12 +562,6 @@ def _why(exc: BaseException) -> str:
 
 
 # ------------------------------------------------------------------------------------------------ detached runs
-@dataclass(frozen=True)
-class RayRun:
-    run_id: str
-    actors: tuple[Any, ...]
-
-
 def detached_runs() -> dict[str, list[Any]]:
     """Every detached run of ours on the cluster: its stage actors by name (RUN-BLOCK-I)."""
     out: dict[str, list[Any]] = {}
@@ -648,5 +638,3 @@ def _each(actors: Sequence[Any], method: str, *args: Any) -> list[Any]:
             out.append(exc)
     return out
 
-
-Hook = Callable[[str], None]
