@@ -79,6 +79,7 @@ def connect(address: str) -> Cluster:
             f"the Ray cluster at {target} does not answer ({why}); start it ('ray start --head') or name its "
             "address (--ray HOST:PORT, or RAY_ADDRESS with --ray auto)"
         )
+    saved = _stop_handlers()
     try:
         ray.init(address=address, namespace=NAMESPACE, logging_level="ERROR", log_to_driver=False,
                  configure_logging=False)  # fmt: skip
@@ -88,7 +89,26 @@ def connect(address: str) -> Cluster:
             f"the Ray cluster at {address} does not answer ({first}); start it ('ray start --head') or name its "
             "address (--ray HOST:PORT, or RAY_ADDRESS with --ray auto)"
         ) from None
+    finally:
+        _restore(saved)  # ray.init installs its own SIGTERM handler (sys.exit): the chain's teardown must run
     return Cluster(address)
+
+
+def _stop_handlers() -> dict[int, Any]:
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+
+
+def _restore(saved: Mapping[int, Any]) -> None:
+    import signal
+
+    for signum, handler in saved.items():
+        if handler is not None:
+            signal.signal(signum, handler)
 
 
 def _unreachable(address: str, timeout: float = 5.0) -> str:
