@@ -7,6 +7,24 @@ from pathlib import Path
 from pp_launch.core import errors
 from pp_launch.core.gpu.inventory import GpuInventory
 
+INVENTORY_ENV = "PP_LAUNCH_GPU_INVENTORY"  # an inventory file instead of this host's NVML
+
+
+def this_host(path: str | None = None) -> GpuInventory:
+    """This host's GPUs: from the file when one is named (a flag, or PP_LAUNCH_GPU_INVENTORY), else from NVML. No
+    driver: empty, with the reason in `note`."""
+    import os
+
+    from pp_launch.adapters.nvml import NvmlUnavailable, read_inventory
+
+    path = path or os.environ.get(INVENTORY_ENV) or None
+    if path:
+        return load(path)
+    try:
+        return read_inventory()
+    except NvmlUnavailable as exc:
+        return GpuInventory(note=str(exc))
+
 
 def load(path: str | Path) -> GpuInventory:
     try:

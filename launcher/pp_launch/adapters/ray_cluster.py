@@ -265,13 +265,15 @@ class StageActor:
         self.guard = watchdog.spawn(run_id, grace, host=engine or None, orphan=True) if guard else None
 
     def describe(self, image: str) -> dict[str, Any]:
+        from pp_launch.adapters import inventory_file
+
         if self.problem:
             return {"problem": f"its Docker engine does not answer: {self.problem}"}
         if self.engine.image_config(image) is None:
             return {"problem": f"image {image} is not on its Docker engine ({self.engine.address}); pp-launch "
                                "never pulls: load it there ('docker load -i FILE')"}  # fmt: skip
         granted = [str(g) for g in ray.get_gpu_ids()]
-        inventory = _node_inventory() if granted else GpuInventory()
+        inventory = inventory_file.this_host() if granted else GpuInventory()  # the node's file, else its NVML
         uuids = []
         for g in granted:
             match = [x.uuid for x in inventory.gpus if str(x.index) == g or x.uuid == g]
@@ -379,20 +381,6 @@ class StageActor:
             self.backend.close(5.0)
         if self.guard is not None and self.guard.stdin is not None:
             self.guard.stdin.close()
-
-
-def _node_inventory() -> GpuInventory:
-    """This node's GPUs: its PP_LAUNCH_GPU_INVENTORY file when set (as for a local chain), else its NVML."""
-    from pp_launch.adapters import inventory_file
-    from pp_launch.adapters.nvml import NvmlUnavailable, read_inventory
-
-    path = os.environ.get("PP_LAUNCH_GPU_INVENTORY")
-    if path:
-        return inventory_file.load(path)
-    try:
-        return read_inventory()
-    except NvmlUnavailable as exc:
-        return GpuInventory(note=str(exc))
 
 
 # ------------------------------------------------------------------------------------------------ the launcher's side

@@ -7,13 +7,11 @@ the caller holds from before the labels are read here until its stages exist. No
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from pp_launch.adapters import inventory_file
-from pp_launch.adapters.nvml import NvmlUnavailable, read_inventory
 from pp_launch.core import errors, hosts, labels
 from pp_launch.core.gpu.allocator import (
     HOST_LEVEL,
@@ -31,19 +29,13 @@ from pp_launch.core.gpu.requests import device_requests, read_gpus
 ATTACH_MODES = ("request", "cdi", "env")
 
 
-INVENTORY_ENV = "PP_LAUNCH_GPU_INVENTORY"
+INVENTORY_ENV = inventory_file.INVENTORY_ENV
 
 
 def load_inventory(path: str | None) -> GpuInventory:
     """From the file when one is named (flag or PP_LAUNCH_GPU_INVENTORY), else from NVML. No driver: empty,
     with the reason in `note`."""
-    path = path or os.environ.get(INVENTORY_ENV) or None
-    if path:
-        return inventory_file.load(path)
-    try:
-        return read_inventory()
-    except NvmlUnavailable as exc:
-        return GpuInventory(note=str(exc))
+    return inventory_file.this_host(path)
 
 
 @dataclass(frozen=True)
