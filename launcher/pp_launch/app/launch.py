@@ -9,9 +9,10 @@ differs (one engine, several engines, or `pp-gpu-node` children).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from pp_launch.adapters import bringup, host_state, identity, run_logs, watchdog
@@ -176,15 +177,8 @@ def launch(request: LaunchRequest, hooks: Hooks | None = None, environ: Mapping[
             _say_plan(plan, note, hooks.say)
             if (held := hooks.stop_pending()) is not None:
                 raise errors.Interrupted(held)  # stopped while planning: nothing was started
-            kept = _keep_logs(request, plan, hooks.say)
-            try:
-                reporter = hooks.reporter(plan) if kept is None else _Kept(hooks.reporter(plan), kept)
+            with reporting(request, plan, hooks) as reporter:
                 outcome = _run(request, plan, sites, reporter, hooks.on_scope, locks.release)
-            finally:
-                if kept is not None:
-                    kept.close()
-                    if kept.problem:
-                        hooks.say(f"warning: {kept.problem}")
         return Launched(plan, note, outcome)
     finally:
         _close(sites)
@@ -311,6 +305,19 @@ def _host_gpus(
     every = gpu.inventory_path or environ.get(gpu_select.INVENTORY_ENV) or None
     return across.host_gpus(reached, request.chain.image, gpu.attach, run_id, owner, dict(gpu.host_inventories),
                             every)  # fmt: skip
+
+
+@contextlib.contextmanager
+def reporting(request: LaunchRequest, plan: ChainPlan, hooks: Hooks) -> Iterator[Reporter]:
+    """The caller's reporter for the run, every stage line kept beside it (for `pp-launch logs`) until the end."""
+    kept = _keep_logs(request, plan, hooks.say)
+    try:
+        yield hooks.reporter(plan) if kept is None else _Kept(hooks.reporter(plan), kept)
+    finally:
+        if kept is not None:
+            kept.close()
+            if kept.problem:
+                hooks.say(f"warning: {kept.problem}")
 
 
 def _keep_logs(request: LaunchRequest, plan: ChainPlan, say: Callable[[str], None]) -> run_logs.RunLog | None:

@@ -21,7 +21,7 @@ from pp_launch.adapters.inbox import QueueInbox
 from pp_launch.adapters.runtime import ThreadRuntime
 from pp_launch.app import gpus as gpu_select
 from pp_launch.app import housekeeping
-from pp_launch.app.launch import Hooks, Launched, LaunchRequest, _keep_logs, _Kept, _me, _say_plan
+from pp_launch.app.launch import Hooks, Launched, LaunchRequest, _me, _say_plan, reporting
 from pp_launch.core import errors, hosts, labels
 from pp_launch.core.chain.plan import ChainPlan, build_plan
 from pp_launch.core.chain.scope import ChainOutcome, ChainScope
@@ -95,18 +95,11 @@ class _Placed:
 def _run(
     request: LaunchRequest, plan: ChainPlan, handles: Sequence[ray_cluster.StageHandle], hooks: Hooks
 ) -> tuple[ChainOutcome, Mapping[str, str]]:
-    kept = _keep_logs(request, plan, hooks.say)
     backend = ray_cluster.RayStageBackend(handles, detached=request.detach)
-    try:
-        reporter = hooks.reporter(plan) if kept is None else _Kept(hooks.reporter(plan), kept)
+    with reporting(request, plan, hooks) as reporter:
         scope = ChainScope(plan, backend, QueueInbox(), reporter, ThreadRuntime(), detach=request.detach)
         hooks.on_scope(scope)
         return scope.run(), backend.lost
-    finally:
-        if kept is not None:
-            kept.close()
-            if kept.problem:
-                hooks.say(f"warning: {kept.problem}")
 
 
 def _blocks(
