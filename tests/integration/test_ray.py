@@ -211,7 +211,9 @@ def test_stage_actor_killed_fails_the_chain_naming_stage_and_node(cluster) -> No
     os.kill(int(workers[0]), signal.SIGKILL)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 1, err
-    assert re.search(r"stage \d+ .*Ray actor on node [ab]", err), err
+    # the pump (its actor ended) or a call in flight (the hand-off to it) may see it first: both name stage and node
+    assert re.search(r"stage \d+.*(Ray actor on node|actor on Ray node) [ab]", err), err
+    assert "was lost" not in err, err  # its node is alive: only the actor ended
 
 
 def test_ray_kill_of_a_detached_stage_ends_its_container(cluster) -> None:  # type: ignore[no-untyped-def]

@@ -81,8 +81,7 @@ def connect(address: str) -> Cluster:
         )
     saved = _stop_handlers()
     try:
-        ray.init(address=address, namespace=NAMESPACE, logging_level="ERROR", log_to_driver=False,
-                 configure_logging=False)  # fmt: skip
+        _init(address)
     except (ConnectionError, RuntimeError, ValueError, TimeoutError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise errors.EngineUnavailable(
@@ -92,6 +91,26 @@ def connect(address: str) -> Cluster:
     finally:
         _restore(saved)  # ray.init installs its own SIGTERM handler (sys.exit): the chain's teardown must run
     return Cluster(address)
+
+
+CLIENT_TRIES = 4  # a Ray Client server under load may refuse an Init it would take a moment later
+
+
+def _init(address: str) -> None:
+    """ray.init; a Ray Client's Init refused by a server that answers (its per-client server not up in time, seen
+    under load: "Initialization failure from server") is tried again, a bounded number of times."""
+
+    for attempt in range(1, CLIENT_TRIES + 1):
+        try:
+            ray.init(address=address, namespace=NAMESPACE, logging_level="ERROR", log_to_driver=False,
+                     configure_logging=False)  # fmt: skip
+            return
+        except ConnectionError:
+            if not address.startswith("ray://") or attempt == CLIENT_TRIES:
+                raise
+            with contextlib.suppress(Exception):
+                ray.shutdown()
+            time.sleep(attempt)
 
 
 def _stop_handlers() -> dict[int, Any]:
@@ -412,8 +431,9 @@ class RayStageBackend:
             raise errors.EngineError(f"stage {stage} on Ray node {h.node.name}: {what} failed: {cause}") from None
         except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
             why = _why(exc)
-            with self._lock:
-                self.lost.setdefault(h.node.name, why)
+            if isinstance(exc, ray.exceptions.GetTimeoutError) or not _node_alive(h.node.node_id):
+                with self._lock:  # the node, not only this actor: its other stages are not asked again
+                    self.lost.setdefault(h.node.name, why)
             raise errors.HostLost(f"stage {stage}'s actor on Ray node {h.node.name} is gone ({why})") from None
 
     def _quietly(self, stage: int, what: str, method: str, *args: Any) -> None:
