@@ -11,7 +11,7 @@ import sys
 from pp_launch.adapters.lazy import defer
 defer("colorsys")
 import colorsys
-assert type(sys.modules["colorsys"]).__name__ == "_Deferred", "executed at import"
+assert type(sys.modules["colorsys"]).__name__ == "Deferred", "executed at import"
 assert colorsys.rgb_to_hsv(1.0, 0.0, 0.0) == (0.0, 1.0, 1.0)
 assert type(sys.modules["colorsys"]).__name__ == "module", "not replaced by the real module"
 defer("no_such_module_pp")
@@ -32,3 +32,37 @@ def test_the_docker_adapter_leaves_paramiko_unloaded_until_an_ssh_engine_is_used
     code = "import sys, pp_launch.adapters.docker_engine\nprint('paramiko.transport' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "False"
+
+
+PACKAGE = """
+import sys
+from pp_launch.adapters.lazy import defer
+defer("email")
+defer("email.utils")
+defer("json.decoder")  # json is not deferred: its submodule is left alone (looking for it would import json)
+import email.utils
+assert type(sys.modules["email"]).__name__ == "Deferred" and type(sys.modules["email.utils"]).__name__ == "Deferred"
+assert "email.utils" in sys.modules and "email.message" not in sys.modules, "a submodule ran at import"
+assert email.utils.quote('a"b') == 'a\\\\"b'  # the first read: the package, then its submodule, for real
+assert type(sys.modules["email.utils"]).__name__ == "module" and type(sys.modules["email"]).__name__ == "module"
+assert type(sys.modules.get("json.decoder")).__name__ != "Deferred"
+print("ok")
+"""
+
+
+def test_a_submodule_is_deferred_with_its_package_and_runs_on_first_use() -> None:
+    done = subprocess.run([sys.executable, "-c", PACKAGE], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"
+
+
+def test_the_docker_adapter_leaves_docker_py_and_requests_unloaded_until_needed() -> None:
+    code = ("import sys, pp_launch.adapters.docker_engine as d\n"
+            "print(sorted(type(sys.modules[m]).__name__ for m in ('docker', 'docker.errors', 'requests')))\n"
+            "print(d.REFUSED.NotFound)\n"
+            "print(d.docker.errors.NotFound in d.REFUSED.NotFound)")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    deferred, before, after = done.stdout.strip().splitlines()
+    assert deferred == "['Deferred', 'Deferred', 'Deferred']"
+    assert "engine_api.NotFound" in before and "docker" not in before.replace("docker_engine", "")
+    assert after == "True"  # once docker-py is imported, its NotFound is caught as ours is

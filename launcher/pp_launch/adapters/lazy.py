@@ -9,29 +9,41 @@ import types
 from typing import Any
 
 
-class _Deferred(types.ModuleType):
+class Deferred(types.ModuleType):
     """Stands in sys.modules for a module not executed yet; `import name` binds it without running anything
     (Python 3.11's LazyLoader runs the module as soon as the import statement looks at it). The first attribute
     read imports the real module, which then takes its place in sys.modules."""
 
-    def __getattr__(self, attr: str) -> Any:
+    def load(self) -> types.ModuleType:
+        """The real module (imported on the first call), which then takes this stand-in's place in sys.modules."""
         real = self.__dict__.get("_real")
         if real is None:
             if sys.modules.get(self.__name__) is self:
                 del sys.modules[self.__name__]
             real = importlib.import_module(self.__name__)
             self.__dict__["_real"] = real
+        return real
+
+    def __getattr__(self, attr: str) -> Any:
+        real = self.load()
+        sub = sys.modules.get(f"{self.__name__}.{attr}")
+        if isinstance(sub, Deferred):  # a deferred submodule (pkg.mod): for real, and so pkg's attribute too
+            return sub.load()
         return getattr(real, attr)
 
 
 def defer(name: str) -> None:
     """Make `import name` cheap until the module is used. Nothing happens when it is already imported or not
-    installed (then `import name` fails as it would have)."""
+    installed (then `import name` fails as it would have). A submodule (`pkg.mod`) is deferred after its package;
+    `import pkg.mod` then binds pkg's stand-in, and reading `pkg.mod.x` imports both."""
     if name in sys.modules:
         return
-    spec = importlib.util.find_spec(name)
-    if spec is None:
+    package, _, sub = name.partition(".")
+    if sub:  # pkg.mod: only with pkg deferred (looking for pkg.mod would import pkg), and then as pkg is found
+        if not isinstance(sys.modules.get(package), Deferred):
+            return
+    elif importlib.util.find_spec(name) is None:
         return
-    stand_in = _Deferred(name)
+    stand_in = Deferred(name)
     stand_in.__spec__ = None  # the import statement only reads `__spec__._initializing`
     sys.modules[name] = stand_in
