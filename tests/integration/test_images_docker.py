@@ -31,13 +31,16 @@ def test_a_rebuild_removes_the_image_it_replaced(engine, stub_image, tmp_path: P
 
 def test_attach_socket_on_a_real_engine_unwraps_to_a_plain_socket(engine, stub_image) -> None:  # type: ignore[no-untyped-def]
     """docker-py's private `_sock` under attach_socket (issue #26 item 7): raw_socket() must reach a socket.socket
-    that shuts down and takes timeouts, or the stdin lifeline cannot be held."""
+    that shuts down and takes timeouts, or the stdin lifeline cannot be held. docker-py's own client: a local
+    engine is spoken to through SocketApi (its attach is a plain socket), docker-py's path serves tcp:// and ssh://."""
     import socket
 
-    from pp_launch.adapters.docker_engine import raw_socket, removal_wait
+    import docker
+
+    from pp_launch.adapters.docker_engine import engine_address, raw_socket, removal_wait
     from pp_launch.core import labels
 
-    api = engine.api
+    api = docker.APIClient(base_url=engine_address(), timeout=30)
     ref = api.create_container(stub_image, ["cat"], stdin_open=True, labels={labels.RUN: "privateapi0001"},
                                host_config=api.create_host_config(auto_remove=True, init=True))["Id"]  # fmt: skip
     try:
@@ -51,3 +54,4 @@ def test_attach_socket_on_a_real_engine_unwraps_to_a_plain_socket(engine, stub_i
         assert gone.json()["StatusCode"] == 0
     finally:
         engine.remove(ref)
+        api.close()

@@ -1,5 +1,10 @@
 """The Docker adapter: the only module that imports `docker`.
 
+A local engine (`unix://`) is spoken to by `engine_api.SocketApi`, docker-py's calls for a chain over the socket
+without docker-py's import cost (issue 26); docker-py itself (and `requests` under it) is imported when first needed:
+another kind of engine (tcp://, ssh://, TLS), a call SocketApi leaves to it (build, logs...), or an engine's refusal
+(docker-py's own error types).
+
 Order that loses nothing (as docker/cli's `run` does): create; attach (the engine has registered the
 attach when the upgrade answers); register the wait for "removed" (the engine has registered it when the
 response headers arrive); only then start. Under daemon-side auto-remove a container may be gone at any
@@ -10,11 +15,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import http.client
 import json
 import os
 import signal as _signal
 import socket
 import struct
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -22,7 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pp_launch.adapters.lazy import defer
+from pp_launch.adapters import engine_api
+from pp_launch.adapters.lazy import Deferred, defer
 from pp_launch.adapters.runtime import Threads
 from pp_launch.core import errors, labels
 from pp_launch.core.chain import handoff
@@ -32,6 +40,8 @@ from pp_launch.core.lines import LineSplitter
 from pp_launch.core.stage_env import LIFELINE
 
 defer("paramiko")  # docker imports it for ssh:// engines; everyone else should not pay ~0.1 s for it
+for _name in ("docker", "docker.errors", "requests"):
+    defer(_name)  # ~0.2 s, paid by what needs them (see above), not by every chain on a local engine
 import docker  # noqa: E402
 import docker.errors  # noqa: E402
 import requests  # noqa: E402
@@ -58,13 +68,16 @@ def _tar(files: Mapping[str, bytes]) -> bytes:
     return buf.getvalue()
 
 
-def removal_wait(api: docker.APIClient, ref: str) -> requests.Response:
+def removal_wait(api: Any, ref: str) -> Any:
     """Register a wait for the container's removal; returns once the engine has registered it (the response
-    headers arrived), the body comes when the container is gone."""
+    headers arrived), the body (`.content`) comes when the container is gone."""
+    own = getattr(api, "wait_for_removal", None)  # SocketApi's; docker-py has no public call for it
+    if own is not None:
+        return own(ref)
     response = api.post(api._url("/containers/{0}/wait", ref), params={"condition": "removed"}, stream=True,
                         timeout=None)  # fmt: skip
     api._raise_for_status(response)
-    return response  # type: ignore[no-any-return]
+    return response
 
 
 def raw_socket(attached: Any) -> socket.socket:
@@ -92,7 +105,8 @@ def lost(exc: BaseException, address: str | None = None) -> errors.EngineLost:
     """One typed error for every way an engine can go away under us."""
     address = address or engine_address()
     text = str(exc)
-    if isinstance(exc, requests.exceptions.Timeout) or "timed out" in text:
+    if "timed out" in text or isinstance(exc, TimeoutError) or (_from(exc, "requests", "docker")
+                                                                and isinstance(exc, requests.exceptions.Timeout)):
         what = "stopped answering (no reply before the timeout: frozen or overloaded)"
     elif "Connection refused" in text or "No such file" in text or "FileNotFoundError" in text:
         what = "stopped (its socket refuses connections)"
@@ -117,20 +131,46 @@ class _Guarded:
         def call(*args: Any, **kwargs: Any) -> Any:
             try:
                 return attr(*args, **kwargs)
-            except docker.errors.APIError:
-                raise
             except Exception as exc:
-                if _transport_error(exc):
+                if _transport_error(exc):  # the engine's own refusals (APIError) pass through unchanged
                     raise lost(exc, self._address) from None
                 raise
 
         return call
 
 
+def _from(exc: BaseException, *packages: str) -> bool:
+    """Raised by one of these packages (so it is imported: asking isinstance of its types costs nothing)."""
+    return type(exc).__module__.split(".")[0] in packages
+
+
+class _Refusals:
+    """The engine's refusals as an `except` matches them: `except REFUSED.NotFound` catches SocketApi's NotFound,
+    and docker-py's once docker-py is imported (before that, no error of docker-py's can exist)."""
+
+    def __getattr__(self, kind: str) -> tuple[type[BaseException], ...]:
+        own: type[BaseException] = getattr(engine_api, kind)
+        theirs = sys.modules.get("docker.errors")
+        return (own,) if theirs is None or isinstance(theirs, Deferred) else (own, getattr(theirs, kind))
+
+
+REFUSED: Any = _Refusals()
+
+
+def _refusal(exc: BaseException) -> bool:
+    """The engine's own answer to a call (an APIError, SocketApi's or docker-py's), not a lost connection."""
+    return isinstance(exc, REFUSED.APIError)
+
+
 def _transport_error(exc: BaseException) -> bool:
     """The connection to the engine failed (socket, HTTP, docker-py, or paramiko for ssh:// hosts)."""
-    known = (requests.exceptions.RequestException, docker.errors.DockerException, OSError, EOFError)
-    return isinstance(exc, known) or type(exc).__module__.startswith("paramiko")
+    if _refusal(exc):
+        return False
+    if isinstance(exc, (OSError, EOFError, http.client.HTTPException)):
+        return True
+    if _from(exc, "requests", "urllib3", "docker"):
+        return isinstance(exc, (requests.exceptions.RequestException, docker.errors.DockerException))
+    return _from(exc, "paramiko")
 
 
 def connect(timeout: float | None = None, host: str | None = None) -> Engine:
@@ -146,16 +186,35 @@ def connect(timeout: float | None = None, host: str | None = None) -> Engine:
             raise errors.EngineUnavailable(str(exc).replace(f"host {name}:", f"{source}:", 1)) from None
     if host is not None:
         context = _context(host)
-        return Engine(_host_client(host, context, timeout), timeout, host, context.url)
+        api, close = _host_api(host, context, timeout)
+        return Engine(api, close, timeout, host, context.url)
+    address = engine_address()
     try:
-        client = docker.from_env(timeout=max(1, int(timeout)))
-        client.ping()
-    except docker.errors.DockerException as exc:
+        if address.startswith("unix://"):
+            api, close = _socket_api(address, timeout)
+        else:  # tcp:// (DOCKER_TLS_VERIFY, DOCKER_CERT_PATH as docker-py reads them), ssh://
+            client = docker.from_env(timeout=max(1, int(timeout)))
+            client.ping()
+            api, close = client.api, client.close
+    except Exception as exc:
+        if not (_transport_error(exc) or _refusal(exc)):
+            raise
         raise errors.EngineUnavailable(
-            f"cannot reach the Docker engine at {engine_address()}: {_unreachable(exc)}. Start it (or set "
+            f"cannot reach the Docker engine at {address}: {_unreachable(exc)}. Start it (or set "
             "DOCKER_HOST to the engine you mean) and check that 'docker info' works."
         ) from None
-    return Engine(client, timeout)
+    return Engine(api, close, timeout)
+
+
+def _socket_api(url: str, timeout: float) -> tuple[engine_api.SocketApi, Callable[[], None]]:
+    """A unix-socket engine without docker-py: SocketApi, which asks its API version (and so whether it answers)."""
+
+    def fallback(version: str) -> Any:  # what SocketApi leaves to docker-py, on first use
+        return docker.APIClient(base_url=url, version=version or None, timeout=max(1, int(timeout)))
+
+    api = engine_api.SocketApi(url.removeprefix("unix://"), timeout, fallback)
+    api.negotiate()
+    return api, api.close
 
 
 def chosen_context() -> tuple[str, str] | None:
@@ -223,10 +282,12 @@ def host_url(host: str) -> str:
     return _context(host).url
 
 
-def _host_client(host: str, context: _Context, timeout: float) -> docker.DockerClient:
+def _host_api(host: str, context: _Context, timeout: float) -> tuple[Any, Callable[[], None]]:
     url, tls = context.url, context.tls
     where = host if url == host else f"{host} ({url})"
     try:
+        if url.startswith("unix://") and not tls:
+            return _socket_api(url, timeout)
         client = docker.DockerClient(base_url=url, tls=tls, timeout=max(1, int(timeout)), use_ssh_client=False)
         client.ping()
     except Exception as exc:  # docker-py, requests, paramiko (ssh://) and socket errors alike: say why, in words
@@ -239,7 +300,7 @@ def _host_client(host: str, context: _Context, timeout: float) -> docker.DockerC
         raise errors.EngineUnavailable(
             f"cannot reach the Docker engine of host {where}: {_unreachable(exc)}.{hint}"
         ) from None
-    return client
+    return client.api, client.close
 
 
 def _unreachable(exc: BaseException) -> str:
@@ -257,8 +318,8 @@ def _unreachable(exc: BaseException) -> str:
 
 
 def _reason(exc: BaseException) -> str:
-    if isinstance(exc, docker.errors.APIError):
-        return str(exc.explanation or exc)
+    if _refusal(exc):
+        return str(getattr(exc, "explanation", None) or exc)
     return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
@@ -273,16 +334,17 @@ class ContainerInfo:
 
 
 class Engine:
-    """Thin, typed wrapper over docker-py's low-level API."""
+    """Thin, typed wrapper over docker-py's low-level API (or SocketApi, which answers as it does)."""
 
     def __init__(
-        self, client: docker.DockerClient, timeout: float = 30.0, host: str | None = None, url: str | None = None
-    ) -> None:
-        self.client = client
+        self, api: Any, close: Callable[[], None], timeout: float = 30.0, host: str | None = None,
+        url: str | None = None,
+    ) -> None:  # fmt: skip
+        self._close = close
         self.timeout = timeout
         self.host = host  # as the user named it (--host); None: DOCKER_HOST or the default socket
         self.address = engine_address() if host is None else f"{url or host} (host {host})"
-        self.api: Any = _Guarded(client.api, self.address)
+        self.api: Any = _Guarded(api, self.address)
 
     def identity(self) -> tuple[str, str]:
         """(identity, API version). The identity tells two names of one engine from two engines: the engine's
@@ -290,23 +352,23 @@ class Engine:
         try:
             info = self.api.info()
             version = self.api.version()
-        except docker.errors.APIError as exc:
+        except REFUSED.APIError as exc:
             raise errors.EngineError(f"the engine at {self.address} does not say what it is: {_reason(exc)}") from None
         identity = "|".join(str(info.get(k, "")) for k in ("ID", "Name", "DockerRootDir"))
         return identity, str(version.get("ApiVersion", ""))
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
-            self.client.close()
+            self._close()
 
     # ------------------------------------------------------------------------------ images
     def image_config(self, name: str) -> Mapping[str, Any] | None:
         """The image's Config (Entrypoint, Cmd, Labels...); None when the image is not present locally."""
         try:
             info = self.api.inspect_image(name)
-        except docker.errors.ImageNotFound:
+        except REFUSED.ImageNotFound:
             return None
-        except docker.errors.APIError as exc:
+        except REFUSED.APIError as exc:
             raise errors.EngineError(f"cannot inspect image {name}: {_reason(exc)}") from None
         return dict(info.get("Config") or {})
 
@@ -318,7 +380,7 @@ class Engine:
     def import_rootfs(self, tar_path: str, repository: str, tag: str, changes: list[str]) -> None:
         try:
             self.api.import_image_from_file(tar_path, repository=repository, tag=tag, changes=changes)
-        except docker.errors.APIError as exc:
+        except REFUSED.APIError as exc:
             raise errors.EngineError(f"docker import of {repository}:{tag} failed: {_reason(exc)}") from None
 
     def build(
@@ -345,31 +407,36 @@ class Engine:
                     raise errors.EngineError(f"building {tag} failed: {chunk['error'].strip()}")
                 if text := chunk.get("stream", "").strip():
                     progress(text)
-        except docker.errors.APIError as exc:
+        except REFUSED.APIError as exc:
             raise errors.EngineError(f"building {tag} failed: {_reason(exc)}") from None
 
     def remove_image(self, name: str) -> None:
-        with contextlib.suppress(docker.errors.NotFound):
+        # not contextlib.suppress: its match is taken before the call, which imports docker-py (and its NotFound)
+        try:  # noqa: SIM105
             self.api.remove_image(name, force=True)
+        except REFUSED.NotFound:
+            pass
 
     def image_id(self, name: str) -> str | None:
         try:
             return str(self.api.inspect_image(name).get("Id", "")) or None
-        except docker.errors.ImageNotFound:
+        except REFUSED.ImageNotFound:
             return None
 
     def drop_replaced_image(self, old_id: str | None, tag: str) -> None:
         """After a rebuild under `tag`: the image it replaced, now untagged, goes too (unless something uses it)."""
         if old_id is None or old_id == self.image_id(tag):
             return
-        with contextlib.suppress(docker.errors.APIError):  # in use by a container (404 and 409 alike): keep it
+        try:  # noqa: SIM105  (as in remove_image)
             self.api.remove_image(old_id, force=False)
+        except REFUSED.APIError:  # in use by a container (404 and 409 alike): keep it
+            pass
 
     # ------------------------------------------------------------------------------ containers
     def containers(self, label_filters: list[str]) -> list[ContainerInfo]:
         try:
             rows = self.api.containers(all=True, filters={"label": label_filters})
-        except docker.errors.APIError as exc:
+        except REFUSED.APIError as exc:
             raise errors.EngineError(f"cannot list containers: {_reason(exc)}") from None
         return [
             ContainerInfo(
@@ -386,13 +453,13 @@ class Engine:
     def create_placeholder(self, name: str | None, image: str, labels: Mapping[str, str]) -> str | None:
         """A container that is never started: a durable mark on the engine (a detached run's hand-over). Its id,
         or None when the name is taken."""
-        host_config = self.api.create_host_config(network_mode="none")
-        config = self.api.create_container_config(
+        host_config = engine_api.host_config(network_mode="none")
+        config = engine_api.container_config(
             image=image, command=None, entrypoint=["true"], labels=dict(labels), host_config=host_config
         )
         try:
             return str(self.api.create_container_from_config(config, name)["Id"])
-        except docker.errors.APIError as exc:
+        except REFUSED.APIError as exc:
             if exc.status_code == 409:
                 return None
             raise errors.EngineError(f"the engine at {self.address} refused {name}: {_reason(exc)}") from None
@@ -402,17 +469,17 @@ class Engine:
         `cat` reading a stdin that only our attach holds open. When this process ends, however it ends, the
         kernel closes the attach, the engine closes the container's stdin, `cat` exits and the engine removes
         it: the lock lives exactly as long as its holder, with no clock. None when the name is taken."""
-        host_config = self.api.create_host_config(init=True, auto_remove=True, network_mode="none")
-        config = self.api.create_container_config(
+        host_config = engine_api.host_config(init=True, auto_remove=True, network_mode="none")
+        config = engine_api.container_config(
             image=image, command=None, entrypoint=list(HOLD_ENTRY), labels=dict(labels), host_config=host_config,
             stdin_open=True,
         )  # fmt: skip
         config["StdinOnce"] = True
         try:
             ref = str(self.api.create_container_from_config(config, name)["Id"])
-        except docker.errors.ImageNotFound:
+        except REFUSED.ImageNotFound:
             raise errors.ImageMissing(f"image {image} is not present on the engine at {self.address}") from None
-        except docker.errors.APIError as exc:
+        except REFUSED.APIError as exc:
             if exc.status_code == 409:
                 return None
             raise errors.EngineError(f"the engine at {self.address} refused {name}: {_reason(exc)}") from None
@@ -422,7 +489,7 @@ class Engine:
             self.api.start(ref)
         except BaseException as exc:
             self.remove(ref)
-            if isinstance(exc, docker.errors.APIError):
+            if _refusal(exc):
                 raise errors.EngineError(
                     f"the engine at {self.address} could not start {name} from {image} (it runs /bin/sh and cat): "
                     f"{_reason(exc)}"
@@ -438,14 +505,14 @@ class Engine:
         """The owner label of the container with this exact name, '' if it has none, None if absent."""
         try:
             info = self.api.inspect_container(name)
-        except docker.errors.NotFound:
+        except REFUSED.NotFound:
             return None
         return str((info.get("Config", {}).get("Labels") or {}).get(labels.OWNER, ""))
 
     def inspect(self, ref: str) -> dict[str, Any] | None:
         try:
             return dict(self.api.inspect_container(ref))
-        except docker.errors.NotFound:
+        except REFUSED.NotFound:
             return None
 
     def log_lines(
@@ -458,9 +525,9 @@ class Engine:
         try:
             stream = self.api.logs(ref, stream=True, follow=follow, since=since, stdout=True, stderr=True,
                                    tail="all" if tail is None else tail, timestamps=timestamps)  # fmt: skip
-        except docker.errors.NotFound:
+        except REFUSED.NotFound:
             return
-        except docker.errors.APIError as exc:
+        except REFUSED.APIError as exc:
             raise errors.EngineError(f"cannot read the logs of {ref[:12]}: {_reason(exc)}") from None
         pending = b""
         try:
@@ -468,7 +535,7 @@ class Engine:
                 pending += chunk
                 *lines, pending = pending.split(b"\n")
                 yield from lines
-        except (docker.errors.NotFound, requests.exceptions.RequestException):
+        except (*REFUSED.NotFound, requests.exceptions.RequestException):  # docker-py's logs: both imported
             pass  # removed while we read: what came is what there is
         if pending:
             yield pending
@@ -479,7 +546,7 @@ class Engine:
         Compose keeps its services')."""
         try:
             resp = self.api.wait(ref, timeout=timeout, condition=condition)
-        except docker.errors.NotFound:
+        except REFUSED.NotFound:
             return None
         except requests.exceptions.ReadTimeout:
             raise errors.EngineError(f"container {ref[:12]} still runs after {timeout:g} s") from None
@@ -489,9 +556,9 @@ class Engine:
     def signal(self, ref: str, signum: int) -> None:
         try:
             self.api.kill(ref, signal=int(signum))
-        except docker.errors.NotFound:
+        except REFUSED.NotFound:
             pass  # already removed
-        except docker.errors.APIError as exc:
+        except REFUSED.APIError as exc:
             if exc.status_code != 409:  # 409: not running (exited, or never started)
                 raise errors.EngineError(f"cannot signal container {ref}: {_reason(exc)}") from None
 
@@ -503,18 +570,18 @@ class Engine:
         env: Mapping[str, str],
         device_requests: list[Mapping[str, Any]],
     ) -> str:
-        host_config = self.api.create_host_config(auto_remove=True, network_mode="none")
+        host_config = engine_api.host_config(auto_remove=True, network_mode="none")
         if device_requests:
             host_config["DeviceRequests"] = [dict(r) for r in device_requests]
-        config = self.api.create_container_config(
+        config = engine_api.container_config(
             image=image, command=None, entrypoint=argv, environment=dict(env), labels=dict(labels),
             host_config=host_config,
         )  # fmt: skip
         try:
             return str(self.api.create_container_from_config(config, None)["Id"])
-        except docker.errors.ImageNotFound:
+        except REFUSED.ImageNotFound:
             raise errors.ImageMissing(f"image {image} is not present on the engine at {self.address}") from None
-        except docker.errors.APIError as exc:
+        except REFUSED.APIError as exc:
             raise errors.EngineError(f"the engine at {self.address} refused the helper: {_reason(exc)}") from None
 
     def run_helper(
@@ -537,7 +604,7 @@ class Engine:
             stream = self.api.attach(ref, stdout=True, stderr=True, stream=True, demux=True)
             wait = removal_wait(self.api, ref)
             self.api.start(ref)
-        except docker.errors.APIError as exc:
+        except REFUSED.APIError as exc:
             self.remove(ref)
             raise errors.EngineError(f"the helper did not start: {_reason(exc)}") from None
         except BaseException:
@@ -565,9 +632,9 @@ class Engine:
     def remove(self, ref: str) -> None:
         try:
             self.api.remove_container(ref, force=True)
-        except docker.errors.NotFound:
+        except REFUSED.NotFound:
             pass
-        except docker.errors.APIError as exc:
+        except REFUSED.APIError as exc:
             if exc.status_code != 409:  # 409: removal already in progress (auto-remove got there first)
                 raise errors.EngineError(f"cannot remove container {ref}: {_reason(exc)}") from None
 
@@ -623,7 +690,7 @@ class DockerStageBackend:
 
     def create(self, spec: StageSpec, env: Mapping[str, str]) -> str:
         lifeline = env.get(LIFELINE) == "stdin"
-        host_config = self.api.create_host_config(
+        host_config = engine_api.host_config(
             init=True,
             auto_remove=True,
             network_mode=spec.network,
@@ -632,7 +699,7 @@ class DockerStageBackend:
         if spec.device_requests:
             # The engine's own JSON, as the docker CLI sends it (docker-py's DeviceRequest turns null into []).
             host_config["DeviceRequests"] = [dict(r) for r in spec.device_requests]
-        config = self.api.create_container_config(
+        config = engine_api.container_config(
             image=spec.image,
             command=list(spec.command) if spec.command else None,
             environment=dict(env),
@@ -645,12 +712,12 @@ class DockerStageBackend:
         config["StdinOnce"] = lifeline
         try:
             created = self.api.create_container_from_config(config, spec.name)
-        except docker.errors.ImageNotFound:
+        except REFUSED.ImageNotFound:
             raise errors.ImageMissing(
                 f"image {spec.image} is not present on this engine, and pp-launch never pulls. Build it "
                 "('pp-launch images build' for the built-in image) or load it ('docker load -i FILE')."
             ) from None
-        except docker.errors.APIError as exc:
+        except REFUSED.APIError as exc:
             if exc.status_code == 409:
                 raise errors.NameInUse(
                     f"container name {spec.name} is already in use; pick another --name, or remove the old "
@@ -676,13 +743,13 @@ class DockerStageBackend:
             raw.settimeout(None)  # a quiet stage must not time the stream out
             self._stdin[ref] = raw
             wait = removal_wait(self.api, ref)
-        except docker.errors.APIError as exc:
+        except REFUSED.APIError as exc:
             raise errors.EngineError(f"cannot attach to {ref[:12]}: {_reason(exc)}") from None
         reader = self._threads.start(self._pump_output, sock, raw, stage, sink, name=f"stage-{stage}-output")
         self._threads.start(self._wait_removed, wait, reader, stage, sink, name=f"stage-{stage}-wait")
         try:
             self.api.start(ref)
-        except docker.errors.APIError as exc:
+        except REFUSED.APIError as exc:
             reason = _reason(exc)
             if "could not select device driver" in reason:
                 raise errors.GpuAttachUnavailable(f"{reason}: {self._toolkit_hint}") from None
@@ -691,10 +758,10 @@ class DockerStageBackend:
     def watch(self, ref: str, stage: int, sink: Sink) -> None:
         try:
             wait = removal_wait(self.api, ref)
-        except docker.errors.NotFound:
+        except REFUSED.NotFound:
             sink(StageGone(stage, None, "already gone"))
             return
-        except docker.errors.APIError as exc:
+        except REFUSED.APIError as exc:
             raise errors.EngineError(f"cannot wait for {ref[:12]}: {_reason(exc)}") from None
         done = self._threads.start(lambda: None)  # no output to wait for: the stage's lines are not ours to read
         self._threads.start(self._wait_removed, wait, done, stage, sink, name=f"stage-{stage}-wait")
