@@ -6,7 +6,7 @@ seed's way); pp-launch is timed from spawning the launcher (interpreter start an
 roster event. STUB_ANNOUNCE_DELAY is the stand-in for a model load before the worker announces; it is the same
 on both sides. Medians; every chain is torn down and counted for leftovers.
 
-Usage: python bench/bench_bringup.py [--repeats 3] [--out bench/results/bringup.md]
+Usage: python bench/bench_bringup.py [--repeats 3] [--stages N ...] [--delay S ...] [--out bench/results/bringup.md]
 Only loopback traffic; stops by itself.
 """
 
@@ -62,13 +62,14 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default="bench/results/bringup.md")
     ap.add_argument("--stages", type=int, action="append", help="only these chain lengths (repeatable)")
+    ap.add_argument("--delay", type=float, action="append", help="only these announce delays (repeatable)")
     opts = ap.parse_args()
     client = docker.from_env()
     rows = ["| stages | announce delay s | CLI chain s | --handoff env s | ratio | --handoff stdin s | ratio | left |",
             "|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     left_total = 0
     for n, delay, reps in CASES:
-        if opts.stages and n not in opts.stages:
+        if (opts.stages and n not in opts.stages) or (opts.delay and delay not in opts.delay):
             continue
         reps = max(1, reps * opts.repeats // 3)
         base, env, stdin = [], [], []
