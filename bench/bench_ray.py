@@ -3,7 +3,9 @@ worker nodes, each with its own Docker engine and 4 fake GPUs, in a loopback-onl
 
 1. bring-up of 8 stages (1 GPU each): on 2 Ray nodes (`--ray`), over the same 2 Docker engines (`--host`, with
    their inventories), and on 1 engine (node a's, 8 stages of CPU there: it has only 4 GPUs); from spawning the
-   launcher to its roster event, medians. Goal: Ray within 1.5x of 2 engines.
+   launcher to its roster event, medians. Goal: Ray within 1.5x of 2 engines. Beside them, Ray's own floor for
+   the same shape, without pp-launch: a driver that connects, is granted the same placement group and has 8 empty
+   actors answer (one Ray worker process each), from spawning it to the answers.
 2. the launcher SIGKILLed with 8 stages up: time to zero containers on both nodes' engines.
 3. a node lost (its raylet and workers SIGKILLed) with 4 stages up: time to the chain's failure.
 
@@ -28,6 +30,7 @@ from tests.gpu_host import wait_for  # noqa: E402
 from tests.ray_cluster import RayCluster  # noqa: E402
 
 PP = str(Path(sys.executable).with_name("pp-launch"))
+FLOOR_ROW = "Ray alone: a driver, the grant, 8 empty actors (no pp-launch)"
 IMAGE = "pp-launch/stub-worker:latest"
 
 
@@ -47,6 +50,40 @@ def bring_up(cluster: RayCluster, args: list[str], env: dict[str, str]) -> float
     return took
 
 
+FLOOR = """
+import ray
+from ray.util.placement_group import placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy as In
+ray.init(address="auto", logging_level="ERROR", log_to_driver=False)
+nodes = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"] and n["Resources"].get("GPU", 0) >= 4)[:2]
+pg = placement_group([{"GPU": 4.0}] * 2, strategy="PACK", bundle_label_selector=[{"ray.io/node-id": n} for n in nodes])
+ray.get(pg.ready())
+@ray.remote(num_gpus=1, num_cpus=0)
+class Empty:
+    def ping(self):
+        return ray.get_gpu_ids()
+actors = [Empty.options(scheduling_strategy=In(pg, placement_group_bundle_index=b)).remote() for b in (0, 1)
+          for _ in range(4)]
+ray.get([a.ping.remote() for a in actors])
+print("READY", flush=True)
+"""
+
+
+def ray_floor(cluster: RayCluster) -> float:
+    """Ray alone doing what a chain's bring-up on it must: a driver, the grant, 8 actors answering."""
+    t0 = time.monotonic()
+    proc = cluster.popen(sys.executable, "-c", FLOOR, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    took = float("nan")
+    for line in proc.stdout:  # type: ignore[union-attr]
+        if line.strip() == "READY":
+            took = time.monotonic() - t0
+            break
+    _, err = proc.communicate(timeout=120)
+    if took != took:
+        raise RuntimeError(f"Ray alone did not answer: {err[-2000:]}")
+    return took
+
+
 def diagnose(cluster: RayCluster) -> str:
     """What is left, and which of our processes still run (a failed check)."""
     rows = {}
@@ -55,6 +92,12 @@ def diagnose(cluster: RayCluster) -> str:
         rows[name] = side.docker("ps", "-a", "--format", "{{.Names}} {{.State}} {{.Labels}}", check=False).stdout
     procs = subprocess.run(["pgrep", "-af", "watchdog|StageActor"], capture_output=True, text=True).stdout
     return f"containers: {rows}\nprocesses: {procs}"
+
+
+def stage_actors(cluster: RayCluster) -> list[str]:
+    """Ray worker processes still hosting an actor (a driver's actors end with it)."""
+    out = subprocess.run(["pgrep", "-f", "^ray::(Empty|StageActor)"], capture_output=True, text=True).stdout
+    return out.split()
 
 
 def ours(cluster: RayCluster) -> int:
@@ -78,11 +121,13 @@ def main() -> int:
                                            "--gpu-inventory", f"{hb}={b.inventory_path}", "--allow-shared"], two),
             "1 engine (CPU stages)": (["--gpus", "none"], a.env("request")),
         }  # fmt: skip
-        times: dict[str, list[float]] = {k: [] for k in cases}
+        times: dict[str, list[float]] = {k: [] for k in [*cases, FLOOR_ROW]}
         for _ in range(opts.repeats):
             for name, (args, env) in cases.items():  # interleaved: both sides see the same machine
                 times[name].append(bring_up(cluster, args, env))
                 assert wait_for(lambda: ours(cluster) == 0, 60), cluster.ours()
+            times[FLOOR_ROW].append(ray_floor(cluster))
+            assert wait_for(lambda: not stage_actors(cluster), 60), "Ray alone: its actors did not end"
         med = {k: statistics.median(v) for k, v in times.items()}
 
         kill_s, lost_s = [], []
@@ -109,6 +154,7 @@ def main() -> int:
     finally:
         left = cluster.close()
     ratio = med["ray (2 nodes)"] / med["2 Docker engines (--host)"]
+    floor = med[FLOOR_ROW] / med["2 Docker engines (--host)"]
     lines = [
         "# Chains on a Ray cluster (bench/bench_ray.py)",
         "",
@@ -119,7 +165,10 @@ def main() -> int:
         "|---|---|",
         *[f"| {k} | {v:.2f} |" for k, v in med.items()],
         "",
-        f"Ray / 2 Docker engines: **{ratio:.2f}x** (goal: within 1.5x).",
+        f"Ray / 2 Docker engines: **{ratio:.2f}x** (goal: within 1.5x). Ray alone, without pp-launch and before any "
+        f"container exists, for the same shape: {floor:.2f}x. The Ray bring-up less Ray alone: "
+        f"{med['ray (2 nodes)'] - med[FLOOR_ROW]:.2f} s, for the chain's own work (launcher start, creates, starts, "
+        f"hand-offs), which takes {med['2 Docker engines (--host)']:.2f} s over the 2 engines directly.",
         "",
         f"Launcher SIGKILLed with 8 stages up on 2 nodes: zero containers after {statistics.median(kill_s):.2f} s "
         f"(median; each: {', '.join(f'{x:.2f}' for x in kill_s)}).",
