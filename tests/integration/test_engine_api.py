@@ -113,3 +113,14 @@ def test_an_absent_socket_is_said_in_words(tmp_path) -> None:  # type: ignore[no
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
     assert r.returncode != 0
     assert re.search(r"cannot reach the Docker engine at unix://.*absent\.sock: no engine socket there", r.stderr)
+
+
+def test_docker_py_stays_a_way_out_for_a_local_engine(engine, stub_image) -> None:  # type: ignore[no-untyped-def]
+    """PP_LAUNCH_ENGINE_CLIENT=docker-py: the same chain through docker-py, as before engine_api."""
+    env = {**os.environ, docker_engine.CLIENT_ENV: "docker-py"}
+    r = subprocess.run([sys.executable, "-X", "importtime", "-m", "pp_launch", "chain", "--stages", "2", "--gpus",
+                        "none"], capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "match=true" in r.stdout + r.stderr
+    imported = {line.rsplit("|", 1)[1].strip() for line in r.stderr.splitlines() if line.startswith("import time:")}
+    assert {"docker.api.client", "requests.exceptions"} <= imported

@@ -97,6 +97,9 @@ NVIDIA_TOOLKIT_HINT = f"{TOOLKIT_MISSING}, or use --gpu-attach env on hosts whos
 NODE_TOOLKIT_HINT = f"{TOOLKIT_MISSING}, or leave PP_GPUS unset to run this stage on CPU"
 
 
+CLIENT_ENV = "PP_LAUNCH_ENGINE_CLIENT"  # "docker-py": a local engine through docker-py too (SocketApi's way out)
+
+
 def engine_address() -> str:
     return os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
 
@@ -190,7 +193,7 @@ def connect(timeout: float | None = None, host: str | None = None) -> Engine:
         return Engine(api, close, timeout, host, context.url)
     address = engine_address()
     try:
-        if address.startswith("unix://"):
+        if address.startswith("unix://") and os.environ.get(CLIENT_ENV, "") != "docker-py":
             api, close = _socket_api(address, timeout)
         else:  # tcp:// (DOCKER_TLS_VERIFY, DOCKER_CERT_PATH as docker-py reads them), ssh://
             client = docker.from_env(timeout=max(1, int(timeout)))
@@ -286,7 +289,7 @@ def _host_api(host: str, context: _Context, timeout: float) -> tuple[Any, Callab
     url, tls = context.url, context.tls
     where = host if url == host else f"{host} ({url})"
     try:
-        if url.startswith("unix://") and not tls:
+        if url.startswith("unix://") and not tls and os.environ.get(CLIENT_ENV, "") != "docker-py":
             return _socket_api(url, timeout)
         client = docker.DockerClient(base_url=url, tls=tls, timeout=max(1, int(timeout)), use_ssh_client=False)
         client.ping()
