@@ -193,7 +193,7 @@ def connect(timeout: float | None = None, host: str | None = None) -> Engine:
         return Engine(api, close, timeout, host, context.url)
     address = engine_address()
     try:
-        if address.startswith("unix://") and os.environ.get(CLIENT_ENV, "") != "docker-py":
+        if _over_socket(address):
             api, close = _socket_api(address, timeout)
         else:  # tcp:// (DOCKER_TLS_VERIFY, DOCKER_CERT_PATH as docker-py reads them), ssh://
             client = docker.from_env(timeout=max(1, int(timeout)))
@@ -207,6 +207,11 @@ def connect(timeout: float | None = None, host: str | None = None) -> Engine:
             "DOCKER_HOST to the engine you mean) and check that 'docker info' works."
         ) from None
     return Engine(api, close, timeout)
+
+
+def _over_socket(url: str, tls: Any = False) -> bool:
+    """A local engine without TLS, and docker-py not asked for (PP_LAUNCH_ENGINE_CLIENT): SocketApi speaks to it."""
+    return url.startswith("unix://") and not tls and os.environ.get(CLIENT_ENV, "") != "docker-py"
 
 
 def _socket_api(url: str, timeout: float) -> tuple[engine_api.SocketApi, Callable[[], None]]:
@@ -289,7 +294,7 @@ def _host_api(host: str, context: _Context, timeout: float) -> tuple[Any, Callab
     url, tls = context.url, context.tls
     where = host if url == host else f"{host} ({url})"
     try:
-        if url.startswith("unix://") and not tls and os.environ.get(CLIENT_ENV, "") != "docker-py":
+        if _over_socket(url, tls):
             return _socket_api(url, timeout)
         client = docker.DockerClient(base_url=url, tls=tls, timeout=max(1, int(timeout)), use_ssh_client=False)
         client.ping()

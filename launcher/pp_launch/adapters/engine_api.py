@@ -142,9 +142,6 @@ class PendingWait:
                 self._connection.close()
         return self._body
 
-    def close(self) -> None:
-        self._connection.close()
-
 
 class SocketApi:
     """docker-py's APIClient for a unix socket engine, for the calls a chain makes (see the module's text)."""
