@@ -376,7 +376,11 @@ def test_the_example_chain_file_is_valid() -> None:
 
 @pytest.mark.parametrize(
     ("text", "message"),
-    [("stagez = 2\n", "unknown key 'stagez'"), ("stages = \n", "is not TOML"), ("env = 3\n", "env must be a table")],
+    [
+        ("stagez = 2\n", "line 1: stagez: unknown key"),
+        ("stages = \n", "is not TOML"),
+        ("env = 3\n", "env must be a table"),
+    ],
 )
 def test_a_bad_chain_file_is_exit_2_naming_the_problem(tmp_path, text: str, message: str) -> None:  # type: ignore[no-untyped-def]
     f = tmp_path / "chain.toml"
@@ -514,7 +518,7 @@ def test_chain_file_keys_are_the_flags_and_a_typo_gets_a_suggestion(tmp_path: Pa
     bad.write_text('stages = 2\nnmae = "x"\n')
     result = run("chain", "-f", str(bad), "--dry-run")
     assert result.exit_code == 2
-    assert "unknown key 'nmae' (did you mean 'name'?)" in result.output
+    assert "line 2: nmae: unknown key (did you mean 'name'?)" in result.output
     assert "name_prefix" not in result.output and "host_names" not in result.output and " host," in result.output
     good = tmp_path / "g.toml"
     good.write_text('stages = 3\nname = "mine"\ngpus = "none"\n[stage-env.1]\nA = "1"\n')

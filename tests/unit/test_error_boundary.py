@@ -33,6 +33,8 @@ EXAMPLES: dict[type[errors.PpLaunchError], errors.PpLaunchError] = {
     errors.StateFault: errors.StateFault("cannot write /home/u/.local/state/pp-launch/hosts/r.json: no space left"),
     errors.LockTimeout: errors.LockTimeout("the GPU lock on unix:///x.sock is still held by run abc after 300 s"),
     errors.Interrupted: errors.Interrupted(2),
+    errors.LockLost: errors.LockLost("the GPU lock on this engine (container 0123456789ab) was removed by another"),
+    errors.GuardLost: errors.GuardLost("the run's guard on the engine at unix:///x.sock is gone"),
     errors.HostLost: errors.HostLost("host gpu2: the Docker engine at ssh://root@127.0.0.1:2222 stopped"),
     AnnouncementError: AnnouncementError("malformed announcement 'PP_GPU_NODE_ADDR x'"),
     NvmlUnavailable: NvmlUnavailable("NVML not found: no NVIDIA driver on this host"),

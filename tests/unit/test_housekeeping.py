@@ -2,23 +2,30 @@
 
 from __future__ import annotations
 
+import hashlib
 import socket
 import time
 
 import pytest
 
-from pp_launch.adapters import bringup, identity
+from pp_launch.adapters import identity
 from pp_launch.adapters.docker_engine import ContainerInfo
 from pp_launch.app import housekeeping
 from pp_launch.core import labels
 
 HOST = socket.gethostname()
 DEAD = 2**22 + 17  # above the default pid_max: no process has it
+GUARD_IMAGE_ID = "sha256:" + "9" * 64
 
 
 class FakeEngine:
-    def __init__(self, *containers: ContainerInfo) -> None:
+    """The engine's answers at the I/O boundary: containers by label, inspect, a container's log lines, image ids."""
+
+    def __init__(self, *containers: ContainerInfo, logs: dict[str, list[str]] | None = None,
+                 images: dict[str, str] | None = None) -> None:  # fmt: skip
         self.items = list(containers)
+        self.logs = logs or {}
+        self.images = images or {}  # container id -> its image id (a guard's is GUARD_IMAGE_ID)
 
     def containers(self, label_filters: list[str]) -> list[ContainerInfo]:
         def match(c: ContainerInfo, f: str) -> bool:  # as the engine filters: `key` or `key=value`
@@ -27,57 +34,86 @@ class FakeEngine:
 
         return [c for c in self.items if all(match(c, f) for f in label_filters)]
 
+    def image_id(self, name: str) -> str | None:
+        return GUARD_IMAGE_ID
 
-def box(name: str, run: str, stage: str, owner: str, gpus: str = "", launcher: str = "") -> ContainerInfo:
+    def inspect(self, ref: str) -> dict[str, object] | None:
+        return {"Image": self.images.get(ref, "sha256:other")}
+
+    def log_lines(self, ref: str) -> list[bytes]:
+        return [line.encode() for line in self.logs.get(ref, [])]
+
+
+def box(name: str, run: str, stage: str, owner: str, gpus: str = "") -> ContainerInfo:
     lab = {labels.RUN: run, labels.STAGE: stage, labels.OWNER: owner, labels.GPUS: gpus}
-    if launcher:
-        lab[labels.LAUNCHER] = launcher
-    return ContainerInfo(id=name * 4, name=name, image="img", state="running", created=int(time.time()) - 5, labels=lab)
+    ref = hashlib.sha256(name.encode()).hexdigest()  # 64 hex digits, as the engine's ids
+    return ContainerInfo(id=ref, name=name, image="img", state="running", created=int(time.time()) - 5, labels=lab)
 
 
-def marker(run: str) -> ContainerInfo:
-    return ContainerInfo(id=run * 4, name="m", image="img", state="created", created=0,
-                         labels=bringup.marker_labels(run))  # fmt: skip
+def guarded(*containers: ContainerInfo, forged: tuple[ContainerInfo, ...] = (), detached: bool = False) -> FakeEngine:
+    """An engine where each run of `containers` has its guard, which recorded them; `forged` carry the same
+    labels but no guard recorded them (and one of them calls itself a guard, from another image)."""
+    runs = sorted({c.labels[labels.RUN] for c in containers})
+    guards = [box(f"guard-{r}", r, labels.STAGE_GUARD, "x") for r in runs]
+    logs = {
+        g.id: [f"owned {c.id}" for c in containers if c.labels[labels.RUN] == g.labels[labels.RUN]]
+        + (["detached"] if detached else [])
+        for g in guards
+    }
+    return FakeEngine(*containers, *guards, *forged, logs=logs, images={g.id: GUARD_IMAGE_ID for g in guards})
 
 
-def test_rows_say_whose_each_container_is() -> None:
+def test_rows_say_whose_each_container_is_and_what_no_guard_vouches_for() -> None:
     me = identity.current_owner()
     dead = labels.Owner(HOST, DEAD, "1", me.pidns, me.boot).label()
     elsewhere = labels.Owner(HOST, DEAD, "1", "1", me.boot).label()
-    engine = FakeEngine(
+    forged_guard = box("fake-guard", "bbbbbbbbbbbb", labels.STAGE_GUARD, dead)
+    engine = guarded(
         box("a-1", "aaaaaaaaaaaa", "1", me.label(), "GPU-1,GPU-2"),
         box("a-0", "aaaaaaaaaaaa", "0", me.label()),
         box("b-0", "bbbbbbbbbbbb", "0", dead),
         box("c-0", "cccccccccccc", "0", elsewhere),
-        box("d-0", "dddddddddddd", "0", labels.OWNER_DETACHED, launcher=dead),  # handed over: down's alone
-        marker("dddddddddddd"),
-        box("e-0", "0123456789ab", "0", labels.OWNER_DETACHED, launcher=dead),  # its launcher died while it came up
+        box("d-0", "dddddddddddd", "0", labels.OWNER_DETACHED),
         box("f-0", "ffffffffffff", "²", f"{HOST}:²:1"),
-        box("g-0", "gggggggggggg", "0", "compose:proj"),
-        box("h-0", "hhhhhhhhhhhh", "0", labels.OWNER_DETACHED, launcher=me.label()),  # coming up, launcher alive
-        box("lock", "iiiiiiiiiiii", labels.STAGE_LOCK, me.label()),
+        forged=(
+            box("forged", "aaaaaaaaaaaa", "2", me.label()),  # someone else's, carrying run a's labels
+            forged_guard,
+            box("lock", "iiiiiiiiiiii", labels.STAGE_LOCK, me.label()),
+        ),
     )
+    engine.logs[forged_guard.id] = ["owned " + "z" * 64]
     rows = housekeeping.list_stages(engine)  # type: ignore[arg-type]
-    status = {r["container"]: (r["stage"], r["owner_status"]) for r in rows}
+    status = {r["container"]: (r["stage"], r["owner_status"]) for r in rows if r["role"] != "guard"}
+    unrecorded = "unrecorded: no guard of its run made it (never touched)"
     assert status == {
         "a-0": (0, "alive"),
         "a-1": (1, "alive"),
         "b-0": (0, "gone"),
         "c-0": (0, "owner in another PID namespace: not judged"),
         "d-0": (0, "detached"),
-        "e-0": (0, "gone"),
         "f-0": (None, "unknown: not ours to judge"),
-        "g-0": (0, "compose"),
-        "h-0": (0, "alive"),
+        "forged": (2, unrecorded),
+        "fake-guard": (None, unrecorded),  # another image: no guard of ours, whatever its labels say
         "lock": (None, "alive"),
     }
-    assert "m" not in status  # a hand-over marker is not a stage
+    assert sorted(r["run"] for r in rows if r["role"] == "guard") == [
+        "aaaaaaaaaaaa", "bbbbbbbbbbbb", "cccccccccccc", "dddddddddddd", "ffffffffffff"
+    ]  # fmt: skip
     order = [r["container"] for r in rows]
     assert order.index("a-1") == order.index("a-0") + 1  # by run, then stage
     assert next(r for r in rows if r["container"] == "a-1")["gpus"] == ["GPU-1", "GPU-2"]
-    assert {c.name for c in housekeeping.orphans(engine)} == {"b-0", "e-0"}  # type: ignore[arg-type]
+    assert {c.name for c in housekeeping.unrecorded(engine)} == {"forged", "fake-guard"}  # type: ignore[arg-type]
+    vouched = housekeeping.vouch(engine, engine.containers([f"{labels.RUN}=aaaaaaaaaaaa"]))  # type: ignore[arg-type]
+    assert sorted(c.name for c in vouched.ours) == ["a-0", "a-1"]  # what `down` acts on: never the forged one
     table = housekeeping.render(rows)
     assert "iiiiiiiiiiii  lock" in table  # a launch placing its stages: it holds the engine's GPU lock
+
+
+def test_a_live_lock_is_never_among_what_down_acts_on() -> None:
+    me = identity.current_owner().label()
+    engine = guarded(box("s-0", "ssssssssssss", "0", me), forged=(box("lock", "ssssssssssss", labels.STAGE_LOCK, me),))
+    vouched = housekeeping.vouch(engine, engine.containers([labels.RUN]))  # type: ignore[arg-type]
+    assert [c.name for c in vouched.ours] == ["s-0"] and vouched.unrecorded == ()
 
 
 def test_the_table_escapes_what_labels_carry() -> None:
@@ -111,11 +147,3 @@ def test_an_unknown_or_ambiguous_run_is_exit_2_naming_the_runs(wanted: str, mess
     with pytest.raises(errors.ConfigError) as exc:
         housekeeping.resolve_run(wanted, {"aaaa11112222", "aaaa99990000"})
     assert str(exc.value) == message and exc.value.exit_code == 2
-
-
-def test_a_hand_over_marker_left_by_a_run_that_ended_is_collected_not_one_whose_run_lives() -> None:
-    me = identity.current_owner().label()
-    live = box("l-0", "llllllllllll", "0", labels.OWNER_DETACHED, launcher=me)
-    engine = FakeEngine(live, marker("llllllllllll"), marker("eeeeeeeeeeee"))
-    assert [c.labels[labels.RUN] for c in housekeeping.orphans(engine)] == ["eeeeeeeeeeee"]  # type: ignore[arg-type]
-    assert housekeeping.ended_markers(engine, "llllllllllll") == []  # type: ignore[arg-type]

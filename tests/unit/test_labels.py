@@ -12,7 +12,6 @@ from pp_launch.adapters import identity
 from pp_launch.adapters.docker_engine import ContainerInfo
 from pp_launch.app import housekeeping
 from pp_launch.core import labels
-from pp_launch.core.errors import EngineError
 
 HOST = socket.gethostname()
 
@@ -86,37 +85,6 @@ def test_labels_are_escaped_before_display() -> None:
 def test_a_pid_namespace_is_read_from_proc() -> None:
     ns = identity.pid_namespace(os.getpid())
     assert ns is not None and ns.isdigit()
-
-
-class StubbornEngine:
-    """An engine that cannot remove one container (a nameless Dead one after an engine crash)."""
-
-    def __init__(self, dead_pid: int) -> None:
-        me = identity.current_owner()
-        gone = labels.Owner(HOST, dead_pid, "1", me.pidns, me.boot).label()
-        self.items = {
-            "a" * 64: ContainerInfo("a" * 64, "?", "i", "dead", 0, {labels.RUN: "r1", labels.OWNER: gone}),
-            "b" * 64: ContainerInfo("b" * 64, "pp-r2-0", "i", "exited", 0, {labels.RUN: "r2", labels.OWNER: gone}),
-        }
-
-    def containers(self, label_filters: list[str]) -> list[ContainerInfo]:
-        return list(self.items.values())
-
-    def remove(self, ref: str) -> None:
-        if ref.startswith("a"):
-            raise EngineError("cannot remove container: device or resource busy")
-        self.items.pop(ref)
-
-    def inspect(self, ref: str) -> dict[str, object] | None:
-        return {"State": {"Status": self.items[ref].state}} if ref in self.items else None
-
-
-def test_gc_reports_only_what_the_engine_confirmed_gone_and_why_the_rest_stays() -> None:
-    engine = StubbornEngine(2**22 + 17)
-    collected = housekeeping.gc(engine)  # type: ignore[arg-type]
-    assert [c.name for c in collected.removed] == ["pp-r2-0"]
-    failed = [(c.id[:1], why) for c, why in collected.failed]
-    assert failed == [("a", "cannot remove container: device or resource busy")]
 
 
 def test_the_core_judges_an_owner_from_the_facts_it_is_given() -> None:

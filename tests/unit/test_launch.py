@@ -95,7 +95,7 @@ def test_the_cli_parses_calls_launch_once_and_reports(monkeypatch: pytest.Monkey
     assert result.exit_code == 2 and "stand-in" in result.output
     (request,) = seen
     assert request.chain.stages == 3 and request.chain.handoff == "stdin" and request.detach
-    assert request.gpu.mode == "none" and not request.sweep
+    assert request.gpu.mode == "none"
 
 
 def test_a_broken_rule_on_the_command_line_is_one_line_and_exit_2() -> None:

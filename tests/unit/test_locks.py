@@ -52,7 +52,7 @@ def lock(status: str, ours: bool = True, created: str = "2026-12-03T11:00:00Z") 
 def take(engine: FakeLockEngine, timeout: float = 0.5, stop: Any = lambda: None) -> tuple[locks.GpuLocks, list[str]]:
     said: list[str] = []
     site = locks.LockSite("gpu1", engine, "id-1")  # type: ignore[arg-type]
-    gl = locks.GpuLocks([site], "img", "aaaaaaaaaaaa", "me:1:1", said.append, stop, timeout=timeout)
+    gl = locks.GpuLocks([site], "aaaaaaaaaaaa", "me:1:1", said.append, stop, timeout=timeout)
     gl.acquire()
     return gl, said
 
@@ -72,7 +72,7 @@ def test_the_wait_is_said_once_and_names_the_holder() -> None:
     said: list[str] = []
     site = locks.LockSite("gpu1", engine, "id-1")  # type: ignore[arg-type]
     with pytest.raises(errors.LockTimeout):
-        locks.GpuLocks([site], "img", "a" * 12, "me:1:1", said.append, timeout=0.6).acquire()
+        locks.GpuLocks([site], "a" * 12, "me:1:1", said.append, timeout=0.6).acquire()
     assert engine.holds > 2 and len(said) == 1
     assert said[0].startswith("waiting for the GPU lock on gpu1, held by run ffffffffffff of otherbox:1:1")
 
@@ -116,7 +116,7 @@ def test_a_stopped_container_of_that_name_that_is_not_ours_is_never_touched() ->
 def test_engines_are_locked_in_identity_order_and_all_released_on_failure() -> None:
     free, busy = FakeLockEngine(), FakeLockEngine(lock("running"))
     sites = [locks.LockSite("b", busy, "id-2"), locks.LockSite("a", free, "id-1")]  # type: ignore[arg-type]
-    gl = locks.GpuLocks(sites, "img", "a" * 12, "me:1:1", timeout=0.3)
+    gl = locks.GpuLocks(sites, "a" * 12, "me:1:1", timeout=0.3)
     with pytest.raises(errors.LockTimeout):
         gl.acquire()
     assert free.holds == 1 and free.lock is None  # taken first (id-1), then let go when b could not be had

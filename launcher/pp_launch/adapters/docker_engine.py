@@ -24,7 +24,7 @@ import struct
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -352,6 +352,7 @@ class Engine:
         self.timeout = timeout
         self.host = host  # as the user named it (--host); None: DOCKER_HOST or the default socket
         self.address = engine_address() if host is None else f"{url or host} (host {host})"
+        self.url = engine_address() if host is None else (url or host)  # where the engine listens
         self.api: Any = _Guarded(api, self.address)
 
     def identity(self) -> tuple[str, str]:
@@ -472,21 +473,30 @@ class Engine:
                 return None
             raise errors.EngineError(f"the engine at {self.address} refused {name}: {_reason(exc)}") from None
 
-    def hold(self, name: str, image: str, labels: Mapping[str, str]) -> Held | None:
-        """A running container held by this process alone (a GPU lock): tini as init, auto-remove, no network,
-        `cat` reading a stdin that only our attach holds open. When this process ends, however it ends, the
-        kernel closes the attach, the engine closes the container's stdin, `cat` exits and the engine removes
-        it: the lock lives exactly as long as its holder, with no clock. None when the name is taken."""
-        host_config = engine_api.host_config(init=True, auto_remove=True, network_mode="none")
+    def hold(
+        self, name: str | None, image: str, labels: Mapping[str, str], entrypoint: Sequence[str] = ("cat",),
+        binds: Mapping[str, str] | None = None, env: Mapping[str, str] | None = None,
+    ) -> Held | None:  # fmt: skip
+        """A running container held by this process alone (a GPU lock, a run's guard): tini as init, auto-remove,
+        no network, its stdin ours alone. When this process ends, however it ends, the kernel closes the attach and
+        the engine closes the container's stdin: the container sees it end. It counts as held only once the
+        engine says it runs. None when the name is taken. binds: host path -> path inside (read-write)."""
+        host_config = engine_api.host_config(
+            init=True, auto_remove=True, network_mode="none",
+            binds={h: {"bind": c, "mode": "rw"} for h, c in (binds or {}).items()} or None,
+        )  # fmt: skip
         config = engine_api.container_config(
-            image=image, command=None, entrypoint=list(HOLD_ENTRY), labels=dict(labels), host_config=host_config,
-            stdin_open=True,
+            image=image, command=None, entrypoint=list(entrypoint), labels=dict(labels), host_config=host_config,
+            stdin_open=True, environment=dict(env or {}),
         )  # fmt: skip
         config["StdinOnce"] = True
         try:
             ref = str(self.api.create_container_from_config(config, name)["Id"])
         except REFUSED.ImageNotFound:
-            raise errors.ImageMissing(f"image {image} is not present on the engine at {self.address}") from None
+            raise errors.ImageMissing(
+                f"image {image} is not present on the engine at {self.address}: run 'pp-launch images build' "
+                f"there, or load it (docker save {image} | docker -H ENGINE load)"
+            ) from None
         except REFUSED.APIError as exc:
             if exc.status_code == 409:
                 return None
@@ -495,15 +505,21 @@ class Engine:
             sock = self.api.attach_socket(ref, params={"stdin": 1, "stream": 1})
             raw = raw_socket(sock)
             self.api.start(ref)
+            state = (self.inspect(ref) or {}).get("State") or {}
         except BaseException as exc:
             self.remove(ref)
             if _refusal(exc):
                 raise errors.EngineError(
-                    f"the engine at {self.address} could not start {name} from {image} (it runs /bin/sh and cat): "
-                    f"{_reason(exc)}"
+                    f"the engine at {self.address} could not start {name or 'a guard'} from {image}: {_reason(exc)}"
                 ) from None
             raise
-        return Held(self, ref, name, (sock, raw))
+        if not state.get("Running"):
+            self.remove(ref)
+            raise errors.EngineError(
+                f"{name or 'the guard'} ({image}) ended as soon as it started on the engine at {self.address} "
+                f"(exit code {state.get('ExitCode', '?')}): rebuild it with 'pp-launch images build'"
+            )
+        return Held(self, ref, name or ref[:12], (sock, raw))
 
     def clock(self) -> str:
         """The engine's own time (RFC 3339): ages of its containers are judged on its clock, never ours."""
@@ -647,22 +663,40 @@ class Engine:
                 raise errors.EngineError(f"cannot remove container {ref}: {_reason(exc)}") from None
 
 
-HOLD_ENTRY = ("/bin/sh", "-c", "exec cat >/dev/null")
 READER_PATIENCE = 300.0  # seconds an exit waits for its stage's last lines to be read (not while stopping)
 
 
 class Held:
-    """A container `Engine.hold` keeps running; `release()` lets it go (idempotent)."""
+    """A container `Engine.hold` keeps running, by the id the engine gave for our create."""
 
     def __init__(self, engine: Engine, ref: str, name: str, keep: tuple[Any, ...]) -> None:
         self.engine, self.id, self.name, self._keep = engine, ref, name, keep
 
-    def release(self) -> None:
+    def alive(self) -> bool:
+        """The engine says this very container (by id) still runs: removed, or ended, it holds nothing."""
+        try:
+            return bool(((self.engine.inspect(self.id) or {}).get("State") or {}).get("Running"))
+        except Exception:
+            return False
+
+    def write(self, data: bytes) -> None:
+        """To its stdin; OSError once it is gone (or let go)."""
+        if not self._keep:
+            raise BrokenPipeError(f"{self.name} was let go")
+        self._keep[1].sendall(data)
+
+    def let_go(self) -> None:
+        """End its stdin and leave it to end by itself (a guard then tears down what it holds; idempotent)."""
         keep, self._keep = self._keep, ()
         for part in keep:
             with contextlib.suppress(Exception):
                 part.close()
-        if keep:
+
+    def release(self) -> None:
+        """End its stdin and remove it now (a lock; idempotent)."""
+        had = bool(self._keep)
+        self.let_go()
+        if had:
             with contextlib.suppress(errors.PpLaunchError):
                 self.engine.remove(self.id)
 
@@ -678,8 +712,11 @@ class DockerStageBackend:
         expected: int = 0,
         on_all_created: Callable[[], None] | None = None,
         toolkit_hint: str = "",
+        record: Callable[[str], None] = lambda ref: None,
     ) -> None:
         """split_lines=False passes output on as it comes (pp-gpu-node: byte for byte, any line length).
+        record: told each id the engine returns for a create, before anything else (the run's guard); when it
+        raises, the container it was told of is removed and the create fails.
         toolkit_hint: what to do when the engine cannot attach GPUs (the caller's own flags; the chain's by default).
         expected/on_all_created: called once when that many containers exist, or teardown begins (the engine's
         GPU lock is released then: the stages' labels now say which GPUs they hold)."""
@@ -695,6 +732,8 @@ class DockerStageBackend:
         self._tearing_down = threading.Event()
         self._threads = Threads()  # every reader and wait of this backend, joined by close()
         self._image_configs: dict[str, Mapping[str, Any] | None] = {}  # one inspect per image, not per stage
+        self._record = record
+        self.created: list[str] = []  # every id the engine returned for our creates: what is ours, and only that
 
     def create(self, spec: StageSpec, env: Mapping[str, str]) -> str:
         lifeline = env.get(LIFELINE) == "stdin"
@@ -732,10 +771,18 @@ class DockerStageBackend:
                     "container if it is yours ('pp-launch gc' removes those whose launcher is gone)"
                 ) from None
             raise errors.EngineError(f"the engine refused to create {spec.name}: {_reason(exc)}") from None
-        self._made += 1
-        if self._made >= self._expected:
-            self._all_created()
-        return str(created["Id"])
+        ref = str(created["Id"])
+        self.created.append(ref)
+        try:
+            self._record(ref)
+            self._made += 1
+            if self._made >= self._expected:
+                self._all_created()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                self.engine.remove(ref)  # ours by id, never started
+            raise
+        return ref
 
     def _all_created(self) -> None:
         call, self._on_all_created = self._on_all_created, None
@@ -848,7 +895,8 @@ class DockerStageBackend:
 
     def tearing_down(self) -> None:
         self._tearing_down.set()
-        self._all_created()
+        with contextlib.suppress(errors.PpLaunchError):
+            self._all_created()
 
     def close(self, timeout: float = 5.0) -> None:
         self._threads.join(timeout)
@@ -858,14 +906,19 @@ class DockerStageBackend:
             self._stdin[ref].sendall(HANDED_OVER)
 
     def leftovers(self, run_id: str) -> list[str]:
-        """The run's containers the engine still has, by id (never by name). Asked over a new connection: an
-        engine that is stopping has closed its listener but still serves the connections already open, and
-        only a new one tells that it is going away."""
+        """The containers this backend created that the engine still has, by id: a container that only carries
+        the run's labels is someone else's and never counted. Asked over a new connection: an engine that is
+        stopping has closed its listener but still serves the connections already open, and only a new one tells
+        that it is going away."""
         try:
             fresh = connect(timeout=self.engine.timeout, host=self.engine.host)
         except errors.EngineUnavailable as exc:
             raise errors.EngineLost(f"the Docker engine at {self.engine.address} stopped ({exc})") from None
-        return sorted(c.id for c in fresh.containers(labels.run_selector(run_id)))
+        mine = set(self.created)
+        try:
+            return sorted(c.id for c in fresh.containers(labels.run_selector(run_id)) if c.id in mine)
+        finally:
+            fresh.close()
 
 
 def _recv_exact(raw: socket.socket, n: int) -> bytes | None:

@@ -16,13 +16,14 @@ from pathlib import Path
 
 from pp_launch.adapters.docker_engine import Engine
 from pp_launch.core import errors
-from pp_launch.core.chain.plan import BUILTIN_IMAGE
+from pp_launch.core.chain.plan import BUILTIN_IMAGE, GUARD_IMAGE
 
 HASH_LABEL = "pp-launch.content-hash"
 BASE_IMAGE = "pp-launch/base:bookworm"
 BASE_RECIPE_VERSION = "1"
 BASE_PACKAGES = ("python3", "python3-numpy")
 STUB_CONTEXT = "stub-worker"
+GUARD_CONTEXT = "guard"
 
 Progress = Callable[[str], None]
 
@@ -124,20 +125,29 @@ def build_base(engine: Engine, progress: Progress, recipe: BaseRecipe | None = N
 
 
 def build_stub(engine: Engine, progress: Progress, base: str = BASE_IMAGE) -> BuildResult:
-    context = images_dir() / STUB_CONTEXT
+    return _build_on_base(engine, progress, base, STUB_CONTEXT, BUILTIN_IMAGE)
+
+
+def build_guard(engine: Engine, progress: Progress, base: str = BASE_IMAGE) -> BuildResult:
+    """The guard of a run on its engine, and the body of the engine's GPU lock (python3 and cat only)."""
+    return _build_on_base(engine, progress, base, GUARD_CONTEXT, GUARD_IMAGE)
+
+
+def _build_on_base(engine: Engine, progress: Progress, base: str, folder: str, image: str) -> BuildResult:
+    context = images_dir() / folder
     base_labels = engine.image_labels(base)
     if base_labels is None:
         raise errors.ImageMissing(f"base image {base} is not present; run 'pp-launch images build'")
     digest = context_hash(context, f"{base}={base_labels.get(HASH_LABEL, '')}")
-    current = engine.image_labels(BUILTIN_IMAGE)
+    current = engine.image_labels(image)
     if current is not None and current.get(HASH_LABEL) == digest:
-        progress(f"{BUILTIN_IMAGE} is up to date ({digest})")
-        return BuildResult(BUILTIN_IMAGE, False)
-    progress(f"building {BUILTIN_IMAGE} from {context} on {base}")
-    old = engine.image_id(BUILTIN_IMAGE)
-    engine.build(str(context), BUILTIN_IMAGE, {"BASE": base}, {HASH_LABEL: digest}, progress)
-    engine.drop_replaced_image(old, BUILTIN_IMAGE)  # a rebuild leaves no untagged image behind
-    return BuildResult(BUILTIN_IMAGE, True)
+        progress(f"{image} is up to date ({digest})")
+        return BuildResult(image, False)
+    progress(f"building {image} from {context} on {base}")
+    old = engine.image_id(image)
+    engine.build(str(context), image, {"BASE": base}, {HASH_LABEL: digest}, progress)
+    engine.drop_replaced_image(old, image)  # a rebuild leaves no untagged image behind
+    return BuildResult(image, True)
 
 
 def build_all(engine: Engine, progress: Progress, base: str | None = None) -> list[BuildResult]:
@@ -149,6 +159,7 @@ def build_all(engine: Engine, progress: Progress, base: str | None = None) -> li
     elif engine.image_labels(base) is None:
         raise errors.ImageMissing(f"base image {base} is not present locally, and pp-launch never pulls")
     results.append(build_stub(engine, progress, base))
+    results.append(build_guard(engine, progress, base))
     return results
 
 

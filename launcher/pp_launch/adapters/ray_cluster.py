@@ -281,7 +281,7 @@ class StageActor:
         self.backend = DockerStageBackend(self.engine)
         # The node's safety net, held by its block's first actor: when that actor ends (the launcher died, it was
         # killed, its node's raylet went), the run's containers on this engine are removed, started or not.
-        self.guard = watchdog.spawn(run_id, grace, host=engine or None, orphan=True) if guard else None
+        self.guard = watchdog.spawn(run_id, grace, host=engine or None, orphan=True, by_label=True) if guard else None
 
     def describe(self, image: str) -> dict[str, Any]:
         from pp_launch.adapters import inventory_file

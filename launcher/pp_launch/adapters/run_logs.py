@@ -5,7 +5,9 @@ Per stage, bounded: `logs/<run>/stage-K.log` in this user's private state direct
 the same rules: yours, not writable by others, never through a symbolic link), each line as
 `<UTC time> <stream> <text>`. A file that reaches LIMIT bytes is moved to `stage-K.log.1` (the one before it
 dropped), so a stage keeps at most 2 x LIMIT. The newest KEEP_RUNS runs are kept; older ones are removed when
-a new run starts.
+a new run starts, but only runs that ended: a launcher holds an advisory lock (flock) on its run's `.live` file
+while it keeps that run's output, and a run whose `.live` is locked is never pruned, however many runs came after
+it (the bound is then exceeded, and said).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import errno
+import fcntl
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +26,7 @@ from pp_launch.core import errors
 LIMIT = 1 << 20
 KEEP_RUNS = 50
 RUNS = "logs"
+LIVE = ".live"
 
 
 def _now() -> str:
@@ -45,9 +49,14 @@ class RunLog:
         self.limit = limit
         self.problem = ""
         self._files: dict[int, tuple[int, int]] = {}  # stage -> (fd, size)
+        self.note = ""
         with StateDir.open(_root(root)) as base, base.sub(RUNS) as runs:
-            _prune(runs, KEEP_RUNS - 1)
             self._dir = runs.sub(run_id)
+            self._live = os.open(LIVE, os.O_WRONLY | os.O_CREAT | NOFOLLOW, 0o600, dir_fd=self._dir.fd)
+            fcntl.flock(self._live, fcntl.LOCK_EX)  # ours until close(), or until this process ends
+            kept = _prune(runs, KEEP_RUNS)
+        if kept > KEEP_RUNS:
+            self.note = f"{kept} runs' output kept (more than {KEEP_RUNS}): the runs beyond are still live"
 
     def line(self, stage: int, stream: str, text: str) -> None:
         if self.problem:
@@ -75,22 +84,43 @@ class RunLog:
             with contextlib.suppress(OSError):
                 os.close(fd)
         self._files.clear()
+        with contextlib.suppress(OSError):
+            os.close(self._live)  # the run ended: its output may be pruned from now on
         self._dir.close()
 
 
-def _prune(runs: StateDir, keep: int) -> None:
-    """Only the newest `keep` runs' logs stay (by their directory's time)."""
+def _prune(runs: StateDir, keep: int) -> int:
+    """Only the newest `keep` runs' logs stay (by their directory's time), and every live one: how many stay."""
     try:
         names = [n for n in os.listdir(runs.fd) if not n.startswith(".")]
         dated = sorted(names, key=lambda n: os.stat(n, dir_fd=runs.fd, follow_symlinks=False).st_mtime)
     except OSError:
-        return
+        return 0
+    stay = len(dated)
     for name in dated[: max(0, len(dated) - keep)]:
         with contextlib.suppress(OSError), runs.sub(name) as old:
+            if _live(old):
+                continue
             for f in os.listdir(old.fd):
                 os.unlink(f, dir_fd=old.fd)
-        with contextlib.suppress(OSError):
             os.rmdir(name, dir_fd=runs.fd)
+            stay -= 1
+    return stay
+
+
+def _live(run: StateDir) -> bool:
+    """A launcher holds this run's `.live` lock: it is still keeping the run's output."""
+    try:
+        fd = os.open(LIVE, os.O_RDONLY | NOFOLLOW, dir_fd=run.fd)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
 
 
 def _root(root: str | Path | None) -> Path | None:

@@ -3,17 +3,19 @@
 The launcher starts the watchdog (`python -I -c BOOT pp_launch.adapters.watchdog RUN_ID GRACE`) in its own process
 session (so a signal to the launcher's process group does not reach it), from `/`, isolated from the working
 directory and the user's Python environment (a `logging.py` or `docker.py` planted in the launcher's working
-directory, or PYTHONPATH, cannot stop it starting), with a pipe as stdin, and never writes to it. When the
-launcher exits, by SIGKILL included, the kernel closes the pipe; the watchdog reads EOF, sends SIGTERM to
-every container labelled with the run, waits up to GRACE seconds, then removes what is left by force.
-After a clean exit there is nothing left to remove and the watchdog simply ends.
+directory, or PYTHONPATH, cannot stop it starting), with a pipe as stdin. On that pipe the launcher writes
+`own <id>` for every container the engine creates for the run (the ids its guard records too: adapters/guard.py), and
+`detach` once a detached run is handed to its guard. When the launcher exits, by SIGKILL included, the kernel
+closes the pipe; the watchdog reads EOF, sends SIGTERM to those containers (by id: never one that merely
+carries the run's labels), waits up to GRACE seconds, then removes what is left by force. After a clean exit
+there is nothing left to remove and the watchdog simply ends. It is the second layer: the guard on the engine
+does the same on its own; this one covers a guard removed by someone else as its launcher dies.
 
 When the engine does not answer (stopped, killed, frozen, restarting), the watchdog keeps trying, every few
 seconds, for PP_WATCHDOG_PATIENCE seconds (default 900): an engine that comes back within that time finds
 the run's containers removed. Past it, `pp-launch gc` and the sweep at every start are what is left.
 
-What it does not cover: the watchdog itself being killed (a kill of the whole session, a reboot, a host
-that loses power). `pp-launch gc` and the sweep at every start cover those.
+A Ray stage actor's watchdog (`by_label`) still finds the run by its labels: Ray's actors have no guard yet.
 """
 
 from __future__ import annotations
@@ -41,14 +43,13 @@ SETTLE = 2.0  # after a sweep that found the run, the second look
 
 
 def spawn(
-    run_id: str, grace: float, detached: bool = False, host: str | None = None, orphan: bool = False
+    run_id: str, grace: float, host: str | None = None, orphan: bool = False, by_label: bool = False
 ) -> subprocess.Popen[bytes]:
-    """Start the watchdog for `run_id`; keep the returned Popen (its stdin is the lifeline) until exit. For a
-    detached run it sweeps only while the run has no hand-over marker (see bringup.py). `host`: the engine it
-    watches (--host; a chain across hosts has one watchdog per host), None for DOCKER_HOST or the default.
-    orphan: not a child of this process (`setsid -f`), for a parent whose children are killed with it (a Ray
-    worker: Ray kills an actor's child processes when it ends it)."""
-    extra = (["detached"] if detached else []) + ([f"--host={host}"] if host is not None else [])
+    """Start the watchdog for `run_id`; keep the returned Popen (its stdin is the lifeline, and takes `own <id>`
+    lines) until exit. `host`: the engine it watches (--host; a chain across hosts has one watchdog per host),
+    None for DOCKER_HOST or the default. orphan: not a child of this process (`setsid -f`), for a parent whose
+    children are killed with it (a Ray worker: Ray kills an actor's child processes when it ends it)."""
+    extra = (["by-label"] if by_label else []) + ([f"--host={host}"] if host is not None else [])
     fork = ["setsid", "-f"] if orphan and shutil.which("setsid") else []
     return subprocess.Popen(
         [*fork, sys.executable, "-I", "-c", BOOT, PACKAGE_ROOT, MODULE, run_id, str(grace), *extra],
@@ -61,11 +62,10 @@ def spawn(
     )
 
 
-def sweep(run_id: str, grace: float, host: str | None = None, detached: bool = False) -> list[str]:
-    """The chain's own teardown for the run's containers (adopted by label): SIGTERM, at most MAX_GRACE, SIGKILL,
-    removal confirmed. Raises while anything of the run is left, so that the caller tries again. A detached run
-    whose hand-over marker is on the engine is `down`'s: left alone."""
-    from pp_launch.adapters import bringup
+def sweep(run_id: str, grace: float, host: str | None = None, ids: list[str] | None = None) -> list[str]:
+    """The chain's own teardown for the run's containers `ids` (None: those labelled with the run, for a Ray
+    actor's): SIGTERM, at most MAX_GRACE, SIGKILL, removal confirmed. Raises while anything of them is left, so
+    that the caller tries again."""
     from pp_launch.adapters.docker_engine import DockerStageBackend, connect
     from pp_launch.adapters.inbox import QueueInbox
     from pp_launch.adapters.runtime import ThreadRuntime
@@ -74,7 +74,9 @@ def sweep(run_id: str, grace: float, host: str | None = None, detached: bool = F
 
     engine = connect(timeout=5, host=host)
     found = engine.containers(labels.run_selector(run_id))
-    if not found or (detached and bringup.handed_over_runs(found)):
+    if ids is not None:
+        found = [c for c in found if c.id in ids]  # a container that only carries the run's labels is not ours
+    if not found:
         return []
     adopted = [Found(c.id, c.name, c.state == "running") for c in found]
     backend = DockerStageBackend(engine)
@@ -92,18 +94,24 @@ def main(argv: list[str]) -> int:
     argv = [a for a in argv if not a.startswith("--host=")]
     host = hosts[0] if hosts else None
     run_id, grace = argv[0], float(argv[1]) if len(argv) > 1 else MAX_GRACE
-    detached = argv[2:3] == ["detached"]
-    while os.read(0, 4096):  # the launcher never writes; EOF means it is gone
-        pass
+    ids: list[str] | None = None if argv[2:3] == ["by-label"] else []
+    for raw in sys.stdin.buffer:  # EOF means the launcher is gone
+        words = raw.decode("ascii", "replace").split()
+        if words == ["detach"]:
+            return 0  # the run's guard owns it now
+        if ids is not None and len(words) == 2 and words[0] == "own" and len(words[1]) == 64:
+            ids.append(words[1])
+    if ids == []:
+        return 0
     patience = float(os.environ.get("PP_WATCHDOG_PATIENCE", PATIENCE))
     deadline = time.monotonic() + patience
     while True:
         try:
-            if sweep(run_id, grace, host, detached):
-                # It found the run: a create the launcher (or a Ray stage actor) sent as it died may land after
-                # that first look, so look once more when such a request has had time to finish.
+            if sweep(run_id, grace, host, ids) and ids is None:
+                # It found the run by label: a create a Ray stage actor sent as it died may land after that
+                # first look, so look once more when such a request has had time to finish.
                 time.sleep(SETTLE)
-                sweep(run_id, grace, host, detached)
+                sweep(run_id, grace, host, ids)
             return 0
         except Exception:  # the engine is lost (or not back yet): try again while it may come back
             if time.monotonic() + RETRY > deadline:

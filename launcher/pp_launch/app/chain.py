@@ -1,4 +1,4 @@
-"""The steps of a launch that stand alone: the checks of a request, the image, the sweep, the names.
+"""The steps of a launch that stand alone: the checks of a request, the image, the names.
 
 The use case that puts them together is app/launch.py."""
 
@@ -11,10 +11,9 @@ from typing import Any
 
 from pp_launch.adapters import images
 from pp_launch.adapters.docker_engine import Engine
-from pp_launch.app import housekeeping
 from pp_launch.core import errors, labels
 from pp_launch.core.announce import escape
-from pp_launch.core.chain.plan import BUILTIN_IMAGE, ChainPlan, ChainRequest
+from pp_launch.core.chain.plan import BUILTIN_IMAGE, GUARD_IMAGE, ChainPlan, ChainRequest
 from pp_launch.core.chain.ports import Runtime
 
 # docker's reference grammar, simplified: [host[:port]/]path[:tag][@sha256:digest], lowercase path
@@ -46,31 +45,15 @@ def check_request(request: ChainRequest) -> None:
 
 def ensure_image(engine: Engine, image: str, say: Callable[[str], None]) -> None:
     """The built-in image is built on first use; a user image must be there already (nothing is pulled)."""
-    if engine.image_labels(image) is not None:
+    if engine.image_labels(image) is not None and engine.image_labels(GUARD_IMAGE) is not None:
         return
-    if image != BUILTIN_IMAGE:
+    if image != BUILTIN_IMAGE and engine.image_labels(image) is None:
         raise errors.ImageMissing(
             f"image {image} is not present on this engine, and pp-launch never pulls. Build it or load it "
             "('docker load -i FILE') first."
         )
-    say(f"{BUILTIN_IMAGE} is missing: building it now (once; 'pp-launch images build' does the same)")
+    say("pp-launch's images are missing: building them now (once; 'pp-launch images build' does the same)")
     images.build_all(engine, say)
-
-
-def sweep_dead_owners(engine: Engine, say: Callable[[str], None]) -> None:
-    """Before starting anything: remove what launchers that died on this host left behind, saying first what
-    it removes and then what it removed (--no-sweep, PP_LAUNCH_SWEEP=0: leave it to `pp-launch gc`)."""
-    found = housekeeping.orphans(engine)
-    if not found:
-        return
-    say(f"removing {len(found)} container{'s' if len(found) != 1 else ''} left behind by launchers that are gone "
-        "(--no-sweep leaves them): " + ", ".join(housekeeping.describe(c) for c in found))  # fmt: skip
-    collected = housekeeping.gc(engine, found)
-    for c in collected.removed:
-        say(f"removed {housekeeping.describe(c)}, left behind by a launcher that is gone")
-    for c, why in collected.failed:
-        gone = f"{housekeeping.describe(c)}, left behind by a launcher that is gone"
-        say(f"could not remove {gone}: {housekeeping.safe(why)}")
 
 
 def check_names_free(engine: Engine, plan: ChainPlan, host: str | None, runtime: Runtime) -> None:

@@ -1,76 +1,72 @@
-"""Housekeeping: `ps` (what exists and whose it is), `gc` and the sweep (what dead owners left), `down`."""
+"""Housekeeping: `ps` (what exists and whose it is), `gc` (what no guard vouches for, named), `down`."""
 
 from __future__ import annotations
 
 import calendar
+import contextlib
 import re
+import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from pp_launch.adapters import bringup, identity
+from pp_launch.adapters import guard, identity
 from pp_launch.adapters.docker_engine import ContainerInfo, DockerStageBackend, Engine
 from pp_launch.adapters.inbox import QueueInbox
 from pp_launch.adapters.runtime import ThreadRuntime
 from pp_launch.core import errors, labels
 from pp_launch.core.announce import AnnouncementError, parse_line
 from pp_launch.core.chain.scope import ChainOutcome, ChainScope, Found, QuietReporter
-from pp_launch.core.errors import EngineError
 from pp_launch.core.gpu.inventory import GpuInventory
 from pp_launch.core.lines import display
 
 
-def orphans(engine: Engine) -> list[ContainerInfo]:
-    """The containers of launchers that are gone (judged from here): a detached run not yet handed over is its
-    launcher's. A run's hand-over marker goes with the rest of its run, or once no stage of its run is left."""
-    found = engine.containers(labels.run_selector())
-    handed = bringup.handed_over_runs(found)
-    gone = [c for c in found if not bringup.is_marker(c) and identity.owner_is_gone(bringup.owner_of(c, handed))]
-    return gone + _ended_markers(found)
-
-
-def _ended_markers(found: list[ContainerInfo]) -> list[ContainerInfo]:
-    staged = {c.labels.get(labels.RUN, "") for c in found if is_stage(c)}
-    return [c for c in found if bringup.is_marker(c) and c.labels.get(labels.RUN, "") not in staged]
-
-
-def ended_markers(engine: Engine, run: str) -> list[ContainerInfo]:
-    """The hand-over marker of `run` on this engine when no stage of the run is left there."""
-    return _ended_markers(engine.containers(labels.run_selector(run)))
-
-
 @dataclass(frozen=True)
-class Collected:
-    removed: tuple[ContainerInfo, ...]  # the engine confirmed each gone
-    failed: tuple[tuple[ContainerInfo, str], ...]  # still there, and why
+class Vouched:
+    """Containers carrying pp-launch labels, split by what vouches for them: the record of a running guard of
+    their own run (adapters/guard.py), or, for a Compose project, Compose's own project label. Only `ours` is
+    ever signalled or removed; `unrecorded` (a forged label, a container whose guard was removed) never is."""
+
+    ours: tuple[ContainerInfo, ...]
+    unrecorded: tuple[ContainerInfo, ...]
+    guards: tuple[guard.GuardRecord, ...]
 
 
-def gc(engine: Engine, found: list[ContainerInfo] | None = None) -> Collected:
-    """Remove every container of a dead owner that can be judged from here (or those of `found`, from
-    `orphans`). Only what the engine confirms gone counts as removed; what it could not remove is reported with
-    the reason."""
-    removed, failed = [], []
-    found = orphans(engine) if found is None else found
+def vouch(engine: Engine, found: list[ContainerInfo]) -> Vouched:
+    runs = {c.labels.get(labels.RUN, "") for c in found}
+    recs = tuple(r for r in guard.records(engine) if r.run in runs)
+    owned = {ref: r.run for r in recs for ref in r.owned}
+    skip = {r.id for r in recs}
+    ours, other = [], []
     for c in found:
-        reason = ""
-        try:
-            engine.remove(c.id)
-        except EngineError as exc:
-            reason = str(exc)
-        left = engine.inspect(c.id)
-        if left is None:
-            removed.append(c)
+        role = c.labels.get(labels.STAGE, "")
+        if c.id in skip or role == labels.STAGE_LOCK:
+            continue  # a run's guard goes by itself once its run is down; a live GPU lock is never touched
+        if owned.get(c.id) == c.labels.get(labels.RUN) or _compose_service(c):
+            ours.append(c)
         else:
-            state = str((left.get("State") or {}).get("Status", "?"))
-            failed.append((c, reason or f"the engine still has it (state {state})"))
-    return Collected(tuple(removed), tuple(failed))
+            other.append(c)
+    return Vouched(tuple(ours), tuple(other), recs)
+
+
+def _compose_service(c: ContainerInfo) -> bool:
+    """A service of a pp-launch Compose project: Compose created it, and Compose's project label names it."""
+    owner = c.labels.get(labels.OWNER, "")
+    project = owner.removeprefix(labels.OWNER_COMPOSE_PREFIX)
+    return owner.startswith(labels.OWNER_COMPOSE_PREFIX) and c.labels.get(COMPOSE_PROJECT) == project
+
+
+COMPOSE_PROJECT = "com.docker.compose.project"
+
+
+def unrecorded(engine: Engine) -> list[ContainerInfo]:
+    """What `gc` names and never touches: containers with pp-launch labels that no guard of their run records."""
+    return list(vouch(engine, engine.containers(labels.run_selector())).unrecorded)
 
 
 def describe(c: ContainerInfo) -> str:
     """A container as a message names it, with everything from its labels escaped for the terminal."""
-    if bringup.is_marker(c):
-        return f"the hand-over marker of run {safe(c.labels.get(labels.RUN, '?'))} (no stage of the run is left)"
     name = c.name if c.name and c.name != "?" else f"(unnamed, id {c.id[:12]})"
     return f"{safe(name)} (run {safe(c.labels.get(labels.RUN, '?'))}, owner {safe(c.labels.get(labels.OWNER, '?'))})"
 
@@ -108,11 +104,26 @@ def find_run(engine: Engine, wanted: str) -> tuple[str, list[ContainerInfo]]:
 
 
 def stop_runs(
-    engine: Engine, targets: list[ContainerInfo], grace: float, reason: str = "down", kill_wait: float = 15.0
+    engine: Engine, targets: list[ContainerInfo], grace: float, reason: str = "down", kill_wait: float = 15.0,
+    guards: tuple[guard.GuardRecord, ...] = (),
 ) -> list[ChainOutcome]:
-    """The chain's own teardown for containers found by label (`pp-launch down`, the watchdog): each run adopted
-    by a scope, every run at once; SIGTERM, one shared grace, SIGKILL through the engine, removal by id,
-    confirmed by the engine."""
+    """The chain's own teardown for containers their guards vouch for (`pp-launch down`): each run's guards told
+    to stop first (SIGTERM: nothing more is recorded, a launcher still placing stops), each run adopted by a scope,
+    every run at once; SIGTERM, one shared grace, SIGKILL through the engine, removal by id, confirmed by the
+    engine; then the guards gone."""
+    for g in guards:
+        engine.signal(g.id, signal.SIGTERM)
+    try:
+        return _stop_runs(engine, targets, grace, reason, kill_wait)
+    finally:
+        for g in guards:
+            with contextlib.suppress(errors.PpLaunchError):
+                engine.wait_removed(g.id, timeout=grace + kill_wait)
+
+
+def _stop_runs(
+    engine: Engine, targets: list[ContainerInfo], grace: float, reason: str, kill_wait: float
+) -> list[ChainOutcome]:
     runs: dict[str, list[ContainerInfo]] = {}
     for c in targets:
         runs.setdefault(c.labels.get(labels.RUN, ""), []).append(c)
@@ -125,6 +136,8 @@ def stop_runs(
         scope = ChainScope.adopt(run, adopted, backend, inbox, quiet, grace, runtime, kill_wait=kill_wait)
         return scope.stop(reason)
 
+    if not runs:
+        return []
     with ThreadPoolExecutor(max_workers=max(1, min(len(runs), 8)), thread_name_prefix="down") as pool:
         return list(pool.map(lambda item: stop(*item), runs.items()))
 
@@ -175,22 +188,25 @@ def list_stages(engine: Engine, run: str | None = None, details: bool = False,
     rows: list[dict[str, Any]] = []
     by_uuid = {g.uuid: g for g in (gpus.gpus if gpus is not None else ())}
     found = engine.containers(labels.run_selector(run) if run else labels.run_selector())
-    handed = bringup.handed_over_runs(found)
+    vouched = vouch(engine, found)
+    guarded = {r.id for r in vouched.guards}
+    loose = {c.id for c in vouched.unrecorded}
     for c in found:
-        if bringup.is_marker(c):
-            continue  # a hand-over marker is no stage: `down` removes it with its run
         owner = c.labels.get(labels.OWNER, "")
         stage = c.labels.get(labels.STAGE, "")
+        status = owner_status(owner)
+        if c.id in loose:
+            status = "unrecorded: no guard of its run made it (never touched)"
         rows.append(
             {
                 "run": c.labels.get(labels.RUN, ""),
                 "stage": labels.ascii_int(stage),
-                "role": "lock" if stage == labels.STAGE_LOCK else "stage",
+                "role": labels.STAGE_GUARD if c.id in guarded else "lock" if stage == labels.STAGE_LOCK else "stage",
                 "container": c.name,
                 "image": c.image,
                 "gpus": [g for g in c.labels.get(labels.GPUS, "").split(",") if g],
                 "owner": owner,
-                "owner_status": owner_status(bringup.owner_of(c, handed)),  # detached, coming up: its launcher's
+                "owner_status": status,
                 "state": c.state,
                 "age_s": max(0, int(now - c.created)),
             }
@@ -231,7 +247,7 @@ def render(rows: list[dict[str, Any]]) -> str:
     table = [header] + [
         (
             r["run"],
-            str(r["stage"]) if r["stage"] is not None else ("lock" if r.get("role") == "lock" else "?"),
+            str(r["stage"]) if r["stage"] is not None else (r["role"] if r.get("role") != "stage" else "?"),
             *((r.get("host") or "-",) if hosts else ()),
             r["container"],
             r["image"],

@@ -15,8 +15,10 @@ import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from pp_launch.adapters import bringup, host_state, identity, run_logs, watchdog
+from pp_launch.adapters import host_state, identity, run_logs
 from pp_launch.adapters.docker_engine import DockerStageBackend, Engine, connect
+from pp_launch.adapters.guard import RunGuard
+from pp_launch.adapters.guard import image_check as guard_image_check
 from pp_launch.adapters.inbox import QueueInbox
 from pp_launch.adapters.multi_host import MultiHostBackend
 from pp_launch.adapters.process_backend import ProcessStageBackend
@@ -55,7 +57,6 @@ class LaunchRequest:
     placement: str = "pack"
     stages_per_host: int | None = None
     detach: bool = False
-    sweep: bool = field(default_factory=lambda: _sweep_default())  # first remove what dead launchers left here
     gpu_node: str | None = None  # run each stage as this child process (pp-gpu-node) instead
     owner: str | None = None  # the containers' owner label; None: this process
     run_id: str | None = None  # None: a new one
@@ -74,11 +75,6 @@ class LaunchRequest:
             raise errors.UsageError(str(exc)) from None
         if problem is not None:
             raise errors.UsageError(problem)
-
-
-def _sweep_default() -> bool:
-    """PP_LAUNCH_SWEEP=0 (or false, no, off) turns the sweep off by default, as for `pp-launch chain`."""
-    return os.environ.get("PP_LAUNCH_SWEEP", "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 def _problems(r: LaunchRequest) -> list[str]:
@@ -171,14 +167,15 @@ def launch(request: LaunchRequest, hooks: Hooks | None = None, environ: Mapping[
         _prepare(request, sites, hooks.say)
         run_id, owner = request.run_id or identity.new_run_id(), request.owner or _me(request)
         lock_sites = [LockSite(s.lock_name, s.engine, s.engine_id) for s in sites if s.engine is not None]
-        with reserve(lock_sites, request.chain.image, run_id, identity.current_owner().label(), hooks.say,
+        with reserve(lock_sites, run_id, identity.current_owner().label(), hooks.say,
                      hooks.stop_pending) as locks:  # fmt: skip
             plan, note = _plan(request, sites, environ, owner, run_id, locks)
             _say_plan(plan, note, hooks.say)
             if (held := hooks.stop_pending()) is not None:
                 raise errors.Interrupted(held)  # stopped while planning: nothing was started
+            locks.check()  # the lock still runs: no one else can be placing on these GPUs
             with reporting(request, plan, hooks) as reporter:
-                outcome = _run(request, plan, sites, reporter, hooks.on_scope, locks.release)
+                outcome = _run(request, plan, sites, reporter, hooks.on_scope, locks.check_and_release)
         return Launched(plan, note, outcome)
     finally:
         _close(sites)
@@ -237,16 +234,15 @@ def _me(request: LaunchRequest) -> str:
 
 
 def _prepare(request: LaunchRequest, sites: Sequence[_Site], say: Callable[[str], None]) -> None:
-    """The image on every engine (the built-in one is built on first use on DOCKER_HOST's; never pulled), then
-    the sweep of what dead launchers of this host left (--no-sweep leaves it to `gc`)."""
+    """The stage image and pp-launch's guard image on every engine (built on first use on DOCKER_HOST's; never
+    pulled). Nothing is swept: what a launcher leaves, its guard removes (adapters/guard.py)."""
     image = request.chain.image
     if request.hosts:
         across.check_image(_hosts(sites), image)
+        for s in sites:
+            guard_image_check(_engine(s), f"host {s.name}")
     else:
         steps.ensure_image(_engine(sites[0]), image, say)
-    if request.sweep:
-        for s in sites:
-            steps.sweep_dead_owners(_engine(s), say)
 
 
 def _engine(site: _Site) -> Engine:
@@ -325,7 +321,10 @@ def _keep_logs(request: LaunchRequest, plan: ChainPlan, say: Callable[[str], Non
     if not request.keep_logs:
         return None
     try:
-        return run_logs.RunLog(plan.run_id, request.log_dir)
+        kept = run_logs.RunLog(plan.run_id, request.log_dir)
+        if kept.note:
+            say(f"note: {kept.note}")
+        return kept
     except errors.PpLaunchError as exc:
         say(f"warning: this run's output will not be kept for 'pp-launch logs': {exc}")
         return None
@@ -364,16 +363,22 @@ def _say_plan(plan: ChainPlan, note: str, say: Callable[[str], None]) -> None:
 
 
 def _backend(
-    request: LaunchRequest, plan: ChainPlan, sites: Sequence[_Site], release: Callable[[], None]
+    request: LaunchRequest,
+    plan: ChainPlan,
+    sites: Sequence[_Site],
+    release: Callable[[], None],
+    guards: Mapping[str, RunGuard],
 ) -> StageBackend:
-    """Where the stages run: DOCKER_HOST's engine, every --host's engine, or pp-gpu-node children."""
+    """Where the stages run: DOCKER_HOST's engine, every --host's engine, or pp-gpu-node children. Each engine's
+    backend records every id it creates with that engine's guard."""
     if request.gpu_node is not None:
         engine = _engine(sites[0])
         return ProcessStageBackend(request.gpu_node, plan.run_id, plan.grace,
                                    lambda run: [c.id for c in engine.containers(labels.run_selector(run))])  # fmt: skip
     if not request.hosts:
-        return DockerStageBackend(_engine(sites[0]), expected=len(plan.stages), on_all_created=release)
-    backends = {s.name: DockerStageBackend(_engine(s)) for s in sites}
+        return DockerStageBackend(_engine(sites[0]), expected=len(plan.stages), on_all_created=release,
+                                  record=guards[""].own)  # fmt: skip
+    backends = {s.name: DockerStageBackend(_engine(s), record=guards[s.name].own) for s in sites}
     return MultiHostBackend(backends, expected=len(plan.stages), on_all_created=release)
 
 
@@ -385,35 +390,39 @@ def _run(
     on_scope: Callable[[ChainScope], None],
     release: Callable[[], None],
 ) -> ChainOutcome:
-    """One scope over every engine, a watchdog per engine (it removes the run's containers there if this process
-    dies), the hosts of a chain across hosts recorded (ps/down/gc --all-hosts). A detached run is handed over
-    once it is up, and only then."""
-    backend = _backend(request, plan, sites, release)
-    scope = ChainScope(plan, backend, QueueInbox(), reporter, ThreadRuntime(), detach=request.detach)
-    on_scope(scope)
-    record = host_state.RunHosts() if request.hosts else None
-    if record is not None:
-        record.write(plan.run_id, plan.hosts)
-    guards = []
+    """One scope over every engine; on each engine the run's guard (adapters/guard.py), started before anything
+    of the run exists there, records every container created there and tears it down if this process dies; the
+    hosts of a chain across hosts recorded (ps/down/gc --all-hosts). A detached run is handed to its guards once
+    it is up, and only then."""
+    guards: dict[str, RunGuard] = {}
     outcome: ChainOutcome | None = None
+    backend: StageBackend | None = None
+    record = host_state.RunHosts() if request.hosts else None
     try:
         if request.gpu_node is None:
             for s in sites:
                 steps.check_names_free(_engine(s), plan, s.name or None, ThreadRuntime())
-        guards = [watchdog.spawn(plan.run_id, plan.grace, detached=request.detach, host=s.name or None) for s in sites]
+            for s in sites:
+                guards[s.name] = RunGuard.start(_engine(s), plan.run_id, plan.stages[0].labels[labels.OWNER],
+                                                plan.grace, s.name or None)  # fmt: skip
+        backend = _backend(request, plan, sites, release, guards)
+        scope = ChainScope(plan, backend, QueueInbox(), reporter, ThreadRuntime(), detach=request.detach)
+        on_scope(scope)
+        if record is not None:
+            record.write(plan.run_id, plan.hosts)
         outcome = scope.run()
         if outcome.reason == "detached":
-            for s in sites:
-                bringup.hand_over(_engine(s), plan.run_id, plan.stages[0].image)  # from here on only `down`
+            for g in guards.values():
+                g.detach()  # from here on the run is its guards' (and `down`'s)
     finally:
         release()
-        for guard in guards:
-            guard.stdin.close()  # type: ignore[union-attr]  # a clean end: the watchdog finds nothing and exits
+        for g in guards.values():
+            g.close()  # a clean end: the guard finds nothing of the run left and exits
         lost = getattr(backend, "lost", {})
         clean = outcome is not None and not (outcome.orphans or lost) and outcome.reason != "detached"
         if record is not None and clean:
             record.forget(plan.run_id)
-    assert outcome is not None  # scope.run() returned, or its exception went up through the finally
+    assert outcome is not None and backend is not None  # scope.run() returned, or its exception went up
     return _with_lost_hosts(outcome, plan.run_id, backend)
 
 

@@ -1,16 +1,19 @@
-"""The GPU lock of an engine: held by one launch from before it reads which GPUs are taken (the containers'
-labels) until its own stages exist (their labels then say which GPUs they hold), so that no two launches, of
-any user on any machine, give one GPU twice.
+"""The GPU lock of an engine: held by one launch from before it reads which GPUs are taken (the containers' labels)
+until its own stages exist (their labels then say which GPUs they hold), so that no two launches, of any user on
+any machine, give one GPU twice.
 
 The lock is an engine object, not a file: a running container named `pp-launch-gpu-lock` (names are unique per
-engine), tied to its launcher by the same stdin lifeline as a stage (`Engine.hold`). It lives exactly as long as
-its holder: when the launcher dies, however it dies, the engine removes it. There is no staleness clock, so a
-live lock is never taken over, whatever its age: a second launch waits, says once on whom, and gives up after
-PP_LOCK_TIMEOUT seconds (exit 2, nothing started); a stop signal ends the wait at once (128+N). A running
-container is never removed here, nor one that is not ours (a container of that name without our labels is
-waited on and named, never touched). Only a lock container that is not running can be removed: one that
-ended, or one whose launcher died between creating and starting it (still unstarted 30 s after its creation on
-the engine's clock). Engines are locked in a fixed order (their identity), so two launches never wait on each
+engine), tied to its launcher by the same stdin lifeline as a stage (`Engine.hold`), running `cat` from
+pp-launch's own guard image (nothing from the stage image). It lives exactly as long as its holder: when the
+launcher dies, however it dies, the engine removes it. It counts as held only once the engine says it runs, and
+the holder looks at it again, by id, before its stages are created and before it lets go: a lock that another
+client removed meanwhile stops the launch (LockLost, exit 1) before any of its stages starts. There is no
+staleness clock, so a live lock is never taken over, whatever its age: a second launch waits, says once on whom,
+and gives up after PP_LOCK_TIMEOUT seconds (exit 2, nothing started); a stop signal ends the wait at once
+(128+N). A running container is never removed here, nor one that is not ours (a container of that name without
+our labels is waited on and named, never touched). Only a lock container that is not running can be removed: one
+that ended, or one whose launcher died between creating and starting it (still unstarted 30 s after its creation
+on the engine's clock). Engines are locked in a fixed order (their identity), so two launches never wait on each
 other.
 """
 
@@ -26,6 +29,7 @@ from dataclasses import dataclass
 from pp_launch.adapters.docker_engine import Engine, Held
 from pp_launch.core import errors, labels
 from pp_launch.core.announce import escape
+from pp_launch.core.chain.plan import GUARD_IMAGE
 
 LOCK_NAME = "pp-launch-gpu-lock"
 LOCK_STAGE = "lock"
@@ -74,7 +78,6 @@ class GpuLocks:
     def __init__(
         self,
         sites: Sequence[LockSite],
-        image: str,
         run_id: str,
         owner: str,
         say: Callable[[str], None] = lambda text: None,
@@ -82,7 +85,7 @@ class GpuLocks:
         timeout: float | None = None,
     ) -> None:
         self.sites = sorted(sites, key=lambda s: s.engine_id)
-        self.image = image
+        self.image = GUARD_IMAGE  # the lock's body is ours, whatever the stages run
         self.run_id = run_id
         self.labels = {labels.RUN: run_id, labels.STAGE: LOCK_STAGE, labels.OWNER: owner, labels.GPUS: ""}
         self.say = say
@@ -136,6 +139,24 @@ class GpuLocks:
             return True
         return status == "created" and age(str(info.get("Created", "")), site.engine.clock()) > UNSTARTED
 
+    def check(self) -> None:
+        """Every lock taken still runs (by the id the engine gave): else LockLost, naming the engine."""
+        for name, got in self.held.items():
+            if not got.alive():
+                raise errors.LockLost(
+                    f"the GPU lock on {name or 'this engine'} (container {got.id[:12]}) was removed by another "
+                    "client while this launch placed its stages: another launch may be taking the same GPUs, so "
+                    "this one stops before any stage starts. Nothing else was touched; run it again"
+                )
+
+    def check_and_release(self) -> None:
+        """Once every stage exists: the locks are checked, then let go (their labels now hold the GPUs). Let go
+        either way: a lost lock is LockLost, which stops the launch."""
+        try:
+            self.check()
+        finally:
+            self.release()
+
     def release(self) -> None:
         """Idempotent; called once the chain's containers exist, and on every way out."""
         while self.held:
@@ -146,7 +167,6 @@ class GpuLocks:
 @contextlib.contextmanager
 def reserve(
     sites: Sequence[LockSite],
-    image: str,
     run_id: str,
     owner: str,
     say: Callable[[str], None] = lambda text: None,
@@ -155,7 +175,7 @@ def reserve(
     """The one reservation scope of a launch (the chain and pp-gpu-node): inside it the engines' GPU locks are
     taken when GPUs are picked (`acquire`), released early once every stage exists (`release`, idempotent: the
     stages' labels then hold the GPUs), and always when the block ends, however it ends."""
-    locks = GpuLocks(sites, image, run_id, owner, say, stop_requested)
+    locks = GpuLocks(sites, run_id, owner, say, stop_requested)
     try:
         yield locks
     finally:

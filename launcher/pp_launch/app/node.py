@@ -5,7 +5,7 @@ passes its stdout and stderr through byte for byte, forwards stop signals, and e
 Unlike `exec docker run`, it cannot orphan its container:
 - graceful: SIGTERM/SIGINT/SIGHUP/SIGQUIT are forwarded; after PP_STOP_GRACE the container is killed
   through the engine, and we exit 128+N only once the engine confirms it is gone;
-- SIGKILL of this process: the watchdog (its own process session) removes the container; the stdin
+- SIGKILL of this process: the run's guard on the engine (and the local watchdog) removes the container; the stdin
   lifeline also closes, which the built-in stage turns into its exit;
 - left over from a dead owner: a same-named container is removed before we start (a live owner's never is).
 
@@ -21,12 +21,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pp_launch.adapters import identity, local, watchdog
+from pp_launch.adapters import identity, local
 from pp_launch.adapters.docker_engine import NODE_TOOLKIT_HINT, DockerStageBackend, Engine, connect
+from pp_launch.adapters.guard import RunGuard
 from pp_launch.adapters.inbox import QueueInbox
 from pp_launch.adapters.runtime import ThreadRuntime
 from pp_launch.app import gpus as gpu_select
-from pp_launch.app.chain import ensure_image, sweep_dead_owners
+from pp_launch.app.chain import ensure_image
 from pp_launch.app.hosts import live_gpu_labels
 from pp_launch.app.locks import GpuLocks, LockSite, reserve
 from pp_launch.core import errors, labels, stage_env
@@ -44,20 +45,17 @@ def run_node(environ: Mapping[str, str], args: tuple[str, ...], inbox: QueueInbo
     if environ.get(stage_env.PARENT_LIFELINE) == "stdin":
         local.on_stdin_end(lambda: inbox.put(StopRequested(signal.SIGTERM)))
     engine = connect()
-    if engine.image_labels(config.image) is None:
-        if config.image != BUILTIN_IMAGE:
-            raise errors.ImageMissing(
-                f"image {config.image} (PP_IMAGE) is not present on this engine, and pp-gpu-node never pulls. "
-                "Build it or load it ('docker load -i FILE') first."
-            )
-        ensure_image(engine, config.image, say)
-    if environ.get("PP_LAUNCH_SWEEP", "1") not in ("0", "false", "no", "off"):
-        sweep_dead_owners(engine, say)
+    if engine.image_labels(config.image) is None and config.image != BUILTIN_IMAGE:
+        raise errors.ImageMissing(
+            f"image {config.image} (PP_IMAGE) is not present on this engine, and pp-gpu-node never pulls. "
+            "Build it or load it ('docker load -i FILE') first."
+        )
+    ensure_image(engine, config.image, say)  # and pp-launch's guard image
     _free_name(engine, config.name, say)
     owner = identity.current_owner().label()
     run_id = config.run_id or identity.new_run_id()
     site = LockSite(engine.address, engine, engine.identity()[0])
-    with reserve([site], config.image, run_id, owner, say) as locks:
+    with reserve([site], run_id, owner, say) as locks:
         return _run_locked(config, environ, engine, locks, run_id, owner, inbox, say)
 
 
@@ -90,10 +88,11 @@ def _run_locked(
             say(choice.note)
     spec = dataclasses.replace(config, run_id=run_id).spec(environ, owner, gpus)
     local.ensure_dirs([m.host for m in spec.mounts])
-    guard = watchdog.spawn(run_id, config.grace)  # before the container exists: no moment is uncovered
+    guard = RunGuard.start(engine, run_id, owner, config.grace)  # before the container exists: no moment uncovered
     backend = DockerStageBackend(
-        engine, split_lines=False, expected=1, on_all_created=locks.release, toolkit_hint=NODE_TOOLKIT_HINT
-    )
+        engine, split_lines=False, expected=1, on_all_created=locks.check_and_release,
+        toolkit_hint=NODE_TOOLKIT_HINT, record=guard.own,
+    )  # fmt: skip
     try:
         ref = backend.create(spec, spec.env)
         streams = {"stdout": 1, "stderr": 2}
@@ -103,7 +102,7 @@ def _run_locked(
         return supervisor.run(ref, config.stage)
     finally:
         locks.release()
-        guard.stdin.close()  # type: ignore[union-attr]
+        guard.close()
 
 
 def _free_name(engine: Engine, name: str, say: Callable[[str], None]) -> None:
@@ -325,7 +324,7 @@ class NodeSupervisor:
                              name=lambda r: name)  # fmt: skip
         if left:
             raise TeardownFailed(f"{name} was not confirmed gone within the grace and {self.kill_wait:g} s more; "
-                                 "its watchdog removes it, or run 'pp-launch gc'", left, teardown.errors)  # fmt: skip
+                                 "its guard on the engine removes it", left, teardown.errors)  # fmt: skip
         _exit_code(ended[0])
         return errors.exit_code_for_signal(signum)
 
@@ -334,6 +333,6 @@ def _exit_code(event: StageGone) -> int:
     if event.exit_code is None:  # the engine's wait broke: we do not know what became of it
         raise errors.EngineLost(
             f"lost track of the stage container ({event.detail or 'the engine gave no exit status'}); "
-            "its watchdog removes it when the engine answers again, or run 'pp-launch gc' then"
+            "its guard removes it when the engine answers again"
         )
     return event.exit_code

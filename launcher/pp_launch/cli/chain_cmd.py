@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from typing import Any
 
@@ -28,7 +29,7 @@ def file_keys(command: click.Command) -> dict[str, str]:
     each mapped to the option it sets."""
     keys = {}
     for p in command.params:
-        if isinstance(p, click.Option) and p.name and p.name not in FILE_SKIPS:
+        if isinstance(p, click.Option) and p.name and p.name not in FILE_SKIPS and not p.hidden:
             flag = max((o for o in p.opts if o.startswith("--")), key=len, default=None)
             if flag is not None:
                 keys[flag[2:]] = p.name
@@ -42,42 +43,94 @@ def _did_you_mean(key: str, keys: dict[str, str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
+CHAIN_FILE_LIMIT = 1 << 20  # bytes: a chain file is a few lines; more is a mistake (or /dev/zero)
+
+
 def load_chain_file(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     """-f FILE: a TOML chain file whose keys are chain's long flags (`gpus-per-stage`, or `gpus_per_stage`); it sets
     their defaults, so flags given on the command line override it. `env` is a table, `stage-env` a table of
-    tables keyed by stage."""
+    tables keyed by stage. Every value is checked here, as its option would check it: a wrong one is exit 2
+    naming the file, the key and its line."""
     if value is None:
         return None
+    import tomllib
+
+    text = _read_bounded(value)
     try:
-        import tomllib
-    except ImportError:  # Python 3.10
-        raise errors.ConfigError("chain files need Python 3.11 or later (tomllib)") from None
-    try:
-        with open(value, "rb") as f:
-            doc = tomllib.load(f)
-    except OSError as exc:
-        raise errors.ConfigError(f"cannot read chain file {value}: {exc.strerror}") from None
+        doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise errors.ConfigError(f"chain file {value} is not TOML: {exc}") from None
     keys = file_keys(ctx.command)
+    options = {p.name: p for p in ctx.command.params if isinstance(p, click.Option)}
     defaults: dict[str, Any] = {}
     for raw_key, item in doc.items():
         key = keys.get(raw_key.replace("_", "-"))
+        where = f"chain file {value}, line {_line_of(text, raw_key)}: {raw_key}"
         if key is None:
-            raise errors.ConfigError(f"chain file {value}: unknown key {raw_key!r}{_did_you_mean(raw_key, keys)}; "
+            raise errors.ConfigError(f"{where}: unknown key{_did_you_mean(raw_key, keys)}; "
                                      f"keys: {', '.join(sorted(keys))}")  # fmt: skip
-        if key == "env":
-            if not isinstance(item, dict):
-                raise errors.ConfigError(f'chain file {value}: env must be a table of NAME = "value"')
-            defaults[key] = [f"{k}={v}" for k, v in item.items()]
-        elif key == "stage_env":
-            if not isinstance(item, dict) or not all(isinstance(t, dict) for t in item.values()):
-                raise errors.ConfigError(f"chain file {value}: stage-env must be tables by stage: [stage-env.1]")
-            defaults[key] = [f"{k}:{n}={v}" for k, table in item.items() for n, v in table.items()]
-        else:
-            defaults[key] = item
+        defaults[key] = _env_value(item, where) if key in ("env", "stage_env") else _checked(
+            ctx, options[key], item, where
+        )
     ctx.default_map = {**(ctx.default_map or {}), **defaults}
     return value
+
+
+def _env_value(item: object, where: str) -> list[str]:
+    """`env` is a table of NAME = "value"; `stage-env` tables of them by stage ([stage-env.1]); values are text."""
+    if where.endswith(": env"):
+        if not isinstance(item, dict) or not all(isinstance(v, str) for v in item.values()):
+            raise errors.ConfigError(f'{where}: env must be a table of NAME = "value" (values in quotes)')
+        return [f"{k}={v}" for k, v in item.items()]
+    tables = item.values() if isinstance(item, dict) else ()
+    if not isinstance(item, dict) or not all(
+        isinstance(t, dict) and all(isinstance(v, str) for v in t.values()) for t in tables
+    ):
+        raise errors.ConfigError(f'{where}: stage-env must be tables by stage: [stage-env.1] NAME = "value"')
+    return [f"{k}:{n}={v}" for k, table in item.items() for n, v in table.items()]
+
+
+def _read_bounded(path: str) -> str:
+    try:
+        with open(path, "rb") as f:
+            data = f.read(CHAIN_FILE_LIMIT + 1)
+    except OSError as exc:
+        raise errors.ConfigError(f"cannot read chain file {path}: {exc.strerror}") from None
+    if len(data) > CHAIN_FILE_LIMIT:
+        raise errors.ConfigError(f"chain file {path} is larger than {CHAIN_FILE_LIMIT >> 20} MiB: not a chain file")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise errors.ConfigError(f"chain file {path}, line {line}: not UTF-8 text") from None
+
+
+def _line_of(text: str, key: str) -> int | str:
+    for n, line in enumerate(text.splitlines(), 1):
+        if line.strip().strip("[]").split("=")[0].strip().strip("\"'") == key:
+            return n
+    return "?"
+
+
+def _checked(ctx: click.Context, option: click.Option, item: object, where: str) -> object:
+    """A chain file's value as its option takes it: a flag is true or false, a repeatable option a list, any other
+    one value; each converted by the option's own type (no infinity, no table where a number goes)."""
+    kind = "a list" if option.multiple else "true or false" if option.is_flag else "one value"
+    values = item if option.multiple and isinstance(item, list) else [item]
+    scalar = (bool,) if option.is_flag else (str, int, float)
+    if (option.multiple and not isinstance(item, list)) or not all(
+        isinstance(v, scalar) and not (isinstance(v, bool) and not option.is_flag) for v in values
+    ):
+        raise errors.ConfigError(f"{where}: takes {kind}, not {item!r}")
+    if any(isinstance(v, float) and not math.isfinite(v) for v in values):
+        raise errors.ConfigError(f"{where}: takes a finite number, not {item!r}")
+    if not option.is_flag:
+        for v in values:
+            try:
+                option.type.convert(v, option, ctx)
+            except click.BadParameter as exc:
+                raise errors.ConfigError(f"{where}: {exc.format_message()}") from None
+    return item
 
 
 @main.command()
@@ -177,8 +230,8 @@ def load_chain_file(ctx: click.Context, param: click.Parameter, value: str | Non
     default=True,
     envvar="PP_LAUNCH_SWEEP",
     show_default=True,
-    help="First remove what launchers that died on this host left behind (each container is named as it goes); "
-    "--no-sweep (or PP_LAUNCH_SWEEP=0) leaves them for 'pp-launch gc'.",
+    hidden=True,
+    help="No effect, kept for scripts: what a launcher leaves, its run's guard removes (docs/chain.md).",
 )
 @click.option(
     "--log-dir",
@@ -242,9 +295,10 @@ def chain(
         stages=stages, image=image, network=network, name_prefix=name_prefix, env=seed + env, stage_env=stage_env,
         addr_timeout=addr_timeout, grace=grace, entrypoint=(entrypoint,) if entrypoint else None, handoff=handoff,
         parallel=bring_up == "parallel",
-        lifeline=True,  # a detached run is its launcher's until it is up (bringup.py)
+        lifeline=True,  # a detached run is its launcher's until it is up, then its guards' (adapters/guard.py)
     )  # fmt: skip
-    request = LaunchRequest(chain_request, gpu, host_names, placement, stages_per_host, detach, sweep, gpu_node,
+    del sweep  # no effect (its help says why)
+    request = LaunchRequest(chain_request, gpu, host_names, placement, stages_per_host, detach, gpu_node,
                             log_dir=log_dir, ray=ray_address, ray_timeout=ray_timeout)  # fmt: skip
     if dry_run:
         _print_plan(plan_launch(request), as_json, gpu.inventory_path)

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from pp_launch.adapters import bringup, host_state
+from pp_launch.adapters import host_state
 from pp_launch.adapters.docker_engine import Engine
 from pp_launch.adapters.nvml import NvmlUnavailable, read_inventory
 from pp_launch.app import housekeeping
@@ -146,7 +146,12 @@ def _formatted(template: str, row: dict[str, Any]) -> str:
 @host_choice
 @RAY_OPTION
 def down(
-    run_ids: tuple[str, ...], all_runs: bool, grace: float, yes: bool, host_names: tuple[str, ...], all_hosts: bool,
+    run_ids: tuple[str, ...],
+    all_runs: bool,
+    grace: float,
+    yes: bool,
+    host_names: tuple[str, ...],
+    all_hosts: bool,
     ray_address: str | None,
 ) -> None:
     """Stop runs (or --all) with the chain's guarantees: SIGTERM, one grace, SIGKILL, removal confirmed.
@@ -222,25 +227,29 @@ def _down(
 
 
 def _down_on(engine: Engine, run_id: str | None, all_runs: bool, grace: float, yes: bool, host: str | None) -> bool:
-    """down on one engine; False when it had nothing to stop. Exits 1 when something stays."""
+    """down on one engine: only what a running guard of the run recorded (adapters/guard.py); False when it had
+    nothing to stop. Exits 1 when something stays."""
     on = f" on host {host}" if host else ""
-    if all_runs:
-        targets = engine.containers(labels.run_selector())
-        if targets and not yes:
-            runs = sorted({c.labels.get(labels.RUN, "?") for c in targets})
-            question = f"stop {len(targets)} containers of {len(runs)} runs ({', '.join(runs)}), whoever owns them?"
-            if not sys.stdin.isatty():
-                raise errors.ConfigError(f"--all would {question[:-1]}: add --yes to confirm")
-            click.confirm(f"pp-launch: {question}", abort=True, err=True)
-    else:
-        targets = housekeeping.find_run(engine, run_id or "")[1]
-    if not targets:
-        click.echo(f"pp-launch: nothing to stop{on} (no pp-launch containers)", err=True)
+    found = engine.containers(labels.run_selector()) if all_runs else housekeeping.find_run(engine, run_id or "")[1]
+    vouched = housekeeping.vouch(engine, found)
+    targets = list(vouched.ours)
+    if all_runs and (targets or vouched.guards) and not yes:
+        runs = sorted({c.labels.get(labels.RUN, "?") for c in targets} | {g.run for g in vouched.guards})
+        question = (
+            f"stop {count(len(targets), 'container')} of {len(runs)} runs ({', '.join(runs)}), whoever owns them?"
+        )
+        if not sys.stdin.isatty():
+            raise errors.ConfigError(f"--all would {question[:-1]}: add --yes to confirm")
+        click.confirm(f"pp-launch: {question}", abort=True, err=True)
+    for c in vouched.unrecorded:
+        click.echo(f"pp-launch: not touched{on}: {housekeeping.describe(c)} carries the run's labels, but no guard "
+                   "of the run recorded it (not made by that run, or its guard was removed)", err=True)  # fmt: skip
+    if not targets and not vouched.guards:
+        click.echo(f"pp-launch: nothing to stop{on} (no pp-launch run that a guard vouches for)", err=True)
         return False
-    shown = [c for c in targets if not bringup.is_marker(c)]  # a run's hand-over marker goes with it, unsaid
-    names = ", ".join(sorted(c.name for c in shown))
-    click.echo(f"pp-launch: stopping {count(len(shown), 'container')}{on}: {names}", err=True)
-    outcomes = housekeeping.stop_runs(engine, targets, grace)
+    names = ", ".join(sorted(c.name for c in targets)) or "none yet (still placing)"
+    click.echo(f"pp-launch: stopping {count(len(targets), 'container')}{on}: {names}", err=True)
+    outcomes = housekeeping.stop_runs(engine, targets, grace, guards=vouched.guards)
     left = [ref for o in outcomes for ref in o.orphans]
     problems = [o.message for o in outcomes if o.exit_code != 0]
     if left or problems:
@@ -249,7 +258,7 @@ def _down_on(engine: Engine, run_id: str | None, all_runs: bool, grace: float, y
         tail = f"; still present: {still}" if still else ""
         click.echo(f"pp-launch: error{on}: {'; '.join(problems)}{tail}", err=True)
         sys.exit(errors.EXIT_FAILURE)
-    click.echo(f"pp-launch: stopped and removed {count(len(shown), 'container')}{on}", err=True)
+    click.echo(f"pp-launch: stopped and removed {count(len(targets), 'container')}{on}", err=True)
     return True
 
 
@@ -265,10 +274,10 @@ def _inventory() -> GpuInventory | None:
 @host_choice
 @RAY_OPTION
 def gc(dry_run: bool, host_names: tuple[str, ...], all_hosts: bool, ray_address: str | None) -> None:
-    """Remove containers whose launcher is gone (a process on this host that no longer runs).
+    """Name containers that carry pp-launch labels but that no run's guard recorded; remove nothing.
 
-    Never touches detached or compose runs, runs of another host, or containers without pp-launch labels.
-    Every `chain` and `pp-gpu-node` does this by itself before it starts.
+    What a launcher leaves, however it ended, its run's guard on the engine removes (docs/chain.md). A container
+    that only carries pp-launch's labels is not ours to remove: it is named, with the command to remove it.
 
     \b
     Example:
@@ -290,21 +299,10 @@ def gc(dry_run: bool, host_names: tuple[str, ...], all_hosts: bool, ray_address:
     anything = False
     for name, engine in engines.reached:
         on = f" on host {name or 'local'}" if engines.several else ""
-        if dry_run:
-            found = housekeeping.orphans(engine)
-            for c in found:
-                click.echo(f"would remove {housekeeping.describe(c)}{on}: its owner is gone")
-            anything = anything or bool(found)
-            continue
-        collected = housekeeping.gc(engine)
-        for c in collected.removed:
-            why = "" if bringup.is_marker(c) else ": its owner is gone"
-            click.echo(f"removed {housekeeping.describe(c)}{on}{why}")
-        for c, why in collected.failed:
-            what = f"{housekeeping.describe(c)}{on}: {housekeeping.safe(why)}"
-            click.echo(f"pp-launch: error: could not remove {what}", err=True)
-        anything = anything or bool(collected.removed or collected.failed)
-        engines.failed = engines.failed or bool(collected.failed)
+        for c in housekeeping.unrecorded(engine):
+            why = "no guard of its run recorded it (not made by that run, or its guard was removed)"
+            click.echo(f"not touched{on}: {housekeeping.describe(c)}: {why}; remove it yourself if it is yours")
+            anything = True
     if not anything:
-        click.echo("nothing to collect", err=True)
+        click.echo("nothing to collect: every run's guard removes what its launcher leaves", err=True)
     engines.finish()

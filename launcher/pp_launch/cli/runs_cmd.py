@@ -201,16 +201,12 @@ def wait(
         return
     engines = Engines(host_names, all_hosts, run_id)
     run, every = engines.find_run(run_id)
-    found = [(e, c) for e, c in every if housekeeping.is_stage(c)]  # not its lock or hand-over marker
+    found = [(e, c) for e, c in every if housekeeping.is_stage(c)]  # not its lock or guard
     deadline = None if timeout is None else time.monotonic() + timeout
     if until == "announced":
         _wait_announced(run, found, deadline)
     else:
-        try:
-            _wait_exit(run, found, deadline)
-        finally:  # every stage gone (or the timeout): a marker of a run with no stage left goes too
-            for engine, _ in every:
-                housekeeping.gc(engine, housekeeping.ended_markers(engine, run))
+        _wait_exit(run, found, deadline)
     engines.finish()
 
 

@@ -86,3 +86,13 @@ class Interrupted(PpLaunchError):
         super().__init__(f"stopped by signal {signum} while waiting; nothing was started")
         self.signum = signum
         self.exit_code = exit_code_for_signal(signum)
+
+
+class LockLost(PpLaunchError):
+    """The engine's GPU lock this launch held is no longer running (removed by another client): another launch may
+    be placing on the same GPUs, so this one stops before its stages start; nothing else is touched."""
+
+
+class GuardLost(PpLaunchError):
+    """A run's guard on an engine is gone (`pp-launch down`, or removed by another client): what the run creates
+    there can no longer be recorded as its own, so the launch stops."""

@@ -19,7 +19,7 @@ HOSTS = "pp-launch.hosts"  # every host of its run, comma-separated in ring orde
 LAUNCHER = "pp-launch.launcher"  # a detached run's launcher: the run is its until the hand-over marker exists
 
 STAGE_LOCK = "lock"  # the stage label of an engine's GPU lock container (app/locks.py)
-STAGE_HANDED_OVER = "handed-over"  # the stage label of a detached run's hand-over marker (adapters/bringup.py)
+STAGE_GUARD = "guard"  # the stage label of a run's guard on an engine (adapters/guard.py)
 
 OWNER_DETACHED = "detached"
 OWNER_COMPOSE_PREFIX = "compose:"

@@ -276,7 +276,6 @@ def Chain(
         ChainRequest(stages=stages, image=image, env=tuple((env or {}).items()), grace=grace,
                      addr_timeout=addr_timeout, handoff=handoff, parallel=bring_up == "parallel"),
         launch.GpuOptions(mode=gpus, per_stage=gpus_per_stage, attach=gpu_attach, inventory_path=gpu_inventory),
-        sweep=False,  # a test suite's chain never removes what others left: that is `pp-launch gc`'s to do
         run_id=run_id,
         keep_logs=False,  # a suite's chains leave nothing in the user's state
     )  # fmt: skip  # every rule between the options holds here as on the command line

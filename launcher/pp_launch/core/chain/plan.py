@@ -13,6 +13,7 @@ from pp_launch.core.chain import handoff
 from pp_launch.core.gpu.allocator import HOST_LEVEL, PlacementCost, describe_level
 
 BUILTIN_IMAGE = "pp-launch/stub-worker:latest"
+GUARD_IMAGE = "pp-launch/guard:latest"  # every run's guard and every engine's GPU lock (images/guard)
 
 
 @dataclass(frozen=True)

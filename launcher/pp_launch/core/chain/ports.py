@@ -100,7 +100,8 @@ class StageBackend(Protocol):
         ...
 
     def leftovers(self, run_id: str) -> list[str]:
-        """References (engine ids) of anything of this run that still exists, asked of the engine by label."""
+        """References (engine ids) of what this backend created for the run that still exists, asked of the
+        engine: never a container that only carries the run's labels."""
         ...
 
     def watch(self, ref: str, stage: int, sink: Sink) -> None:

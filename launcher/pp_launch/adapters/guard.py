@@ -1,0 +1,152 @@
+"""A run's guard on each engine it uses, in the manner of testcontainers' Ryuk (docs/chain.md, "The guard").
+
+The guard is a running container of the run (`pp-launch/guard`, built offline; tini as init, auto-remove, no
+network) that reaches its own engine through the engine's socket. The launcher holds its stdin, and writes to it
+the id the engine returned for each of the run's creates, before that container starts: the guard's record is
+the only list of what is the run's own on that engine. Labels only help people find things: `down`, `ps` and
+the guard itself act on recorded ids alone, never on a container that merely carries the run's labels.
+
+- The launcher ends, however it ends: the engine closes the guard's stdin; the guard stops every recorded
+  container (SIGTERM, the grace, SIGKILL, removal confirmed) and exits. Nothing on the engine depends on the
+  launcher's machine still being there.
+- A detached run: once it is up the launcher writes `detach`; the guard is the run's owner from then on, until
+  `pp-launch down` (SIGTERM to the guard, which tears the run down) or the run's last container ends.
+- The guard's own output (`owned <id>`, `detached`) is the record that `down` and `ps` read back from the engine.
+
+The launcher's local watchdog (adapters/watchdog.py) gets the same ids on its own stdin: a second layer, for
+when the guard is removed by someone else while its launcher dies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+from dataclasses import dataclass
+
+from pp_launch.adapters import watchdog
+from pp_launch.adapters.docker_engine import Engine, Held
+from pp_launch.core import errors, labels
+from pp_launch.core.chain.plan import GUARD_IMAGE
+
+SOCKET_ENV = "PP_LAUNCH_GUARD_SOCKET"  # the engine's socket on its own machine, when it is not reached over one
+DEFAULT_SOCKET = "/var/run/docker.sock"
+INSIDE = "/var/run/docker.sock"
+ENTRY = ("python3", "-u", "/usr/local/lib/pp-guard/pp_guard.py")
+
+
+def socket_path(engine: Engine) -> str:
+    """Where the engine listens on its own machine: the unix socket we reach it by, else the usual one."""
+    if engine.url.startswith("unix://"):
+        return engine.url.removeprefix("unix://")
+    return os.environ.get(SOCKET_ENV, DEFAULT_SOCKET)
+
+
+def guard_labels(run_id: str, owner: str) -> dict[str, str]:
+    return {labels.RUN: run_id, labels.STAGE: labels.STAGE_GUARD, labels.OWNER: owner, labels.GPUS: ""}
+
+
+class RunGuard:
+    """The launcher's end of one engine's guard, and of the local watchdog that keeps the same record."""
+
+    def __init__(self, engine: Engine, held: Held, keeper: subprocess.Popen[bytes] | None) -> None:
+        self.engine, self.held, self.keeper = engine, held, keeper
+
+    @classmethod
+    def start(cls, engine: Engine, run_id: str, owner: str, grace: float, host: str | None = None) -> RunGuard:
+        """The guard on `engine`, running before any container of the run is created there."""
+        held = engine.hold(
+            None, GUARD_IMAGE, guard_labels(run_id, owner), ENTRY, binds={socket_path(engine): INSIDE},
+            env={"PP_GUARD_GRACE": f"{grace:g}"},
+        )  # fmt: skip
+        assert held is not None  # no name: nothing to collide with
+        return cls(engine, held, watchdog.spawn(run_id, grace, host=host))
+
+    @property
+    def id(self) -> str:
+        return self.held.id
+
+    def own(self, ref: str) -> None:
+        """Record a container the engine just created for the run: GuardLost when the guard is gone."""
+        self._tell_keeper(f"own {ref}\n".encode())
+        try:
+            self.held.write(f"own {ref}\n".encode())
+        except OSError:
+            raise errors.GuardLost(self.lost_message()) from None
+
+    def lost_message(self) -> str:
+        return (
+            f"the run's guard on the engine at {self.engine.address} (container {self.held.id[:12]}) is gone: "
+            "stopped by 'pp-launch down', or removed by another client"
+        )
+
+    def alive(self) -> bool:
+        return self.held.alive()
+
+    def detach(self) -> None:
+        """The run is up and detached: the guard owns it from now on (the watchdog lets it be)."""
+        self._tell_keeper(b"detach\n")
+        try:
+            self.held.write(b"detach\n")
+        except OSError:
+            raise errors.GuardLost(self.lost_message()) from None
+
+    def close(self) -> None:
+        """The launcher's end: the guard tears down what is left (nothing, after a clean teardown) and exits,
+        unless the run is detached."""
+        self.held.let_go()
+        if self.keeper is not None and self.keeper.stdin is not None:
+            with contextlib.suppress(OSError):
+                self.keeper.stdin.close()
+
+    def _tell_keeper(self, data: bytes) -> None:
+        if self.keeper is not None and self.keeper.stdin is not None:
+            with contextlib.suppress(OSError, ValueError):
+                self.keeper.stdin.write(data)
+                self.keeper.stdin.flush()
+
+
+@dataclass(frozen=True)
+class GuardRecord:
+    """What one running guard says is its run's own on its engine."""
+
+    id: str
+    run: str
+    owned: tuple[str, ...]
+    detached: bool
+
+
+def records(engine: Engine, run: str | None = None) -> list[GuardRecord]:
+    """Every running guard of pp-launch's own image on this engine (or of `run`), read back from its output.
+    A container that calls itself a guard from another image records nothing."""
+    ours = engine.image_id(GUARD_IMAGE)
+    if ours is None:
+        return []
+    found = [
+        c for c in engine.containers([*labels.run_selector(run), f"{labels.STAGE}={labels.STAGE_GUARD}"])
+        if c.state == "running"
+    ]  # fmt: skip
+    out = []
+    for c in found:
+        info = engine.inspect(c.id) or {}
+        if info.get("Image") != ours:
+            continue
+        owned: list[str] = []
+        detached = False
+        for line in engine.log_lines(c.id):
+            words = line.decode("ascii", "replace").split()
+            if len(words) == 2 and words[0] == "owned" and len(words[1]) == 64:
+                owned.append(words[1])
+            elif words == ["detached"]:
+                detached = True
+        out.append(GuardRecord(c.id, c.labels.get(labels.RUN, ""), tuple(owned), detached))
+    return out
+
+
+def image_check(engine: Engine, where: str) -> None:
+    """The guard's image must be on every engine a run uses (nothing is pulled)."""
+    if engine.image_labels(GUARD_IMAGE) is None:
+        raise errors.ImageMissing(
+            f"pp-launch's guard image {GUARD_IMAGE} is not on {where}: run 'pp-launch images build' there, or "
+            f"load it (docker save {GUARD_IMAGE} | docker -H ENGINE load)"
+        )
