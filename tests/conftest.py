@@ -64,6 +64,14 @@ def stub_image(engine) -> str:  # type: ignore[no-untyped-def]
     return images.BUILTIN_IMAGE
 
 
+@pytest.fixture(scope="session")
+def our_images(stub_image) -> tuple[str, ...]:  # type: ignore[no-untyped-def]
+    """What a test engine needs to run chains: the stage image and pp-launch's guard image."""
+    from pp_launch.core.chain.plan import GUARD_IMAGE
+
+    return (stub_image, GUARD_IMAGE)
+
+
 _skipped: list[str] = []
 
 
@@ -108,7 +116,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 @pytest.fixture(scope="session")
-def side_engine(engine, stub_image):  # type: ignore[no-untyped-def]
+def side_engine(engine, our_images):  # type: ignore[no-untyped-def]
     """A second engine that tests may kill, freeze, stop or restart; the stub image loaded into it."""
     from pathlib import Path
 
@@ -119,7 +127,7 @@ def side_engine(engine, stub_image):  # type: ignore[no-untyped-def]
     side = SideEngine("faults")
     try:
         side.start()
-        side.load(stub_image)
+        side.load(*our_images)
         yield side
     finally:
         side.close()
@@ -131,12 +139,12 @@ def side_engine(engine, stub_image):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture(scope="session")
-def gpu_host(engine, stub_image):  # type: ignore[no-untyped-def]
+def gpu_host(engine, our_images):  # type: ignore[no-untyped-def]
     """The fake NVIDIA host (tests/gpu_host.py): fake NVML for launchers, GPU engines started on first use."""
     from .gpu_host import FakeGpuHost
 
     host = FakeGpuHost()
-    host.images = (stub_image,)
+    host.images = our_images
     try:
         yield host
     finally:

@@ -164,7 +164,14 @@ class Launcher:
 
 
 def run_containers(engine: Any, run_id: str) -> list[str]:
-    return [c.name for c in engine.containers([f"pp-launch.run={run_id}"])]
+    """The run's stages (and lock) on the engine; its guard is `guard_of`'s."""
+    found = engine.containers([f"pp-launch.run={run_id}"])
+    return [c.name for c in found if c.labels.get("pp-launch.stage") != "guard"]
+
+
+def guard_of(engine: Any, run_id: str) -> list[str]:
+    """The ids of the run's guard containers on the engine (adapters/guard.py)."""
+    return [c.id for c in engine.containers([f"pp-launch.run={run_id}", "pp-launch.stage=guard"])]
 
 
 def wait_until(predicate: Any, timeout: float, interval: float = 0.1) -> bool:

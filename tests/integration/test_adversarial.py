@@ -23,7 +23,7 @@ from testcontainers.core.wait_strategies import LogMessageWaitStrategy
 from pp_launch.adapters import identity
 from pp_launch.core import labels
 
-from ..helpers import BUSY_SLACK, Launcher, remember_run, run_containers, unique, wait_until
+from ..helpers import BUSY_SLACK, Launcher, guard_of, remember_run, run_containers, unique, wait_until
 
 pytestmark = pytest.mark.docker
 
@@ -84,7 +84,7 @@ def test_malformed_labels_on_a_foreign_container_crash_nothing_and_it_is_untouch
         ps = Launcher("ps")
         assert ps.wait(30) == 0
         row = next(line for line in ps.stdout_lines if bad._kwargs["labels"][labels.RUN] in line)
-        assert "unknown: not ours to judge" in row
+        assert "unrecorded: no guard of its run made it (never touched)" in row
         chain = Launcher("chain", "--gpus", "none", "--json")  # its sweep and its GPU pick read the same labels
         assert chain.wait(60) == 0, chain.stderr_text()
         assert engine.inspect(bad.get_container_id())["State"]["Running"]
@@ -184,20 +184,20 @@ def test_a_detached_run_killed_with_its_watchdog_during_bring_up_goes_by_its_lif
     assert wait_until(lambda: run_containers(engine, run) == [], 10)
 
 
-def test_a_detached_run_deaf_to_all_and_killed_during_bring_up_is_collected_by_gc(engine, stub_image, tmp_path) -> None:
-    """Found and judged by its labels alone (issue #23 item 9): ps and gc see it with no state directory at all."""
+def test_a_detached_run_deaf_to_all_killed_while_coming_up_goes_with_its_guard(engine, stub_image, tmp_path) -> None:
+    """Stages deaf to SIGTERM and to their lifeline, the watchdog killed with the launcher before the run was handed
+    over: the run's guard on the engine removes them; ps and gc need no state directory to say so."""
     up, run = _detached_while_coming_up("--env", "STUB_IGNORE_SIGTERM=1", "--env", "STUB_IGNORE_LIFELINE=1")
     os.kill(_watchdog_of(run), signal.SIGKILL)
     up.signal(signal.SIGKILL)
     up.wait(10)
-    assert len(run_containers(engine, run)) == 2  # nothing else could remove them: stages deaf, watchdog dead
+    assert wait_until(lambda: run_containers(engine, run) == [] and guard_of(engine, run) == [], 20)
     stateless = {"PP_LAUNCH_STATE_DIR": str(tmp_path / "never-made")}
     ps = Launcher("ps", "--json", env=stateless)
     assert ps.wait(30) == 0
-    assert {r["owner_status"] for r in ps.events if r["run"] == run} == {"gone"}
+    assert [r for r in ps.events if r["run"] == run] == []
     gc = Launcher("gc", env=stateless)
     assert gc.wait(30) == 0, gc.stderr_text()
-    assert run_containers(engine, run) == []
     assert not (tmp_path / "never-made").exists()
 
 
@@ -209,15 +209,15 @@ def test_a_detached_run_once_up_outlives_its_launcher_lifeline_and_watchdog(engi
     assert up.stdout_lines == [run]  # stdout is the run id alone; stage lines went to stderr
     assert "[stage 0] PP_GPU_NODE_ADDR" in up.stderr_text()
     found = engine.containers([f"pp-launch.run={run}"])
-    ids = [c.id for c in found if c.labels["pp-launch.stage"] != labels.STAGE_HANDED_OVER]
-    assert len(ids) == 2 and len(found) == 3  # the hand-over is on the engine: a marker of the run, never started
+    ids = [c.id for c in found if c.labels["pp-launch.stage"] != labels.STAGE_GUARD]
+    assert len(ids) == 2 and len(found) == 3  # the hand-over is on the engine: the run's guard owns it now
     # the handed-over stages were told their stdin is no lifeline now: the launcher's exit did not stop them
     for cid in ids:
         assert wait_until(lambda cid=cid: b"detached: stdin is no longer a lifeline" in _logs(engine, cid), 10)
     assert Launcher("gc").wait(30) == 0
     assert all(engine.inspect(cid)["State"]["Running"] for cid in ids)
     assert Launcher("down", run, "--grace", "2").wait(30) == 0
-    assert run_containers(engine, run) == []
+    assert run_containers(engine, run) == [] and guard_of(engine, run) == []
 
 
 def _logs(engine, cid: str) -> bytes:  # type: ignore[no-untyped-def]
@@ -357,23 +357,20 @@ def _orphan(engine, stub_image: str) -> tuple[DockerContainer, str]:
     return c, run
 
 
-def test_the_sweep_says_what_it_removes_first_and_no_sweep_turns_it_off(engine, stub_image) -> None:
-    """Issue #23 item 11."""
+def test_labels_claiming_a_dead_launcher_of_this_host_make_nothing_ours(engine, stub_image) -> None:
+    """A running container labelled as a chain of a launcher that died here, but that no guard recorded: no chain
+    (sweep or not) and no gc touches it; gc names it, with how to remove it."""
     c, run = _orphan(engine, stub_image)
     try:
-        for off in (["--no-sweep"], []):
-            env = {"PP_LAUNCH_SWEEP": "0"} if not off else {"PP_LAUNCH_SWEEP": "1"}
-            kept = Launcher("chain", "--stages", "2", "--gpus", "none", "--env", "MAX_TOKENS=2", *off, env=env)
-            assert kept.wait(60) == 0, kept.stderr_text()
-            assert run_containers(engine, run), f"{off or 'PP_LAUNCH_SWEEP=0'} still swept"
-            assert "left behind by launchers that are gone" not in kept.stderr_text()
-        swept = Launcher("chain", "--stages", "2", "--gpus", "none", "--env", "MAX_TOKENS=2",
-                         env={"PP_LAUNCH_SWEEP": "1"})  # fmt: skip
-        assert swept.wait(60) == 0, swept.stderr_text()
-        text = swept.stderr_text()
-        first = text.index("removing 1 container left behind by launchers that are gone (--no-sweep leaves them): ")
-        assert f"(run {run}," in text[first:] and text.index("removed ") > first
-        assert run_containers(engine, run) == []
+        for env in ({"PP_LAUNCH_SWEEP": "1"}, {"PP_LAUNCH_SWEEP": "0"}):
+            chain = Launcher("chain", "--stages", "2", "--gpus", "none", "--env", "MAX_TOKENS=2", env=env)
+            assert chain.wait(60) == 0, chain.stderr_text()
+            assert run_containers(engine, run), "a label match was swept"
+        gc = Launcher("gc")
+        assert gc.wait(30) == 0
+        said = "\n".join(gc.stdout_lines)
+        assert f"(run {run}," in said and "not touched" in said and "no guard of its run recorded it" in said
+        assert run_containers(engine, run)
     finally:
         with contextlib.suppress(Exception):
             c.stop()

@@ -22,7 +22,7 @@ from pp_launch.adapters import identity
 from pp_launch.core import labels
 
 from ..chaos import Case, matrix, random_kill, run_case
-from ..helpers import Launcher, remember_run, run_containers, spawn, unique, wait_until
+from ..helpers import Launcher, guard_of, remember_run, run_containers, spawn, unique, wait_until
 
 pytestmark = pytest.mark.docker
 HOLD = ["--json", "--gpus", "none", "--env", "STUB_MODE=hold"]
@@ -56,31 +56,40 @@ def test_layer_watchdog_alone(engine, stub_image) -> None:
     assert wait_until(lambda: run_containers(engine, launcher.run_id) == [], 10)
 
 
-@pytest.mark.parametrize("sweeper", ["gc", "chain"])
-def test_layer_sweep_alone(engine, stub_image, sweeper: str) -> None:
-    """Launcher and watchdog both killed, stages deaf to both: left behind, until the next gc or chain."""
+def test_layer_guard_alone(engine, stub_image) -> None:
+    """Launcher and watchdog both killed, stages deaf to both: the run's guard on the engine removes them (SIGTERM,
+    the grace, SIGKILL), then goes itself; `gc` has nothing to collect."""
     launcher = Launcher(
-        "chain", "--stages", "2", *HOLD, "--env", "STUB_IGNORE_SIGTERM=1", "--env", "STUB_IGNORE_LIFELINE=1"
-    )
+        "chain", "--stages", "2", *HOLD, "--grace", "1", "--env", "STUB_IGNORE_SIGTERM=1",
+        "--env", "STUB_IGNORE_LIFELINE=1",
+    )  # fmt: skip
     launcher.wait_event("pp_stage_roster")
     run = launcher.run_id
+    assert len(guard_of(engine, run)) == 1
     os.kill(watchdog_pid(run), signal.SIGKILL)
     launcher.signal(signal.SIGKILL)
     launcher.wait(10)
-    assert len(run_containers(engine, run)) == 2  # launcher and watchdog dead, stages deaf: only a sweep is left
-    if sweeper == "gc":
-        gc = Launcher("gc")
-        assert gc.wait(30) == 0
-        said = "\n".join(gc.stdout_lines)
-    else:
-        nxt = Launcher("chain", "--stages", "2", "--json", "--gpus", "none", env={"PP_LAUNCH_SWEEP": "1"})
-        assert nxt.wait(60) == 0
-        said = nxt.stderr_text()
-    assert run_containers(engine, run) == []
-    # gc says what it removed; the sweep at a chain's start also says beforehand what it is about to remove
-    assert said.count(f"run {run}") == (2 if sweeper == "gc" else 4) and "gone" in said
-    if sweeper == "chain":
-        assert said.index("removing 2 containers left behind") < said.index("removed ")
+    t0 = time.monotonic()
+    assert wait_until(lambda: run_containers(engine, run) == [] and guard_of(engine, run) == [], 15)
+    assert time.monotonic() - t0 < 1 + 5  # one grace, then SIGKILL and the removals
+    gc = Launcher("gc")
+    assert gc.wait(30) == 0 and all(run not in line for line in gc.stdout_lines)
+
+
+def test_layer_watchdog_when_the_guard_is_removed_by_another_client(engine, stub_image) -> None:
+    """A neighbour removes the run's guard (docker rm -f), then the launcher dies: the launcher's local watchdog
+    still removes the stages, by the ids it was told (never by label)."""
+    launcher = Launcher(
+        "chain", "--stages", "2", *HOLD, "--grace", "1", "--env", "STUB_IGNORE_SIGTERM=1",
+        "--env", "STUB_IGNORE_LIFELINE=1",
+    )  # fmt: skip
+    launcher.wait_event("pp_stage_roster")
+    run = launcher.run_id
+    (guard,) = guard_of(engine, run)
+    subprocess.run(["docker", "rm", "-f", guard], check=True, capture_output=True)
+    launcher.signal(signal.SIGKILL)
+    launcher.wait(10)
+    assert wait_until(lambda: run_containers(engine, run) == [], 15)
 
 
 # ------------------------------------------------------------------------------------------- the matrix
@@ -114,14 +123,14 @@ def test_detach_then_ps_gc_and_down(engine, stub_image) -> None:
     remember_run(run)
     assert len(run) == 12 and f"pp-launch down {run}" in up.stderr_text()
     found = engine.containers([f"{labels.RUN}={run}"])
-    ids = [c.id for c in found if c.labels[labels.STAGE] != labels.STAGE_HANDED_OVER]
-    assert len(found) == 3 and len(ids) == 2  # two stages and the hand-over marker (never started)
+    ids = [c.id for c in found if c.labels[labels.STAGE] != labels.STAGE_GUARD]
+    assert len(found) == 3 and len(ids) == 2  # two stages and the run's guard, its owner now
     for cid in ids:  # each stage took the hand-over: the launcher's exit closing its stdin did not stop it
         assert wait_until(lambda cid=cid: b"no longer a lifeline" in bytes(engine.api.logs(cid, stderr=True)), 10)
-    assert len(run_containers(engine, run)) == 3  # the launcher is gone; the chain is not
+    assert len(run_containers(engine, run)) == 2 and len(guard_of(engine, run)) == 1  # the launcher is gone
     assert all(c.labels[labels.OWNER] == "detached" for c in engine.containers([f"{labels.RUN}={run}"]))
     assert Launcher("gc").wait(30) == 0
-    assert len(run_containers(engine, run)) == 3  # gc never touches detached runs
+    assert len(run_containers(engine, run)) == 2  # gc never touches a run
     ps = Launcher("ps", "--json")
     assert ps.wait(30) == 0
     rows = [r for r in ps.events if r["run"] == run]
@@ -132,7 +141,7 @@ def test_detach_then_ps_gc_and_down(engine, stub_image) -> None:
     down = Launcher("down", run, "--grace", "2")
     assert down.wait(30) == 0
     assert f"stopping 2 containers: pp-{run}-0, pp-{run}-1" in down.stderr_text()
-    assert run_containers(engine, run) == []
+    assert run_containers(engine, run) == [] and guard_of(engine, run) == []
 
 
 def test_down_of_one_run_leaves_the_other(engine, stub_image) -> None:
@@ -149,8 +158,8 @@ def test_down_of_one_run_leaves_the_other(engine, stub_image) -> None:
 
 @pytest.mark.full  # a private side engine
 def test_gc_and_down_all_touch_only_our_containers(side_engine) -> None:
-    """On a private engine: `down --all` stops every pp-launch container there is, so never on the suite's engine,
-    where a real user's runs may live (issue #25)."""
+    """On a private engine: `down --all` stops every run a guard vouches for, so never on the suite's engine, where a
+    real user's runs may live. Containers that only carry pp-launch labels are named and never touched."""
     side = side_engine
     env = {"DOCKER_HOST": side.host}
     me = identity.current_owner().label()
@@ -171,18 +180,23 @@ def test_gc_and_down_all_touch_only_our_containers(side_engine) -> None:
     def running(cid: str) -> bool:
         return side.docker("inspect", "-f", "{{.State.Running}}", cid, check=False).stdout.strip() == "true"
 
+    real = Launcher("chain", "--stages", "2", "--gpus", "none", "--env", "STUB_MODE=hold", "-d", "-q", env=env)
     try:
+        assert real.wait(60) == 0, real.stderr_text()
+        run_id = real.stdout_lines[-1].strip()
         assert all(wait_until(lambda c=c: running(c), 30) for c in started)
-        assert Launcher("gc", env=env).wait(30) == 0
+        gc = Launcher("gc", env=env)
+        assert gc.wait(30) == 0
         assert all(running(c) for c in started)
+        assert sum("not touched" in line for line in gc.stdout_lines) == 2  # the two forged ones, named
         unconfirmed = Launcher("down", "--all", "--grace", "1", env=env)  # no terminal to ask on, no --yes: refused
         assert unconfirmed.wait(30) == 2 and "add --yes to confirm" in unconfirmed.stderr_text()
         assert all(running(c) for c in started)
         down = Launcher("down", "--all", "--yes", "--grace", "1", env=env)
-        assert down.wait(30) == 0
-        assert all(running(c) for c in decoys)  # no labels: never touched
-        for cid in (live_owner, other_host):
-            assert side.docker("inspect", cid, check=False).returncode != 0
+        assert down.wait(30) == 0, down.stderr_text()
+        assert all(running(c) for c in started)  # labels alone make nothing ours: never touched
+        assert "stopping 2 containers" in down.stderr_text()
+        assert wait_until(lambda: not side.docker("ps", "-aq", "--filter", f"label={labels.RUN}={run_id}").stdout, 20)
     finally:
         for cid in started:
             side.docker("rm", "-f", cid, check=False)

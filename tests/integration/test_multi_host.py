@@ -23,8 +23,8 @@ pytestmark = [pytest.mark.docker, pytest.mark.full]  # three engines, one over s
 
 
 @pytest.fixture(scope="module")
-def bed(stub_image: str) -> Iterator[ThreeHosts]:
-    testbed = ThreeHosts((stub_image,))
+def bed(our_images: tuple[str, ...]) -> Iterator[ThreeHosts]:
+    testbed = ThreeHosts(our_images)
     try:
         yield testbed
     finally:

@@ -29,14 +29,14 @@ GPU_LINE = re.compile(r"^\[stage (\d+)\] PP_STAGE_GPUS (\S*)$", re.M)
 
 
 @pytest.fixture(scope="module")
-def cluster(engine, stub_image):  # type: ignore[no-untyped-def]
+def cluster(engine, our_images):  # type: ignore[no-untyped-def]
     if importlib.util.find_spec("ray") is None:
         if os.environ.get("CI") == "true":
             pytest.fail("Ray is not installed: CI installs pp-launch[ray] (make test-all)", pytrace=False)
         pytest.skip("Ray is not installed: pip install -e '.[ray]' (make test-all installs it)")
     from ..ray_cluster import RayCluster
 
-    c = RayCluster((stub_image,))
+    c = RayCluster(our_images)
     try:
         yield c
     finally:

@@ -13,10 +13,14 @@ from pp_launch.core import errors, labels
 
 class FakeHeld:
     def __init__(self, engine: FakeLockEngine) -> None:
-        self.engine = engine
+        self.engine, self.id = engine, "mine" * 16
 
-    def release(self) -> None:
-        self.engine.lock = None
+    def release(self) -> None:  # removes by id, as Held does: never a lock that another launch took since
+        if self.alive():
+            self.engine.lock = None
+
+    def alive(self) -> bool:  # by id: the lock this holder created, still running
+        return self.engine.lock is not None and self.engine.lock["Id"] == "mine" * 16
 
 
 class FakeLockEngine:
@@ -121,3 +125,19 @@ def test_engines_are_locked_in_identity_order_and_all_released_on_failure() -> N
         gl.acquire()
     assert free.holds == 1 and free.lock is None  # taken first (id-1), then let go when b could not be had
     assert gl.held == {}
+
+
+def test_a_lock_removed_by_another_client_is_lost_and_stops_the_launch() -> None:
+    """`docker rm -f pp-launch-gpu-lock` (or `down --all`) while this launch places: the holder's look by id says
+    so before its stages are created, and again before it lets go; either way the launch stops (LockLost)."""
+    engine = FakeLockEngine()
+    gl, _ = take(engine)
+    gl.check()  # still ours
+    engine.lock = lock("running")  # removed, and another launch took the name meanwhile
+    with pytest.raises(errors.LockLost, match="removed by another client") as exc:
+        gl.check()
+    assert exc.value.exit_code == 1
+    with pytest.raises(errors.LockLost):
+        gl.check_and_release()
+    assert gl.held == {}  # let go either way
+    assert engine.lock == lock("running")  # the other launch's lock was never touched

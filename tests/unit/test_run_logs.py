@@ -60,3 +60,20 @@ def test_a_planted_link_is_never_followed(tmp_path: Path) -> None:
 
 def test_a_run_never_kept_reads_as_nothing(tmp_path: Path) -> None:
     assert run_logs.read("nope", tmp_path) == []
+
+
+def test_a_live_run_is_never_pruned_however_many_runs_come_after(tmp_path: Path) -> None:
+    """A long chain keeps its output while 60 short ones come and go with the same directory: pruning takes ended
+    runs only (the live one holds its `.live` lock), and takes it once it ended."""
+    live = run_logs.RunLog("long", tmp_path)
+    live.line(0, "stdout", "still here")
+    for i in range(run_logs.KEEP_RUNS + 10):
+        short = run_logs.RunLog(f"short{i:02d}", tmp_path)
+        short.line(0, "stdout", "done")
+        short.close()
+    assert "long" in run_logs.kept_runs(tmp_path)
+    assert [k.text for k in run_logs.read("long", tmp_path)] == ["still here"]
+    assert len(run_logs.kept_runs(tmp_path)) == run_logs.KEEP_RUNS + 1  # the bound, plus the live run
+    live.close()
+    run_logs.RunLog("next", tmp_path).close()
+    assert "long" not in run_logs.kept_runs(tmp_path) and len(run_logs.kept_runs(tmp_path)) == run_logs.KEEP_RUNS

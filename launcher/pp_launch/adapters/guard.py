@@ -22,9 +22,10 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
+import threading
 from dataclasses import dataclass
 
-from pp_launch.adapters import watchdog
+from pp_launch.adapters import host_state, watchdog
 from pp_launch.adapters.docker_engine import Engine, Held
 from pp_launch.core import errors, labels
 from pp_launch.core.chain.plan import GUARD_IMAGE
@@ -49,8 +50,12 @@ def guard_labels(run_id: str, owner: str) -> dict[str, str]:
 class RunGuard:
     """The launcher's end of one engine's guard, and of the local watchdog that keeps the same record."""
 
-    def __init__(self, engine: Engine, held: Held, keeper: subprocess.Popen[bytes] | None) -> None:
-        self.engine, self.held, self.keeper = engine, held, keeper
+    def __init__(
+        self, engine: Engine, held: Held, keeper: subprocess.Popen[bytes] | None, run_id: str = "",
+        ids: host_state.RunIds | None = None,
+    ) -> None:  # fmt: skip
+        self.engine, self.held, self.keeper, self.run_id, self.ids = engine, held, keeper, run_id, ids
+        self._lock = threading.Lock()  # creates run on several threads at once: one line at a time
 
     @classmethod
     def start(cls, engine: Engine, run_id: str, owner: str, grace: float, host: str | None = None) -> RunGuard:
@@ -60,19 +65,25 @@ class RunGuard:
             env={"PP_GUARD_GRACE": f"{grace:g}"},
         )  # fmt: skip
         assert held is not None  # no name: nothing to collide with
-        return cls(engine, held, watchdog.spawn(run_id, grace, host=host))
+        return cls(engine, held, watchdog.spawn(run_id, grace, host=host), run_id, host_state.RunIds())
 
     @property
     def id(self) -> str:
         return self.held.id
 
     def own(self, ref: str) -> None:
-        """Record a container the engine just created for the run: GuardLost when the guard is gone."""
-        self._tell_keeper(f"own {ref}\n".encode())
-        try:
-            self.held.write(f"own {ref}\n".encode())
-        except OSError:
-            raise errors.GuardLost(self.lost_message()) from None
+        """Record a container the engine just created for the run (the guard, the watchdog, this user's state):
+        GuardLost when the guard is gone."""
+        line = f"own {ref}\n".encode()
+        with self._lock:
+            if self.ids is not None:
+                with contextlib.suppress(errors.PpLaunchError):
+                    self.ids.add(self.run_id, ref)  # a state directory that fails is no reason to stop the run
+            self._tell_keeper(line)
+            try:
+                self.held.write(line)
+            except OSError:
+                raise errors.GuardLost(self.lost_message()) from None
 
     def lost_message(self) -> str:
         return (
@@ -85,19 +96,27 @@ class RunGuard:
 
     def detach(self) -> None:
         """The run is up and detached: the guard owns it from now on (the watchdog lets it be)."""
-        self._tell_keeper(b"detach\n")
-        try:
-            self.held.write(b"detach\n")
-        except OSError:
-            raise errors.GuardLost(self.lost_message()) from None
+        with self._lock:
+            self._tell_keeper(b"detach\n")
+            try:
+                self.held.write(b"detach\n")
+            except OSError:
+                raise errors.GuardLost(self.lost_message()) from None
 
-    def close(self) -> None:
+    def close(self, wait: float = 0.0) -> None:
         """The launcher's end: the guard tears down what is left (nothing, after a clean teardown) and exits,
-        unless the run is detached."""
+        unless the run is detached. wait: seconds to wait for it to be gone (a chain says "nothing left" only
+        once its guard is gone too)."""
         self.held.let_go()
         if self.keeper is not None and self.keeper.stdin is not None:
             with contextlib.suppress(OSError):
                 self.keeper.stdin.close()
+        if wait > 0:
+            with contextlib.suppress(errors.PpLaunchError, OSError):
+                self.engine.wait_removed(self.held.id, timeout=wait)
+            if self.ids is not None:
+                with contextlib.suppress(errors.PpLaunchError):
+                    self.ids.forget(self.run_id)  # a clean end: nothing of the run is left to record
 
     def _tell_keeper(self, data: bytes) -> None:
         if self.keeper is not None and self.keeper.stdin is not None:

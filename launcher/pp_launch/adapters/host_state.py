@@ -238,3 +238,52 @@ class RunHosts:
             matching = self._matching(d, prefix)
             if len(matching) == 1:
                 d.remove(matching[0])
+
+
+class RunIds:
+    """Every id the engine returned for a create of a run started here (`ids/<run>` in this user's private state),
+    written the moment it is known, as the run's guard records it. The guard's record ends with the guard; this one
+    stays, so that `down` and `gc` of the same user can still act, by id, on what an engine crash left (a Dead
+    container whose guard died with the engine). Dropped once the run ended and nothing of it is left."""
+
+    def __init__(self, directory: Path | None = None) -> None:
+        self.base = directory
+
+    @contextlib.contextmanager
+    def _dir(self) -> Iterator[StateDir]:
+        with state(self.base) as top:
+            sub = top.sub("ids")
+            try:
+                yield sub
+            finally:
+                sub.close()
+
+    def add(self, run_id: str, ref: str) -> None:
+        """One line appended (O_APPEND: creates on several threads at once never lose one)."""
+        with self._dir() as d:
+            try:
+                fd = os.open(run_id, os.O_WRONLY | os.O_APPEND | os.O_CREAT | NOFOLLOW, 0o600, dir_fd=d.fd)
+                try:
+                    os.write(fd, f"{ref}\n".encode())
+                finally:
+                    os.close(fd)
+            except OSError as exc:
+                raise _fault(d.path / run_id, exc, "write") from None
+
+    def of(self, run_id: str) -> set[str]:
+        with self._dir() as d:
+            return self._read(d, run_id)
+
+    @staticmethod
+    def _read(d: StateDir, name: str) -> set[str]:
+        text = (d.read(name) or b"").decode("ascii", "replace")
+        return {w for w in text.split() if len(w) == 64 and all(ch in "0123456789abcdef" for ch in w)}
+
+    def every(self) -> dict[str, set[str]]:
+        """Each recorded run and its ids."""
+        with self._dir() as d:
+            return {name: self._read(d, name) for name in d.names("") if not name.startswith(".")}
+
+    def forget(self, run_id: str) -> None:
+        with self._dir() as d:
+            d.remove(run_id)

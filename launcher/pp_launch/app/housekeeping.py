@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from pp_launch.adapters import guard, identity
+from pp_launch.adapters import guard, host_state, identity
 from pp_launch.adapters.docker_engine import ContainerInfo, DockerStageBackend, Engine
 from pp_launch.adapters.inbox import QueueInbox
 from pp_launch.adapters.runtime import ThreadRuntime
@@ -33,10 +33,13 @@ class Vouched:
     guards: tuple[guard.GuardRecord, ...]
 
 
-def vouch(engine: Engine, found: list[ContainerInfo]) -> Vouched:
+def vouch(engine: Engine, found: list[ContainerInfo], mine: dict[str, set[str]] | None = None) -> Vouched:
+    """mine: this user's own record of the ids its runs created (host_state.RunIds), by run; None reads it."""
     runs = {c.labels.get(labels.RUN, "") for c in found}
     recs = tuple(r for r in guard.records(engine) if r.run in runs)
     owned = {ref: r.run for r in recs for ref in r.owned}
+    for run, refs in (recorded_here() if mine is None else mine).items():
+        owned.update(dict.fromkeys(refs, run))
     skip = {r.id for r in recs}
     ours, other = [], []
     for c in found:
@@ -58,6 +61,49 @@ def _compose_service(c: ContainerInfo) -> bool:
 
 
 COMPOSE_PROJECT = "com.docker.compose.project"
+
+
+def recorded_here() -> dict[str, set[str]]:
+    """The ids this user's runs created, by run; nothing when the state directory cannot be read."""
+    try:
+        return host_state.RunIds().every()
+    except errors.PpLaunchError:
+        return {}
+
+
+def left_by_the_dead(engine: Engine) -> list[ContainerInfo]:
+    """What `gc` removes: containers this user's runs created (by id, from its own record) that no running guard
+    of their run holds, and that either no longer run (Dead or exited after an engine crash) or belong to a
+    launcher judged gone here. A detached run is its guard's or `down`'s, never gc's."""
+    mine = recorded_here()
+    ids = {ref for refs in mine.values() for ref in refs}
+    if not ids:
+        return []
+    found = [c for c in engine.containers(labels.run_selector()) if c.id in ids]
+    guarded = {r.run for r in guard.records(engine)}
+    out = []
+    for c in found:
+        if c.labels.get(labels.RUN, "") in guarded:
+            continue
+        owner = c.labels.get(labels.OWNER, "")
+        if c.state not in ("running", "paused", "restarting") or (
+            owner != labels.OWNER_DETACHED and identity.owner_is_gone(owner)
+        ):
+            out.append(c)
+    return out
+
+
+def forget_ended(engines: list[Engine]) -> None:
+    """Drop this user's record of each run none of whose containers is left on these engines, and no guard."""
+    mine = recorded_here()
+    if not mine:
+        return
+    left = {c.id for e in engines for c in e.containers(labels.run_selector())}
+    guarded = {r.run for e in engines for r in guard.records(e)}
+    for run, refs in mine.items():
+        if run not in guarded and not (refs & left):
+            with contextlib.suppress(errors.PpLaunchError):
+                host_state.RunIds().forget(run)
 
 
 def unrecorded(engine: Engine) -> list[ContainerInfo]:
@@ -192,6 +238,8 @@ def list_stages(engine: Engine, run: str | None = None, details: bool = False,
     guarded = {r.id for r in vouched.guards}
     loose = {c.id for c in vouched.unrecorded}
     for c in found:
+        if c.id in guarded:
+            continue  # a run's guard is its machinery, as a hand-over was: `down` ends it with its run
         owner = c.labels.get(labels.OWNER, "")
         stage = c.labels.get(labels.STAGE, "")
         status = owner_status(owner)
@@ -201,7 +249,7 @@ def list_stages(engine: Engine, run: str | None = None, details: bool = False,
             {
                 "run": c.labels.get(labels.RUN, ""),
                 "stage": labels.ascii_int(stage),
-                "role": labels.STAGE_GUARD if c.id in guarded else "lock" if stage == labels.STAGE_LOCK else "stage",
+                "role": "lock" if stage == labels.STAGE_LOCK else "stage",
                 "container": c.name,
                 "image": c.image,
                 "gpus": [g for g in c.labels.get(labels.GPUS, "").split(",") if g],

@@ -382,6 +382,9 @@ def _backend(
     return MultiHostBackend(backends, expected=len(plan.stages), on_all_created=release)
 
 
+GUARD_SETTLE = 10.0  # seconds a clean end waits for its guards to be gone (they find nothing left, and exit)
+
+
 def _run(
     request: LaunchRequest,
     plan: ChainPlan,
@@ -416,8 +419,9 @@ def _run(
                 g.detach()  # from here on the run is its guards' (and `down`'s)
     finally:
         release()
+        settled = outcome is not None and outcome.reason != "detached" and not outcome.orphans
         for g in guards.values():
-            g.close()  # a clean end: the guard finds nothing of the run left and exits
+            g.close(wait=GUARD_SETTLE if settled else 0.0)  # a clean end: the guard finds nothing left and goes
         lost = getattr(backend, "lost", {})
         clean = outcome is not None and not (outcome.orphans or lost) and outcome.reason != "detached"
         if record is not None and clean:

@@ -102,7 +102,7 @@ def _run_locked(
         return supervisor.run(ref, config.stage)
     finally:
         locks.release()
-        guard.close()
+        guard.close(wait=10.0)
 
 
 def _free_name(engine: Engine, name: str, say: Callable[[str], None]) -> None:

@@ -259,6 +259,7 @@ def _down_on(engine: Engine, run_id: str | None, all_runs: bool, grace: float, y
         click.echo(f"pp-launch: error{on}: {'; '.join(problems)}{tail}", err=True)
         sys.exit(errors.EXIT_FAILURE)
     click.echo(f"pp-launch: stopped and removed {count(len(targets), 'container')}{on}", err=True)
+    housekeeping.forget_ended([engine])
     return True
 
 
@@ -274,10 +275,12 @@ def _inventory() -> GpuInventory | None:
 @host_choice
 @RAY_OPTION
 def gc(dry_run: bool, host_names: tuple[str, ...], all_hosts: bool, ray_address: str | None) -> None:
-    """Name containers that carry pp-launch labels but that no run's guard recorded; remove nothing.
+    """Remove what your runs left when their guard went too (an engine crash, a guard removed by someone else);
+    name, and never touch, containers that only carry pp-launch labels.
 
-    What a launcher leaves, however it ended, its run's guard on the engine removes (docs/chain.md). A container
-    that only carries pp-launch's labels is not ours to remove: it is named, with the command to remove it.
+    What a launcher leaves, however it ended, its run's guard on the engine removes (docs/chain.md). gc acts only
+    on ids your own runs recorded at create, whose launcher is gone or that no longer run; never on a detached run
+    (its guard's, or `down`'s). A container that merely carries pp-launch's labels is named, with how to remove it.
 
     \b
     Example:
@@ -299,10 +302,21 @@ def gc(dry_run: bool, host_names: tuple[str, ...], all_hosts: bool, ray_address:
     anything = False
     for name, engine in engines.reached:
         on = f" on host {name or 'local'}" if engines.several else ""
+        dead = housekeeping.left_by_the_dead(engine)
+        for c in dead:
+            click.echo(f"{'would remove' if dry_run else 'removing'} {housekeeping.describe(c)}{on}: its run's "
+                       "guard and launcher are gone")  # fmt: skip
+        if dead and not dry_run:
+            outcomes = housekeeping.stop_runs(engine, dead, 1.0, reason="launcher gone")
+            for ref in (r for o in outcomes for r in o.orphans):
+                click.echo(f"pp-launch: error: could not remove {ref[:12]}{on}", err=True)
+                engines.failed = True
         for c in housekeeping.unrecorded(engine):
             why = "no guard of its run recorded it (not made by that run, or its guard was removed)"
             click.echo(f"not touched{on}: {housekeeping.describe(c)}: {why}; remove it yourself if it is yours")
-            anything = True
+        anything = anything or bool(dead) or bool(housekeeping.unrecorded(engine))
+    if not dry_run:
+        housekeeping.forget_ended([e for _, e in engines.reached])
     if not anything:
-        click.echo("nothing to collect: every run's guard removes what its launcher leaves", err=True)
+        click.echo("nothing to collect", err=True)
     engines.finish()
