@@ -148,6 +148,8 @@ class ThreeHosts:
     def env(self, **extra: str) -> dict[str, str]:
         env = fake_nvml.environ(self.gpu_a.lib_dir, self.no_gpu)  # the launcher's machine has no GPU
         env.update(HOME=str(self.home), DOCKER_CONFIG=str(self.docker_config), PP_LAUNCH_STATE_DIR=str(self.state_dir))
+        # gpu-b is reached over ssh: its guard needs that engine's socket on its machine (docs/chain.md, the guard)
+        env.update(PP_LAUNCH_GUARD_SOCKET=self.b_host.removeprefix("unix://"))
         env.update(extra)
         return env
 

@@ -5,16 +5,21 @@ engine through its socket, mounted at PP_GUARD_SOCKET. It holds the ids of the r
 launcher sends them on its stdin right after each create, and the launcher's lifeline: that same stdin, which the
 engine closes when the launcher's attach ends, however the launcher ends.
 
-stdin lines: `own <id>` (a container the launcher created: answered `owned <id>` on stdout, so the engine's log of
-this container is the run's record of what is its own), `detach` (the run is up and detached: the guard is its
+First it checks that its socket reaches the engine the launcher means (PP_GUARD_ENGINE) and says `ready` on stdout
+(or why not); the only other line it writes there is `down`, when SIGTERM (`pp-launch down`) tells it to stop. stdin lines: `own <id>` (a container the launcher created:
+answered `owned <id>` on stderr, so the engine's log of this container is the run's record of what is its own), `detach` (the run is up and detached: the guard is its
 owner from now on, answered `detached`). End of stdin, for a run that is not detached, or SIGTERM (`pp-launch
 down`), tears down every owned container (SIGTERM, PP_GUARD_GRACE seconds, SIGKILL, removal confirmed by the
-engine), then the guard exits. A detached run's guard also exits once none of its containers is left.
+engine), then the guard exits. A detached run's guard also exits once none of its containers is left. With
+PP_GUARD_HEARTBEAT=S (an engine the launcher reaches over the network), S seconds without a line from the launcher
+(`beat`) count as the end of stdin too: a link that was cut, or a machine that froze or vanished, closes nothing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import http.client
+import json
 import os
 import re
 import signal
@@ -25,6 +30,8 @@ import time
 
 SOCKET = os.environ.get("PP_GUARD_SOCKET", "/var/run/docker.sock")
 GRACE = float(os.environ.get("PP_GUARD_GRACE", "5"))
+# > 0: the launcher writes a line at least this often; silence that long means its machine or link is lost
+HEARTBEAT = float(os.environ.get("PP_GUARD_HEARTBEAT", "0"))
 PATIENCE = float(os.environ.get("PP_GUARD_PATIENCE", "60"))  # how long a teardown retries a silent engine
 POLL = 0.1
 ID = re.compile(r"[0-9a-f]{64}")
@@ -49,13 +56,40 @@ def call(method: str, path: str) -> int:
         conn.close()
 
 
+def identity() -> str:
+    """What the launcher calls this engine (its id, name and data root): the socket must reach that one."""
+    conn = _Unix("localhost", timeout=30)
+    try:
+        conn.request("GET", "/info")
+        info = json.loads(conn.getresponse().read())
+    finally:
+        conn.close()
+    return "|".join(str(info.get(k, "")) for k in ("ID", "Name", "DockerRootDir"))
+
+
 def exists(ref: str) -> bool:
     return call("GET", f"/containers/{ref}/json") != 404
 
 
 def say(text: str) -> None:
-    sys.stdout.write(text + "\n")
-    sys.stdout.flush()
+    """The record, on stderr: stdout carries one line only, `ready` or why not, to the launcher's attach."""
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
+
+
+def ready() -> bool:
+    expected = os.environ.get("PP_GUARD_ENGINE", "")
+    try:
+        found = identity()
+    except (OSError, ValueError) as exc:
+        sys.stdout.write(f"cannot reach the engine through {SOCKET}: {exc}\n")
+        return False
+    if expected and found != expected:
+        sys.stdout.write(f"{SOCKET} is another engine ({found}, not {expected}): set PP_LAUNCH_GUARD_SOCKET to the "
+                         "engine's own socket on its machine\n")  # fmt: skip
+        return False
+    sys.stdout.write("ready\n")
+    return True
 
 
 class Guard:
@@ -64,9 +98,11 @@ class Guard:
         self.detached = False
         self.ended = threading.Event()  # end of stdin, or SIGTERM
         self.lock = threading.Lock()
+        self.heard = time.monotonic()
 
     def read(self) -> None:
         for raw in sys.stdin.buffer:
+            self.heard = time.monotonic()
             words = raw.decode("ascii", "replace").split()
             with self.lock:
                 if len(words) == 2 and words[0] == "own" and ID.fullmatch(words[1]) and words[1] not in self.owned:
@@ -111,11 +147,24 @@ class Guard:
 
 
 def main() -> int:
+    ok = ready()
+    sys.stdout.flush()
+    if not ok:
+        return 3
     guard = Guard()
-    signal.signal(signal.SIGTERM, lambda *_: guard.ended.set())
+    def down(*_: object) -> None:  # `pp-launch down`: the launcher, if it is there, hears it on our stdout
+        with contextlib.suppress(OSError, ValueError):
+            sys.stdout.write("down\n")
+            sys.stdout.flush()
+        guard.ended.set()
+
+    signal.signal(signal.SIGTERM, down)
     signal.signal(signal.SIGINT, lambda *_: guard.ended.set())
     threading.Thread(target=guard.read, daemon=True).start()
-    while not guard.ended.wait(2.0):
+    while not guard.ended.wait(1.0):
+        if HEARTBEAT > 0 and not guard.detached and time.monotonic() - guard.heard > HEARTBEAT:
+            say("the launcher is silent: its lifeline is lost")
+            break
         if guard.detached:
             try:
                 if not guard.left():

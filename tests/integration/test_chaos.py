@@ -149,7 +149,8 @@ def test_down_of_one_run_leaves_the_other(engine, stub_image) -> None:
     a.wait_event("pp_stage_roster")
     b.wait_event("pp_stage_roster")
     assert Launcher("down", a.run_id, "--grace", "1").wait(30) == 0
-    assert a.wait(30) == 0  # its stages exited 0 on the SIGTERM of down: every stage exited 0
+    assert a.wait(30) == 143  # stopped, as by SIGTERM: its guard told it `down` asked
+    assert "stopped by 'pp-launch down'" in a.stderr_text()
     assert run_containers(engine, a.run_id) == []
     assert len(run_containers(engine, b.run_id)) == 2
     b.signal(signal.SIGINT)

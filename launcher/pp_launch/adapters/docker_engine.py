@@ -475,12 +475,14 @@ class Engine:
 
     def hold(
         self, name: str | None, image: str, labels: Mapping[str, str], entrypoint: Sequence[str] = ("cat",),
-        binds: Mapping[str, str] | None = None, env: Mapping[str, str] | None = None,
+        binds: Mapping[str, str] | None = None, env: Mapping[str, str] | None = None, ready: bool = False,
     ) -> Held | None:  # fmt: skip
         """A running container held by this process alone (a GPU lock, a run's guard): tini as init, auto-remove,
         no network, its stdin ours alone. When this process ends, however it ends, the kernel closes the attach and
         the engine closes the container's stdin: the container sees it end. It counts as held only once the
-        engine says it runs. None when the name is taken. binds: host path -> path inside (read-write)."""
+        engine says it runs. None when the name is taken. binds: host path -> path inside (read-write). ready: the
+        container says on stdout, in its first line, that it is ready (`ready`), or why not (EngineError with that
+        line); it writes nothing more there."""
         host_config = engine_api.host_config(
             init=True, auto_remove=True, network_mode="none",
             binds={h: {"bind": c, "mode": "rw"} for h, c in (binds or {}).items()} or None,
@@ -502,9 +504,11 @@ class Engine:
                 return None
             raise errors.EngineError(f"the engine at {self.address} refused {name}: {_reason(exc)}") from None
         try:
-            sock = self.api.attach_socket(ref, params={"stdin": 1, "stream": 1})
+            sock = self.api.attach_socket(ref, params={"stdin": 1, "stdout": 1, "stream": 1} if ready else
+                                          {"stdin": 1, "stream": 1})  # fmt: skip
             raw = raw_socket(sock)
             self.api.start(ref)
+            said = _first_line(raw, READY_PATIENCE) if ready else b"ready"
             state = (self.inspect(ref) or {}).get("State") or {}
         except BaseException as exc:
             self.remove(ref)
@@ -513,6 +517,10 @@ class Engine:
                     f"the engine at {self.address} could not start {name or 'a guard'} from {image}: {_reason(exc)}"
                 ) from None
             raise
+        if said != b"ready":
+            self.remove(ref)
+            text = said.decode("utf-8", "backslashreplace") or f"nothing within {READY_PATIENCE:g} s"
+            raise errors.ConfigError(f"{name or 'the guard'} on the engine at {self.address} is not ready: {text}")
         if not state.get("Running"):
             self.remove(ref)
             raise errors.EngineError(
@@ -663,6 +671,27 @@ class Engine:
                 raise errors.EngineError(f"cannot remove container {ref}: {_reason(exc)}") from None
 
 
+READY_PATIENCE = 15.0  # seconds a held container may take to say it is ready
+
+
+def _first_line(raw: socket.socket, patience: float | None) -> bytes:
+    """The first stdout line of an attach stream (frames), within `patience` seconds (None: however long it takes);
+    b"" when none came, or the stream ended."""
+    raw.settimeout(patience)
+    line = b""
+    try:
+        for stream, data in _frames(raw):
+            if stream == 1:
+                line += data
+                if b"\n" in line:
+                    break
+    except OSError:
+        pass
+    finally:
+        raw.settimeout(None)
+    return line.split(b"\n", 1)[0].strip()
+
+
 READER_PATIENCE = 300.0  # seconds an exit waits for its stage's last lines to be read (not while stopping)
 
 
@@ -679,6 +708,11 @@ class Held:
         except Exception:
             return False
 
+    @property
+    def stream(self) -> socket.socket:
+        """Its attach socket (stdout comes back on it when the hold asked for `ready`)."""
+        return self._keep[1]  # type: ignore[no-any-return]
+
     def write(self, data: bytes) -> None:
         """To its stdin; OSError once it is gone (or let go)."""
         if not self._keep:
@@ -688,6 +722,9 @@ class Held:
     def let_go(self) -> None:
         """End its stdin and leave it to end by itself (a guard then tears down what it holds; idempotent)."""
         keep, self._keep = self._keep, ()
+        if keep:
+            with contextlib.suppress(OSError):
+                keep[1].shutdown(socket.SHUT_RDWR)  # wakes a thread blocked reading it (close alone does not)
         for part in keep:
             with contextlib.suppress(Exception):
                 part.close()

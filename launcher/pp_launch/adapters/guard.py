@@ -23,13 +23,17 @@ import contextlib
 import os
 import subprocess
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from pp_launch.adapters import host_state, watchdog
-from pp_launch.adapters.docker_engine import Engine, Held
+from pp_launch.adapters.docker_engine import Engine, Held, _first_line
 from pp_launch.core import errors, labels
 from pp_launch.core.chain.plan import GUARD_IMAGE
 
+HEARTBEAT_ENV = "PP_LAUNCH_GUARD_HEARTBEAT"  # seconds; 0: none. Default: HEARTBEAT over a network, none on a socket
+HEARTBEAT = 10.0
 SOCKET_ENV = "PP_LAUNCH_GUARD_SOCKET"  # the engine's socket on its own machine, when it is not reached over one
 DEFAULT_SOCKET = "/var/run/docker.sock"
 INSIDE = "/var/run/docker.sock"
@@ -41,6 +45,18 @@ def socket_path(engine: Engine) -> str:
     if engine.url.startswith("unix://"):
         return engine.url.removeprefix("unix://")
     return os.environ.get(SOCKET_ENV, DEFAULT_SOCKET)
+
+
+def heartbeat(engine: Engine) -> float:
+    """How often the guard must hear from the launcher: a local socket closes when the launcher dies, a network
+    link that is cut (or a machine that freezes) closes nothing, so there silence must count as the end."""
+    configured = os.environ.get(HEARTBEAT_ENV, "").strip()
+    if configured:
+        try:
+            return max(0.0, float(configured))
+        except ValueError:
+            raise errors.ConfigError(f"{HEARTBEAT_ENV}={configured!r}: give seconds (0 turns it off)") from None
+    return 0.0 if engine.url.startswith("unix://") else HEARTBEAT
 
 
 def guard_labels(run_id: str, owner: str) -> dict[str, str]:
@@ -56,16 +72,47 @@ class RunGuard:
     ) -> None:  # fmt: skip
         self.engine, self.held, self.keeper, self.run_id, self.ids = engine, held, keeper, run_id, ids
         self._lock = threading.Lock()  # creates run on several threads at once: one line at a time
+        self._quiet = threading.Event()
+        self._beat: threading.Thread | None = None
+        self._on_down: Callable[[], None] = lambda: None
+        self._listener = threading.Thread(target=self._listen, name="guard-listener", daemon=True)
+
+    def when_down(self, call: Callable[[], None]) -> None:
+        """`call` (once) when the guard says it was told to stop (`pp-launch down`), from the listener's thread."""
+        self._on_down = call
+
+    def _listen(self) -> None:
+        """The guard's stdout after `ready`: a `down` line, then nothing (the stream ends with the guard, or when
+        this side lets go)."""
+        line = _first_line(self.held.stream, None)
+        if line == b"down":
+            self._on_down()
+    def _beats(self, every: float) -> None:
+        """A line to the guard every `every` seconds until close(): the launcher is alive and reachable."""
+        while not self._quiet.wait(every):
+            with self._lock:
+                try:
+                    self.held.write(b"beat\n")
+                except OSError:
+                    return  # gone: the next own() says so
 
     @classmethod
     def start(cls, engine: Engine, run_id: str, owner: str, grace: float, host: str | None = None) -> RunGuard:
         """The guard on `engine`, running before any container of the run is created there."""
+        beat = heartbeat(engine)
         held = engine.hold(
             None, GUARD_IMAGE, guard_labels(run_id, owner), ENTRY, binds={socket_path(engine): INSIDE},
-            env={"PP_GUARD_GRACE": f"{grace:g}"},
+            env={"PP_GUARD_GRACE": f"{grace:g}", "PP_GUARD_HEARTBEAT": f"{beat:g}",
+                 "PP_GUARD_ENGINE": engine.identity()[0]},
+            ready=True,
         )  # fmt: skip
         assert held is not None  # no name: nothing to collide with
-        return cls(engine, held, watchdog.spawn(run_id, grace, host=host), run_id, host_state.RunIds())
+        guard = cls(engine, held, watchdog.spawn(run_id, grace, host=host), run_id, host_state.RunIds())
+        guard._listener.start()
+        if beat > 0:
+            guard._beat = threading.Thread(target=guard._beats, args=(beat / 4,), name="guard-heartbeat", daemon=True)
+            guard._beat.start()
+        return guard
 
     @property
     def id(self) -> str:
@@ -107,16 +154,28 @@ class RunGuard:
         """The launcher's end: the guard tears down what is left (nothing, after a clean teardown) and exits,
         unless the run is detached. wait: seconds to wait for it to be gone (a chain says "nothing left" only
         once its guard is gone too)."""
-        self.held.let_go()
+        self._quiet.set()
+        if self._beat is not None:
+            self._beat.join()
+        with self._lock:
+            self.held.let_go()
+        self._listener.join()
         if self.keeper is not None and self.keeper.stdin is not None:
             with contextlib.suppress(OSError):
                 self.keeper.stdin.close()
         if wait > 0:
-            with contextlib.suppress(errors.PpLaunchError, OSError):
-                self.engine.wait_removed(self.held.id, timeout=wait)
+            self._gone_within(wait)
             if self.ids is not None:
                 with contextlib.suppress(errors.PpLaunchError):
                     self.ids.forget(self.run_id)  # a clean end: nothing of the run is left to record
+
+    def _gone_within(self, seconds: float) -> None:
+        """Until the engine no longer has the guard (it found nothing left, exited, was auto-removed), at most
+        `seconds`: asked by id, every 50 ms (the engine's wait has no clock of its own here)."""
+        deadline = time.monotonic() + seconds
+        with contextlib.suppress(errors.PpLaunchError, OSError):
+            while self.engine.inspect(self.held.id) is not None and time.monotonic() < deadline:
+                time.sleep(0.05)
 
     def _tell_keeper(self, data: bytes) -> None:
         if self.keeper is not None and self.keeper.stdin is not None:

@@ -64,7 +64,10 @@ COMPOSE_PROJECT = "com.docker.compose.project"
 
 
 def recorded_here() -> dict[str, set[str]]:
-    """The ids this user's runs created, by run; nothing when the state directory cannot be read."""
+    """The ids this user's runs created, by run; nothing when the state directory cannot be read (or there is none:
+    a look never makes one)."""
+    if not host_state.default_dir().is_dir():
+        return {}
     try:
         return host_state.RunIds().every()
     except errors.PpLaunchError:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import signal
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -411,9 +412,11 @@ def _run(
         backend = _backend(request, plan, sites, release, guards)
         scope = ChainScope(plan, backend, QueueInbox(), reporter, ThreadRuntime(), detach=request.detach)
         on_scope(scope)
+        for g in guards.values():  # `pp-launch down` told a guard to stop: the whole chain stops, as on SIGTERM
+            g.when_down(lambda: scope.request_stop(signal.SIGTERM, "'pp-launch down' (told to the run's guard)"))
         if record is not None:
             record.write(plan.run_id, plan.hosts)
-        outcome = scope.run()
+        outcome = _stopped_by_down(scope.run(), guards)
         if outcome.reason == "detached":
             for g in guards.values():
                 g.detach()  # from here on the run is its guards' (and `down`'s)
@@ -428,6 +431,17 @@ def _run(
             record.forget(plan.run_id)
     assert outcome is not None and backend is not None  # scope.run() returned, or its exception went up
     return _with_lost_hosts(outcome, plan.run_id, backend)
+
+
+def _stopped_by_down(outcome: ChainOutcome, guards: Mapping[str, RunGuard]) -> ChainOutcome:
+    """A run that failed because its guard went (`pp-launch down` while it came up or ran, or a neighbour removed
+    it) says so first: its stages ending is not the stages' fault."""
+    if outcome.exit_code == 0 or outcome.reason == "signal":
+        return outcome
+    gone = next((g for g in guards.values() if not g.alive()), None)
+    if gone is None:
+        return outcome
+    return dataclasses.replace(outcome, message=f"{gone.lost_message()}; {outcome.message}")
 
 
 def _with_lost_hosts(outcome: ChainOutcome, run: str, backend: StageBackend) -> ChainOutcome:

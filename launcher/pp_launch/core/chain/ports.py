@@ -40,6 +40,7 @@ class StageGone:
 @dataclass(frozen=True)
 class StopRequested:
     signum: int
+    by: str = ""  # who asked, when not a signal to this process (`pp-launch down`, through the run's guard)
 
 
 ChainEvent = StageOutput | StageGone | StopRequested

@@ -216,9 +216,9 @@ class ChainScope:
         return ChainOutcome(exit_code, reason, message, None, removed, orphans)
 
     # -------------------------------------------------------------------------------- public API
-    def request_stop(self, signum: int) -> None:
-        """Safe from a signal handler: only enqueues."""
-        self.inbox.put(StopRequested(signum))
+    def request_stop(self, signum: int, by: str = "") -> None:
+        """Safe from a signal handler: only enqueues. by: who asked, when not a signal to this process."""
+        self.inbox.put(StopRequested(signum, by))
 
     def run(self) -> ChainOutcome:
         try:
@@ -433,17 +433,17 @@ class ChainScope:
 
     def _handle(self, event: ChainEvent) -> _End | None:
         if isinstance(event, StopRequested):
-            return self._on_stop(event.signum)
+            return self._on_stop(event.signum, event.by)
         st = self.stages[event.stage]
         if isinstance(event, StageOutput):
             return self._on_output(st, event)
         return self._on_gone(st, event)
 
-    def _on_stop(self, signum: int) -> _End | None:
+    def _on_stop(self, signum: int, by: str = "") -> _End | None:
         if self._tearing_down:
             self._escalated = True  # a second signal: stop waiting for graceful exits
             return None
-        name = signal.Signals(signum).name if signum in signal.valid_signals() else str(signum)
+        name = by or (signal.Signals(signum).name if signum in signal.valid_signals() else str(signum))
         return _End(errors.exit_code_for_signal(signum), "signal", f"stopped by {name}")
 
     def _on_output(self, st: _Stage, event: StageOutput) -> _End | None:
