@@ -503,6 +503,10 @@ class Engine:
             if exc.status_code == 409:
                 return None
             raise errors.EngineError(f"the engine at {self.address} refused {name}: {_reason(exc)}") from None
+        return self._start_held(ref, name, image, ready)
+
+    def _start_held(self, ref: str, name: str | None, image: str, ready: bool) -> Held:
+        """Attach (stdin; stdout too when it says `ready`), start, and hold only what the engine says runs."""
         try:
             sock = self.api.attach_socket(ref, params={"stdin": 1, "stdout": 1, "stream": 1} if ready else
                                           {"stdin": 1, "stream": 1})  # fmt: skip

@@ -404,11 +404,7 @@ def _run(
     record = host_state.RunHosts() if request.hosts else None
     try:
         if request.gpu_node is None:
-            for s in sites:
-                steps.check_names_free(_engine(s), plan, s.name or None, ThreadRuntime())
-            for s in sites:
-                guards[s.name] = RunGuard.start(_engine(s), plan.run_id, plan.stages[0].labels[labels.OWNER],
-                                                plan.grace, s.name or None)  # fmt: skip
+            guards = _guards(plan, sites)
         backend = _backend(request, plan, sites, release, guards)
         scope = ChainScope(plan, backend, QueueInbox(), reporter, ThreadRuntime(), detach=request.detach)
         on_scope(scope)
@@ -422,15 +418,36 @@ def _run(
                 g.detach()  # from here on the run is its guards' (and `down`'s)
     finally:
         release()
-        settled = outcome is not None and outcome.reason != "detached" and not outcome.orphans
-        for g in guards.values():
-            g.close(wait=GUARD_SETTLE if settled else 0.0)  # a clean end: the guard finds nothing left and goes
+        _let_guards_go(guards, outcome)
         lost = getattr(backend, "lost", {})
         clean = outcome is not None and not (outcome.orphans or lost) and outcome.reason != "detached"
         if record is not None and clean:
             record.forget(plan.run_id)
     assert outcome is not None and backend is not None  # scope.run() returned, or its exception went up
     return _with_lost_hosts(outcome, plan.run_id, backend)
+
+
+def _guards(plan: ChainPlan, sites: Sequence[_Site]) -> dict[str, RunGuard]:
+    """Every name free on every engine (exit 2 naming the holder), then the run's guard on each, before anything
+    else of the run exists there."""
+    for s in sites:
+        steps.check_names_free(_engine(s), plan, s.name or None, ThreadRuntime())
+    guards: dict[str, RunGuard] = {}
+    try:
+        for s in sites:
+            guards[s.name] = RunGuard.start(_engine(s), plan.run_id, plan.stages[0].labels[labels.OWNER], plan.grace,
+                                            s.name or None)  # fmt: skip
+    except BaseException:
+        _let_guards_go(guards, None)
+        raise
+    return guards
+
+
+def _let_guards_go(guards: Mapping[str, RunGuard], outcome: ChainOutcome | None) -> None:
+    """The launcher's end of each guard; a clean end waits until they are gone (they find nothing left)."""
+    settled = outcome is not None and outcome.reason != "detached" and not outcome.orphans
+    for g in guards.values():
+        g.close(wait=GUARD_SETTLE if settled else 0.0)
 
 
 def _stopped_by_down(outcome: ChainOutcome, guards: Mapping[str, RunGuard]) -> ChainOutcome:
