@@ -15,6 +15,7 @@ BENCHES = [
     "bench_gpu_bringup.py",
     "bench_hosts.py",
     "bench_output.py",
+    "bench_guard.py",
     "bench_ray.py",
 ]
 

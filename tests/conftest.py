@@ -33,8 +33,8 @@ FAKE_NVML = fake_nvml.build(_SESSION_DIR / "nvml")
 ctypes.CDLL(str(FAKE_NVML), mode=ctypes.RTLD_GLOBAL)
 os.environ.update(fake_nvml.environ(FAKE_NVML.parent, _SESSION_DIR / "no-gpu"))
 os.environ["PP_LAUNCH_STATE_DIR"] = str(_SESSION_DIR / "state")
-# The suite runs beside real work (issue #25): a chain a test starts never sweeps containers the suite did not make;
-# the tests of the sweep turn it on for themselves (PP_LAUNCH_SWEEP=1).
+# The suite runs beside real work: pp-launch acts only on the ids its runs' guards recorded, never on a label match
+# (PP_LAUNCH_SWEEP is accepted and does nothing; the test of that sets it both ways).
 os.environ["PP_LAUNCH_SWEEP"] = "0"
 SESSION_MARK = {"PP_TESTS_SESSION": str(_SESSION_DIR)}  # every child inherits it: how our watchdogs are known
 os.environ.update(SESSION_MARK)

@@ -56,15 +56,18 @@ def test_layer_watchdog_alone(engine, stub_image) -> None:
     assert wait_until(lambda: run_containers(engine, launcher.run_id) == [], 10)
 
 
+def _deaf_chain() -> tuple[Launcher, str]:
+    """Two stages deaf to SIGTERM and to end of input, up, with one second of grace."""
+    launcher = Launcher("chain", "--stages", "2", *HOLD, "--grace", "1", "--env", "STUB_IGNORE_SIGTERM=1",
+                        "--env", "STUB_IGNORE_LIFELINE=1")  # fmt: skip
+    launcher.wait_event("pp_stage_roster")
+    return launcher, launcher.run_id
+
+
 def test_layer_guard_alone(engine, stub_image) -> None:
     """Launcher and watchdog both killed, stages deaf to both: the run's guard on the engine removes them (SIGTERM,
     the grace, SIGKILL), then goes itself; `gc` has nothing to collect."""
-    launcher = Launcher(
-        "chain", "--stages", "2", *HOLD, "--grace", "1", "--env", "STUB_IGNORE_SIGTERM=1",
-        "--env", "STUB_IGNORE_LIFELINE=1",
-    )  # fmt: skip
-    launcher.wait_event("pp_stage_roster")
-    run = launcher.run_id
+    launcher, run = _deaf_chain()
     assert len(guard_of(engine, run)) == 1
     os.kill(watchdog_pid(run), signal.SIGKILL)
     launcher.signal(signal.SIGKILL)
@@ -79,12 +82,7 @@ def test_layer_guard_alone(engine, stub_image) -> None:
 def test_layer_watchdog_when_the_guard_is_removed_by_another_client(engine, stub_image) -> None:
     """A neighbour removes the run's guard (docker rm -f), then the launcher dies: the launcher's local watchdog
     still removes the stages, by the ids it was told (never by label)."""
-    launcher = Launcher(
-        "chain", "--stages", "2", *HOLD, "--grace", "1", "--env", "STUB_IGNORE_SIGTERM=1",
-        "--env", "STUB_IGNORE_LIFELINE=1",
-    )  # fmt: skip
-    launcher.wait_event("pp_stage_roster")
-    run = launcher.run_id
+    launcher, run = _deaf_chain()
     (guard,) = guard_of(engine, run)
     subprocess.run(["docker", "rm", "-f", guard], check=True, capture_output=True)
     launcher.signal(signal.SIGKILL)

@@ -158,3 +158,39 @@ def test_a_detached_launcher_killed_during_bring_up_leaves_no_gpu_held(engine, s
         after.signal(signal.SIGTERM)
         assert after.wait(30) == 143
     assert run_containers(engine, roster["run"]) == []
+
+
+@pytest.fixture
+def shell_less_image(engine, stub_image):  # type: ignore[no-untyped-def]
+    """The stub image without /bin/sh, dash or cat: what once made the GPU lock's entry exit 127 at once."""
+    import io
+
+    name = f"pp-tests/no-shell-{unique('img')}:latest"
+    dockerfile = (f"FROM {stub_image}\n"
+                  'RUN ["/usr/bin/rm", "-f", "/bin/sh", "/usr/bin/sh", "/bin/dash", "/usr/bin/dash", "/usr/bin/cat", '
+                  '"/bin/cat"]\n')  # fmt: skip
+    for _ in engine.api.build(fileobj=io.BytesIO(dockerfile.encode()), tag=name, rm=True, decode=True):
+        pass
+    try:
+        yield name
+    finally:
+        engine.remove_image(name)
+
+
+def test_a_stage_image_without_a_shell_never_gets_a_gpu_given_twice(engine, shell_less_image, state_dir) -> None:
+    """Two launches at once, stages from an image with no shell and no `cat`: the engine's GPU lock runs pp-launch's
+    own image, so the second waits for the first and the four stages hold four different GPUs."""
+    args = ("chain", "--stages", "2", "--json", "--gpus", "auto", "--gpus-per-stage", "1", "--gpu-attach", "env",
+            "--handoff", "stdin", "--image", shell_less_image, "--env", "STUB_MODE=hold", "--grace", "1")  # fmt: skip
+    first, second = Launcher(*args, env=state_dir), Launcher(*args, env=state_dir)
+    try:
+        for launcher in (first, second):
+            launcher.wait_event("pp_stage_roster", timeout=60)
+        held = [g for launcher in (first, second) for e in launcher.events_named("stage_started") for g in e["gpus"]]
+        assert sorted(held) == sorted(UUIDS)  # four stages, four different GPUs: none given twice
+    finally:
+        for launcher in (first, second):
+            launcher.signal(signal.SIGINT)
+            assert launcher.wait(30) == 130
+    for launcher in (first, second):
+        assert run_containers(engine, launcher.run_id) == []

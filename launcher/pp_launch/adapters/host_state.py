@@ -164,6 +164,17 @@ def state(path: Path | None = None) -> Iterator[StateDir]:
         d.close()
 
 
+@contextlib.contextmanager
+def _folder(base: Path | None, name: str) -> Iterator[StateDir]:
+    """A folder of the state directory, held open for the block."""
+    with state(base) as top:
+        sub = top.sub(name)
+        try:
+            yield sub
+        finally:
+            sub.close()
+
+
 def _quiet(text: str) -> None:
     pass
 
@@ -177,14 +188,8 @@ class RunHosts:
         self.base = directory
         self.warn = warn
 
-    @contextlib.contextmanager
-    def _dir(self) -> Iterator[StateDir]:
-        with state(self.base) as top:
-            sub = top.sub("hosts")
-            try:
-                yield sub
-            finally:
-                sub.close()
+    def _dir(self) -> contextlib.AbstractContextManager[StateDir]:
+        return _folder(self.base, "hosts")
 
     def write(self, run_id: str, hosts: tuple[str, ...]) -> None:
         with self._dir() as d:
@@ -249,14 +254,8 @@ class RunIds:
     def __init__(self, directory: Path | None = None) -> None:
         self.base = directory
 
-    @contextlib.contextmanager
-    def _dir(self) -> Iterator[StateDir]:
-        with state(self.base) as top:
-            sub = top.sub("ids")
-            try:
-                yield sub
-            finally:
-                sub.close()
+    def _dir(self) -> contextlib.AbstractContextManager[StateDir]:
+        return _folder(self.base, "ids")
 
     def add(self, run_id: str, ref: str) -> None:
         """One line appended (O_APPEND: creates on several threads at once never lose one)."""
