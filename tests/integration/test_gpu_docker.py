@@ -194,3 +194,44 @@ def test_a_stage_image_without_a_shell_never_gets_a_gpu_given_twice(engine, shel
             assert launcher.wait(30) == 130
     for launcher in (first, second):
         assert run_containers(engine, launcher.run_id) == []
+
+
+def test_a_lock_removed_while_its_launch_places_stops_that_launch_and_no_gpu_is_given_twice(
+    engine, stub_image, state_dir
+) -> None:
+    """Stages come up in turn, so the first launch holds the engine's GPU lock while stage 0 loads (3 s); another
+    client removes the lock (`docker rm -f`, or an old `down --all`) and a second launch takes it and places. The
+    first sees its lock gone, by id, before it lets go: it stops (exit 1, one line), nothing of it is left, and at
+    no moment do two running stages hold one GPU."""
+    import subprocess
+
+    args = ("chain", "--stages", "2", "--json", "--gpus", "auto", "--gpus-per-stage", "2", "--gpu-attach", "env",
+            "--env", "STUB_MODE=hold", "--grace", "1", "--bring-up", "in-turn")  # fmt: skip
+    first = Launcher(*args, "--stage-env", "0:STUB_ANNOUNCE_DELAY=3", env=state_dir)
+    second: Launcher | None = None
+    try:
+        first.wait_event("stage_started", stage=0, timeout=60)
+        lock = engine.inspect("pp-launch-gpu-lock")
+        assert lock is not None and lock["Config"]["Labels"]["pp-launch.run"] == first.run_id
+        subprocess.run(["docker", "rm", "-f", lock["Id"]], check=True, capture_output=True)
+        second = Launcher("chain", "--stages", "2", "--json", "--gpus", "auto", "--gpu-attach", "env", "--env",
+                          "STUB_MODE=hold", "--grace", "1", env=state_dir)  # the two GPUs stage 0 does not hold
+        seen: list[list[str]] = []
+
+        def sample() -> bool:
+            rows = engine.containers(["pp-launch.gpus"])
+            held = [g for c in rows if c.state == "running" for g in c.labels["pp-launch.gpus"].split(",") if g]
+            seen.append(held)
+            return first.proc.poll() is not None
+
+        assert wait_until(sample, 60, 0.05)
+        assert first.wait(10) == 1, first.stderr_text()
+        assert "was removed by another client" in first.stderr_text()
+        assert all(len(held) == len(set(held)) for held in seen)  # never one GPU in two running stages
+        assert run_containers(engine, first.run_id) == []
+        second.wait_event("pp_stage_roster", timeout=60)
+    finally:
+        for launcher in (first, second):
+            if launcher is not None and launcher.proc.poll() is None:
+                launcher.signal(signal.SIGINT)
+                launcher.wait(30)

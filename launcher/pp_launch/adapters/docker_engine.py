@@ -681,9 +681,9 @@ READY_PATIENCE = 15.0  # seconds a held container may take to say it is ready
 def _first_line(raw: socket.socket, patience: float | None) -> bytes:
     """The first stdout line of an attach stream (frames), within `patience` seconds (None: however long it takes);
     b"" when none came, or the stream ended."""
-    raw.settimeout(patience)
     line = b""
     try:
+        raw.settimeout(patience)
         for stream, data in _frames(raw):
             if stream == 1:
                 line += data
@@ -692,7 +692,8 @@ def _first_line(raw: socket.socket, patience: float | None) -> bytes:
     except OSError:
         pass
     finally:
-        raw.settimeout(None)
+        with contextlib.suppress(OSError):  # closed meanwhile (the holder let go): nothing more to read anyway
+            raw.settimeout(None)
     return line.split(b"\n", 1)[0].strip()
 
 

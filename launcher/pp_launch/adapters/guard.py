@@ -75,6 +75,7 @@ class RunGuard:
         self._quiet = threading.Event()
         self._beat: threading.Thread | None = None
         self._on_down: Callable[[], None] = lambda: None
+        self._stream = held.stream  # taken now: letting go empties the Held
         self._listener = threading.Thread(target=self._listen, name="guard-listener", daemon=True)
 
     def when_down(self, call: Callable[[], None]) -> None:
@@ -84,7 +85,7 @@ class RunGuard:
     def _listen(self) -> None:
         """The guard's stdout after `ready`: a `down` line, then nothing (the stream ends with the guard, or when
         this side lets go)."""
-        line = _first_line(self.held.stream, None)
+        line = _first_line(self._stream, None)
         if line == b"down":
             self._on_down()
     def _beats(self, every: float) -> None:
