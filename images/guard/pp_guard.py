@@ -6,10 +6,10 @@ launcher sends them on its stdin right after each create, and the launcher's lif
 engine closes when the launcher's attach ends, however the launcher ends.
 
 First it checks that its socket reaches the engine the launcher means (PP_GUARD_ENGINE) and says `ready` on stdout
-(or why not); the only other line it writes there is `down`, when SIGTERM (`pp-launch down`) tells it to stop. stdin lines: `own <id>` (a container the launcher created:
+(or why not); the only other line it writes there is `down`, when SIGUSR1 (`pp-launch down`) tells it to stop. stdin lines: `own <id>` (a container the launcher created:
 answered `owned <id>` on stderr, so the engine's log of this container is the run's record of what is its own), `detach` (the run is up and detached: the guard is its
-owner from now on, answered `detached`). End of stdin, for a run that is not detached, or SIGTERM (`pp-launch
-down`), tears down every owned container (SIGTERM, PP_GUARD_GRACE seconds, SIGKILL, removal confirmed by the
+owner from now on, answered `detached`). End of stdin, for a run that is not detached, SIGUSR1 (`pp-launch down`)
+or SIGTERM (`docker stop`, an engine that stops), tears down every owned container (SIGTERM, PP_GUARD_GRACE seconds, SIGKILL, removal confirmed by the
 engine), then the guard exits. A detached run's guard also exits once none of its containers is left. With
 PP_GUARD_HEARTBEAT=S (an engine the launcher reaches over the network), S seconds without a line from the launcher
 (`beat`) count as the end of stdin too: a link that was cut, or a machine that froze or vanished, closes nothing.
@@ -158,7 +158,8 @@ def main() -> int:
             sys.stdout.flush()
         guard.ended.set()
 
-    signal.signal(signal.SIGTERM, down)
+    signal.signal(signal.SIGUSR1, down)  # `pp-launch down` asks with its own signal: an engine that stops sends TERM
+    signal.signal(signal.SIGTERM, lambda *_: guard.ended.set())
     signal.signal(signal.SIGINT, lambda *_: guard.ended.set())
     threading.Thread(target=guard.read, daemon=True).start()
     while not guard.ended.wait(1.0):

@@ -10,7 +10,7 @@ the guard itself act on recorded ids alone, never on a container that merely car
   container (SIGTERM, the grace, SIGKILL, removal confirmed) and exits. Nothing on the engine depends on the
   launcher's machine still being there.
 - A detached run: once it is up the launcher writes `detach`; the guard is the run's owner from then on, until
-  `pp-launch down` (SIGTERM to the guard, which tears the run down) or the run's last container ends.
+  `pp-launch down` (SIGUSR1 to the guard, which tears the run down) or the run's last container ends.
 - The guard's own output (`owned <id>`, `detached`) is the record that `down` and `ps` read back from the engine.
 
 The launcher's local watchdog (adapters/watchdog.py) gets the same ids on its own stdin: a second layer, for

@@ -157,11 +157,11 @@ def stop_runs(
     guards: tuple[guard.GuardRecord, ...] = (),
 ) -> list[ChainOutcome]:
     """The chain's own teardown for containers their guards vouch for (`pp-launch down`): each run's guards told
-    to stop first (SIGTERM: nothing more is recorded, a launcher still placing stops), each run adopted by a scope,
+    to stop first (SIGUSR1: nothing more is recorded, their launcher stops), each run adopted by a scope,
     every run at once; SIGTERM, one shared grace, SIGKILL through the engine, removal by id, confirmed by the
     engine; then the guards gone."""
     for g in guards:
-        engine.signal(g.id, signal.SIGTERM)
+        engine.signal(g.id, signal.SIGUSR1)  # the guard's own "down" (an engine that stops sends SIGTERM)
     try:
         return _stop_runs(engine, targets, grace, reason, kill_wait)
     finally:
