@@ -120,7 +120,7 @@ def test_a_held_container_whose_entry_ends_is_not_held(engine, stub_image) -> No
 
 def test_a_launcher_frozen_with_its_link_silent_loses_its_run_within_15_s(engine, stub_image) -> None:
     """As a launcher whose machine froze or whose network link was cut: nothing closes, nothing more is said.
-    Over a network the guard expects a beat (PP_LAUNCH_GUARD_HEARTBEAT, 10 s by default; 3 s here, forced on a
+    Over a network the guard expects a beat (PP_LAUNCH_GUARD_HEARTBEAT, 8 s by default; 3 s here, forced on a
     local socket); silence tears the run down, stages deaf to SIGTERM and to end of input included."""
     import os
     import time
@@ -216,7 +216,7 @@ def test_an_engine_over_the_network_gets_a_guard_that_checks_its_socket_and_hear
         right.wait_event("pp_stage_roster")
         (guard,) = guard_of(engine, right.run_id)
         env = engine.inspect(guard)["Config"]["Env"]
-        assert "PP_GUARD_HEARTBEAT=10" in env  # over a network: silence is the end of the lifeline
+        assert "PP_GUARD_HEARTBEAT=8" in env  # over a network: silence is the end of the lifeline
         right.signal(signal.SIGINT)
         assert right.wait(30) == 130
         assert run_containers(engine, right.run_id) == [] and guard_of(engine, right.run_id) == []

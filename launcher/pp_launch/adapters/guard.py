@@ -33,7 +33,7 @@ from pp_launch.core import errors, labels
 from pp_launch.core.chain.plan import GUARD_IMAGE
 
 HEARTBEAT_ENV = "PP_LAUNCH_GUARD_HEARTBEAT"  # seconds; 0: none. Default: HEARTBEAT over a network, none on a socket
-HEARTBEAT = 10.0
+HEARTBEAT = 8.0
 SOCKET_ENV = "PP_LAUNCH_GUARD_SOCKET"  # the engine's socket on its own machine, when it is not reached over one
 DEFAULT_SOCKET = "/var/run/docker.sock"
 INSIDE = "/var/run/docker.sock"

@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import os
 import signal
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -164,9 +165,12 @@ def launch(request: LaunchRequest, hooks: Hooks | None = None, environ: Mapping[
 
         return on_ray.launch(request, hooks, environ)
     sites = _reach(request, dry_run=False)
+    guarding: _Guarding | None = None
     try:
         _prepare(request, sites, hooks.say)
         run_id, owner = request.run_id or identity.new_run_id(), request.owner or _me(request)
+        if request.gpu_node is None:  # the guards come up while the launch plans: each costs a container's start
+            guarding = _Guarding(sites, run_id, owner, request.chain.grace)
         lock_sites = [LockSite(s.lock_name, s.engine, s.engine_id) for s in sites if s.engine is not None]
         with reserve(lock_sites, run_id, identity.current_owner().label(), hooks.say,
                      hooks.stop_pending) as locks:  # fmt: skip
@@ -176,9 +180,11 @@ def launch(request: LaunchRequest, hooks: Hooks | None = None, environ: Mapping[
                 raise errors.Interrupted(held)  # stopped while planning: nothing was started
             locks.check()  # the lock still runs: no one else can be placing on these GPUs
             with reporting(request, plan, hooks) as reporter:
-                outcome = _run(request, plan, sites, reporter, hooks.on_scope, locks.check_and_release)
+                outcome = _run(request, plan, sites, reporter, hooks.on_scope, locks.check_and_release, guarding)
         return Launched(plan, note, outcome)
     finally:
+        if guarding is not None:
+            guarding.abandon()  # a launch that stopped before its run: its guards go (nothing of the run exists)
         _close(sites)
 
 
@@ -393,6 +399,7 @@ def _run(
     reporter: Reporter,
     on_scope: Callable[[ChainScope], None],
     release: Callable[[], None],
+    guarding: _Guarding | None,
 ) -> ChainOutcome:
     """One scope over every engine; on each engine the run's guard (adapters/guard.py), started before anything
     of the run exists there, records every container created there and tears it down if this process dies; the
@@ -403,8 +410,10 @@ def _run(
     backend: StageBackend | None = None
     record = host_state.RunHosts() if request.hosts else None
     try:
-        if request.gpu_node is None:
-            guards = _guards(plan, sites)
+        if guarding is not None:
+            for s in sites:
+                steps.check_names_free(_engine(s), plan, s.name or None, ThreadRuntime())
+            guards = guarding.take()
         backend = _backend(request, plan, sites, release, guards)
         scope = ChainScope(plan, backend, QueueInbox(), reporter, ThreadRuntime(), detach=request.detach)
         on_scope(scope)
@@ -427,20 +436,36 @@ def _run(
     return _with_lost_hosts(outcome, plan.run_id, backend)
 
 
-def _guards(plan: ChainPlan, sites: Sequence[_Site]) -> dict[str, RunGuard]:
-    """Every name free on every engine (exit 2 naming the holder), then the run's guard on each, before anything
-    else of the run exists there."""
-    for s in sites:
-        steps.check_names_free(_engine(s), plan, s.name or None, ThreadRuntime())
-    guards: dict[str, RunGuard] = {}
-    try:
-        for s in sites:
-            guards[s.name] = RunGuard.start(_engine(s), plan.run_id, plan.stages[0].labels[labels.OWNER], plan.grace,
-                                            s.name or None)  # fmt: skip
-    except BaseException:
-        _let_guards_go(guards, None)
-        raise
-    return guards
+class _Guarding:
+    """The run's guards, started on every engine on a thread of their own while the launch plans. `take()` hands
+    them over (or raises why they could not start); `abandon()` lets go of any not taken (idempotent)."""
+
+    def __init__(self, sites: Sequence[_Site], run_id: str, owner: str, grace: float) -> None:
+        self.guards: dict[str, RunGuard] = {}
+        self.error: BaseException | None = None
+        self.taken = False
+        self._thread = threading.Thread(target=self._start, args=(sites, run_id, owner, grace), name="guards")
+        self._thread.start()
+
+    def _start(self, sites: Sequence[_Site], run_id: str, owner: str, grace: float) -> None:
+        try:
+            for s in sites:
+                self.guards[s.name] = RunGuard.start(_engine(s), run_id, owner, grace, s.name or None)
+        except BaseException as exc:  # handed to take(), on the launch's own thread
+            self.error = exc
+
+    def take(self) -> dict[str, RunGuard]:
+        self._thread.join()
+        if self.error is not None:
+            raise self.error
+        self.taken = True
+        return self.guards
+
+    def abandon(self) -> None:
+        self._thread.join()
+        if not self.taken:
+            _let_guards_go(self.guards, None)
+            self.guards = {}
 
 
 def _let_guards_go(guards: Mapping[str, RunGuard], outcome: ChainOutcome | None) -> None:
