@@ -83,7 +83,7 @@ def test_environment_rows_as_the_engine_sees_them(engine, stub_image, tmp_path: 
 
 def test_default_image_name_and_a_missing_image(engine, stub_image) -> None:
     missing = Launcher("node", env=node_env(unique("m"), "pp-launch/absent:latest"))
-    assert missing.wait(30) == 2
+    assert missing.wait(30) == 125  # as `docker run` when the engine refuses
     assert "image pp-launch/absent:latest (PP_IMAGE) is not present" in missing.stderr_text()
     env = node_env(unique("d"), "")
     del env["PP_IMAGE"]
@@ -120,12 +120,12 @@ def test_gpu_requests_through_the_engine(engine, stub_image, value: str) -> None
         engine.remove(ref)
 
 
-def test_pp_gpus_on_an_engine_without_the_toolkit_is_exit_2_with_pp_gpu_nodes_own_fix(engine, stub_image) -> None:
+def test_pp_gpus_on_an_engine_without_the_toolkit_is_exit_125_with_pp_gpu_nodes_own_fix(engine, stub_image) -> None:
     """This engine has no NVIDIA device driver: PP_GPUS cannot be attached. The message suggests what pp-gpu-node
-    takes (not chain's --gpu-attach), and the exit is 2, as for any host set-up problem; nothing is left."""
+    takes (not chain's --gpu-attach), and the exit is 125, as `docker run --gpus` there; nothing is left."""
     prefix = unique("tk")
     node = Launcher("node", env=node_env(prefix, stub_image, PP_GPUS="all"))
-    assert node.wait(60) == 2
+    assert node.wait(60) == 125
     err = node.stderr_text()
     assert "the engine cannot attach GPUs" in err and "leave PP_GPUS unset" in err and "--gpu-attach" not in err
     assert containers_named(engine, f"{prefix}-0") == []
@@ -243,7 +243,7 @@ def test_stale_name_of_a_live_owner_is_an_error_and_untouched(engine, stub_image
     )["Id"]
     try:
         node = Launcher("node", env=node_env(prefix, stub_image))
-        assert node.wait(30) == 2
+        assert node.wait(30) == 125  # as `docker run --name` of a name in use
         assert f"container {prefix}-0 is in use by a live owner ({owner})" in node.stderr_text()
         assert engine.inspect(ref) is not None
     finally:
@@ -259,3 +259,13 @@ def test_chain_through_the_old_shim_runs_the_demo(engine, stub_image) -> None:
     stopped = chain.wait_event("chain_stopped")
     assert stopped["orphans"] == []
     assert engine.containers([f"{labels.RUN}={chain.run_id}"]) == []
+
+
+@pytest.mark.parametrize(("entry", "code"), [("no-such-command", 127), ("/etc/passwd", 126)])
+def test_a_command_that_cannot_run_exits_126_or_127_as_docker_run(engine, stub_image, entry: str, code: int) -> None:
+    """The drop-in's exit codes are `docker run --init`'s: 127 for a command not found, 126 for one that cannot
+    be invoked (tini in the container says which), 125 for an engine that refuses (tests above)."""
+    prefix = unique("cmd")
+    node = Launcher("node", env=node_env(prefix, stub_image, PP_ENTRYPOINT=entry))
+    assert node.wait(60) == code, node.stderr_text()
+    assert wait_until(lambda: containers_named(engine, f"{prefix}-0") == [], 10)

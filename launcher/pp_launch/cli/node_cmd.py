@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+from collections.abc import Iterator
 
 import click
 
 from pp_launch.adapters.inbox import QueueInbox
 from pp_launch.app import node
 from pp_launch.cli import signals
-from pp_launch.cli.boundary import mapped_errors
+from pp_launch.cli.boundary import mapped_errors, message
 from pp_launch.cli.main import main
+from pp_launch.core import errors
 from pp_launch.core.chain.ports import StopRequested
 
 
@@ -65,8 +68,25 @@ def _run_node(args: tuple[str, ...]) -> int:
     inbox = QueueInbox()
     signals.install()  # idempotent; also covers `pp-launch node` and direct calls
     signals.route_to(lambda signum: inbox.put(StopRequested(signum)))
-    with mapped_errors("pp-gpu-node"):
+    with mapped_errors("pp-gpu-node"), as_docker_run():
         return node.run_node(os.environ, args, inbox, lambda text: click.echo(f"pp-gpu-node: {text}", err=True))
+
+
+DOCKER_RUN_REFUSED = 125  # `docker run`'s code when the engine refuses (126/127 come from the container's tini)
+
+
+@contextlib.contextmanager
+def as_docker_run() -> Iterator[None]:
+    """The drop-in for `exec docker run` exits as `docker run` does when the engine refuses: 125 for a missing
+    image, a name in use, an engine that does not answer or refuses, GPUs it cannot attach. Configuration that
+    pp-gpu-node itself reads (STAGE, PP_GPUS...) stays exit 2."""
+    refused = (errors.ImageMissing, errors.NameInUse, errors.EngineError, errors.EngineUnavailable,
+               errors.GpuAttachUnavailable)  # fmt: skip
+    try:
+        yield
+    except refused as exc:
+        click.echo(message(exc, "pp-gpu-node"), err=True)
+        sys.exit(DOCKER_RUN_REFUSED)
 
 
 def gpu_node_main() -> None:
