@@ -139,7 +139,7 @@ def resolve_run(wanted: str, runs: set[str]) -> str:
 
 
 def is_stage(c: ContainerInfo) -> bool:
-    """A stage container (a number for its stage label), not a run's GPU lock or hand-over marker."""
+    """A stage container (a number for its stage label), not a run's GPU lock or guard."""
     return labels.ascii_int(c.labels.get(labels.STAGE, "")) is not None
 
 

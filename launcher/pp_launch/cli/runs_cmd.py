@@ -83,7 +83,7 @@ def logs(
             raise
         engines.finish()
         return
-    found = [(e, c) for e, c in found if housekeeping.is_stage(c)]  # not its lock or hand-over marker
+    found = [(e, c) for e, c in found if housekeeping.is_stage(c)]  # not its lock or guard
     if stages:
         found = [(e, c) for e, c in found if labels.ascii_int(c.labels.get(labels.STAGE, "")) in stages]
         if not found:

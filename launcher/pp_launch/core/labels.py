@@ -16,7 +16,7 @@ OWNER = "pp-launch.owner"
 GPUS = "pp-launch.gpus"
 HOST = "pp-launch.host"  # the engine it runs on, as the launcher named it (--host; absent on one engine)
 HOSTS = "pp-launch.hosts"  # every host of its run, comma-separated in ring order (absent on one engine)
-LAUNCHER = "pp-launch.launcher"  # a detached run's launcher: the run is its until the hand-over marker exists
+LAUNCHER = "pp-launch.launcher"  # a detached run's launcher (said by `ps`; its guard owns the run)
 
 STAGE_LOCK = "lock"  # the stage label of an engine's GPU lock container (app/locks.py)
 STAGE_GUARD = "guard"  # the stage label of a run's guard on an engine (adapters/guard.py)
