@@ -53,8 +53,10 @@ check_real_work() {
   [ "${PP_TESTS_BESIDE_WORK:-}" = 1 ] || return 0
   local bad=0
   [ "$(docker inspect -f '{{.State.Running}}' "$REAL_PLAIN" 2>/dev/null)" = true ] || { say "the unlabelled container was touched"; bad=1; }
-  [ "$(docker ps -q --filter "label=pp-launch.run=$REAL_RUN" --filter status=running | wc -l)" = 2 ] \
-    || { say "the detached run $REAL_RUN of another owner was touched"; bad=1; }
+  local roles
+  roles=$(docker ps --filter "label=pp-launch.run=$REAL_RUN" --filter status=running --format '{{.Label "pp-launch.stage"}}' | sort | tr '\n' ' ')
+  [ "$roles" = "0 1 guard " ] \
+    || { say "the detached run $REAL_RUN of another owner was touched (running: ${roles:-nothing})"; bad=1; }
   "$VENV/bin/pp-launch" down "$REAL_RUN" --grace 1 >/dev/null 2>&1 || true
   docker rm -f "$REAL_PLAIN" >/dev/null 2>&1 || true
   [ "$bad" = 0 ] || exit 1

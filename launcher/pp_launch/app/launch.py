@@ -462,15 +462,18 @@ class _Guarding:
         return self.guards
 
     def abandon(self) -> None:
+        """Nothing of the run exists: each guard finds nothing to tear down and goes; waited for (bounded)."""
         self._thread.join()
         if not self.taken:
-            _let_guards_go(self.guards, None)
+            for g in self.guards.values():
+                g.close(wait=GUARD_SETTLE)
             self.guards = {}
 
 
 def _let_guards_go(guards: Mapping[str, RunGuard], outcome: ChainOutcome | None) -> None:
-    """The launcher's end of each guard; a clean end waits until they are gone (they find nothing left)."""
-    settled = outcome is not None and outcome.reason != "detached" and not outcome.orphans
+    """The launcher's end of each guard; waited for until they are gone (they find nothing left), unless the run
+    is detached (the guards own it now) or something may be left (a lost engine: they tear it down, unwaited)."""
+    settled = outcome is None or (outcome.reason != "detached" and not outcome.orphans)
     for g in guards.values():
         g.close(wait=GUARD_SETTLE if settled else 0.0)
 
