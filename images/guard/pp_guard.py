@@ -152,6 +152,7 @@ def main() -> int:
     if not ok:
         return 3
     guard = Guard()
+
     def down(*_: object) -> None:  # `pp-launch down`: the launcher, if it is there, hears it on our stdout
         with contextlib.suppress(OSError, ValueError):
             sys.stdout.write("down\n")

@@ -77,9 +77,20 @@ def test_every_error_type_through_a_command_is_one_plain_line_and_its_exit_code(
     assert result.output == f"pp-launch: error: {error}\n{hint}"
 
 
-@pytest.mark.parametrize("error", [EXAMPLES[errors.EngineLost], EXAMPLES[errors.ConfigError]])
-def test_pp_gpu_node_has_the_same_boundary_with_its_own_name(
-    error: errors.PpLaunchError, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize(
+    ("error", "code"),
+    [
+        (EXAMPLES[errors.EngineLost], 125),  # the engine refused or went away: `docker run`'s 125
+        (EXAMPLES[errors.ImageMissing], 125),
+        (EXAMPLES[errors.NameInUse], 125),
+        (EXAMPLES[errors.EngineUnavailable], 125),
+        (EXAMPLES[errors.GpuAttachUnavailable], 125),
+        (EXAMPLES[errors.ConfigError], 2),  # pp-gpu-node's own configuration
+        (EXAMPLES[errors.StateFault], 1),
+    ],
+)
+def test_pp_gpu_node_has_the_same_boundary_with_its_own_name_and_docker_runs_codes(
+    error: errors.PpLaunchError, code: int, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     def boom(*_args: object) -> int:
         raise error
@@ -87,7 +98,7 @@ def test_pp_gpu_node_has_the_same_boundary_with_its_own_name(
     monkeypatch.setattr(node_cmd.node, "run_node", boom)
     with pytest.raises(SystemExit) as exit_:
         node_cmd._run_node(())
-    assert exit_.value.code == error.exit_code
+    assert exit_.value.code == code
     assert capsys.readouterr().err == f"pp-gpu-node: error: {error}\n"
 
 

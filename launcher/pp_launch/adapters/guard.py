@@ -88,6 +88,7 @@ class RunGuard:
         line = _first_line(self._stream, None)
         if line == b"down":
             self._on_down()
+
     def _beats(self, every: float) -> None:
         """A line to the guard every `every` seconds until close(): the launcher is alive and reachable."""
         while not self._quiet.wait(every):
