@@ -755,6 +755,7 @@ class DockerStageBackend:
         on_all_created: Callable[[], None] | None = None,
         toolkit_hint: str = "",
         record: Callable[[str], None] = lambda ref: None,
+        expect: Callable[[str], None] = lambda name: None,
     ) -> None:
         """split_lines=False passes output on as it comes (pp-gpu-node: byte for byte, any line length).
         record: told each id the engine returns for a create, before anything else (the run's guard); when it
@@ -775,6 +776,7 @@ class DockerStageBackend:
         self._threads = Threads()  # every reader and wait of this backend, joined by close()
         self._image_configs: dict[str, Mapping[str, Any] | None] = {}  # one inspect per image, not per stage
         self._record = record
+        self._expect = expect  # told each name before its create: a create whose answer never came back is found
         self.created: list[str] = []  # every id the engine returned for our creates: what is ours, and only that
 
     def create(self, spec: StageSpec, env: Mapping[str, str]) -> str:
@@ -799,6 +801,7 @@ class DockerStageBackend:
         )
         # StdinOnce: the engine closes the stage's stdin when our attach ends, i.e. when this process dies.
         config["StdinOnce"] = lifeline
+        self._expect(spec.name)
         try:
             created = self.api.create_container_from_config(config, spec.name)
         except REFUSED.ImageNotFound:

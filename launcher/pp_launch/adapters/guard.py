@@ -134,6 +134,12 @@ class RunGuard:
             except OSError:
                 raise errors.GuardLost(self.lost_message()) from None
 
+    def expect(self, name: str) -> None:
+        """Before a create: the watchdog learns the name, so that a create whose answer this process never read
+        (killed in between) is still found: by that exact name, this run's label, never started."""
+        with self._lock:
+            self._tell_keeper(f"expect {name}\n".encode())
+
     def lost_message(self) -> str:
         return (
             f"the run's guard on the engine at {self.engine.address} (container {self.held.id[:12]}) is gone: "

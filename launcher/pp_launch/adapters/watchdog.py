@@ -89,18 +89,46 @@ def sweep(run_id: str, grace: float, host: str | None = None, ids: list[str] | N
     return [c.name for c in found]
 
 
+def _unanswered(run_id: str, names: list[str], ids: list[str], host: str | None) -> list[str]:
+    """Creates the launcher sent but never read the answer of (it died in between): by the exact name it was about
+    to create, with this run's label, never started (so holding nothing), and not already recorded."""
+    if not names:
+        return []
+    from pp_launch.adapters.docker_engine import connect
+    from pp_launch.core import labels
+
+    found = []
+    try:
+        engine = connect(timeout=5, host=host)
+        for name in names:
+            info = engine.inspect(name) or {}
+            tagged = ((info.get("Config") or {}).get("Labels") or {}).get(labels.RUN)
+            state = (info.get("State") or {}).get("Status")
+            ref = str(info.get("Id", ""))
+            if tagged == run_id and state == "created" and ref and ref not in ids:
+                found.append(ref)
+    except Exception:  # the engine is lost: the recorded ids are still swept when it answers
+        return found
+    return found
+
+
 def main(argv: list[str]) -> int:
     hosts = [a.removeprefix("--host=") for a in argv if a.startswith("--host=")]
     argv = [a for a in argv if not a.startswith("--host=")]
     host = hosts[0] if hosts else None
     run_id, grace = argv[0], float(argv[1]) if len(argv) > 1 else MAX_GRACE
     ids: list[str] | None = None if argv[2:3] == ["by-label"] else []
+    expected: list[str] = []
     for raw in sys.stdin.buffer:  # EOF means the launcher is gone
         words = raw.decode("ascii", "replace").split()
         if words == ["detach"]:
             return 0  # the run's guard owns it now
         if ids is not None and len(words) == 2 and words[0] == "own" and len(words[1]) == 64:
             ids.append(words[1])
+        elif len(words) == 2 and words[0] == "expect":
+            expected.append(words[1])
+    if ids is not None:
+        ids += _unanswered(run_id, expected, ids, host)
     if ids == []:
         return 0
     patience = float(os.environ.get("PP_WATCHDOG_PATIENCE", PATIENCE))

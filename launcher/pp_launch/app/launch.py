@@ -384,8 +384,10 @@ def _backend(
                                    lambda run: [c.id for c in engine.containers(labels.run_selector(run))])  # fmt: skip
     if not request.hosts:
         return DockerStageBackend(_engine(sites[0]), expected=len(plan.stages), on_all_created=release,
-                                  record=guards[""].own)  # fmt: skip
-    backends = {s.name: DockerStageBackend(_engine(s), record=guards[s.name].own) for s in sites}
+                                  record=guards[""].own, expect=guards[""].expect)  # fmt: skip
+    backends = {
+        s.name: DockerStageBackend(_engine(s), record=guards[s.name].own, expect=guards[s.name].expect) for s in sites
+    }
     return MultiHostBackend(backends, expected=len(plan.stages), on_all_created=release)
 
 
