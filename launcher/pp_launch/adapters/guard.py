@@ -116,10 +116,6 @@ class RunGuard:
             guard._beat.start()
         return guard
 
-    @property
-    def id(self) -> str:
-        return self.held.id
-
     def own(self, ref: str) -> None:
         """Record a container the engine just created for the run (the guard, the watchdog, this user's state):
         GuardLost when the guard is gone."""
