@@ -7,6 +7,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import uuid
 
 import pytest
 
@@ -222,3 +223,46 @@ def test_an_engine_over_the_network_gets_a_guard_that_checks_its_socket_and_hear
         assert run_containers(engine, right.run_id) == [] and guard_of(engine, right.run_id) == []
     finally:
         relay.close()
+
+
+def test_the_watchdog_removes_a_create_whose_answer_never_came_back_and_only_that(engine, stub_image) -> None:
+    """A launcher killed between a create and reading its answer (the guard's own create included): the watchdog knew
+    the name before the create; at EOF it removes that name only when it carries the run's label and never started.
+    A same-named neighbour of another run, or one that runs, is not touched; `done` means nothing is asked at all."""
+    from pp_launch.adapters import watchdog
+    from pp_launch.adapters.guard import guard_name
+
+    run, other = uuid.uuid4().hex[:12], uuid.uuid4().hex[:12]
+    remember_run(run)
+
+    def create(name: str, run_id: str, start: bool) -> str:
+        out = docker(
+            "run" if start else "create", *(["-d"] if start else []), "--name", name, "--network", "none",
+            "--label", f"{labels.RUN}={run_id}", "--label", f"{labels.STAGE}=0", "--label", f"{labels.OWNER}=x",
+            "--label", f"{labels.GPUS}=", "-e", "STUB_MODE=hold", "pp-launch/stub-worker:latest",
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        return out.stdout.strip()
+
+    unanswered = create(guard_name(run), run, start=False)  # the guard's create, its answer never read
+    foreign = create(unique("not-started-other-run"), other, start=False)
+    live = create(unique("running-same-run"), run, start=True)
+    try:
+        keeper = watchdog.spawn(run, 1.0)
+        assert keeper.stdin is not None
+        for name in (guard_name(run), docker("inspect", "-f", "{{.Name}}", foreign).stdout.strip("/\n"),
+                     docker("inspect", "-f", "{{.Name}}", live).stdout.strip("/\n")):  # fmt: skip
+            keeper.stdin.write(f"expect {name}\n".encode())
+        keeper.stdin.close()  # the launcher is gone
+        assert keeper.wait(30) == 0
+        assert engine.inspect(unanswered) is None  # ours: this run's label, its name told, never started
+        assert engine.inspect(foreign) is not None and running(live)  # another run's; a running one: untouched
+
+        done = watchdog.spawn(run, 1.0)
+        assert done.stdin is not None
+        done.stdin.write(f"own {live}\ndone\n".encode())  # a clean end: the launcher saw its ids gone
+        done.stdin.close()
+        assert done.wait(30) == 0 and running(live)  # it believed the launcher and asked nothing
+    finally:
+        for ref in (unanswered, foreign, live):
+            docker("rm", "-f", ref)

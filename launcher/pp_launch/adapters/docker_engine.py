@@ -476,13 +476,15 @@ class Engine:
     def hold(
         self, name: str | None, image: str, labels: Mapping[str, str], entrypoint: Sequence[str] = ("cat",),
         binds: Mapping[str, str] | None = None, env: Mapping[str, str] | None = None, ready: bool = False,
+        created: Callable[[str], None] | None = None,
     ) -> Held | None:  # fmt: skip
         """A running container held by this process alone (a GPU lock, a run's guard): tini as init, auto-remove,
         no network, its stdin ours alone. When this process ends, however it ends, the kernel closes the attach and
         the engine closes the container's stdin: the container sees it end. It counts as held only once the
         engine says it runs. None when the name is taken. binds: host path -> path inside (read-write). ready: the
         container says on stdout, in its first line, that it is ready (`ready`), or why not (EngineError with that
-        line); it writes nothing more there."""
+        line); it writes nothing more there. created: told the engine's id before the container starts (a record
+        that outlives this process: until it starts, nothing ends the container when this process dies)."""
         host_config = engine_api.host_config(
             init=True, auto_remove=True, network_mode="none",
             binds={h: {"bind": c, "mode": "rw"} for h, c in (binds or {}).items()} or None,
@@ -503,6 +505,12 @@ class Engine:
             if exc.status_code == 409:
                 return None
             raise errors.EngineError(f"the engine at {self.address} refused {name}: {_reason(exc)}") from None
+        if created is not None:
+            try:
+                created(ref)
+            except BaseException:
+                self.remove(ref)
+                raise
         return self._start_held(ref, name, image, ready)
 
     def _start_held(self, ref: str, name: str | None, image: str, ready: bool) -> Held:

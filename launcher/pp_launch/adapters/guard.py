@@ -72,6 +72,7 @@ class RunGuard:
     ) -> None:  # fmt: skip
         self.engine, self.held, self.keeper, self.run_id, self.ids = engine, held, keeper, run_id, ids
         self._lock = threading.Lock()  # creates run on several threads at once: one line at a time
+        self.owned: list[str] = []
         self._quiet = threading.Event()
         self._beat: threading.Thread | None = None
         self._on_down: Callable[[], None] = lambda: None
@@ -100,16 +101,37 @@ class RunGuard:
 
     @classmethod
     def start(cls, engine: Engine, run_id: str, owner: str, grace: float, host: str | None = None) -> RunGuard:
-        """The guard on `engine`, running before any container of the run is created there."""
+        """The guard on `engine`, running before any container of the run is created there. The watchdog comes
+        first, and learns the guard's name before its create and its id before its start: a launcher killed in
+        between leaves no guard that never started (nothing else would ever end it)."""
         beat = heartbeat(engine)
-        held = engine.hold(
-            None, GUARD_IMAGE, guard_labels(run_id, owner), ENTRY, binds={socket_path(engine): INSIDE},
-            env={"PP_GUARD_GRACE": f"{grace:g}", "PP_GUARD_HEARTBEAT": f"{beat:g}",
-                 "PP_GUARD_ENGINE": engine.identity()[0]},
-            ready=True,
-        )  # fmt: skip
-        assert held is not None  # no name: nothing to collide with
-        guard = cls(engine, held, watchdog.spawn(run_id, grace, host=host), run_id, host_state.RunIds())
+        keeper = watchdog.spawn(run_id, grace, host=host)
+        ids = host_state.RunIds()
+        name = guard_name(run_id)
+        _tell(keeper, f"expect {name}\n".encode())
+
+        def created(ref: str) -> None:
+            _tell(keeper, f"own {ref}\n".encode())
+            with contextlib.suppress(errors.PpLaunchError):
+                ids.add(run_id, ref)
+
+        try:
+            held = engine.hold(
+                name, GUARD_IMAGE, guard_labels(run_id, owner), ENTRY, binds={socket_path(engine): INSIDE},
+                env={"PP_GUARD_GRACE": f"{grace:g}", "PP_GUARD_HEARTBEAT": f"{beat:g}",
+                     "PP_GUARD_ENGINE": engine.identity()[0]},
+                ready=True, created=created,
+            )  # fmt: skip
+        except BaseException:
+            _close(keeper)
+            raise
+        if held is None:
+            _close(keeper)
+            raise errors.EngineError(
+                f"the engine at {engine.address} already has a container named {name}: the run's guard must be "
+                "its own (someone created that name first); launch again (a new run id)"
+            )
+        guard = cls(engine, held, keeper, run_id, ids)
         guard._listener.start()
         if beat > 0:
             guard._beat = threading.Thread(target=guard._beats, args=(beat / 4,), name="guard-heartbeat", daemon=True)
@@ -121,6 +143,7 @@ class RunGuard:
         GuardLost when the guard is gone."""
         line = f"own {ref}\n".encode()
         with self._lock:
+            self.owned.append(ref)
             if self.ids is not None:
                 with contextlib.suppress(errors.PpLaunchError):
                     self.ids.add(self.run_id, ref)  # a state directory that fails is no reason to stop the run
@@ -157,35 +180,66 @@ class RunGuard:
     def close(self, wait: float = 0.0) -> None:
         """The launcher's end: the guard tears down what is left (nothing, after a clean teardown) and exits,
         unless the run is detached. wait: seconds to wait for it to be gone (a chain says "nothing left" only
-        once its guard is gone too)."""
+        once its guard is gone too). The watchdog is let go last: what is left then (the guard included, when it
+        did not go in time) is its to remove."""
         self._quiet.set()
         if self._beat is not None:
             self._beat.join()
         with self._lock:
             self.held.let_go()
         self._listener.join()
-        if self.keeper is not None and self.keeper.stdin is not None:
-            with contextlib.suppress(OSError):
-                self.keeper.stdin.close()
-        if wait > 0:
-            self._gone_within(wait)
-            if self.ids is not None:
-                with contextlib.suppress(errors.PpLaunchError):
-                    self.ids.forget(self.run_id)  # a clean end: nothing of the run is left to record
+        clean = wait > 0 and self._gone_within(wait) and self._none_left()
+        if clean:
+            self._tell_keeper(b"done\n")  # nothing for it to do: it ends without asking the engine anything
+        if self.keeper is not None:
+            _close(self.keeper)
+        if clean and self.ids is not None:
+            with contextlib.suppress(errors.PpLaunchError):
+                self.ids.forget(self.run_id)  # a clean end: nothing of the run is left to record
 
-    def _gone_within(self, seconds: float) -> None:
+    def _gone_within(self, seconds: float) -> bool:
         """Until the engine no longer has the guard (it found nothing left, exited, was auto-removed), at most
-        `seconds`: asked by id, every 50 ms (the engine's wait has no clock of its own here)."""
+        `seconds`: asked by id, every 50 ms (the engine's wait has no clock of its own here). False: still there,
+        or the engine did not answer."""
         deadline = time.monotonic() + seconds
-        with contextlib.suppress(errors.PpLaunchError, OSError):
-            while self.engine.inspect(self.held.id) is not None and time.monotonic() < deadline:
+        try:
+            while self.engine.inspect(self.held.id) is not None:
+                if time.monotonic() >= deadline:
+                    return False
                 time.sleep(0.05)
+        except (errors.PpLaunchError, OSError):
+            return False
+        return True
+
+    def _none_left(self) -> bool:
+        """The engine has none of the containers recorded for the run (asked by id)."""
+        try:
+            return all(self.engine.inspect(ref) is None for ref in self.owned)
+        except (errors.PpLaunchError, OSError):
+            return False
 
     def _tell_keeper(self, data: bytes) -> None:
-        if self.keeper is not None and self.keeper.stdin is not None:
-            with contextlib.suppress(OSError, ValueError):
-                self.keeper.stdin.write(data)
-                self.keeper.stdin.flush()
+        if self.keeper is not None:
+            _tell(self.keeper, data)
+
+
+def guard_name(run_id: str) -> str:
+    """The guard's container name on each engine: known before its create, so that the watchdog can find a create
+    whose answer never came back."""
+    return f"pp-guard-{run_id}"
+
+
+def _tell(keeper: subprocess.Popen[bytes], data: bytes) -> None:
+    if keeper.stdin is not None:
+        with contextlib.suppress(OSError, ValueError):
+            keeper.stdin.write(data)
+            keeper.stdin.flush()
+
+
+def _close(keeper: subprocess.Popen[bytes]) -> None:
+    if keeper.stdin is not None:
+        with contextlib.suppress(OSError):
+            keeper.stdin.close()
 
 
 @dataclass(frozen=True)

@@ -4,12 +4,14 @@ The launcher starts the watchdog (`python -I -c BOOT pp_launch.adapters.watchdog
 session (so a signal to the launcher's process group does not reach it), from `/`, isolated from the working
 directory and the user's Python environment (a `logging.py` or `docker.py` planted in the launcher's working
 directory, or PYTHONPATH, cannot stop it starting), with a pipe as stdin. On that pipe the launcher writes
-`own <id>` for every container the engine creates for the run (the ids its guard records too: adapters/guard.py), and
-`detach` once a detached run is handed to its guard. When the launcher exits, by SIGKILL included, the kernel
-closes the pipe; the watchdog reads EOF, sends SIGTERM to those containers (by id: never one that merely
-carries the run's labels), waits up to GRACE seconds, then removes what is left by force. After a clean exit
-there is nothing left to remove and the watchdog simply ends. It is the second layer: the guard on the engine
-does the same on its own; this one covers a guard removed by someone else as its launcher dies.
+`expect <name>` before each create, `own <id>` for every container the engine creates for the run (the run's guard
+and the ids it records: adapters/guard.py), `detach` once a detached run is handed to its guard, and `done` once
+it has seen every one of them gone (a clean end: the watchdog ends without asking the engine anything). When the
+launcher exits otherwise, by SIGKILL included, the kernel closes the pipe; the watchdog reads EOF, sends SIGTERM to
+those containers (by id: never one that merely carries the run's labels; an expected name only when it carries the
+run's label and never started), waits up to GRACE seconds, then removes what is left by force. It is the second
+layer: the guard on the engine does the same on its own; this one covers a guard removed by someone else as its
+launcher dies, and a guard created but not yet started.
 
 When the engine does not answer (stopped, killed, frozen, restarting), the watchdog keeps trying, every few
 seconds, for PP_WATCHDOG_PATIENCE seconds (default 900): an engine that comes back within that time finds
@@ -123,6 +125,8 @@ def main(argv: list[str]) -> int:
         words = raw.decode("ascii", "replace").split()
         if words == ["detach"]:
             return 0  # the run's guard owns it now
+        if words == ["done"]:
+            return 0  # the launcher saw every recorded container gone, its guard too: nothing to ask the engine
         if ids is not None and len(words) == 2 and words[0] == "own" and len(words[1]) == 64:
             ids.append(words[1])
         elif len(words) == 2 and words[0] == "expect":
