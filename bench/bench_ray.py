@@ -29,6 +29,8 @@ sys.path.insert(0, str(ROOT))
 from tests.gpu_host import wait_for  # noqa: E402
 from tests.ray_cluster import RayCluster  # noqa: E402
 
+from pp_launch.core.chain.plan import GUARD_IMAGE  # noqa: E402
+
 PP = str(Path(sys.executable).with_name("pp-launch"))
 FLOOR_ROW = "Ray alone: a driver, the grant, 8 empty actors (no pp-launch)"
 IMAGE = "pp-launch/stub-worker:latest"
@@ -90,13 +92,13 @@ def diagnose(cluster: RayCluster) -> str:
     for name, host in cluster.hosts.items():
         side = host.engines["request"]
         rows[name] = side.docker("ps", "-a", "--format", "{{.Names}} {{.State}} {{.Labels}}", check=False).stdout
-    procs = subprocess.run(["pgrep", "-af", "watchdog|StageActor"], capture_output=True, text=True).stdout
+    procs = subprocess.run(["pgrep", "-af", "watchdog|NodeAgent"], capture_output=True, text=True).stdout
     return f"containers: {rows}\nprocesses: {procs}"
 
 
 def stage_actors(cluster: RayCluster) -> list[str]:
     """Ray worker processes still hosting an actor (a driver's actors end with it)."""
-    out = subprocess.run(["pgrep", "-f", "^ray::(Empty|StageActor)"], capture_output=True, text=True).stdout
+    out = subprocess.run(["pgrep", "-f", "^ray::(Empty|NodeAgent)"], capture_output=True, text=True).stdout
     return out.split()
 
 
@@ -109,7 +111,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "ray.md"))
     opts = parser.parse_args()
-    cluster = RayCluster((IMAGE,))
+    cluster = RayCluster((IMAGE, GUARD_IMAGE))  # a run's guard runs on each node's engine
     try:
         a, b = cluster.hosts["a"], cluster.hosts["b"]
         ha, hb = a.engine("request").host, b.engine("request").host

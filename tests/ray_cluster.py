@@ -51,16 +51,29 @@ class RayCluster:
             self.hosts["b"] = b
             b.engine("request")
             self.address = f"127.0.0.1:{PORT}"
-            head = ["--head", f"--port={PORT}", "--num-cpus=0", "--num-gpus=0", f"--temp-dir={self.root / 'r'}",
-                    "--include-dashboard=false", "--ray-client-server-port=10001"]  # fmt: skip
-            self._start("head", head, self._base_env())
-            self.wait_nodes(1)
-            for n, name in enumerate(("a", "b"), start=2):  # one at a time: raylets starting together collide
-                self.start_node(name)
-                self.wait_nodes(n)
+            self._start_all()
         except BaseException:
             self.close()
             raise
+
+    def _start_all(self) -> None:
+        head = ["--head", f"--port={PORT}", "--num-cpus=0", "--num-gpus=0", f"--temp-dir={self.root / 'r'}",
+                "--include-dashboard=false", "--ray-client-server-port=10001"]  # fmt: skip
+        self._start("head", head, self._base_env())
+        self.wait_nodes(1)
+        for n, name in enumerate(("a", "b"), start=2):  # one at a time: raylets starting together collide
+            self.start_node(name)
+            self.wait_nodes(n)
+
+    def kill_head(self) -> None:
+        """The head lost: its GCS, raylet and everything else of it SIGKILLed at once."""
+        self.kill_node("head")
+
+    def restart(self) -> None:
+        """A fresh cluster on the same engines (after the head was lost, the worker nodes cannot rejoin)."""
+        for name in list(self.nodes):
+            self.kill_node(name)
+        self._start_all()
 
     # ------------------------------------------------------------------------------------------ nodes
     def _engine_pid(self, host: FakeGpuHost) -> int:
@@ -140,8 +153,14 @@ class RayCluster:
         return env
 
     def run(self, *argv: str, timeout: float = 240, **kwargs: object) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([*self.netns(), *argv], capture_output=True, text=True, timeout=timeout,
-                              env=kwargs.pop("env", None) or self.env(), **kwargs)  # type: ignore[call-overload]
+        return subprocess.run(
+            [*self.netns(), *argv],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=kwargs.pop("env", None) or self.env(),
+            **kwargs,
+        )  # type: ignore[call-overload]
 
     def popen(self, *argv: str, **kwargs: object) -> subprocess.Popen[str]:
         env = kwargs.pop("env", None) or self.env()

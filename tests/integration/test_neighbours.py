@@ -244,15 +244,16 @@ def test_the_watchdog_removes_a_create_whose_answer_never_came_back_and_only_tha
         assert out.returncode == 0, out.stderr
         return out.stdout.strip()
 
-    unanswered = create(guard_name(run), run, start=False)  # the guard's create, its answer never read
+    name = guard_name(run)
+    unanswered = create(name, run, start=False)  # the guard's create, its answer never read
     foreign = create(unique("not-started-other-run"), other, start=False)
     live = create(unique("running-same-run"), run, start=True)
     try:
         keeper = watchdog.spawn(run, 1.0)
         assert keeper.stdin is not None
-        for name in (guard_name(run), docker("inspect", "-f", "{{.Name}}", foreign).stdout.strip("/\n"),
+        for told in (name, docker("inspect", "-f", "{{.Name}}", foreign).stdout.strip("/\n"),
                      docker("inspect", "-f", "{{.Name}}", live).stdout.strip("/\n")):  # fmt: skip
-            keeper.stdin.write(f"expect {name}\n".encode())
+            keeper.stdin.write(f"expect {told}\n".encode())
         keeper.stdin.close()  # the launcher is gone
         assert keeper.wait(30) == 0
         assert engine.inspect(unanswered) is None  # ours: this run's label, its name told, never started

@@ -49,9 +49,9 @@ def cluster(engine, our_images):  # type: ignore[no-untyped-def]
 def nothing_left(cluster):  # type: ignore[no-untyped-def]
     yield
     gone = wait_for(lambda: not any(cluster.ours().values()), 30)
-    actors = [a for a in cluster.actors() if "StageActor" in a]
+    actors = [a for a in cluster.actors() if "NodeAgent" in a]
     assert gone, f"containers left on the nodes' engines: {cluster.ours()}"
-    assert not actors, f"stage actors left on the cluster: {actors}"
+    assert not actors, f"node agents left on the cluster: {actors}"
 
 
 def uuids(cluster, node: str) -> set[str]:  # type: ignore[no-untyped-def]
@@ -63,12 +63,21 @@ def stage_gpus(stdout: str) -> dict[int, list[str]]:
 
 
 def running(cluster) -> int:  # type: ignore[no-untyped-def]
+    """Running stage containers of ours on the nodes (each node's guard of the run not counted)."""
     total = 0
     for host in cluster.hosts.values():
         side = host.engines["request"]
-        out = side.docker("ps", "-q", "--filter", "label=pp-launch.run", "--filter", "status=running", check=False)
-        total += len(out.stdout.split())
+        out = side.docker("ps", "--filter", "label=pp-launch.run", "--filter", "status=running", "--format",
+                          '{{.Label "pp-launch.stage"}}', check=False)  # fmt: skip
+        total += sum(1 for role in out.stdout.split() if role != "guard")
     return total
+
+
+def stages_on(cluster, node: str) -> list[str]:  # type: ignore[no-untyped-def]
+    side = cluster.hosts[node].engines["request"]
+    out = side.docker("ps", "-a", "--filter", "label=pp-launch.run", "--format", '{{.ID}} {{.Label "pp-launch.stage"}}',
+                      check=False)  # fmt: skip
+    return [line.split()[0] for line in out.stdout.splitlines() if line.split()[1:] != ["guard"]]
 
 
 # ------------------------------------------------------------------------------------------------ the chain
@@ -204,32 +213,61 @@ def test_launcher_sigkill_with_stages_that_ignore_the_lifeline_leaves_nothing(cl
     assert wait_for(lambda: not any(cluster.ours().values()), 60), cluster.ours()
 
 
-def test_stage_actor_killed_fails_the_chain_naming_stage_and_node(cluster) -> None:  # type: ignore[no-untyped-def]
+def test_a_node_agent_killed_fails_the_chain_naming_stage_and_node(cluster) -> None:  # type: ignore[no-untyped-def]
     proc = _hold(cluster)
-    workers = subprocess.run(["pgrep", "-f", "^ray::StageActor"], capture_output=True, text=True).stdout.split()
-    assert len(workers) == 4, workers
+    workers = subprocess.run(["pgrep", "-f", "^ray::NodeAgent"], capture_output=True, text=True).stdout.split()
+    assert len(workers) == 2, workers  # one agent per node, each owning its node's two stages
     os.kill(int(workers[0]), signal.SIGKILL)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 1, err
-    # the pump (its actor ended) or a call in flight (the hand-off to it) may see it first: both name stage and node
-    assert re.search(r"stage \d+.*(Ray actor on node|actor on Ray node) [ab]", err), err
-    assert "was lost" not in err, err  # its node is alive: only the actor ended
+    # the pump (its agent ended) or a call in flight (the hand-off to it) may see it first: both name stage and node
+    assert re.search(r"stage \d+.*(agent on Ray node|agent of Ray node) [ab]", err), err
+    assert "was lost" not in err, err  # its node is alive: only the agent ended
 
 
-def test_ray_kill_of_a_detached_stage_ends_its_container(cluster) -> None:  # type: ignore[no-untyped-def]
+def test_ray_kill_of_a_detached_runs_agent_ends_its_nodes_stages_only(cluster) -> None:  # type: ignore[no-untyped-def]
     r = cluster.run(PP, "chain", "--ray", "auto", "--stages", "2", "--placement", "spread", "--detach",
                     "-e", "STUB_MODE=hold")  # fmt: skip
     assert r.returncode == 0, r.stderr
     run = r.stdout.strip()
     try:
         code = ("import ray, sys; ray.init(address='auto', namespace='pp-launch', logging_level='ERROR');"
-                f"ray.kill(ray.get_actor('{run}-1-0'))")  # fmt: skip
+                f"ray.kill(ray.get_actor('{run}-1'))")  # fmt: skip
         assert cluster.python(code).returncode == 0
-        assert wait_for(lambda: len(cluster.ours()["b"]) == 0, 30), cluster.ours()
-        assert len(cluster.ours()["a"]) == 1  # the other stage is the run's until `down`
+        assert wait_for(lambda: len(cluster.ours()["b"]) == 0, 30), cluster.ours()  # its stage, and its guard
+        assert len(stages_on(cluster, "a")) == 1  # the other stage is the run's until `down`
     finally:
         down = cluster.run(PP, "down", run, "--ray", "auto")
         assert down.returncode == 0, down.stderr
+
+
+def test_a_container_forging_a_ray_runs_labels_is_never_touched(cluster) -> None:  # type: ignore[no-untyped-def]
+    """Ours by id only on Ray too: a neighbour's container on a node's engine carrying a live run's labels survives
+    the run's teardown, `down --ray` and `gc --ray`; `ps --ray` does not list it."""
+    r = cluster.run(PP, "chain", "--ray", "auto", "--stages", "2", "--placement", "spread", "--detach",
+                    "-e", "STUB_MODE=hold")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    run = r.stdout.strip()
+    side = cluster.hosts["a"].engines["request"]
+    forged = side.docker("run", "-d", "--network", "none", "--label", f"pp-launch.run={run}", "--label",
+                         "pp-launch.stage=1", "--label", "pp-launch.owner=detached", "--label", "pp-launch.gpus=",
+                         "-e", "STUB_MODE=hold", "-e", "STUB_IGNORE_LIFELINE=1",
+                         "pp-launch/stub-worker:latest").stdout.strip()  # fmt: skip
+    try:
+        ps = cluster.run(PP, "ps", "--ray", "auto", "--json")
+        assert ps.returncode == 0, ps.stderr
+        rows = [json.loads(line) for line in ps.stdout.splitlines() if line.strip()]
+        assert sorted(r["stage"] for r in rows if r["run"] == run) == [0, 1], ps.stdout
+        assert all(r["id"] != forged[:12] for r in rows), ps.stdout
+        down = cluster.run(PP, "down", run, "--ray", "auto", "--grace", "1")
+        assert down.returncode == 0, down.stderr
+        assert "2 containers removed" in down.stderr, down.stderr
+        gc = cluster.run(PP, "gc", "--ray", "auto")
+        assert gc.returncode == 0, gc.stderr
+        state = side.docker("inspect", "-f", "{{.State.Running}}", forged, check=False).stdout.strip()
+        assert state == "true"  # signalled by no one, removed by no one
+    finally:
+        side.docker("rm", "-f", forged, check=False)
 
 
 def test_a_detached_run_is_never_held_back_and_its_last_lines_are_kept(cluster) -> None:  # type: ignore[no-untyped-def]
@@ -240,6 +278,7 @@ def test_a_detached_run_is_never_held_back_and_its_last_lines_are_kept(cluster) 
     assert r.returncode == 0, r.stderr
     run = r.stdout.strip()
     try:
+
         def done() -> bool:
             out = cluster.run(PP, "logs", run[:6], "--ray", "auto", "-n", "5")
             return out.stdout.count("PP_FLOOD_DONE lines=60000") == 2
@@ -265,7 +304,7 @@ def test_a_detached_run_that_ends_by_itself_is_waited_for_and_its_gpus_released_
         assert up.returncode == 0, up.stderr
         done = cluster.run(PP, "wait", run, "--ray", "auto", "--timeout", "60")
         assert done.returncode == 0, done.stderr
-        assert not any(cluster.ours().values())
+        assert not stages_on(cluster, "a") and not stages_on(cluster, "b")  # each node's guard is the agent's
         dry = cluster.run(PP, "gc", "--ray", "auto", "--dry-run")
         assert f"would release run {run}: every stage has ended" in dry.stdout
         gc = cluster.run(PP, "gc", "--ray", "auto")
@@ -308,3 +347,23 @@ def test_everything_listens_on_loopback_only(cluster) -> None:  # type: ignore[n
     local = ("127.0.0.1:", "[::ffff:127.0.0.1]:", "[::1]:", "127.0.0.53")
     assert all(a.startswith(local) for a in cluster.listeners()), cluster.listeners()
     assert all(a.startswith(local) for a in cluster.connections()), cluster.connections()
+
+
+def test_the_head_lost_mid_run_ends_in_our_teardown_and_one_line(cluster) -> None:  # type: ignore[no-untyped-def]
+    """The head's GCS killed: the launcher's own look at the head sees it within seconds, stops the chain and tears
+    it down through the node agents (they answer without the head), and says so in a `pp-launch:` line; Ray's own
+    log lines stay off the terminal."""
+    proc = _hold(cluster)
+    t0 = time.monotonic()
+    try:
+        cluster.kill_head()
+        _, err = proc.communicate(timeout=120)
+        ended = time.monotonic() - t0
+        assert proc.returncode == 1, err
+        assert "pp-launch: " in err and "the Ray head at 127.0.0.1:" in err and "stopped answering" in err, err
+        assert running(cluster) == 0 and not any(stages_on(cluster, n) for n in ("a", "b")), cluster.ours()
+        theirs = [line for line in err.splitlines() if line.strip() and not line.startswith(("pp-launch", "["))]
+        assert theirs == [], err  # nothing of Ray's own logging on the terminal without -v
+        print(f"head lost -> chain torn down and ended after {ended:.2f} s")
+    finally:
+        cluster.restart()

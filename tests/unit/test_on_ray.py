@@ -14,7 +14,7 @@ from pp_launch.app import on_ray
 from pp_launch.app.launch import GpuOptions, LaunchRequest
 from pp_launch.core import errors
 from pp_launch.core.chain.plan import ChainRequest
-from pp_launch.core.gpu.allocator import HOST_LEVEL, distance, order_groups, units
+from pp_launch.core.gpu.allocator import HOST_LEVEL, distance, order_groups, plan_cost, split_granted, units
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 
@@ -90,6 +90,26 @@ def test_a_block_is_ordered_round_its_closest_ring_and_the_ring_leaves_each_node
     order, levels = order_groups(inv, [g for g in granted])
     assert sum(levels) <= sum(given)  # never worse than the order Ray gave
     assert sorted(order) == [0, 1, 2, 3] and order[0] == 0
+
+
+def test_a_node_agents_grant_is_shared_out_round_the_closest_ring() -> None:
+    """An agent is granted its block's GPUs at once (in Ray's order): each stage gets `per_stage` of them, every one
+    given exactly once, and the share is never worse than taking them in Ray's order."""
+    inv = inventory_file.load(DATA / "nvlink-8gpu.json")
+    u = {x.uuid: x for x in units(inv)}
+    by_index = [g.uuid for g in inv.gpus]
+    granted = [by_index[i] for i in (0, 5, 1, 4, 2, 7)]
+    for per_stage in (1, 2, 3):
+        k = len(granted) // per_stage
+        shares = split_granted(inv, granted, k, per_stage)
+        assert len(shares) == k and all(len(s) == per_stage for s in shares)
+        assert sorted(g for s in shares for g in s) == sorted(granted)
+        ours = plan_cost(inv, [u[g] for s in shares for g in s], per_stage)
+        assert ours <= plan_cost(inv, [u[g] for g in granted], per_stage)
+        if per_stage < 3:  # Ray's order here is a poor ring (1) and pairs far-apart GPUs (2): strictly better
+            assert ours < plan_cost(inv, [u[g] for g in granted], per_stage)
+    assert split_granted(inv, ["GPU-not-known", by_index[0]], 2, 1) == [("GPU-not-known",), (by_index[0],)]
+    assert split_granted(inv, [], 3, 0) == [(), (), ()]  # CPU stages
 
 
 def test_cpu_stages_have_no_hops() -> None:

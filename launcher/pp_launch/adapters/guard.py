@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import subprocess
 import threading
 import time
@@ -100,12 +101,15 @@ class RunGuard:
                     return  # gone: the next own() says so
 
     @classmethod
-    def start(cls, engine: Engine, run_id: str, owner: str, grace: float, host: str | None = None) -> RunGuard:
+    def start(
+        cls, engine: Engine, run_id: str, owner: str, grace: float, host: str | None = None, orphan: bool = False
+    ) -> RunGuard:
         """The guard on `engine`, running before any container of the run is created there. The watchdog comes
         first, and learns the guard's name before its create and its id before its start: a launcher killed in
-        between leaves no guard that never started (nothing else would ever end it)."""
+        between leaves no guard that never started (nothing else would ever end it). orphan: the watchdog is not
+        this process's child (a Ray actor's children are killed with it)."""
         beat = heartbeat(engine)
-        keeper = watchdog.spawn(run_id, grace, host=host)
+        keeper = watchdog.spawn(run_id, grace, host=host, orphan=orphan)
         ids = host_state.RunIds()
         name = guard_name(run_id)
         _tell(keeper, f"expect {name}\n".encode())
@@ -129,7 +133,7 @@ class RunGuard:
             _close(keeper)
             raise errors.EngineError(
                 f"the engine at {engine.address} already has a container named {name}: the run's guard must be "
-                "its own (someone created that name first); launch again (a new run id)"
+                "its own (someone created that name first); launch again"
             )
         guard = cls(engine, held, keeper, run_id, ids)
         guard._listener.start()
@@ -224,9 +228,10 @@ class RunGuard:
 
 
 def guard_name(run_id: str) -> str:
-    """The guard's container name on each engine: known before its create, so that the watchdog can find a create
-    whose answer never came back."""
-    return f"pp-guard-{run_id}"
+    """A guard's container name: known before its create, so that the watchdog can find a create whose answer
+    never came back; unique, since one run may have several guards on one engine (each `pp-gpu-node` stage of a
+    `--gpu-node` chain holds its own)."""
+    return f"pp-guard-{run_id}-{secrets.token_hex(4)}"
 
 
 def _tell(keeper: subprocess.Popen[bytes], data: bytes) -> None:

@@ -138,6 +138,14 @@ class StateDir:
         except OSError as exc:
             raise _fault(self.path / name, exc, "write") from None
 
+    def append_fd(self, name: str) -> int:
+        """A descriptor to append to `name` (made 0600, never through a link), for the caller to close."""
+        try:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | NOFOLLOW
+            return os.open(name, flags, 0o600, dir_fd=self.fd)
+        except OSError as exc:
+            raise _fault(self.path / name, exc, "open") from None
+
     def remove(self, name: str) -> None:
         try:
             os.unlink(name, dir_fd=self.fd)
@@ -173,6 +181,15 @@ def _folder(base: Path | None, name: str) -> Iterator[StateDir]:
             yield sub
         finally:
             sub.close()
+
+
+RAY_LOG = "ray-driver.log"  # what Ray's own driver code writes to the launcher's stderr, kept aside (without -v)
+
+
+def ray_log() -> tuple[int, Path]:
+    """Where Ray's own lines go when they are not shown: (a descriptor to append to, its path)."""
+    with state() as d:
+        return d.append_fd(RAY_LOG), d.path / RAY_LOG
 
 
 def _quiet(text: str) -> None:

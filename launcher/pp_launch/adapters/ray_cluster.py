@@ -4,15 +4,16 @@ Ray does the cluster's part: membership, GPU accounting across nodes (one placem
 run's GPUs: Ray grants them to no other job while it lives), failure detection, and the end of every actor of a
 driver that dies. pp-launch keeps what only it does, on each node's own Docker engine:
 
-- each stage is an actor (`StageActor`) placed in its block's bundle; it owns one container on its node's engine
-  (the node's `pp-launch.docker-host` label, else its DOCKER_HOST, else the default socket), created with exactly
-  the GPUs Ray granted the actor (by UUID, resolved through the node's NVML or PP_LAUNCH_GPU_INVENTORY), `--init`,
-  auto-remove, our labels with the actor itself as the owner, and the stdin lifeline held by the actor: when
-  the actor ends (the launcher died and Ray ended its actors, `ray.kill`, its worker killed, its raylet gone)
-  the engine closes the stage's stdin and the stage ends; a watchdog the actor starts on the node removes
-  what is left, as for a local launcher;
-- the launcher (the driver) drives the actors through the same StageBackend port as the Docker backends:
-  `RayStageBackend` sends each call to the stage's actor and pulls its output and exit back.
+- a node agent (`NodeAgent`, an actor) per node per run, placed in its block's bundle with the block's GPUs,
+  owns the run's stage containers on its node's engine (the node's `pp-launch.docker-host` label, else its
+  DOCKER_HOST, else the default socket): each created with its share of the GPUs Ray granted the agent (UUIDs
+  from the node's NVML or PP_LAUNCH_GPU_INVENTORY, shared out round the closest ring by our allocator), `--init`,
+  auto-remove, our labels with the agent as the owner, its stdin lifeline held by the agent. The agent also
+  holds the run's guard on that engine (adapters/guard.py), which records every id it creates: when the agent
+  ends (the launcher died and Ray ended its actors, `ray.kill`, its worker killed, its raylet gone) the stages'
+  stdin closes and the guard tears down what it recorded; the agent's watchdog on the node is the second layer;
+- the launcher (the driver) drives the agents through the same StageBackend port as the Docker backends:
+  `RayStageBackend` sends each stage's calls to its node's agent and pulls its output and exit back.
 """
 
 from __future__ import annotations
@@ -20,10 +21,11 @@ from __future__ import annotations
 import contextlib
 import os
 import queue
+import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -148,10 +150,31 @@ def _unreachable(address: str, timeout: float = 5.0) -> str:
 class Cluster:
     def __init__(self, address: str) -> None:
         self.address = address
-        self.job = ray.get_runtime_context().get_job_id()
+        self.head = _head(address)
+
+    def watch_head(self, on_lost: Callable[[str], None]) -> HeadWatch:
+        """Our own look at the head, started: `on_lost(why)` once when it stops answering."""
+        return HeadWatch(self.head, on_lost)
 
     def close(self) -> None:
         ray.shutdown()
+
+    def abandon(self, exit_code: int) -> None:
+        """The head is lost: this driver asks it nothing more (Ray's own shutdown would wait for it, then end the
+        process). The run's actors and placement group are the lost head's; nothing here holds them. Ray's core
+        worker cannot be finalised without its GCS (it crashes at interpreter exit), so the process ends right
+        after its own exit handlers, with `exit_code`, its output flushed."""
+        import atexit
+
+        atexit.unregister(ray.shutdown)  # ray.init registered it: at exit it would wait for the head too
+
+        def end_here() -> None:
+            for stream in (sys.stdout, sys.stderr):
+                with contextlib.suppress(Exception):
+                    stream.flush()
+            os._exit(exit_code)
+
+        atexit.register(end_here)  # the first to run at exit (last registered): nothing of Ray's is finalised
 
     def nodes(self) -> list[RayNode]:
         """Every live node, by name."""
@@ -184,52 +207,92 @@ class Cluster:
         raise errors.NotEnoughGpus(
             f"the Ray cluster did not grant this run's GPUs within {timeout:g} s (--ray-timeout): it needs {want}; "
             f"the cluster has {have}. Wait for other jobs to end, add nodes, or use fewer GPUs per stage"
-            if per_stage else f"the Ray cluster did not place this run's stages within {timeout:g} s "
-            f"(--ray-timeout); nodes: {have}"
+            if per_stage
+            else f"the Ray cluster did not place this run's stages within {timeout:g} s (--ray-timeout); nodes: {have}"
         )
 
-    def stage_actors(self, pg: PlacementGroup, blocks: Sequence[tuple[RayNode, int]], per_stage: int, run_id: str,
-                     grace: float, image: str, detached: bool) -> list[list[StageHandle]]:  # fmt: skip
-        """Every block's actors, placed in its bundle, each told its GPUs (as Ray granted them) and its node's
-        engine; ConfigError names the node when its engine does not answer or lacks the image."""
-        remote = ray.remote(StageActor)
-        made: list[list[tuple[Any, RayNode]]] = []  # (actor, its node)
+    def node_agents(self, pg: PlacementGroup, blocks: Sequence[tuple[RayNode, int]], per_stage: int, run_id: str,
+                    grace: float, image: str, detached: bool) -> list[list[StageHandle]]:  # fmt: skip
+        """One agent per block (per node), placed in its bundle with the block's GPUs; each stage of the block gets
+        its share of what Ray granted the agent, the closest ring over the node's topology (our allocator).
+        ConfigError names the node when its engine does not answer, lacks the image, or the guard cannot start."""
+        from pp_launch.core.gpu.allocator import split_granted
+
+        remote = ray.remote(NodeAgent)
+        agents = []
         for b, (node, k) in enumerate(blocks):
-            row = []
-            for i in range(k):
-                options: dict[str, Any] = {
-                    "scheduling_strategy": PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=b),
-                    "num_cpus": 0 if per_stage else CPU_SHARE,
-                    "num_gpus": per_stage,
-                    "max_concurrency": 16,
-                    "max_restarts": 0,
-                }
-                if detached:
-                    options.update(lifetime="detached", name=f"{run_id}-{b}-{i}")
-                guard = i == 0  # one watchdog per node: its block's first actor holds it
-                row.append((remote.options(**options).remote(run_id, grace, node.engine, node.name, guard), node))
-            made.append(row)
-        rows = [[StageHandle(a, node) for a, node in pairs] for pairs in made]
+            options: dict[str, Any] = {
+                "scheduling_strategy": PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=b),
+                "num_cpus": 0 if per_stage else CPU_SHARE * k,
+                "num_gpus": per_stage * k,
+                "max_concurrency": 16 + 2 * k,  # each stage's pull waits in a call of its own
+                "max_restarts": 0,
+            }
+            if detached:
+                options.update(lifetime="detached", name=f"{run_id}-{b}")
+            agents.append(remote.options(**options).remote(run_id, grace, node.engine, node.name))
         try:
-            facts = ray.get([h.actor.describe.remote(image) for block in rows for h in block])
-            it = iter(facts)
-            for block in rows:
-                for h in block:
-                    h.facts = next(it)
-                    if h.facts.get("problem"):
-                        raise errors.ConfigError(f"Ray node {h.node.name}: {h.facts['problem']}")
+            facts = ray.get([a.describe.remote(image) for a in agents])
+            rows = []
+            for agent, (node, k), said in zip(agents, blocks, facts, strict=True):
+                if said.get("problem"):
+                    raise errors.ConfigError(f"Ray node {node.name}: {said['problem']}")
+                inventory = GpuInventory.from_json(said.get("inventory") or {"gpus": []}, f"node {node.name}")
+                shares = split_granted(inventory, said.get("gpus", []), k, per_stage)
+                rows.append([StageHandle(agent, node, {**said, "gpus": list(g)}) for g in shares])
         except BaseException:
-            self.release(None, [h for block in rows for h in block])
+            self.release(None, [StageHandle(a, node) for a, (node, _) in zip(agents, blocks, strict=True)])
             raise
         return rows
 
     def release(self, pg: PlacementGroup | None, handles: Sequence[StageHandle]) -> None:
-        for h in handles:
+        for agent in _agents(handles):
             with contextlib.suppress(Exception):
-                ray.kill(h.actor, no_restart=True)
+                ray.kill(agent, no_restart=True)
         if pg is not None:
             with contextlib.suppress(Exception):
                 remove_placement_group(pg)
+
+
+def _head(address: str) -> str:
+    """HOST:PORT of what the driver depends on: a Ray Client's server, else the cluster's GCS."""
+    if address.startswith("ray://"):
+        return address.removeprefix("ray://")
+    try:
+        return str(ray.get_runtime_context().gcs_address)
+    except Exception:
+        return os.environ.get("RAY_ADDRESS", address) if address == "auto" else address
+
+
+class HeadWatch:
+    """The launcher's own liveness check on the cluster's head (its GCS, or a Ray Client's server): a TCP connect
+    every EVERY seconds; MISSES in a row and the head is lost. Ray's driver notices a lost GCS only after its
+    reconnect timeout (60 s by default), then ends the process at once, before any teardown of ours could run:
+    this look comes first, so the chain is torn down while the node agents still answer. Owned by the caller,
+    which closes it (its thread joined)."""
+
+    EVERY = 1.0
+    MISSES = 3
+
+    def __init__(self, head: str, on_lost: Callable[[str], None]) -> None:
+        self.head, self.on_lost = head, on_lost
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="ray-head-watch", daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        missed = 0
+        while not self._stop.wait(self.EVERY):
+            why = _unreachable(self.head, timeout=self.EVERY)
+            missed = missed + 1 if why else 0
+            if missed >= self.MISSES:
+                silent = self.MISSES * self.EVERY
+                self.on_lost(f"the Ray head at {self.head} stopped answering ({why}) for {silent:g} s")
+                return
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 def _free_per_node() -> Mapping[str, Mapping[str, float]]:
@@ -258,36 +321,39 @@ class StageHandle:
 
 
 # ------------------------------------------------------------------------------------------------ on a node
-class StageActor:
-    """One stage on its node: its container on the node's engine, the lifeline, the output, the watchdog."""
+class NodeAgent:
+    """A run's stages on one node (one agent per node per run, in that node's bundle): their containers on the
+    node's engine through one backend, each stage's output queue and last lines, and the run's guard on that
+    engine (adapters/guard.py), whose lifeline is this actor: when it ends (the launcher died and Ray ended its
+    actors, `ray.kill`, its worker killed, its raylet gone) the guard tears down every container it recorded."""
 
-    def __init__(self, run_id: str, grace: float, engine: str, node: str, guard: bool = True) -> None:
-        from pp_launch.adapters import identity, watchdog
+    def __init__(self, run_id: str, grace: float, engine: str, node: str) -> None:
+        from pp_launch.adapters import identity
         from pp_launch.adapters.docker_engine import DockerStageBackend, connect
+        from pp_launch.adapters.guard import RunGuard
 
         self.run_id, self.node = run_id, node
         self.problem = ""
-        self.events: queue.Queue[ChainEvent] = queue.Queue(maxsize=20000)  # a full queue holds the reader back
-        self.tail: deque[StageOutput] = deque(maxlen=TAIL)  # the stage's last lines, for `logs --ray`
-        self.handed_over = threading.Event()  # a detached run is up: nobody reads `events` any more
-        self.stage = -1
+        self.queues: dict[int, queue.Queue[ChainEvent]] = {}  # a full queue holds that stage's reader back
+        self.tails: dict[int, deque[StageOutput]] = {}  # each stage's last lines, for `logs --ray`
+        self.handed_over = threading.Event()  # a detached run is up: nobody reads the queues any more
         self.owner = identity.current_owner().label()
+        self.guard: Any = None
+        self.backend: Any = None
         try:
             self.engine = connect(timeout=30, host=engine or None)
+            self.guard = RunGuard.start(self.engine, run_id, self.owner, grace, engine or None, orphan=True)
         except errors.PpLaunchError as exc:
-            self.problem, self.backend = str(exc), None
-            self.guard = None
+            self.problem = str(exc)
             return
-        self.backend = DockerStageBackend(self.engine)
-        # The node's safety net, held by its block's first actor: when that actor ends (the launcher died, it was
-        # killed, its node's raylet went), the run's containers on this engine are removed, started or not.
-        self.guard = watchdog.spawn(run_id, grace, host=engine or None, orphan=True, by_label=True) if guard else None
+        self.backend = DockerStageBackend(self.engine, record=self.guard.own, expect=self.guard.expect)
 
     def describe(self, image: str) -> dict[str, Any]:
+        """What Ray granted this agent (the block's GPUs, as UUIDs from the node's NVML), or the node's problem."""
         from pp_launch.adapters import inventory_file
 
         if self.problem:
-            return {"problem": f"its Docker engine does not answer: {self.problem}"}
+            return {"problem": f"its Docker engine: {self.problem}"}
         if self.engine.image_config(image) is None:
             return {"problem": f"image {image} is not on its Docker engine ({self.engine.address}); pp-launch "
                                "never pulls: load it there ('docker load -i FILE')"}  # fmt: skip
@@ -310,68 +376,71 @@ class StageActor:
         return replace(spec, labels={**kept, **extra})
 
     def create(self, spec: StageSpec, env: Mapping[str, str], waiting: bool) -> str:
-        assert self.backend is not None
+        self.queues.setdefault(spec.index, queue.Queue(maxsize=20000))
+        self.tails.setdefault(spec.index, deque(maxlen=TAIL))
         made = self.backend.create_waiting if waiting else self.backend.create
-        return made(self._labelled(spec), env)
+        return str(made(self._labelled(spec), env))
 
-    def _put(self, event: ChainEvent) -> None:
-        """The launcher pulls the events (a full queue holds the stage's reader back, as a local chain does);
-        once a detached run is handed over only the last lines are kept, and nothing holds the stage back."""
-        if isinstance(event, StageOutput):
-            self.tail.append(event)
-        while not self.handed_over.is_set():
-            try:
-                self.events.put(event, timeout=0.5)
-                return
-            except queue.Full:
-                continue
+    def _sink(self, stage: int) -> Sink:
+        events, tail = self.queues[stage], self.tails[stage]
+
+        def put(event: ChainEvent) -> None:
+            """The launcher pulls the events (a full queue holds the stage's reader back, as a local chain does);
+            once a detached run is handed over only the last lines are kept, and nothing holds the stage back."""
+            if isinstance(event, StageOutput):
+                tail.append(event)
+            while not self.handed_over.is_set():
+                try:
+                    events.put(event, timeout=0.5)
+                    return
+                except queue.Full:
+                    continue
+
+        return put
 
     def start(self, ref: str, stage: int) -> None:
-        assert self.backend is not None
-        self.stage = stage
-        self.backend.start(ref, stage, self._put)
+        self.backend.start(ref, stage, self._sink(stage))
 
     def watch(self, ref: str, stage: int) -> None:
-        assert self.backend is not None
-        self.stage = stage
-        self.backend.watch(ref, stage, self._put)
+        self.backend.watch(ref, stage, self._sink(stage))
 
     def hand_over(self) -> None:
         self.handed_over.set()
-        with contextlib.suppress(queue.Empty):
-            while True:
-                self.events.get_nowait()
+        for events in self.queues.values():
+            with contextlib.suppress(queue.Empty):
+                while True:
+                    events.get_nowait()
 
     def logs(self, lines: int) -> list[tuple[int, str, str]]:
-        """`logs --ray`: the stage's last lines (stage, stream, text)."""
-        kept = list(self.tail)[-lines:] if lines else list(self.tail)
-        return [(self.stage, e.stream, e.data.decode("utf-8", "replace").rstrip("\n")) for e in kept]
+        """`logs --ray`: each stage's last lines (stage, stream, text), in stage order."""
+        out: list[tuple[int, str, str]] = []
+        for stage, tail in sorted(self.tails.items()):
+            kept = list(tail)[-lines:] if lines else list(tail)
+            out += [(stage, e.stream, e.data.decode("utf-8", "replace").rstrip("\n")) for e in kept]
+        return out
 
-    def poll(self, timeout: float) -> list[ChainEvent]:
+    def poll(self, stage: int, timeout: float) -> list[ChainEvent]:
         """The stage's next events: waits up to `timeout` for the first, then takes what is there."""
         out: list[ChainEvent] = []
         try:
-            out.append(self.events.get(timeout=timeout))
+            events = self.queues[stage]
+            out.append(events.get(timeout=timeout))
             while len(out) < 2000:
-                out.append(self.events.get_nowait())
-        except queue.Empty:
+                out.append(events.get_nowait())
+        except (queue.Empty, KeyError):
             pass
         return out
 
     def deliver(self, ref: str, data: bytes) -> None:
-        assert self.backend is not None
         self.backend.deliver(ref, data)
 
     def signal(self, ref: str, signum: int) -> None:
-        assert self.backend is not None
         self.backend.signal(ref, signum)
 
     def kill(self, ref: str) -> None:
-        assert self.backend is not None
         self.backend.kill(ref)
 
     def remove(self, ref: str) -> None:
-        assert self.backend is not None
         self.backend.remove(ref)
 
     def tearing_down(self) -> None:
@@ -379,32 +448,33 @@ class StageActor:
             self.backend.tearing_down()
 
     def leftovers(self, run_id: str) -> list[str]:
-        assert self.backend is not None
-        return self.backend.leftovers(run_id)
+        return list(self.backend.leftovers(run_id))
 
     def status(self) -> dict[str, Any]:
-        """For `ps --ray`: this node's containers of the run."""
-        assert self.backend is not None
-        found = self.engine.containers(labels.run_selector(self.run_id))
+        """For `ps --ray`: this node's containers of the run, asked by the ids its guard recorded."""
+        owned = set(self.guard.owned) if self.guard is not None else set()
+        found = [c for c in self.engine.containers(labels.run_selector(self.run_id)) if c.id in owned]
         return {"node": self.node, "containers": [(c.id, c.name, c.state, dict(c.labels)) for c in found]}
 
     def sweep(self, grace: float) -> list[str]:
-        """`down --ray`: the run's containers on this node's engine stopped (TERM, grace, KILL) and confirmed gone."""
+        """`down --ray`: the run's containers on this node (the ids its guard recorded) stopped (TERM, grace,
+        KILL) and confirmed gone."""
         from pp_launch.adapters import watchdog
 
-        return watchdog.sweep(self.run_id, grace, host=self.engine.host)
+        owned = list(self.guard.owned) if self.guard is not None else []
+        return watchdog.sweep(self.run_id, grace, host=self.engine.host, ids=owned)
 
     def close(self) -> None:
-        """A clean end: every thread joined, the watchdog told (it finds nothing and ends)."""
+        """A clean end: every thread joined; the guard let go (it finds nothing left and goes), waited for."""
         if self.backend is not None:
             self.backend.close(5.0)
-        if self.guard is not None and self.guard.stdin is not None:
-            self.guard.stdin.close()
+        if self.guard is not None:
+            self.guard.close(wait=10.0)
 
 
 # ------------------------------------------------------------------------------------------------ the launcher's side
 class RayStageBackend:
-    """The StageBackend port over stage actors: each call goes to the stage's actor on its node."""
+    """The StageBackend port over node agents: each stage's calls go to its node's agent."""
 
     def __init__(self, handles: Sequence[StageHandle], detached: bool = False) -> None:
         self.handles = list(handles)  # in stage order
@@ -434,7 +504,7 @@ class RayStageBackend:
             if isinstance(exc, ray.exceptions.GetTimeoutError) or not _node_alive(h.node.node_id):
                 with self._lock:  # the node, not only this actor: its other stages are not asked again
                     self.lost.setdefault(h.node.name, why)
-            raise errors.HostLost(f"stage {stage}'s actor on Ray node {h.node.name} is gone ({why})") from None
+            raise errors.HostLost(f"the agent of Ray node {h.node.name} (stage {stage}) is gone ({why})") from None
 
     def _quietly(self, stage: int, what: str, method: str, *args: Any) -> None:
         """A call whose target may be gone already: a dead actor's container ends through its lifeline."""
@@ -468,10 +538,10 @@ class RayStageBackend:
         h = self.handles[stage]
         while ref not in self._handed:
             try:
-                batch = ray.get(h.actor.poll.remote(POLL))
+                batch = ray.get(h.actor.poll.remote(stage, POLL))
             except Exception as exc:  # the actor died (killed, its worker or node gone): its container ends with it
                 why = _why(exc)
-                gone = StageGone(stage, None, f"its Ray actor on node {h.node.name} ended ({why})")
+                gone = StageGone(stage, None, f"its node's agent on Ray node {h.node.name} ended ({why})")
                 if not self._stopping.is_set() and not _node_alive(h.node.node_id):
                     with self._lock:
                         self.lost.setdefault(h.node.name, why)
@@ -499,9 +569,9 @@ class RayStageBackend:
 
     def tearing_down(self) -> None:
         self._stopping.set()
-        for h in self.handles:
+        for h in _agent_handles(self.handles):
             if h.node.name not in self.lost:
-                h.actor.tearing_down.remote()  # no answer awaited: a dead actor has nothing to tear down
+                h.actor.tearing_down.remote()  # no answer awaited: a dead agent has nothing to tear down
 
     def hand_over(self, ref: str) -> None:
         """A detached run on Ray keeps its lifeline: the detached actor holds it, and `down --ray` ends it. The
@@ -510,7 +580,7 @@ class RayStageBackend:
         self._quietly(self._stage_of[ref], "hand over", "hand_over")
 
     def leftovers(self, run_id: str) -> list[str]:
-        """Asked of one live actor per node; a node whose actors are all gone is swept by a task of ours placed
+        """Asked of each node's agent; a node whose agent is gone is swept by a task of ours placed
         there (the watchdog's own teardown), and a node that is lost keeps what was created there unconfirmed."""
         found: list[str] = []
         for stages in _by_node(self.handles).values():
@@ -531,7 +601,8 @@ class RayStageBackend:
             return None
         try:
             task = ray.remote(_sweep_node).options(
-                num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node.node_id, soft=False))
+                num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node.node_id, soft=False)
+            )
             return list(ray.get(task.remote(run_id, node.engine), timeout=60.0))
         except Exception as exc:
             self.lost.setdefault(node.name, _why(exc))
@@ -548,23 +619,42 @@ class RayStageBackend:
             t.join(max(0.0, deadline - time.monotonic()))
         if self.detached:
             return
-        calls = [h.actor.close.remote() for h in self.handles if h.node.name not in self.lost]
+        calls = [h.actor.close.remote() for h in _agent_handles(self.handles) if h.node.name not in self.lost]
         with contextlib.suppress(Exception):
             ray.wait(calls, num_returns=len(calls), timeout=max(0.1, deadline - time.monotonic()))
 
 
 def _sweep_node(run_id: str, engine: str) -> list[str]:
-    """On a node whose stage actors are gone: the run's containers there stopped and removed; what is left."""
-    from pp_launch.adapters import watchdog
+    """On a node whose agent is gone: the ids the run's guard there recorded (read back from the engine) are
+    stopped and removed, once the guard has had its own go at them; what is left of them. Nothing else there is
+    the run's (no guard: nothing can be shown to be ours)."""
+    from pp_launch.adapters import guard, watchdog
     from pp_launch.adapters.docker_engine import connect
 
-    with contextlib.suppress(Exception):
-        watchdog.sweep(run_id, watchdog.MAX_GRACE, host=engine or None)
     eng = connect(timeout=10, host=engine or None)
     try:
-        return sorted(c.id for c in eng.containers(labels.run_selector(run_id)))
+        found = guard.records(eng, run_id)
+        owned = sorted({ref for record in found for ref in record.owned})
+        deadline = time.monotonic() + 2 * watchdog.MAX_GRACE + 5
+        while any(eng.inspect(r.id) is not None for r in found) and time.monotonic() < deadline:
+            time.sleep(0.1)  # the guard is tearing the run down: its lifeline (the agent) ended
+        with contextlib.suppress(Exception):
+            watchdog.sweep(run_id, watchdog.MAX_GRACE, host=engine or None, ids=owned)
+        return [ref for ref in owned if eng.inspect(ref) is not None]
     finally:
         eng.close()
+
+
+def _agent_handles(handles: Sequence[StageHandle]) -> list[StageHandle]:
+    """One handle per node agent (its stages share it), in stage order."""
+    seen: dict[int, StageHandle] = {}
+    for h in handles:
+        seen.setdefault(id(h.actor), h)
+    return list(seen.values())
+
+
+def _agents(handles: Sequence[StageHandle]) -> list[Any]:
+    return [h.actor for h in _agent_handles(handles)]
 
 
 def _by_node(handles: Sequence[StageHandle]) -> dict[str, list[int]]:
@@ -586,12 +676,12 @@ def _why(exc: BaseException) -> str:
     for line in text:
         if "died" in line or "killed" in line or "exited" in line or "lost" in line.lower():
             return line.strip()[:200]
-    return (text[0][:200] if text else type(exc).__name__)
+    return text[0][:200] if text else type(exc).__name__
 
 
 # ------------------------------------------------------------------------------------------------ detached runs
 def detached_runs() -> dict[str, list[Any]]:
-    """Every detached run of ours on the cluster: its stage actors by name (RUN-BLOCK-I)."""
+    """Every detached run of ours on the cluster: its node agents by name (RUN-BLOCK)."""
     out: dict[str, list[Any]] = {}
     for entry in ray.util.list_named_actors(all_namespaces=False):
         name = entry if isinstance(entry, str) else entry.get("name", "")
@@ -614,12 +704,12 @@ def run_status(actors: Sequence[Any]) -> list[dict[str, Any]]:
 
 
 def run_logs(actors: Sequence[Any], lines: int) -> list[tuple[int, str, str]]:
-    """Every stage's last lines, in stage order."""
+    """Every stage's last lines, in stage order (each stage's own lines in their order)."""
     out: list[tuple[int, str, str]] = []
-    for answer in sorted((a for a in _each(actors, "logs", lines) if isinstance(a, list)), key=lambda a: a[0][0] if a
-                         else -1):  # fmt: skip
-        out += answer
-    return out
+    for answer in _each(actors, "logs", lines):
+        if isinstance(answer, list):
+            out += answer
+    return sorted(out, key=lambda row: row[0])  # a stable sort: each stage's lines keep their order
 
 
 def end_run(run_id: str, actors: Sequence[Any], grace: float) -> list[str]:
@@ -665,4 +755,3 @@ def _each(actors: Sequence[Any], method: str, *args: Any) -> list[Any]:
         except Exception as exc:
             out.append(exc)
     return out
-

@@ -16,8 +16,6 @@ launcher dies, and a guard created but not yet started.
 When the engine does not answer (stopped, killed, frozen, restarting), the watchdog keeps trying, every few
 seconds, for PP_WATCHDOG_PATIENCE seconds (default 900): an engine that comes back within that time finds
 the run's containers removed. Past it, `pp-launch gc` and the sweep at every start are what is left.
-
-A Ray stage actor's watchdog (`by_label`) still finds the run by its labels: Ray's actors have no guard yet.
 """
 
 from __future__ import annotations
@@ -41,17 +39,14 @@ BOOT = (
 MAX_GRACE = 5.0  # the launcher's promise: gone within 10 s of its death
 PATIENCE = 900.0  # how long it waits for a lost engine to come back (PP_WATCHDOG_PATIENCE)
 RETRY = 2.0
-SETTLE = 2.0  # after a sweep that found the run, the second look
 
 
-def spawn(
-    run_id: str, grace: float, host: str | None = None, orphan: bool = False, by_label: bool = False
-) -> subprocess.Popen[bytes]:
+def spawn(run_id: str, grace: float, host: str | None = None, orphan: bool = False) -> subprocess.Popen[bytes]:
     """Start the watchdog for `run_id`; keep the returned Popen (its stdin is the lifeline, and takes `own <id>`
     lines) until exit. `host`: the engine it watches (--host; a chain across hosts has one watchdog per host),
     None for DOCKER_HOST or the default. orphan: not a child of this process (`setsid -f`), for a parent whose
     children are killed with it (a Ray worker: Ray kills an actor's child processes when it ends it)."""
-    extra = (["by-label"] if by_label else []) + ([f"--host={host}"] if host is not None else [])
+    extra = [f"--host={host}"] if host is not None else []
     fork = ["setsid", "-f"] if orphan and shutil.which("setsid") else []
     return subprocess.Popen(
         [*fork, sys.executable, "-I", "-c", BOOT, PACKAGE_ROOT, MODULE, run_id, str(grace), *extra],
@@ -64,10 +59,10 @@ def spawn(
     )
 
 
-def sweep(run_id: str, grace: float, host: str | None = None, ids: list[str] | None = None) -> list[str]:
-    """The chain's own teardown for the run's containers `ids` (None: those labelled with the run, for a Ray
-    actor's): SIGTERM, at most MAX_GRACE, SIGKILL, removal confirmed. Raises while anything of them is left, so
-    that the caller tries again."""
+def sweep(run_id: str, grace: float, host: str | None, ids: list[str]) -> list[str]:
+    """The chain's own teardown for the run's containers `ids` (recorded at their creates; a container that only
+    carries the run's labels is never among them): SIGTERM, at most MAX_GRACE, SIGKILL, removal confirmed.
+    Raises while anything of them is left, so that the caller tries again."""
     from pp_launch.adapters.docker_engine import DockerStageBackend, connect
     from pp_launch.adapters.inbox import QueueInbox
     from pp_launch.adapters.runtime import ThreadRuntime
@@ -75,9 +70,7 @@ def sweep(run_id: str, grace: float, host: str | None = None, ids: list[str] | N
     from pp_launch.core.chain.scope import ChainScope, Found, QuietReporter
 
     engine = connect(timeout=5, host=host)
-    found = engine.containers(labels.run_selector(run_id))
-    if ids is not None:
-        found = [c for c in found if c.id in ids]  # a container that only carries the run's labels is not ours
+    found = [c for c in engine.containers(labels.run_selector(run_id)) if c.id in ids]
     if not found:
         return []
     adopted = [Found(c.id, c.name, c.state == "running") for c in found]
@@ -119,7 +112,7 @@ def main(argv: list[str]) -> int:
     argv = [a for a in argv if not a.startswith("--host=")]
     host = hosts[0] if hosts else None
     run_id, grace = argv[0], float(argv[1]) if len(argv) > 1 else MAX_GRACE
-    ids: list[str] | None = None if argv[2:3] == ["by-label"] else []
+    ids: list[str] = []
     expected: list[str] = []
     for raw in sys.stdin.buffer:  # EOF means the launcher is gone
         words = raw.decode("ascii", "replace").split()
@@ -127,23 +120,18 @@ def main(argv: list[str]) -> int:
             return 0  # the run's guard owns it now
         if words == ["done"]:
             return 0  # the launcher saw every recorded container gone, its guard too: nothing to ask the engine
-        if ids is not None and len(words) == 2 and words[0] == "own" and len(words[1]) == 64:
+        if len(words) == 2 and words[0] == "own" and len(words[1]) == 64:
             ids.append(words[1])
         elif len(words) == 2 and words[0] == "expect":
             expected.append(words[1])
-    if ids is not None:
-        ids += _unanswered(run_id, expected, ids, host)
-    if ids == []:
+    ids += _unanswered(run_id, expected, ids, host)
+    if not ids:
         return 0
     patience = float(os.environ.get("PP_WATCHDOG_PATIENCE", PATIENCE))
     deadline = time.monotonic() + patience
     while True:
         try:
-            if sweep(run_id, grace, host, ids) and ids is None:
-                # It found the run by label: a create a Ray stage actor sent as it died may land after that
-                # first look, so look once more when such a request has had time to finish.
-                time.sleep(SETTLE)
-                sweep(run_id, grace, host, ids)
+            sweep(run_id, grace, host, ids)
             return 0
         except Exception:  # the engine is lost (or not back yet): try again while it may come back
             if time.monotonic() + RETRY > deadline:

@@ -5,14 +5,15 @@ teardown as on Docker engines; Ray places the stages, grants their GPUs and watc
    `--stages-per-host` as across Docker hosts: the ring crosses each node boundary once);
 2. one placement group for the run, a bundle per block pinned to its node, granted within `--ray-timeout` or
    refused (exit 2, saying what the cluster has and what is missing) before any container exists;
-3. an actor per stage in its block's bundle; each reports the GPUs Ray granted it (UUIDs, from its node's NVML)
-   and our allocator orders each block's stages over them (the closest ring);
+3. an agent per node in its block's bundle; it reports the GPUs Ray granted it (UUIDs, from its node's NVML)
+   and our allocator shares them out to the block's stages (the closest ring);
 4. the chain scope over `RayStageBackend`, exactly as over Docker engines.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import signal
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -34,19 +35,24 @@ def launch(request: LaunchRequest, hooks: Hooks, environ: Mapping[str, str]) -> 
     assert request.ray is not None
     cluster = ray_cluster.connect(request.ray)
     placed = _Placed(cluster)
-    keep = False
+    keep, head, code = False, "", errors.EXIT_FAILURE
     try:
         plan = placed.plan(request, environ, hooks.say)
         _say_plan(plan, "", hooks.say)
         if (held := hooks.stop_pending()) is not None:
             raise errors.Interrupted(held)  # stopped while planning: nothing was started
-        outcome, lost = _run(request, plan, placed.handles, hooks)
+        outcome, lost, head = _run(request, plan, placed.handles, hooks, cluster)
         keep = outcome.reason == "detached"
-        return Launched(plan, "", _with_lost_nodes(outcome, plan.run_id, lost))
+        outcome = _with_lost_head(_with_lost_nodes(outcome, plan.run_id, lost), head)
+        code = outcome.exit_code
+        return Launched(plan, "", outcome)
     finally:
-        if not keep:
-            placed.release()
-        cluster.close()
+        if head:  # nothing to ask a lost head (Ray would wait for it): the run's actors and group went with it
+            cluster.abandon(code)
+        else:
+            if not keep:
+                placed.release()
+            cluster.close()
 
 
 def plan(request: LaunchRequest, environ: Mapping[str, str]) -> Launched:
@@ -78,8 +84,8 @@ class _Placed:
         say(f"run {run_id}: asking the Ray cluster at {request.ray} for "
             + "; ".join(f"{node.name}: {a}" for (node, _), a in zip(blocks, asked, strict=True)))  # fmt: skip
         self.pg = self.cluster.reserve(run_id, blocks, per_stage, request.detach, request.ray_timeout)
-        rows = self.cluster.stage_actors(self.pg, blocks, per_stage, run_id, request.chain.grace,
-                                         request.chain.image, request.detach)  # fmt: skip
+        rows = self.cluster.node_agents(self.pg, blocks, per_stage, run_id, request.chain.grace,
+                                        request.chain.image, request.detach)  # fmt: skip
         self.handles, hops = _order(rows, per_stage)
         stage_gpus = [h.gpus for h in self.handles]
         launcher = identity.current_owner().label() if owner == labels.OWNER_DETACHED else ""
@@ -93,13 +99,28 @@ class _Placed:
 
 
 def _run(
-    request: LaunchRequest, plan: ChainPlan, handles: Sequence[ray_cluster.StageHandle], hooks: Hooks
-) -> tuple[ChainOutcome, Mapping[str, str]]:
+    request: LaunchRequest, plan: ChainPlan, handles: Sequence[ray_cluster.StageHandle], hooks: Hooks,
+    cluster: ray_cluster.Cluster,
+) -> tuple[ChainOutcome, Mapping[str, str], str]:  # fmt: skip
+    """The scope over the node agents, with our own watch on the head: when it is lost the chain is stopped (and
+    torn down through the agents, which answer without it) before Ray ends this process. (outcome, nodes lost,
+    why the head was lost or "")."""
     backend = ray_cluster.RayStageBackend(handles, detached=request.detach)
+    head: list[str] = []
     with reporting(request, plan, hooks) as reporter:
         scope = ChainScope(plan, backend, QueueInbox(), reporter, ThreadRuntime(), detach=request.detach)
         hooks.on_scope(scope)
-        return scope.run(), backend.lost
+
+        def lost(why: str) -> None:
+            head.append(why)
+            scope.request_stop(signal.SIGTERM, why)
+
+        watch = cluster.watch_head(lost)
+        try:
+            outcome = scope.run()
+        finally:
+            watch.close()
+        return outcome, backend.lost, head[0] if head else ""
 
 
 def _blocks(
@@ -165,6 +186,16 @@ def _with_lost_nodes(outcome: ChainOutcome, run: str, lost: Mapping[str, str]) -
     said = "; ".join(f"Ray node {node} was lost ({why})" for node, why in lost.items())
     message = (f"{outcome.message}; {said}: its stages' lifelines ended with their actors; if that node comes back "
                f"with containers of run {run}, 'pp-launch gc' there removes them")  # fmt: skip
+    return dataclasses.replace(outcome, exit_code=errors.EXIT_FAILURE, message=message)
+
+
+def _with_lost_head(outcome: ChainOutcome, why: str) -> ChainOutcome:
+    """A chain stopped because the head was lost is a failure, and says what was done and what may remain."""
+    if not why or outcome.reason != "signal":
+        return outcome
+    left = f" ({outcome.message})" if outcome.orphans else ""
+    message = (f"{why}: the chain was stopped and torn down through its node agents{left}; if the head comes back, "
+               "'pp-launch gc --ray' releases what Ray still holds for the run")  # fmt: skip
     return dataclasses.replace(outcome, exit_code=errors.EXIT_FAILURE, message=message)
 
 

@@ -11,7 +11,7 @@ import click
 
 from pp_launch.app import gpus as gpu_select
 from pp_launch.app.launch import GpuOptions, Hooks, Launched, LaunchRequest, launch, plan_launch
-from pp_launch.cli import signals
+from pp_launch.cli import signals, streams
 from pp_launch.cli.main import main
 from pp_launch.cli.options import Seconds, gpu_options, host_options, stage_options, swactor_options
 from pp_launch.cli.report import JsonReporter, LiveReporter, PlainReporter
@@ -206,7 +206,8 @@ def _checked(ctx: click.Context, option: click.Option, item: object, where: str)
     metavar="ADDRESS",
     help="Run the chain on a Ray cluster: HOST:PORT of its GCS, ray://HOST:PORT (Ray Client), or auto (RAY_ADDRESS, "
     "or this machine's cluster). Ray places the stages (--placement, --stages-per-host) and grants their GPUs; "
-    "each stage is an actor that owns its container on its node's Docker engine. Needs pp-launch[ray].",
+    "an agent on each node owns its stages' containers on the node's Docker engine. Ray's own log lines are shown "
+    "only with -v. Needs pp-launch[ray].",
 )
 @click.option(
     "--ray-timeout",
@@ -300,6 +301,8 @@ def chain(
     del sweep  # no effect (its help says why)
     request = LaunchRequest(chain_request, gpu, host_names, placement, stages_per_host, detach, gpu_node,
                             log_dir=log_dir, ray=ray_address, ray_timeout=ray_timeout)  # fmt: skip
+    if ray_address is not None:
+        streams.set_aside_ray_output(verbosity)  # Ray's own lines only with -v
     if dry_run:
         _print_plan(plan_launch(request), as_json, gpu.inventory_path)
         return

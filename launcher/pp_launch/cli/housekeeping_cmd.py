@@ -13,7 +13,7 @@ from pp_launch.adapters import host_state
 from pp_launch.adapters.docker_engine import Engine
 from pp_launch.adapters.nvml import NvmlUnavailable, read_inventory
 from pp_launch.app import housekeeping
-from pp_launch.cli import runs_cmd
+from pp_launch.cli import runs_cmd, streams
 from pp_launch.cli.engines import RAY_OPTION, Engines, host_choice
 from pp_launch.cli.main import main
 from pp_launch.cli.options import Seconds
@@ -65,6 +65,7 @@ def ps(
     if ray_address is not None:
         from pp_launch.app import on_ray
 
+        streams.set_aside_ray_output()
         _show([r for r in on_ray.runs(ray_address, run_id) if all(str(r.get(k, "")) == v for k, v in wanted)],
               ids_only, as_json, template)  # fmt: skip
         return
@@ -193,6 +194,7 @@ def down(
 def _down_ray(address: str, run_ids: tuple[str, ...], all_runs: bool, grace: float) -> None:
     from pp_launch.app import on_ray
 
+    streams.set_aside_ray_output()
     if all_runs:
         raise click.UsageError("--all and --ray do not go together: name the runs ('pp-launch ps --ray ADDRESS -q')")
     for run in run_ids:
@@ -292,6 +294,7 @@ def gc(dry_run: bool, host_names: tuple[str, ...], all_hosts: bool, ray_address:
     if ray_address is not None:
         from pp_launch.app import on_ray
 
+        streams.set_aside_ray_output()
         said = on_ray.gc(ray_address, dry_run)
         for line in said:
             click.echo(f"{'would release' if dry_run else 'released'} {line}")

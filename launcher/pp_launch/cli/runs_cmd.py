@@ -16,6 +16,7 @@ from click.shell_completion import CompletionItem
 from pp_launch.adapters import run_logs
 from pp_launch.adapters.docker_engine import Engine, connect
 from pp_launch.app import housekeeping
+from pp_launch.cli import streams
 from pp_launch.cli.engines import RAY_OPTION, Engines, host_choice
 from pp_launch.cli.main import main
 from pp_launch.cli.options import Seconds
@@ -127,6 +128,7 @@ def _ray_logs(address: str, run_id: str, stages: tuple[int, ...], tail: int | No
     """Each stage's last lines as its actor kept them (up to 2000 a stage); -f and -t are the engines' alone."""
     from pp_launch.app import on_ray
 
+    streams.set_aside_ray_output()
     _, lines = on_ray.logs(address, run_id, tail or 0)
     for stage, stream, text in lines:
         if not stages or stage in stages:
@@ -138,6 +140,7 @@ def _wait_ray(address: str, run_id: str, until: str, timeout: float | None) -> N
     waits for every container to be gone (their exit codes are the engines'; `logs --ray` shows the last lines)."""
     from pp_launch.app import on_ray
 
+    streams.set_aside_ray_output()
     if until == "announced":
         run, _ = on_ray.wait_gone(address, run_id, 0.0)
         click.echo(f"run {run}: up (a detached run on Ray is handed over once every stage announced)")

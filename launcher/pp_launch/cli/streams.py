@@ -8,6 +8,8 @@ for good; the hang-up itself (SIGHUP) ends the chain with 129 like any stop sign
 
 from __future__ import annotations
 
+import logging
+import os
 import sys
 from typing import Any, TextIO
 
@@ -18,6 +20,10 @@ class Quiet:
     def __init__(self, stream: TextIO | None) -> None:
         self._stream = stream
         self.failed = stream is None
+
+    def retarget(self, stream: TextIO) -> None:
+        """Write to `stream` from now on (the same object stays sys.stderr: whoever holds it follows)."""
+        self._stream, self.failed = stream, False
 
     def write(self, text: str) -> int:
         if not self.failed:
@@ -57,3 +63,35 @@ def install() -> None:
         sys.stdout = Quiet(sys.stdout)
     if not isinstance(sys.stderr, Quiet):
         sys.stderr = Quiet(sys.stderr)
+
+
+def set_aside_ray_output(verbosity: int | None = None) -> str:
+    """Unless -v: what Ray's own code writes to this process's stderr (its C++ core worker's log lines, its
+    Python loggers) goes to a file of the user's state, and our own stderr keeps the terminal. Returns the file's
+    path ("" when shown, or when stderr is closed). verbosity: the global -v/-q's (None: the current command's)."""
+    if verbosity is None:
+        import click
+
+        ctx = click.get_current_context(silent=True)
+        verbosity = int(((ctx.find_root().obj if ctx is not None else None) or {}).get("verbosity", 0))
+    if verbosity > 0:
+        return ""
+    from pp_launch.adapters import host_state
+
+    try:
+        sys.stderr.flush()
+        terminal = os.dup(2)
+    except (OSError, ValueError):
+        return ""
+    fd, path = host_state.ray_log()
+    os.dup2(fd, 2)  # fd 2 itself: C++ code writes there, whatever Python's sys.stderr is
+    kept = open(fd, "w", buffering=1, encoding="utf-8", errors="backslashreplace")  # noqa: SIM115 (for the process)
+    ours = open(terminal, "w", buffering=1, encoding="utf-8", errors="backslashreplace")  # noqa: SIM115
+    if isinstance(sys.stderr, Quiet):
+        sys.stderr.retarget(ours)
+    else:
+        sys.stderr = Quiet(ours)
+    ray_logger = logging.getLogger("ray")
+    ray_logger.addHandler(logging.StreamHandler(kept))
+    ray_logger.propagate = False  # never to the root logger's last resort, which writes to our stderr
+    return str(path)

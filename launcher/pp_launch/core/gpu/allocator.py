@@ -288,6 +288,19 @@ def order_groups(inventory: GpuInventory, groups: Sequence[Sequence[str]]) -> tu
     return order, [h[order[i]][order[(i + 1) % n]] for i in range(n)] if n > 1 else []
 
 
+def split_granted(
+    inventory: GpuInventory, granted: Sequence[str], stages: int, per_stage: int
+) -> list[tuple[str, ...]]:
+    """GPUs granted to a block of stages by someone else (a Ray cluster), shared out: `stages` groups of `per_stage`,
+    the closest ring over them on this machine's topology. UUIDs the inventory lacks are taken in the order given."""
+    by_uuid = {u.uuid: u for u in units(inventory)}
+    known = [by_uuid[g] for g in granted if g in by_uuid]
+    order = list(granted)
+    if per_stage and known and len(known) == len(granted):
+        order = [u.uuid for u in _closest_ring(inventory, known, len(known), per_stage)]
+    return [tuple(order[i * per_stage : (i + 1) * per_stage]) for i in range(stages)]
+
+
 EXACT_MAX = 16  # exact search (branch and bound) up to this many candidate units; greedy above
 
 
