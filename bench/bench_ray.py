@@ -4,8 +4,8 @@ worker nodes, each with its own Docker engine and 4 fake GPUs, in a loopback-onl
 1. bring-up of 8 stages (1 GPU each): on 2 Ray nodes (`--ray`), over the same 2 Docker engines (`--host`, with
    their inventories), and on 1 engine (node a's, 8 stages of CPU there: it has only 4 GPUs); from spawning the
    launcher to its roster event, medians. Goal: Ray within 1.5x of 2 engines. Beside them, Ray's own floor for
-   the same shape, without pp-launch: a driver that connects, is granted the same placement group and has 8 empty
-   actors answer (one Ray worker process each), from spawning it to the answers.
+   the same shape, without pp-launch: a driver that connects, is granted the same placement group and has an empty
+   actor per node answer (one Ray worker process each, as pp-launch's node agents), from spawning it to the answers.
 2. the launcher SIGKILLed with 8 stages up: time to zero containers on both nodes' engines.
 3. a node lost (its raylet and workers SIGKILLed) with 4 stages up: time to the chain's failure.
 
@@ -32,7 +32,7 @@ from tests.ray_cluster import RayCluster  # noqa: E402
 from pp_launch.core.chain.plan import GUARD_IMAGE  # noqa: E402
 
 PP = str(Path(sys.executable).with_name("pp-launch"))
-FLOOR_ROW = "Ray alone: a driver, the grant, 8 empty actors (no pp-launch)"
+FLOOR_ROW = "Ray alone: a driver, the grant, an empty actor per node (no pp-launch)"
 IMAGE = "pp-launch/stub-worker:latest"
 
 
@@ -60,19 +60,19 @@ ray.init(address="auto", logging_level="ERROR", log_to_driver=False)
 nodes = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"] and n["Resources"].get("GPU", 0) >= 4)[:2]
 pg = placement_group([{"GPU": 4.0}] * 2, strategy="PACK", bundle_label_selector=[{"ray.io/node-id": n} for n in nodes])
 ray.get(pg.ready())
-@ray.remote(num_gpus=1, num_cpus=0)
+@ray.remote(num_gpus=4, num_cpus=0)
 class Empty:
     def ping(self):
         return ray.get_gpu_ids()
-actors = [Empty.options(scheduling_strategy=In(pg, placement_group_bundle_index=b)).remote() for b in (0, 1)
-          for _ in range(4)]
+actors = [Empty.options(scheduling_strategy=In(pg, placement_group_bundle_index=b)).remote() for b in (0, 1)]
 ray.get([a.ping.remote() for a in actors])
 print("READY", flush=True)
 """
 
 
 def ray_floor(cluster: RayCluster) -> float:
-    """Ray alone doing what a chain's bring-up on it must: a driver, the grant, 8 actors answering."""
+    """Ray alone doing what a chain's bring-up on it must: a driver, the grant, an actor per node (4 GPUs each)
+    answering, as pp-launch's node agents do."""
     t0 = time.monotonic()
     proc = cluster.popen(sys.executable, "-c", FLOOR, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     took = float("nan")
@@ -103,7 +103,18 @@ def stage_actors(cluster: RayCluster) -> list[str]:
 
 
 def ours(cluster: RayCluster) -> int:
+    """Every container of ours on the nodes: stages and the runs' guards."""
     return sum(len(v) for v in cluster.ours().values())
+
+
+def stages(cluster: RayCluster) -> int:
+    """Stage containers of ours on the nodes (not the runs' guards)."""
+    total = 0
+    for host in cluster.hosts.values():
+        out = host.engines["request"].docker("ps", "-a", "--filter", "label=pp-launch.run", "--format",
+                                             '{{.Label "pp-launch.stage"}}', check=False)  # fmt: skip
+        total += sum(1 for role in out.stdout.split() if role != "guard")
+    return total
 
 
 def main() -> int:
@@ -136,7 +147,7 @@ def main() -> int:
         for _ in range(opts.repeats):
             proc = cluster.popen(PP, "chain", "--ray", "auto", "--stages", "8", "--env", "STUB_MODE=hold",
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-            assert wait_for(lambda: ours(cluster) == 8, 120)
+            assert wait_for(lambda: stages(cluster) == 8, 120)
             t0 = time.monotonic()
             proc.kill()
             proc.wait()
@@ -145,7 +156,7 @@ def main() -> int:
         for _ in range(min(opts.repeats, 2)):
             proc = cluster.popen(PP, "chain", "--ray", "auto", "--stages", "4", "--placement", "spread", "--env",
                                  "STUB_MODE=hold", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-            assert wait_for(lambda: ours(cluster) == 4, 120)
+            assert wait_for(lambda: stages(cluster) == 4, 120)
             t0 = time.monotonic()
             cluster.kill_node("b")
             proc.wait(timeout=180)

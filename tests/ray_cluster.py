@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -41,6 +42,9 @@ class RayCluster:
         self.nodes: dict[str, subprocess.Popen[bytes]] = {}
         self.state_dir = self.root / "state"
         self.state_dir.mkdir()
+        self.token_path = self.root / "auth_token"  # token authentication on, as Ray's docs ask of every cluster
+        self.token_path.write_text(secrets.token_hex(32))
+        self.token_path.chmod(0o600)
         try:
             a = FakeGpuHost(DATA / "plain-4gpu.json")
             a.images = images
@@ -84,10 +88,15 @@ class RayCluster:
     def netns(self) -> list[str]:
         return ["nsenter", f"--net=/proc/{self.netns_pid}/ns/net", "--"]
 
+    def auth(self) -> dict[str, str]:
+        """Ray's token authentication, as Ray's own tools find it: the mode and the token's file."""
+        return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(self.token_path)}
+
     def _base_env(self) -> dict[str, str]:
         env = dict(os.environ)
         env.update(RAY_USAGE_STATS_ENABLED="0", RAY_DISABLE_DOCKER_CPU_WARNING="1", PYTHONUNBUFFERED="1")
-        for drop in ("RAY_ADDRESS", "DOCKER_HOST", "DOCKER_CONTEXT"):
+        env.update(self.auth())
+        for drop in ("RAY_ADDRESS", "DOCKER_HOST", "DOCKER_CONTEXT", "RAY_AUTH_TOKEN"):
             env.pop(drop, None)
         return env
 
@@ -149,6 +158,8 @@ class RayCluster:
         for drop in ("DOCKER_HOST", "DOCKER_CONTEXT"):
             env.pop(drop, None)
         env.update(RAY_ADDRESS=self.address, RAY_USAGE_STATS_ENABLED="0", PP_LAUNCH_STATE_DIR=str(self.state_dir))
+        env.pop("RAY_AUTH_TOKEN", None)
+        env.update(self.auth())
         env.update(extra)
         return env
 

@@ -367,3 +367,24 @@ def test_the_head_lost_mid_run_ends_in_our_teardown_and_one_line(cluster) -> Non
         print(f"head lost -> chain torn down and ended after {ended:.2f} s")
     finally:
         cluster.restart()
+
+
+def test_a_missing_or_wrong_token_is_one_line_exit_2_naming_the_fix(cluster, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The test cluster runs with Ray's token authentication on: a launcher without its token (no mode, the mode but
+    no token anywhere, a wrong token) is refused with one line naming where Ray takes the token from."""
+    plain = {k: v for k, v in cluster.env().items() if not k.startswith("RAY_AUTH")}
+    wrong = tmp_path / "wrong_token"
+    wrong.write_text("0" * 64)
+    cases = {
+        "no token, no mode": plain,
+        "the mode, no token anywhere": {**plain, "RAY_AUTH_MODE": "token", "HOME": str(tmp_path)},
+        "a wrong token": {**plain, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(wrong)},
+    }
+    for case, env in cases.items():
+        r = cluster.run(PP, "chain", "--ray", "auto", "--stages", "2", "--gpus", "none", env=env, timeout=120)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 2, (case, r.stderr)
+        assert len(lines) == 1 and lines[0].startswith("pp-launch: error: "), (case, r.stderr)
+        assert "RAY_AUTH_TOKEN" in lines[0] and "ray get-auth-token" in lines[0], (case, r.stderr)
+    ok = cluster.run(PP, "chain", "--ray", "auto", "--stages", "2", "--gpus", "none")  # the token, as Ray finds it
+    assert ok.returncode == 0, ok.stderr

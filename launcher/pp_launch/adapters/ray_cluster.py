@@ -84,8 +84,18 @@ def connect(address: str) -> Cluster:
     saved = _stop_handlers()
     try:
         _init(address)
+    except ray.exceptions.AuthenticationError:
+        raise errors.ConfigError(
+            f"the Ray cluster at {target or address}: token authentication is on (RAY_AUTH_MODE=token) but this "
+            f"machine has no token; {TOKEN_FIX}"
+        ) from None
     except (ConnectionError, RuntimeError, ValueError, TimeoutError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if target and target != "auto":  # its port answered (the probe above): the connection itself was refused
+            raise errors.ConfigError(
+                f"the Ray cluster at {target} answers on its port but refused this launcher ({first}): with token "
+                f"authentication on, a missing or wrong token looks like this; {TOKEN_FIX}"
+            ) from None
         raise errors.EngineUnavailable(
             f"the Ray cluster at {address} does not answer ({first}); start it ('ray start --head') or name its "
             "address (--ray HOST:PORT, or RAY_ADDRESS with --ray auto)"
@@ -95,6 +105,10 @@ def connect(address: str) -> Cluster:
     return Cluster(address)
 
 
+TOKEN_FIX = (
+    "give the cluster's token the way Ray's own tools take it: RAY_AUTH_MODE=token with RAY_AUTH_TOKEN, "
+    "RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token ('ray get-auth-token' on the head prints it)"
+)
 CLIENT_TRIES = 4  # a Ray Client server under load may refuse an Init it would take a moment later
 
 
