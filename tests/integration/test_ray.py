@@ -8,6 +8,7 @@ it is missing.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -25,6 +26,10 @@ from ..gpu_host import wait_for
 pytestmark = [pytest.mark.docker, pytest.mark.full, pytest.mark.timeout(900)]
 
 PP = str(Path(sys.executable).with_name("pp-launch"))
+LIVE_GROUPS = (  # how many placement groups the cluster holds now
+    "import ray; ray.init(address='auto', logging_level='ERROR'); from ray.util import placement_group_table as t; "
+    "print(sum(1 for g in t().values() if g['state'] != 'REMOVED'))"
+)
 GPU_LINE = re.compile(r"^\[stage (\d+)\] PP_STAGE_GPUS (\S*)$", re.M)
 
 
@@ -49,7 +54,7 @@ def cluster(engine, our_images):  # type: ignore[no-untyped-def]
 def nothing_left(cluster):  # type: ignore[no-untyped-def]
     yield
     gone = wait_for(lambda: not any(cluster.ours().values()), 30)
-    actors = [a for a in cluster.actors() if "NodeAgent" in a]
+    actors = [a for a in cluster.actors() if "NodeAgent" in a or "RunRecord" in a]
     assert gone, f"containers left on the nodes' engines: {cluster.ours()}"
     assert not actors, f"node agents left on the cluster: {actors}"
 
@@ -115,17 +120,26 @@ def test_cpu_stages(cluster) -> None:  # type: ignore[no-untyped-def]
     assert "a: stages 0, 1; b: stages 2" in r.stderr
 
 
-def test_dry_run_shows_nodes_and_hops_and_holds_nothing(cluster) -> None:  # type: ignore[no-untyped-def]
+def test_dry_run_shows_nodes_and_hops_and_reserves_nothing(cluster) -> None:  # type: ignore[no-untyped-def]
+    """A dry run reads what the cluster has free and places the blocks; it reserves nothing and starts nothing,
+    even while another run holds GPUs (it then says a launch would wait)."""
     r = cluster.run(PP, "chain", "--ray", "auto", "--stages", "4", "--placement", "spread", "--dry-run", "--json")
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert [s["host"] for s in doc["stages"]] == ["a", "a", "b", "b"]
     assert [h["topology_level"] for h in doc["hops"]][1::2] == ["host", "host"]
-    assert all(len(s["gpus"]) == 1 for s in doc["stages"])
-    # the dry run's grant was released: all eight GPUs can be granted at once
-    again = cluster.run(PP, "chain", "--ray", "auto", "--stages", "8", "--dry-run", "--json", "--ray-timeout", "20")
-    assert again.returncode == 0, again.stderr
-    assert len({g for s in json.loads(again.stdout)["stages"] for g in s["gpus"]}) == 8
+    assert "nothing reserved" in doc["note"] and "a: 2 GPUs; b: 2 GPUs" in doc["note"], doc["note"]
+    held = _hold(cluster)  # 4 of the 8 GPUs granted to a live run
+    try:
+        before = cluster.python(LIVE_GROUPS).stdout.strip()
+        dry = cluster.run(PP, "chain", "--ray", "auto", "--stages", "8", "--dry-run", "--json", "--ray-timeout", "7")
+        assert dry.returncode == 0, dry.stderr
+        assert "not free now: a launch would wait up to 7 s" in json.loads(dry.stdout)["note"]
+        assert cluster.python(LIVE_GROUPS).stdout.strip() == before == "1"  # the live run's group, and no other
+        assert running(cluster) == 4
+    finally:
+        held.terminate()
+        held.communicate(timeout=120)
 
 
 def test_infeasible_is_refused_before_anything_starts(cluster) -> None:  # type: ignore[no-untyped-def]
@@ -294,24 +308,38 @@ def test_a_detached_run_is_never_held_back_and_its_last_lines_are_kept(cluster) 
     assert "2 containers removed" in down.stderr
 
 
-def test_a_detached_run_that_ends_by_itself_is_waited_for_and_its_gpus_released_by_gc(cluster) -> None:  # type: ignore[no-untyped-def]
+def test_a_detached_run_that_ends_by_itself_is_followed_waited_for_and_gives_its_gpus_back(cluster) -> None:  # type: ignore[no-untyped-def]
+    """`logs -f --ray` follows the stages until they are gone; `wait --ray` prints each stage's exit code (stage 1
+    exits 3: exit 1); the run's GPUs go back to Ray by themselves; its record answers until `gc --ray`."""
     r = cluster.run(PP, "chain", "--ray", "auto", "--stages", "2", "--placement", "spread", "--detach", "-e",
-                    "STUB_MODE=hold", "-e", "STUB_EXIT_AFTER=3")  # fmt: skip
+                    "STUB_MODE=hold", "-e", "STUB_EXIT_AFTER=6", "--stage-env", "1:STUB_EXIT_CODE=3")  # fmt: skip
     assert r.returncode == 0, r.stderr
     run = r.stdout.strip()
     try:
         up = cluster.run(PP, "wait", run, "--ray", "auto", "--until", "announced")
         assert up.returncode == 0, up.stderr
+        follow = cluster.popen(PP, "logs", run, "--ray", "auto", "-f", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         done = cluster.run(PP, "wait", run, "--ray", "auto", "--timeout", "60")
-        assert done.returncode == 0, done.stderr
-        assert not stages_on(cluster, "a") and not stages_on(cluster, "b")  # each node's guard is the agent's
+        assert done.returncode == 1, done.stdout + done.stderr
+        assert f"stage 0 pp-{run}-0 exited 0" in done.stdout and f"stage 1 pp-{run}-1 exited 3" in done.stdout
+        out, err = follow.communicate(timeout=60)  # it ends by itself once every stage is gone
+        assert follow.returncode == 0, err
+        said = out + err
+        assert "[stage 0] " in said and "exiting with 0" in said and "exiting with 3" in said, said
+        assert len(said.splitlines()) == len(set(said.splitlines())), said  # no line shown twice
+        assert not stages_on(cluster, "a") and not stages_on(cluster, "b")
+        # its GPUs are given back by themselves: the last agent to see its stages end removes the run's group
+        assert wait_for(lambda: cluster.python(LIVE_GROUPS).stdout.strip() == "0", 30)
+        again = cluster.run(PP, "chain", "--ray", "auto", "--stages", "8", "--ray-timeout", "20")
+        assert again.returncode == 0, again.stderr  # all eight granted at once, no gc needed
+        kept = cluster.run(PP, "wait", run, "--ray", "auto")  # the run's record still answers
+        assert f"stage 1 pp-{run}-1 exited 3" in kept.stdout, kept.stdout + kept.stderr
+        last = cluster.run(PP, "logs", run, "--ray", "auto", "-n", "1", "--stage", "0")
+        assert "exiting with 0" in last.stdout + last.stderr, last.stdout + last.stderr
         dry = cluster.run(PP, "gc", "--ray", "auto", "--dry-run")
         assert f"would release run {run}: every stage has ended" in dry.stdout
         gc = cluster.run(PP, "gc", "--ray", "auto")
         assert f"released run {run}: every stage has ended" in gc.stdout
-        # its GPUs are free again: all eight can be granted at once
-        again = cluster.run(PP, "chain", "--ray", "auto", "--stages", "8", "--dry-run", "--ray-timeout", "20")
-        assert again.returncode == 0, again.stderr
         assert "nothing to collect" in cluster.run(PP, "gc", "--ray", "auto").stderr
     finally:
         cluster.run(PP, "down", run, "--ray", "auto")
@@ -388,3 +416,72 @@ def test_a_missing_or_wrong_token_is_one_line_exit_2_naming_the_fix(cluster, tmp
         assert "RAY_AUTH_TOKEN" in lines[0] and "ray get-auth-token" in lines[0], (case, r.stderr)
     ok = cluster.run(PP, "chain", "--ray", "auto", "--stages", "2", "--gpus", "none")  # the token, as Ray finds it
     assert ok.returncode == 0, ok.stderr
+
+
+def test_a_frozen_agent_fails_the_chain_within_5_s_and_its_stages_still_go(cluster) -> None:  # type: ignore[no-untyped-def]
+    """Node b's agent SIGSTOPped once the chain is up (Ray itself would wait on it without end: its node is alive):
+    our own liveness check fails the chain within 5 s naming the node, ends that agent, and node b's stages go."""
+    proc = cluster.popen(PP, "chain", "--ray", "auto", "--stages", "4", "--placement", "spread", "-e",
+                         "STUB_MODE=hold", "--grace", "1", stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    assert proc.stderr is not None
+    lines = []
+    for line in proc.stderr:  # until the chain is up
+        lines.append(line)
+        if "roster of run" in line:
+            break
+    engine_b = cluster.hosts["b"].engines["request"].host.encode()
+    agents = subprocess.run(["pgrep", "-f", "^ray::NodeAgent"], capture_output=True, text=True).stdout.split()
+    (frozen,) = [int(p) for p in agents if engine_b in Path(f"/proc/{p}/environ").read_bytes()]
+    t0 = time.monotonic()
+    os.kill(frozen, signal.SIGSTOP)
+    try:
+        failed = None
+        for line in proc.stderr:
+            lines.append(line)
+            if failed is None and line.startswith("pp-launch: stopping "):  # the chain failed: its teardown begins
+                failed = time.monotonic() - t0
+        proc.wait(timeout=60)
+        err = "".join(lines)
+        assert proc.returncode == 1, err
+        assert failed is not None and failed < 5.0, (failed, err)
+        assert "Ray node b was lost (its agent did not answer for 4 s)" in err, err
+        assert re.search(r"stage [23] \(pp-", err) and "did not answer for 4 s (frozen, or its node cut" in err, err
+        assert wait_for(lambda: not stages_on(cluster, "b") and not stages_on(cluster, "a"), 30), cluster.ours()
+        print(f"agent frozen -> chain failed after {failed:.2f} s")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(frozen, signal.SIGCONT)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+ENTRYPOINT = """
+import os, subprocess, sys
+import ray
+ray.init(address="auto", logging_level="ERROR")
+
+@ray.remote(num_cpus=0)
+def entrypoint(pp, state):
+    # as Ray Jobs' supervisor runs an entrypoint: a shell command on a node of the cluster, RAY_ADDRESS set to the
+    # cluster's GCS, nothing else said about the cluster
+    env = {k: v for k, v in os.environ.items() if k not in ("DOCKER_HOST",)}
+    env["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
+    env["PP_LAUNCH_STATE_DIR"] = state  # the tests' own, not the node user's
+    r = subprocess.run(f"{pp} chain --ray auto --stages 2 --gpus none", shell=True, env=env, capture_output=True,
+                       text=True, timeout=180)
+    return r.returncode, r.stderr
+
+code, err = ray.get(entrypoint.remote(sys.argv[1], sys.argv[2]))
+print(code)
+print(err, file=sys.stderr)
+"""
+
+
+def test_chain_runs_as_a_ray_job_entrypoint_from_ray_address(cluster) -> None:  # type: ignore[no-untyped-def]
+    """`--ray auto` takes the cluster from RAY_ADDRESS, as Ray's own tools do: run the way Ray Jobs runs an
+    entrypoint (a command on a node, RAY_ADDRESS set by Ray), the chain runs and ends cleanly."""
+    r = cluster.run(sys.executable, "-c", ENTRYPOINT, PP, str(cluster.state_dir), timeout=240)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "0", r.stderr
+    assert "chain stopped (completed)" in r.stderr and "nothing left behind" in r.stderr, r.stderr

@@ -19,6 +19,7 @@ driver that dies. pp-launch keeps what only it does, on each node's own Docker e
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import queue
 import sys
@@ -50,7 +51,8 @@ RAY_NODE = "pp-launch.ray-node"  # container labels: the Ray node and job of a s
 RAY_JOB = "pp-launch.ray-job"
 NODE_ID = "ray.io/node-id"
 CPU_SHARE = 0.01  # what a CPU stage's actor takes of its node's CPUs (a bundle needs something to hold)
-POLL = 1.0  # how long one pull of a stage's events waits on its actor
+POLL = 1.0  # how long one pull of a stage's events waits on its agent
+SILENCE = 4.0  # a pull not answered within this is an agent lost (frozen, its node cut off): our own liveness check
 TAIL = 2000  # lines of each stage an actor keeps for `logs --ray`
 MISSING = "--ray needs Ray on this machine and on every node: pip install 'pp-launch[ray]'"
 
@@ -232,6 +234,10 @@ class Cluster:
         ConfigError names the node when its engine does not answer, lacks the image, or the guard cannot start."""
         from pp_launch.core.gpu.allocator import split_granted
 
+        if detached:  # the run's record first: the agents report to it when their stages end by themselves
+            ray.remote(RunRecord).options(name=record_name(run_id), lifetime="detached", num_cpus=0).remote(
+                run_id, len(blocks)
+            )
         remote = ray.remote(NodeAgent)
         agents = []
         for b, (node, k) in enumerate(blocks):
@@ -255,14 +261,17 @@ class Cluster:
                 shares = split_granted(inventory, said.get("gpus", []), k, per_stage)
                 rows.append([StageHandle(agent, node, {**said, "gpus": list(g)}) for g in shares])
         except BaseException:
-            self.release(None, [StageHandle(a, node) for a, (node, _) in zip(agents, blocks, strict=True)])
+            self.release(None, [StageHandle(a, node) for a, (node, _) in zip(agents, blocks, strict=True)], run_id)
             raise
         return rows
 
-    def release(self, pg: PlacementGroup | None, handles: Sequence[StageHandle]) -> None:
+    def release(self, pg: PlacementGroup | None, handles: Sequence[StageHandle], run_id: str = "") -> None:
         for agent in _agents(handles):
             with contextlib.suppress(Exception):
                 ray.kill(agent, no_restart=True)
+        if run_id:
+            with contextlib.suppress(Exception):  # a detached run's record, when it has one
+                ray.kill(ray.get_actor(record_name(run_id), namespace=NAMESPACE), no_restart=True)
         if pg is not None:
             with contextlib.suppress(Exception):
                 remove_placement_group(pg)
@@ -349,7 +358,12 @@ class NodeAgent:
         self.run_id, self.node = run_id, node
         self.problem = ""
         self.queues: dict[int, queue.Queue[ChainEvent]] = {}  # a full queue holds that stage's reader back
-        self.tails: dict[int, deque[StageOutput]] = {}  # each stage's last lines, for `logs --ray`
+        self.tails: dict[int, deque[tuple[int, StageOutput]]] = {}  # each stage's last lines, numbered: `logs --ray`
+        self.seq = itertools.count(1)  # one numbering over the node's stages: `logs -f --ray` asks for what is new
+        self.names: dict[int, str] = {}  # each stage's container name
+        self.exits: dict[int, int | None] = {}  # each stage's exit code, once it is gone (`wait --ray`)
+        self._done_lock = threading.Lock()
+        self._winding = False  # a detached run's stages here all ended: handing over to the run's record
         self.handed_over = threading.Event()  # a detached run is up: nobody reads the queues any more
         self.owner = identity.current_owner().label()
         self.guard: Any = None
@@ -392,6 +406,7 @@ class NodeAgent:
     def create(self, spec: StageSpec, env: Mapping[str, str], waiting: bool) -> str:
         self.queues.setdefault(spec.index, queue.Queue(maxsize=20000))
         self.tails.setdefault(spec.index, deque(maxlen=TAIL))
+        self.names[spec.index] = spec.name
         made = self.backend.create_waiting if waiting else self.backend.create
         return str(made(self._labelled(spec), env))
 
@@ -402,7 +417,10 @@ class NodeAgent:
             """The launcher pulls the events (a full queue holds the stage's reader back, as a local chain does);
             once a detached run is handed over only the last lines are kept, and nothing holds the stage back."""
             if isinstance(event, StageOutput):
-                tail.append(event)
+                tail.append((next(self.seq), event))
+            elif isinstance(event, StageGone):
+                self.exits[stage] = event.exit_code
+                self._maybe_done()
             while not self.handed_over.is_set():
                 try:
                     events.put(event, timeout=0.5)
@@ -424,13 +442,37 @@ class NodeAgent:
             with contextlib.suppress(queue.Empty):
                 while True:
                     events.get_nowait()
+        self._maybe_done()
 
-    def logs(self, lines: int) -> list[tuple[int, str, str]]:
-        """`logs --ray`: each stage's last lines (stage, stream, text), in stage order."""
-        out: list[tuple[int, str, str]] = []
+    def _maybe_done(self) -> None:
+        """A detached run's stages on this node have all ended: wind up, once, on a thread of its own."""
+        with self._done_lock:
+            if self._winding or not self.handed_over.is_set() or len(self.exits) < len(self.names):
+                return
+            self._winding = True
+        threading.Thread(target=self._wind_up, name="agent-wind-up", daemon=True).start()
+
+    def _wind_up(self) -> None:
+        """The node's part of a detached run that ended by itself: the guard goes (nothing is left), the exit codes
+        and last lines go to the run's record, and the last agent to finish gives the run's GPUs back (removing
+        the placement group ends every agent of the run, this one included)."""
+        if self.guard is not None:
+            self.guard.close(wait=10.0)
+        exits = {k: (self.names.get(k, "?"), code) for k, code in self.exits.items()}
+        with contextlib.suppress(Exception):  # `down --ray` may be ending the run (and its record) meanwhile
+            record = ray.get_actor(record_name(self.run_id), namespace=NAMESPACE)
+            if ray.get(record.done.remote(self.node, exits, self.logs(0)), timeout=60):
+                release_group(self.run_id)
+
+    def logs(self, lines: int, after: Mapping[str, int] | None = None) -> list[tuple[str, int, int, str, str]]:
+        """`logs --ray`: each stage's last `lines` lines (0: all kept), numbered on this node, after the number
+        `after[node]` (`-f` asks for what came since): (node, number, stage, stream, text), in stage order."""
+        since = (after or {}).get(self.node, 0)
+        out: list[tuple[str, int, int, str, str]] = []
         for stage, tail in sorted(self.tails.items()):
-            kept = list(tail)[-lines:] if lines else list(tail)
-            out += [(stage, e.stream, e.data.decode("utf-8", "replace").rstrip("\n")) for e in kept]
+            kept = [(n, e) for n, e in list(tail) if n > since]
+            kept = kept[-lines:] if lines else kept
+            out += [(self.node, n, stage, e.stream, e.data.decode("utf-8", "replace").rstrip("\n")) for n, e in kept]
         return out
 
     def poll(self, stage: int, timeout: float) -> list[ChainEvent]:
@@ -468,7 +510,8 @@ class NodeAgent:
         """For `ps --ray`: this node's containers of the run, asked by the ids its guard recorded."""
         owned = set(self.guard.owned) if self.guard is not None else set()
         found = [c for c in self.engine.containers(labels.run_selector(self.run_id)) if c.id in owned]
-        return {"node": self.node, "containers": [(c.id, c.name, c.state, dict(c.labels)) for c in found]}
+        return {"node": self.node, "containers": [(c.id, c.name, c.state, dict(c.labels)) for c in found],
+                "exits": {k: (self.names.get(k, "?"), code) for k, code in self.exits.items()}}  # fmt: skip
 
     def sweep(self, grace: float) -> list[str]:
         """`down --ray`: the run's containers on this node (the ids its guard recorded) stopped (TERM, grace,
@@ -484,6 +527,45 @@ class NodeAgent:
             self.backend.close(5.0)
         if self.guard is not None:
             self.guard.close(wait=10.0)
+
+
+def record_name(run_id: str) -> str:
+    return f"{run_id}-record"
+
+
+class RunRecord:
+    """A detached run's record on the cluster (a detached actor holding no resources, outside the run's placement
+    group): what its agents saw once their stages ended (exit codes, last lines). The last agent to report gives
+    the run's GPUs back; the record stays, answering `wait`, `logs` and `ps`, until `gc --ray` or `down`."""
+
+    def __init__(self, run_id: str, agents: int) -> None:
+        self.run_id, self.agents = run_id, agents
+        self.reported: set[str] = set()
+        self.exits: dict[int, tuple[str, int | None]] = {}
+        self.lines: list[tuple[str, int, int, str, str]] = []  # (node, number there, stage, stream, text)
+
+    def done(
+        self, node: str, exits: Mapping[int, tuple[str, int | None]], lines: list[tuple[str, int, int, str, str]]
+    ) -> bool:
+        """A node's agent reports its stages ended; True for the last of them (it releases the run's GPUs)."""
+        self.reported.add(node)
+        self.exits.update(exits)
+        self.lines += lines
+        return len(self.reported) >= self.agents
+
+    def status(self) -> dict[str, Any]:
+        return {"node": "", "containers": [], "exits": dict(self.exits)}
+
+    def logs(self, lines: int, after: Mapping[str, int] | None = None) -> list[tuple[str, int, int, str, str]]:
+        """As an agent's, for every node that reported (the same numbers: nothing is shown twice)."""
+        out: list[tuple[str, int, int, str, str]] = []
+        for node, stage in sorted({(row[0], row[2]) for row in self.lines}):
+            kept = [r for r in self.lines if r[0] == node and r[2] == stage and r[1] > (after or {}).get(node, 0)]
+            out += kept[-lines:] if lines else kept
+        return out
+
+    def sweep(self, grace: float) -> list[str]:
+        return []  # nothing of the run is left on any node
 
 
 # ------------------------------------------------------------------------------------------------ the launcher's side
@@ -552,7 +634,17 @@ class RayStageBackend:
         h = self.handles[stage]
         while ref not in self._handed:
             try:
-                batch = ray.get(h.actor.poll.remote(stage, POLL))
+                batch = ray.get(h.actor.poll.remote(stage, POLL), timeout=SILENCE)
+            except ray.exceptions.GetTimeoutError:  # frozen, or its node cut off: Ray alone would wait without end
+                why = f"its agent did not answer for {SILENCE:g} s"
+                with self._lock:
+                    self.lost.setdefault(h.node.name, why)
+                with contextlib.suppress(Exception):
+                    ray.kill(h.actor, no_restart=True)  # its end closes its stages' lifelines and its guard's
+                self._gone.add(ref)
+                sink(StageGone(stage, None, f"the agent of Ray node {h.node.name} did not answer for {SILENCE:g} s "
+                                            "(frozen, or its node cut off); it was ended"))  # fmt: skip
+                return
             except Exception as exc:  # the actor died (killed, its worker or node gone): its container ends with it
                 why = _why(exc)
                 gone = StageGone(stage, None, f"its node's agent on Ray node {h.node.name} ended ({why})")
@@ -717,13 +809,22 @@ def run_status(actors: Sequence[Any]) -> list[dict[str, Any]]:
     return out
 
 
-def run_logs(actors: Sequence[Any], lines: int) -> list[tuple[int, str, str]]:
-    """Every stage's last lines, in stage order (each stage's own lines in their order)."""
-    out: list[tuple[int, str, str]] = []
-    for answer in _each(actors, "logs", lines):
-        if isinstance(answer, list):
-            out += answer
-    return sorted(out, key=lambda row: row[0])  # a stable sort: each stage's lines keep their order
+def run_logs(actors: Sequence[Any], lines: int, after: dict[str, int] | None = None) -> list[tuple[int, str, str]]:
+    """Every stage's last lines, in stage order (each stage's own lines in their order), from the run's agents
+    and its record. after: for each node, the number of the last line already shown there; updated with what
+    is returned (a line the agent and the record both answer is shown once)."""
+    seen = dict(after or {})
+    refs = [a.logs.remote(lines, seen) for a in actors]
+    rows: dict[tuple[str, int], tuple[int, str, str]] = {}
+    for ref in refs:
+        with contextlib.suppress(Exception):  # an agent gone: its lines are the record's
+            for node, n, stage, stream, text in ray.get(ref, timeout=60):
+                rows[(str(node), int(n))] = (int(stage), str(stream), str(text))
+    if after is not None:
+        for node, n in rows:
+            after[node] = max(after.get(node, 0), n)
+    ordered = sorted(rows.items(), key=lambda item: (item[1][0], item[0][0], item[0][1]))
+    return [row for _, row in ordered]
 
 
 def end_run(run_id: str, actors: Sequence[Any], grace: float) -> list[str]:

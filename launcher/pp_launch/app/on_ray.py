@@ -56,14 +56,35 @@ def launch(request: LaunchRequest, hooks: Hooks, environ: Mapping[str, str]) -> 
 
 
 def plan(request: LaunchRequest, environ: Mapping[str, str]) -> Launched:
-    """The dry run: the run's GPUs are granted and ordered as for a launch, then released; no container starts."""
+    """The dry run: which node takes which stages, from what the cluster says is free now; nothing is reserved or
+    started (Ray says which GPUs it grants a node only with the grant)."""
     assert request.ray is not None
     cluster = ray_cluster.connect(request.ray)
-    placed = _Placed(cluster)
     try:
-        return Launched(placed.plan(dataclasses.replace(request, detach=False), environ, lambda text: None))
+        run_id, owner = request.run_id or identity.new_run_id(), request.owner or _me(request)
+        mode, per_stage = gpu_select.parse_gpus_flag(request.gpu.mode, request.gpu.per_stage)
+        per_stage = 0 if mode == "none" else per_stage
+        nodes = cluster.nodes()
+        blocks = _blocks(request, nodes, per_stage)
+        hops: list[int | None] = []
+        for _, k in blocks:
+            hops += [None] * (k - 1) + ([HOST_LEVEL] if len(blocks) > 1 else [None])
+        stages = sum(k for _, k in blocks)
+        built = build_plan(
+            request.chain, environ, owner, [()] * stages, [device_requests((), request.gpu.attach)] * stages, run_id,
+            tuple(hops) if per_stage and stages > 1 else (), None, tuple(n.name for n, k in blocks for _ in range(k)),
+            identity.current_owner().label() if owner == labels.OWNER_DETACHED else "",
+        )  # fmt: skip
+        free = "; ".join(f"{n.name}: {n.free_gpus} of {count(n.gpus, 'GPU')} free" for n in nodes)
+        wanted = "; ".join(f"{n.name}: {count(k * per_stage, 'GPU')}" for n, k in blocks) if per_stage else ""
+        fits = all(n.free_gpus >= k * per_stage for n, k in blocks)
+        note = (
+            f"nothing reserved: Ray grants the GPUs at launch ({wanted}), which ones is its choice; the cluster now: "
+            f"{free}" + ("" if fits else f"; not free now: a launch would wait up to {request.ray_timeout:g} s")
+            if per_stage else "nothing reserved: CPU stages"
+        )  # fmt: skip
+        return Launched(built, note)
     finally:
-        placed.release()
         cluster.close()
 
 
@@ -74,9 +95,11 @@ class _Placed:
         self.cluster = cluster
         self.pg: Any = None  # Ray's PlacementGroup
         self.handles: list[ray_cluster.StageHandle] = []
+        self.run_id = ""
 
     def plan(self, request: LaunchRequest, environ: Mapping[str, str], say: Callable[[str], None]) -> ChainPlan:
         run_id, owner = request.run_id or identity.new_run_id(), request.owner or _me(request)
+        self.run_id = run_id
         mode, per_stage = gpu_select.parse_gpus_flag(request.gpu.mode, request.gpu.per_stage)
         per_stage = 0 if mode == "none" else per_stage
         blocks = _blocks(request, self.cluster.nodes(), per_stage)
@@ -95,7 +118,7 @@ class _Placed:
         )  # fmt: skip
 
     def release(self) -> None:
-        self.cluster.release(self.pg, self.handles)
+        self.cluster.release(self.pg, self.handles, self.run_id)
 
 
 def _run(
@@ -234,13 +257,33 @@ def down(address: str, run: str, grace: float) -> tuple[str, list[str]]:
         cluster.close()
 
 
-def logs(address: str, run: str, lines: int) -> tuple[str, list[tuple[int, str, str]]]:
-    """`logs --ray RUN`: each stage's last lines as its actor kept them (stage, stream, text), in stage order."""
+def logs(
+    address: str, run: str, lines: int, follow: Callable[[list[tuple[int, str, str]]], None] | None = None,
+    every: float = 0.5,
+) -> tuple[str, list[tuple[int, str, str]]]:  # fmt: skip
+    """`logs --ray RUN`: each stage's last lines as its node's agent kept them (stage, stream, text), in stage
+    order. follow: given those, then every new line as it comes (every `every` s), until every stage of the run
+    is gone (`logs -f`); the agents number their lines, so nothing is shown twice."""
+    import time
+
     cluster = ray_cluster.connect(address)
     try:
         found = ray_cluster.detached_runs()
         run_id = housekeeping.resolve_run(run, set(found))
-        return run_id, ray_cluster.run_logs(found[run_id], lines)
+        agents = found[run_id]
+        shown: dict[str, int] = {}
+        first = ray_cluster.run_logs(agents, lines, shown)
+        if follow is None:
+            return run_id, first
+        follow(first)
+        while True:
+            left = sum(len(a["containers"]) for a in ray_cluster.run_status(agents))
+            new = ray_cluster.run_logs(agents, 0, shown)
+            if new:
+                follow(new)
+            if left == 0:
+                return run_id, []
+            time.sleep(every)
     finally:
         cluster.close()
 
@@ -268,9 +311,11 @@ def gc(address: str, dry_run: bool = False) -> list[str]:
         cluster.close()
 
 
-def wait_gone(address: str, run: str, timeout: float | None, every: float = 1.0) -> tuple[str, int]:
+def wait_gone(
+    address: str, run: str, timeout: float | None, every: float = 1.0
+) -> tuple[str, int, dict[int, tuple[str, int | None]]]:  # fmt: skip
     """`wait --ray RUN`: until no container of the run is left on any node, or `timeout` seconds passed;
-    (run id, how many are left)."""
+    (run id, how many are left, each ended stage's container name and exit code as its node's agent saw it)."""
     import time
 
     cluster = ray_cluster.connect(address)
@@ -279,9 +324,11 @@ def wait_gone(address: str, run: str, timeout: float | None, every: float = 1.0)
         run_id = housekeeping.resolve_run(run, set(found))
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            left = sum(len(a["containers"]) for a in ray_cluster.run_status(found[run_id]))
+            answers = ray_cluster.run_status(found[run_id])
+            left = sum(len(a["containers"]) for a in answers)
             if left == 0 or (deadline is not None and time.monotonic() >= deadline):
-                return run_id, left
+                exits = {int(k): (str(v[0]), v[1]) for a in answers for k, v in a.get("exits", {}).items()}
+                return run_id, left, dict(sorted(exits.items()))
             time.sleep(every)
     finally:
         cluster.close()

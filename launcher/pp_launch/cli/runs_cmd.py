@@ -74,7 +74,7 @@ def logs(
       pp-launch logs 3f2a --ray 10.0.0.1:6379 -n 50   (a detached run on a Ray cluster: its last lines)
     """
     if ray_address is not None:
-        _ray_logs(ray_address, run_id, stages, tail)
+        _ray_logs(ray_address, run_id, stages, tail, follow)
         return
     engines = Engines(host_names, all_hosts, run_id)
     try:
@@ -124,32 +124,40 @@ def logs(
     engines.finish()
 
 
-def _ray_logs(address: str, run_id: str, stages: tuple[int, ...], tail: int | None) -> None:
-    """Each stage's last lines as its actor kept them (up to 2000 a stage); -f and -t are the engines' alone."""
+def _ray_logs(address: str, run_id: str, stages: tuple[int, ...], tail: int | None, follow: bool) -> None:
+    """Each stage's last lines as its node's agent kept them (up to 2000 a stage); with -f, then each new line
+    until every stage is gone (-t and --since are the engines' alone)."""
     from pp_launch.app import on_ray
 
+    def show(lines: list[tuple[int, str, str]]) -> None:
+        for stage, stream, text in lines:
+            if not stages or stage in stages:
+                click.echo(f"[stage {stage}] {text}", err=stream == "stderr")
+
     streams.set_aside_ray_output()
-    _, lines = on_ray.logs(address, run_id, tail or 0)
-    for stage, stream, text in lines:
-        if not stages or stage in stages:
-            click.echo(f"[stage {stage}] {text}", err=stream == "stderr")
+    _, lines = on_ray.logs(address, run_id, tail or 0, show if follow else None)
+    show(lines)
 
 
 def _wait_ray(address: str, run_id: str, until: str, timeout: float | None) -> None:
     """A detached run on Ray is up once every stage announced, so --until announced holds at once; --until exit
-    waits for every container to be gone (their exit codes are the engines'; `logs --ray` shows the last lines)."""
+    waits for every container to be gone and prints each stage's exit code as its node's agent saw it."""
     from pp_launch.app import on_ray
 
     streams.set_aside_ray_output()
     if until == "announced":
-        run, _ = on_ray.wait_gone(address, run_id, 0.0)
+        run, _, _ = on_ray.wait_gone(address, run_id, 0.0)
         click.echo(f"run {run}: up (a detached run on Ray is handed over once every stage announced)")
         return
-    run, left = on_ray.wait_gone(address, run_id, timeout)
+    run, left, exits = on_ray.wait_gone(address, run_id, timeout)
     if left:
         click.echo(f"pp-launch: error: run {run}: {count(left, 'container')} still there after {timeout:g} s", err=True)
         sys.exit(errors.EXIT_FAILURE)
+    for stage, (name, code) in exits.items():
+        click.echo(f"stage {stage} {name} exited {'with an unknown code' if code is None else code}")
     click.echo(f"run {run}: every stage is gone ('pp-launch gc --ray' releases its GPUs)")
+    if any(code != 0 for _, code in exits.values()):
+        sys.exit(errors.EXIT_FAILURE)
 
 
 def _print_kept(prefix: str, stages: tuple[int, ...], tail: int | None, timestamps: bool, log_dir: str | None) -> bool:
