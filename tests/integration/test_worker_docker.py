@@ -20,7 +20,7 @@ from pp_launch.core.worker import codec as w
 from pp_launch.core.worker import controller as c
 from pp_launch.testing.worker import ARENA_BYTES, ObjectRecord, ring_layouts
 
-from ..helpers import Launcher, spawn, wait_until
+from ..helpers import Launcher, guard_of, run_containers, spawn, wait_until
 from ..unit.test_worker_driver import DOCS, golden
 
 pytestmark = pytest.mark.docker
@@ -55,7 +55,7 @@ def test_full_lifecycle_with_a_kill_in_the_middle(engine, stub_image) -> None:
             c.RingFaulted(2, 1),
             c.StopRingPump(2),
         ]
-        assert wait_until(lambda: engine.inspect(first_container) is None, 5)
+        assert wait_until(lambda: engine.inspect(first_container) is None, 10)
 
         d.start()  # RestartRequested, then StartWorker: the seed's two steps
         assert d.wait_for(c.WorkerRunning, since=since).generation == 2
@@ -68,7 +68,7 @@ def test_full_lifecycle_with_a_kill_in_the_middle(engine, stub_image) -> None:
         assert d.wait_for(c.TerminalStopped, since=since) == c.TerminalStopped(2)
         assert d.wait_for(c.WorkerStoppedNotice, since=since) == c.WorkerStoppedNotice(2, "Graceful")
         assert not [n for n in after if isinstance(n, c.WorkerFailed) and n.generation == 2]
-        assert wait_until(lambda: engine.containers([f"{labels.RUN}={d.run_id}"]) == [], 5)
+        assert wait_until(lambda: run_containers(engine, d.run_id) == [], 5)  # its guard goes with d.close()
     finally:
         d.close()
 
@@ -135,7 +135,7 @@ def test_when_the_controller_dies_the_worker_sees_end_of_stdin_and_goes(engine, 
     proc = spawn([sys.executable, "-c", program], {**os.environ}, stdout=subprocess.PIPE)
     assert proc.stdout is not None
     run = proc.stdout.readline().decode().strip()
-    assert len(engine.containers([f"{labels.RUN}={run}"])) == 1
+    assert len(run_containers(engine, run)) == 1 and len(guard_of(engine, run)) == 1  # the worker, and its guard
     t0 = time.monotonic()
     proc.kill()
     proc.wait()

@@ -61,7 +61,7 @@ def drive(gen: Generator[Any, Any, Any], result: Any = None) -> Any:
 @pytest.fixture
 def guard(monkeypatch: pytest.MonkeyPatch) -> tuple[fixtures.LeakGuard, FakeEngine]:
     monkeypatch.setattr(fixtures, "SETTLE", 0.0)
-    monkeypatch.setattr(fixtures, "_launchers", lambda: [])
+    monkeypatch.setattr(fixtures, "_launchers", lambda keep=frozenset(): [])
     g, engine = fixtures.LeakGuard(), FakeEngine()
     g._engine = engine
     return g, engine

@@ -2,8 +2,11 @@
 
 Each generation is its own container (tini as init, auto-remove, our labels, GPUs as given), with stdin
 attached for commands and stdout read as events; stderr is logs. A container exit becomes the controller's
-ProcessExited with the engine's real status; a restart starts a new container. When the controller process
-dies, the engine closes the worker's stdin (the worker exits) and the watchdog removes whatever is left.
+ProcessExited with the engine's real status; a restart starts a new container. On a real engine the driver's
+run has a guard there (adapters/guard.py), started before its first container, which records each
+generation's id before it starts: when the controller process dies, the engine closes the worker's stdin (the
+worker exits), and the guard (and the local watchdog) remove whatever of those ids is left. The driver's own
+teardown also acts on the ids it created, never on a label.
 
 The arena (contract §8): the seed hands its worker an inherited memory file, `SWACTOR_ARENA_FD` and
 `SWACTOR_ARENA_BYTES`. A container cannot inherit a descriptor from us, so the driver makes the memory file
@@ -24,8 +27,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pp_launch.adapters import identity
+from pp_launch.adapters import identity, watchdog
 from pp_launch.adapters.docker_engine import DockerStageBackend, Engine
+from pp_launch.adapters.guard import RunGuard
 from pp_launch.adapters.inbox import QueueInbox
 from pp_launch.adapters.runtime import ThreadRuntime
 from pp_launch.core import errors, labels, stage_env
@@ -110,7 +114,12 @@ class WorkerDriver:
             arena_ceiling=self.arena_ceiling, backend=dict(self.backend), init_timeout=self.init_timeout
         )
         self.inbox = QueueInbox()
-        self.docker = self.stage_backend if self.stage_backend is not None else DockerStageBackend(self.engine)
+        self.guard: RunGuard | None = None  # on a real engine: started with the first generation
+        self.docker = (
+            self.stage_backend if self.stage_backend is not None
+            else DockerStageBackend(self.engine, record=self._record, expect=self._expect)
+        )  # fmt: skip
+        self.created: list[str] = []  # every generation's container id: what close() tears down
         self.ref: str | None = None
         self.arena: Arena | None = None
         self.notices: list[c.Output] = []  # everything the controller reported, in order
@@ -119,6 +128,16 @@ class WorkerDriver:
         self.stderr_tail: deque[str] = deque(maxlen=TAIL_LINES)  # of the current generation
         self.stdout_tail: deque[str] = deque(maxlen=TAIL_LINES)
         self._t0 = self.clock() if self.started_at is None else self.started_at
+
+    def _expect(self, name: str) -> None:
+        """Before a generation's create on a real engine: the run's guard is up (started once), and told the name."""
+        if self.guard is None:
+            self.guard = RunGuard.start(self.engine, self.run_id, self.owner, watchdog.MAX_GRACE)
+        self.guard.expect(name)
+
+    def _record(self, ref: str) -> None:
+        assert self.guard is not None
+        self.guard.own(ref)
 
     def note(self, direction: str, text: str) -> None:
         """One trace line: `>` sent to the worker, `<` from its stdout, `#` what the node did besides."""
@@ -198,6 +217,7 @@ class WorkerDriver:
             mounts=mounts,
         )
         self.ref = self.docker.create(spec, env)
+        self.created.append(self.ref)
         self._decoders[generation] = wire.LineDecoder(wire.EVENTS)
         self.stderr_tail.clear()
         self.stdout_tail.clear()
@@ -309,7 +329,7 @@ class WorkerDriver:
         word that it is gone; one never started is removed by force), and every arena file. TeardownFailed, its
         errors typed, when a container cannot be confirmed gone."""
         try:
-            found = [info.id for info in self.engine.containers(labels.run_selector(self.run_id))]
+            found = [ref for ref in self.created if self.engine.inspect(ref) is not None]  # ours: by id only
             teardown = Teardown(self.docker, ThreadRuntime(self.clock), grace, kill_wait)
 
             def gone(ref: str) -> bool:
@@ -325,6 +345,9 @@ class WorkerDriver:
                 teardown.call(f"removing worker container {ref[:12]}", self.docker.remove, ref)
             left = [ref for ref in left if not gone(ref)]
             self.docker.close()
+            if self.guard is not None:
+                self.guard.close(wait=0.0 if left else 10.0)  # nothing left: it finds nothing, and goes
+                self.guard = None
             if left or teardown.errors:
                 raise TeardownFailed(f"worker run {self.run_id}", left, teardown.errors)
         finally:

@@ -63,8 +63,12 @@ def _descends_from(pid: int, ancestor: int) -> bool:
     return False
 
 
-def _launchers() -> list[tuple[int, str]]:
-    """Launcher processes started by this process (or its children) that still run."""
+WATCHDOG = "pp_launch.adapters.watchdog"
+
+
+def _launchers(keep_runs: set[str] | frozenset[str] = frozenset()) -> list[tuple[int, str]]:
+    """Launcher processes started by this process (or its children) that still run; a watchdog of a run in
+    `keep_runs` (its containers are still rightly there: a wider-scope fixture's) is not one."""
     me, out = os.getpid(), []
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == me:
@@ -72,6 +76,9 @@ def _launchers() -> list[tuple[int, str]]:
         try:
             argv = [a.decode(errors="replace") for a in Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0") if a]
         except OSError:
+            continue
+        run = argv[argv.index(WATCHDOG) + 1 :][:1] if WATCHDOG in argv[:6] else []
+        if run and run[0] in keep_runs:
             continue
         if is_launcher(argv) and _descends_from(int(entry), me):
             out.append((int(entry), " ".join(argv)))
@@ -181,10 +188,11 @@ class LeakGuard:
         left = self._settle(lambda: {k: v for k, v in self._list().items() if k not in before and k not in held})
         problems = [f"{item.nodeid} left {self._describe(cid, c)}" for cid, c in left.items()]
         problems += self._remove(left)
+        kept = {c["labels"].get("pp-launch.run", "") for k, c in self._list().items() if k in before or k in held}
         deadline = time.monotonic() + SETTLE
-        while _launchers() and time.monotonic() < deadline:
+        while _launchers(kept) and time.monotonic() < deadline:
             time.sleep(0.1)
-        for pid, cmd in _launchers():
+        for pid, cmd in _launchers(kept):
             problems.append(f"{item.nodeid} left launcher process {pid}: {cmd}")
             with suppress(OSError):
                 os.kill(pid, 9)

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pp_launch.adapters import docker_engine, identity
+from pp_launch.adapters.guard import RunGuard
 from pp_launch.adapters.runtime import ThreadRuntime
 from pp_launch.adapters.worker_driver import WorkerDriver
 from pp_launch.app import launch, worker_check
@@ -85,6 +86,7 @@ class StageContainer:
         self._gone = threading.Event()
         self._cond = threading.Condition()
         self._backend: docker_engine.DockerStageBackend | None = None
+        self._guard: RunGuard | None = None
 
     # ------------------------------------------------------------------------------------------ builders
     def _unstarted(self, what: str) -> None:
@@ -132,10 +134,16 @@ class StageContainer:
         if self.name:
             spec = dataclasses.replace(spec, name=self.name)
         self.run_id = plan.run_id
-        self._backend = docker_engine.DockerStageBackend(engine)
-        self.ref = self._backend.create(spec, spec.env)
-        self.name = spec.name
-        self._backend.start(self.ref, self.stage, self._sink)
+        # the run's guard first: a test process killed at any moment leaves no stage behind (adapters/guard.py)
+        self._guard = RunGuard.start(engine, plan.run_id, identity.current_owner().label(), self.grace)
+        self._backend = docker_engine.DockerStageBackend(engine, record=self._guard.own, expect=self._guard.expect)
+        try:
+            self.ref = self._backend.create(spec, spec.env)
+            self.name = spec.name
+            self._backend.start(self.ref, self.stage, self._sink)
+        except BaseException:
+            self.stop()  # what was created goes; then the guard
+            raise
         return self
 
     def _sink(self, event: ChainEvent) -> None:
@@ -152,7 +160,9 @@ class StageContainer:
         engine to confirm it gone (auto-remove). TeardownFailed, with every error typed, when it cannot say so."""
         backend, ref = self._backend, self.ref
         if backend is None or ref is None:
+            self._let_guard_go(True)
             return
+        left: list[str] = []
         try:
             if self._gone.is_set():
                 return
@@ -168,6 +178,13 @@ class StageContainer:
                 raise TeardownFailed(f"stage {self.stage} ({self.name})", left, teardown.errors)
         finally:
             backend.close()
+            self._let_guard_go(not left)
+
+    def _let_guard_go(self, clean: bool) -> None:
+        """The guard goes: waited for after a clean stop (it finds nothing left); else it tears down what is."""
+        if self._guard is not None:
+            self._guard.close(wait=10.0 if clean else 0.0)
+            self._guard = None
 
     def _wait(self, done: Callable[[], bool], deadline: float) -> None:
         while not done() and (left := deadline - time.monotonic()) > 0:
