@@ -132,6 +132,20 @@ def test_ps_filter_and_format_and_down_of_two_runs_at_once(engine, stub_image, d
     assert [json.loads(line)["run"] for line in as_json.stdout.splitlines()] == [second]
     bad = cli("ps", "--filter", "colour=red")
     assert bad.returncode == 2 and "use KEY=VALUE with KEY one of run," in bad.stderr
+    # docker's habits: its field names, a prefix for the run, `table` with a header, `json`, errors for the rest
+    docker_names = cli("ps", "--filter", f"run={detached[:5]}", "--format", "{{.Names}} {{.Run}} {{.State}}")
+    assert docker_names.stdout.splitlines() == [f"pp-{detached}-0 {detached} running",
+                                                f"pp-{detached}-1 {detached} running"], docker_names.stderr  # fmt: skip
+    table = cli("ps", "--filter", f"run={second}", "--format", "table {{.ID}}\t{{.Names}}\t{{.Status}}")
+    head, row = table.stdout.splitlines()
+    assert head.split() == ["CONTAINER", "ID", "NAMES", "STATUS"] and row.split()[1] == f"pp-{second}-0"
+    assert row.split()[2] == "Up" and engine.inspect(row.split()[0]) is not None  # a short id the engine knows
+    whole = cli("ps", "--filter", f"run={second}", "--format", "json")
+    assert [json.loads(line)["container"] for line in whole.stdout.splitlines()] == [f"pp-{second}-0"]
+    for wrong, said in (("{{.Nope}}", "no field 'Nope'"), ("{{.run", "an unclosed action"),
+                        ("{{index .gpus 0}}", "is not something ps can print")):  # fmt: skip
+        refused = cli("ps", "--format", wrong)
+        assert refused.returncode == 1 and said in refused.stderr and refused.stdout == "", refused.stderr
     both = cli("down", detached, second, "--grace", "1")
     assert both.returncode == 0, both.stderr
     assert run_containers(engine, detached) == [] and run_containers(engine, second) == []
@@ -174,3 +188,16 @@ def test_logs_of_a_foreground_run_after_it_ended_come_from_what_its_launcher_kep
     assert len(lines) == 1 and lines[0].startswith("[stage 1] 20") and "Z " in lines[0]
     gone = cli("logs", "ffffffffff", "--log-dir", where)
     assert gone.returncode == 2 and "no run" in gone.stderr
+
+
+def test_ps_all_lists_an_ended_run_whose_output_is_kept_and_plain_ps_does_not(engine, stub_image) -> None:  # type: ignore[no-untyped-def]
+    done = cli("chain", "--stages", "2", "--gpus", "none", "--json")
+    assert done.returncode == 0, done.stderr
+    run = json.loads(done.stdout.splitlines()[0])["run"]
+    assert run not in cli("ps", "-q").stdout.split()
+    ended = cli("ps", "-a", "--json", "--filter", f"run={run[:6]}")
+    rows = [json.loads(line) for line in ended.stdout.splitlines()]
+    assert [(r["run"], r["stage"], r["state"]) for r in rows] == [(run, 0, "ended"), (run, 1, "ended")], ended.stderr
+    assert "pp-launch logs RUN" in rows[0]["owner_status"]
+    shown = cli("logs", run, "--stage", "1")
+    assert shown.returncode == 0 and "[stage 1]" in shown.stdout

@@ -569,3 +569,57 @@ def test_our_own_usage_errors_carry_the_same_hint_as_clicks(args: tuple[str, ...
     assert lines[0].startswith("pp-launch: error: ") and lines[1:] == [
         "pp-launch: hint: 'pp-launch chain --help' lists its options"
     ]
+
+
+def test_env_file_as_docker_reads_it_and_env_wins_over_it(tmp_path: Path) -> None:
+    env_file = tmp_path / "stage.env"
+    env_file.write_text('# the model\nMODEL=llama 3  \n\n  MAX_TOKENS=5\nQUOTED="kept as is"\nFROM_SHELL\nUNSET_HERE\n')
+    result = run("chain", "--stages", "2", "--gpus", "none", "--dry-run", "--json", "--env-file", str(env_file),
+                 "--env", "MAX_TOKENS=9", env={"FROM_SHELL": "shell value"})  # fmt: skip
+    assert result.exit_code == 0, result.output
+    env = json.loads(result.output)["stages"][1]["env"]
+    assert env["MODEL"] == "llama 3  " and env["QUOTED"] == '"kept as is"' and env["FROM_SHELL"] == "shell value"
+    assert env["MAX_TOKENS"] == "9" and "UNSET_HERE" not in env
+
+
+@pytest.mark.parametrize(
+    ("content", "said"),
+    [
+        (b"GOOD=1\nBAD NAME=2\n", "stage.env, line 2: 'BAD NAME=2' is not NAME=VALUE"),
+        (b"A=1\n\xff\n", "stage.env, line 2: not UTF-8 text"),
+        (b"NUM_STAGES=3\n", "stage.env, line 1: NUM_STAGES is set by pp-launch itself"),
+        (b"X" * (1 << 20) + b"=1\n", "larger than 1 MiB: not an env file"),
+    ],
+)
+def test_a_bad_env_file_is_a_usage_error_naming_file_and_line(tmp_path: Path, content: bytes, said: str) -> None:
+    env_file = tmp_path / "stage.env"
+    env_file.write_bytes(content)
+    result = run("chain", "--stages", "2", "--gpus", "none", "--dry-run", "--env-file", str(env_file))
+    assert result.exit_code == 2 and said in result.output, result.output
+    missing = run("chain", "--dry-run", "--env-file", str(tmp_path / "absent.env"))
+    assert missing.exit_code == 2 and "absent.env: No such file or directory" in missing.output
+
+
+def test_pp_gpu_node_takes_leading_env_files_and_leaves_the_command_alone(tmp_path: Path) -> None:
+    from pp_launch.cli.node_cmd import _env_files
+
+    (tmp_path / "a.env").write_text("A=1\n")
+    (tmp_path / "b.env").write_text("B=2\n")
+    a, b = str(tmp_path / "a.env"), str(tmp_path / "b.env")
+    assert _env_files(("--env-file", a, f"--env-file={b}", "python", "-m", "w")) == (
+        (("A", "1"), ("B", "2")), ("python", "-m", "w"))  # fmt: skip
+    assert _env_files(("python", "--env-file", a)) == ((), ("python", "--env-file", a))  # the command's own
+    assert _env_files(("--env-file", a, "--", "--env-file", b)) == ((("A", "1"),), ("--env-file", b))
+
+
+def test_global_host_and_context_as_docker_takes_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`pp-launch -H URL CMD` and `--context NAME`: the engine every command of that call talks to; both at once
+    is a usage error."""
+    monkeypatch.delenv("DOCKER_CONTEXT", raising=False)  # the flags set it in this process: put back after
+    monkeypatch.setenv("DOCKER_HOST", os.environ.get("DOCKER_HOST", "unix:///nonexistent/docker.sock"))
+    via_host = run("-H", "unix:///nonexistent/other.sock", "ps")
+    assert via_host.exit_code == 2 and "/nonexistent/other.sock" in via_host.output, via_host.output
+    via_context = run("--context", "no-such-context", "ps", env={"DOCKER_CONFIG": "/nonexistent"})
+    assert via_context.exit_code == 2 and "no-such-context" in via_context.output, via_context.output
+    both = run("-H", "unix:///x.sock", "--context", "c", "ps")
+    assert both.exit_code == 2 and "do not go together" in both.output

@@ -9,6 +9,7 @@ from click.testing import CliRunner
 from pp_launch.adapters.nvml import NvmlUnavailable
 from pp_launch.app.worker_check import StepFailure
 from pp_launch.cli import engines, node_cmd
+from pp_launch.cli.go_template import TemplateError
 from pp_launch.cli.main import main
 from pp_launch.core import errors, events
 from pp_launch.core.announce import AnnouncementError
@@ -36,6 +37,7 @@ EXAMPLES: dict[type[errors.PpLaunchError], errors.PpLaunchError] = {
     errors.LockLost: errors.LockLost("the GPU lock on this engine (container 0123456789ab) was removed by another"),
     errors.GuardLost: errors.GuardLost("the run's guard on the engine at unix:///x.sock is gone"),
     errors.HostLost: errors.HostLost("host gpu2: the Docker engine at ssh://root@127.0.0.1:2222 stopped"),
+    TemplateError: TemplateError("--format '{{.Nope}}': no field 'Nope' in a ps row"),
     AnnouncementError: AnnouncementError("malformed announcement 'PP_GPU_NODE_ADDR x'"),
     NvmlUnavailable: NvmlUnavailable("NVML not found: no NVIDIA driver on this host"),
     ProtocolFault: ProtocolFault("InvalidJson: oops", b"{", 3),

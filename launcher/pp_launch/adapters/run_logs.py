@@ -132,6 +132,26 @@ def kept_runs(root: str | Path | None = None) -> list[str]:
         return sorted(n for n in os.listdir(runs.fd) if not n.startswith("."))
 
 
+def ended(root: str | Path | None = None) -> list[tuple[str, list[int], float]]:
+    """The kept runs whose launcher is gone (not live): (run id, its stages, when its output was last written),
+    without reading their lines."""
+    out = []
+    with StateDir.open(_root(root)) as base, base.sub(RUNS) as runs:
+        for name in sorted(n for n in os.listdir(runs.fd) if not n.startswith(".")):
+            try:
+                fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | NOFOLLOW, dir_fd=runs.fd)
+            except OSError:
+                continue
+            with StateDir(runs.path / name, fd) as d:
+                if _live(d):
+                    continue
+                files = [n for n in os.listdir(d.fd) if n.startswith("stage-")]
+                stages = sorted({int(n.split("-")[1].split(".")[0]) for n in files if n.split("-")[1][:1].isdigit()})
+                last = max((os.stat(n, dir_fd=d.fd, follow_symlinks=False).st_mtime for n in files), default=0.0)
+                out.append((name, stages, last))
+    return out
+
+
 def read(run_id: str, root: str | Path | None = None) -> list[KeptLine]:
     """Every kept line of the run, stage by stage, oldest first."""
     out: list[KeptLine] = []

@@ -38,10 +38,13 @@ from pp_launch.core.gpu.requests import gpu_request, read_gpus
 from pp_launch.core.stage_env import FORWARD_ENV, NODE_FORWARDED, RUN_ENV
 
 
-def run_node(environ: Mapping[str, str], args: tuple[str, ...], inbox: QueueInbox, say: Callable[[str], None]) -> int:
-    """pp-gpu-node: one stage container in the foreground; `args` become its command. Stop signals must
-    already be arriving in `inbox`."""
-    config = NodeConfig.from_env(environ, args)
+def run_node(
+    environ: Mapping[str, str], args: tuple[str, ...], inbox: QueueInbox, say: Callable[[str], None],
+    extra_env: tuple[tuple[str, str], ...] = (),
+) -> int:  # fmt: skip
+    """pp-gpu-node: one stage container in the foreground; `args` become its command, `extra_env` is set in it
+    (--env-file) before what pp-gpu-node sets itself. Stop signals must already be arriving in `inbox`."""
+    config = dataclasses.replace(NodeConfig.from_env(environ, args), extra_env=extra_env)
     if environ.get(stage_env.PARENT_LIFELINE) == "stdin":
         local.on_stdin_end(lambda: inbox.put(StopRequested(signal.SIGTERM)))
     engine = connect()
@@ -187,6 +190,7 @@ class NodeConfig:
     grace: float = DEFAULT_GRACE
     run_id: str | None = None
     command: tuple[str, ...] = ()  # our arguments, passed on as the container's command (as "$@" was)
+    extra_env: tuple[tuple[str, str], ...] = ()  # --env-file: set in the container, under what we set ourselves
 
     @property
     def name(self) -> str:
@@ -227,7 +231,8 @@ class NodeConfig:
         )
 
     def stage_env(self, environ: Mapping[str, str], gpus: GpuRequest) -> dict[str, str]:
-        env = stage_env.forwarded(environ, NODE_FORWARDED + self.forward_extra)
+        env = dict(self.extra_env)
+        env.update(stage_env.forwarded(environ, NODE_FORWARDED + self.forward_extra))
         env[stage_env.STAGE] = str(self.stage)
         if self.dev is not None:
             env["DEV"] = self.dev

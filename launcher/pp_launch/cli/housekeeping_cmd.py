@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import json
-import re
 import sys
 from typing import Any
 
 import click
 
-from pp_launch.adapters import host_state
+from pp_launch.adapters import host_state, run_logs
 from pp_launch.adapters.docker_engine import Engine
 from pp_launch.adapters.nvml import NvmlUnavailable, read_inventory
 from pp_launch.app import housekeeping
-from pp_launch.cli import runs_cmd, streams
+from pp_launch.cli import go_template, runs_cmd, streams
 from pp_launch.cli.engines import RAY_OPTION, Engines, host_choice
 from pp_launch.cli.main import main
 from pp_launch.cli.options import Seconds
@@ -31,23 +30,28 @@ from pp_launch.core.lines import count
     "filters",
     multiple=True,
     metavar="KEY=VALUE",
-    help="Only rows whose KEY (a --json field: run, stage, container, image, owner, owner_status, state, host) "
-    "is VALUE; repeat to narrow (as docker ps --filter).",
+    help="Only rows whose KEY (a --json field: run, stage, container, id, image, owner, owner_status, state, host) "
+    "is VALUE (run and id: a prefix is enough); repeat to narrow (as docker ps --filter).",
 )
 @click.option(
     "--format",
     "template",
     metavar="TEMPLATE",
-    help="Each row through TEMPLATE, as docker ps --format: {{.run}} {{.stage}} {{.container}} ... any --json "
-    "field, or {{json .}}.",
+    help="Each row through TEMPLATE, as docker ps --format: {{.run}} {{.container}} ... any --json field, or "
+    "docker's names ({{.ID}} {{.Names}} {{.Image}} {{.State}} {{.Status}} {{.RunningFor}}); {{json .}}, "
+    "{{upper .X}}; 'table ...' adds a header and aligns \\t columns; 'json' prints one object per row. An "
+    "unknown field is an error (exit 1).",
 )
 @click.option("--run", "run_id", metavar="RUN", shell_complete=runs_cmd.complete_runs,
               help="Only this run (a unique prefix is enough).")  # fmt: skip
+@click.option("-a", "--all", "ended_too", is_flag=True,
+              help="Also the runs started here that ended and whose output is still kept (as docker ps -a): state "
+              "'ended', one row per stage; 'pp-launch logs RUN' shows their output.")  # fmt: skip
 @host_choice
 @RAY_OPTION
 def ps(
     as_json: bool, ids_only: bool, filters: tuple[str, ...], template: str | None, run_id: str | None,
-    host_names: tuple[str, ...], all_hosts: bool, ray_address: str | None,
+    ended_too: bool, host_names: tuple[str, ...], all_hosts: bool, ray_address: str | None,
 ) -> None:  # fmt: skip
     """List pp-launch runs and their stages: run, stage, container, image, GPUs (index, memory, utilisation
     where NVML answers), announced address, owner, alive or gone, uptime.
@@ -55,6 +59,7 @@ def ps(
     \b
     Examples:
       pp-launch ps
+      pp-launch ps -a                      # and the runs that ended, whose output is kept
       pp-launch ps -q                      # run ids only, one per line
       pp-launch ps --run 3f2a --json
       pp-launch ps --filter owner_status=gone --format '{{.run}} {{.container}}'
@@ -62,12 +67,13 @@ def ps(
       pp-launch ps --ray 10.0.0.1:6379     # the detached runs on a Ray cluster
     """
     wanted = _filters(filters)
+    if template is not None:
+        go_template.Template(template, PS_FIELDS)  # a template that cannot run is said before any engine is asked
     if ray_address is not None:
         from pp_launch.app import on_ray
 
         streams.set_aside_ray_output()
-        _show([r for r in on_ray.runs(ray_address, run_id) if all(str(r.get(k, "")) == v for k, v in wanted)],
-              ids_only, as_json, template)  # fmt: skip
+        _show([r for r in on_ray.runs(ray_address, run_id) if _kept(r, wanted)], ids_only, as_json, template)
         return
     engines = Engines(host_names, all_hosts, run_id)
     rows = []
@@ -81,14 +87,34 @@ def ps(
         gpus = _inventory() if name is None else None  # NVML of this machine: only its own engine's GPUs
         where = (name or "local") if engines.several else None
         rows += housekeeping.list_stages(engine, run, details=not ids_only, gpus=gpus, host=where)
+    if ended_too:
+        rows += _ended_rows({r["run"] for r in rows}, run_id)
     if run_id is not None and not rows and engines.several:
         raise errors.ConfigError(f"no run {housekeeping.safe(run_id)!r} on any of these hosts")
-    rows = [r for r in rows if all(str(r.get(k, "")) == v for k, v in wanted)]
+    rows = [r for r in rows if _kept(r, wanted)]
     _show(rows, ids_only, as_json, template)
     engines.finish()
 
 
+def _ended_rows(present: set[str], run_id: str | None) -> list[dict[str, Any]]:
+    """A row per stage of each run whose output this user keeps, that no engine here lists and no launcher
+    keeps writing: it ended."""
+    import time
+
+    now, rows = time.time(), []
+    for run, stages, last in run_logs.ended():
+        if run in present or (run_id is not None and not run.startswith(run_id)):
+            continue
+        for k in stages:
+            rows.append({"run": run, "stage": k, "role": "stage", "container": "-", "id": "", "image": "-",
+                         "gpus": [], "owner": "-", "owner_status": "ended: output kept ('pp-launch logs RUN')",
+                         "state": "ended", "age_s": max(0, int(now - last)), "address": None,
+                         "uptime_s": None})  # fmt: skip
+    return rows
+
+
 def _show(rows: list[dict[str, Any]], ids_only: bool, as_json: bool, template: str | None) -> None:
+    shape = None if template is None else go_template.Template(template, PS_FIELDS)
     if ids_only:
         for r in sorted({row["run"] for row in rows}):
             click.echo(r)
@@ -97,15 +123,15 @@ def _show(rows: list[dict[str, Any]], ids_only: bool, as_json: bool, template: s
     if as_json:
         for row in rows:
             click.echo(json.dumps(row))
-    elif template is not None:
-        for row in rows:
-            click.echo(_formatted(template, row))
+    elif shape is not None:
+        for line in shape.render(rows):
+            click.echo(line)
     else:
         click.echo(housekeeping.render(rows))
 
 
-PS_FIELDS = ("run", "stage", "role", "container", "image", "gpus", "owner", "owner_status", "state", "age_s", "host",
-             "address", "uptime_s")  # fmt: skip
+PS_FIELDS = ("run", "stage", "role", "container", "id", "image", "gpus", "owner", "owner_status", "state", "age_s",
+             "host", "address", "uptime_s")  # fmt: skip
 
 
 def _filters(values: tuple[str, ...]) -> list[tuple[str, str]]:
@@ -119,17 +145,14 @@ def _filters(values: tuple[str, ...]) -> list[tuple[str, str]]:
     return out
 
 
-def _formatted(template: str, row: dict[str, Any]) -> str:
-    """docker's Go-template habit for the simple cases: {{.field}} and {{json .}}."""
-
-    def field(m: re.Match[str]) -> str:
-        name = m.group(1)
-        if name is None:
-            return json.dumps(row)
-        value = row.get(name, "")
-        return ",".join(map(str, value)) if isinstance(value, list) else ("" if value is None else str(value))
-
-    return re.sub(r"\{\{\s*(?:json\s+\.|\.(\w+))\s*\}\}", field, template).replace("\\t", "\t")
+def _kept(row: dict[str, Any], wanted: list[tuple[str, str]]) -> bool:
+    """Every filter holds: run and id by prefix (as every command takes them), the rest exactly."""
+    for key, value in wanted:
+        have = row.get(key)
+        text = ",".join(map(str, have)) if isinstance(have, list) else "" if have is None else str(have)
+        if not (text.startswith(value) if key in ("run", "id") else text == value):
+            return False
+    return True
 
 
 @main.command()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 from typing import Any
 
 import click
@@ -122,8 +123,17 @@ class Commands(click.Group):
 @click.version_option(__version__, prog_name="pp-launch")
 @click.option("-v", "--verbose", count=True, help="Say more (-vv: every stage's state changes too).")
 @click.option("-q", "--quiet", is_flag=True, help="Only errors and the final result; no stage lines.")
+@click.option(
+    "-H",
+    "--host",
+    "docker_host",
+    metavar="URL",
+    help="The Docker engine, as docker -H (unix://, tcp://, ssh://): DOCKER_HOST for this command.",
+)
+@click.option("--context", "docker_context", metavar="NAME",
+              help="The Docker context, as docker --context: DOCKER_CONTEXT for this command.")  # fmt: skip
 @click.pass_context
-def main(ctx: click.Context, verbose: int, quiet: bool) -> None:
+def main(ctx: click.Context, verbose: int, quiet: bool, docker_host: str | None, docker_context: str | None) -> None:
     """Launch pipeline-parallel inference stages as GPU containers, and never leave one behind.
 
     \b
@@ -131,8 +141,17 @@ def main(ctx: click.Context, verbose: int, quiet: bool) -> None:
       pp-launch chain                      # the 2-stage demo on the built-in image
       pp-launch chain --stages 4 --json    # 4 stages, events as JSON lines
       pp-launch gpus                       # what NVML sees, and who holds what
+      pp-launch -H ssh://gpu2 ps           # another engine, as docker -H
     """
     ctx.obj = {"verbosity": -1 if quiet else verbose}
+    if docker_host is not None and docker_context is not None:
+        raise click.UsageError("-H/--host and --context do not go together (as with docker): give one")
+    if docker_host is not None:  # as docker: the flag wins over the environment, and is what children see
+        os.environ["DOCKER_HOST"] = docker_host
+        os.environ.pop("DOCKER_CONTEXT", None)
+    if docker_context is not None:
+        os.environ["DOCKER_CONTEXT"] = docker_context
+        os.environ.pop("DOCKER_HOST", None)
     if ctx.invoked_subcommand not in ("chain", "node"):
         signals.release()  # nothing of theirs needs a teardown: Ctrl-C interrupts them as usual
 

@@ -14,6 +14,7 @@ from pp_launch.app import node
 from pp_launch.cli import signals
 from pp_launch.cli.boundary import mapped_errors, message
 from pp_launch.cli.main import main
+from pp_launch.cli.options import read_env_file
 from pp_launch.core import errors
 from pp_launch.core.chain.ports import StopRequested
 
@@ -36,11 +37,12 @@ def node_command(args: tuple[str, ...]) -> None:
     sys.exit(_run_node(args))
 
 
-USAGE = """usage: pp-gpu-node [COMMAND...]        (also: pp-launch node [COMMAND...])
+USAGE = """usage: pp-gpu-node [--env-file FILE]... [COMMAND...]        (also: pp-launch node ...)
 
 One stage container in the foreground, a drop-in for docker-gpu-node.sh. COMMAND, if given, is the container's
-command. Output passes through unchanged; the exit code is the container's (128+N after signal N); the container
-cannot outlive this process. Configured by the environment:
+command; leading `--env-file FILE` options (as docker run's) set variables in the container first. Output passes
+through unchanged; the exit code is the container's (128+N after signal N); the container cannot outlive this
+process. Configured by the environment:
 
   STAGE                 required   stage index (exit 2 without it)
   PP_IMAGE              swactor-pp-gpu:latest   image (never pulled)
@@ -61,6 +63,26 @@ Example:
   STAGE=0 NUM_STAGES=2 SEED_ADDR=... PP_IMAGE=pp-launch/stub-worker:latest pp-gpu-node"""
 
 
+def _env_files(args: tuple[str, ...]) -> tuple[tuple[tuple[str, str], ...], tuple[str, ...]]:
+    """Leading `--env-file FILE` (or `--env-file=FILE`), as docker run takes them, and the command after them
+    (`--` ends them too). Everything else is the container's command, as it always was."""
+    assignments: list[tuple[str, str]] = []
+    rest = list(args)
+    while rest:
+        if rest[0] == "--":
+            rest.pop(0)
+            break
+        if rest[0] == "--env-file" and len(rest) > 1:
+            path = rest[1]
+            del rest[:2]
+        elif rest[0].startswith("--env-file="):
+            path = rest.pop(0).partition("=")[2]
+        else:
+            break
+        assignments += read_env_file(path, "--env-file")
+    return tuple(assignments), tuple(rest)
+
+
 def _run_node(args: tuple[str, ...]) -> int:
     if args in (("--help",), ("-h",)) and "STAGE" not in os.environ:  # else they are the container's command
         click.echo(USAGE)
@@ -69,7 +91,12 @@ def _run_node(args: tuple[str, ...]) -> int:
     signals.install()  # idempotent; also covers `pp-launch node` and direct calls
     signals.route_to(lambda signum: inbox.put(StopRequested(signum)))
     with mapped_errors("pp-gpu-node"), as_docker_run():
-        return node.run_node(os.environ, args, inbox, lambda text: click.echo(f"pp-gpu-node: {text}", err=True))
+        try:
+            extra, command = _env_files(args)
+        except click.BadParameter as exc:
+            raise errors.ConfigError(exc.format_message()) from None
+        say = lambda text: click.echo(f"pp-gpu-node: {text}", err=True)  # noqa: E731
+        return node.run_node(os.environ, command, inbox, say, extra)
 
 
 DOCKER_RUN_REFUSED = 125  # `docker run`'s code when the engine refuses (126/127 come from the container's tini)

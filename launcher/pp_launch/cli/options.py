@@ -46,12 +46,21 @@ def stage_options(f: F) -> F:
             metavar="NAME[=VALUE]",
             help="Set a variable in every stage; a bare NAME passes this shell's value through (as docker run -e).",
         ),
+        click.option(
+            "--env-file",
+            "env_files",
+            multiple=True,
+            metavar="FILE",
+            help="Read variables for every stage from FILE, as docker run --env-file: NAME=VALUE lines (the value as "
+            "it is), a bare NAME passes this shell's value, # comments; --env wins over it.",
+        ),
         click.option("--stage-env", multiple=True, metavar="K:NAME=VALUE", help="Set a variable in stage K only."),
     ]
 
     @functools.wraps(f)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        kwargs["env"] = parse_env(kwargs["env"])
+        from_files = tuple(a for path in kwargs.pop("env_files") for a in read_env_file(path, "--env-file"))
+        kwargs["env"] = from_files + parse_env(kwargs["env"])
         kwargs["stage_env"] = parse_stage_env(kwargs["stage_env"], kwargs["stages"])
         return f(*args, **kwargs)
 
@@ -226,6 +235,30 @@ def swactor_options(f: F) -> F:
     for d in reversed(decorators):
         command = d(command)
     return command  # type: ignore[no-any-return]
+
+
+ENV_FILE_LIMIT = 1 << 20  # an env file is a handful of lines: more is a mistake (or /dev/zero)
+
+
+def read_env_file(path: str, hint: str, environ: Mapping[str, str] | None = None) -> tuple[tuple[str, str], ...]:
+    """An env file's assignments (core/stage_env.py, parse_env_file); BadParameter naming the file (and line)."""
+    environ = os.environ if environ is None else environ
+    try:
+        with open(path, "rb") as f:
+            data = f.read(ENV_FILE_LIMIT + 1)
+    except OSError as exc:
+        raise click.BadParameter(f"{path}: {exc.strerror or exc}", param_hint=hint) from None
+    if len(data) > ENV_FILE_LIMIT:
+        raise click.BadParameter(f"{path}: larger than {ENV_FILE_LIMIT >> 20} MiB: not an env file", param_hint=hint)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise click.BadParameter(f"{path}, line {line}: not UTF-8 text", param_hint=hint) from None
+    try:
+        return stage_env_names.parse_env_file(text, path, environ)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint=hint) from None
 
 
 def parse_env(values: tuple[str, ...], environ: Mapping[str, str] | None = None) -> tuple[tuple[str, str], ...]:

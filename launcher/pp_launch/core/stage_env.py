@@ -91,6 +91,29 @@ def parse_assignment(text: str) -> tuple[str, str]:
     return name, value
 
 
+def parse_env_file(text: str, source: str, environ: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    """An --env-file, as docker reads one: `NAME=VALUE` per line, the value taken as it is (no quotes removed, no
+    expansion); a bare `NAME` passes the caller's own value through (left out when unset); blank lines and lines
+    starting with `#` are skipped. ValueError naming `source` and the line otherwise."""
+    out = []
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.lstrip()
+        if not line or line.startswith("#"):
+            continue
+        if "=" not in line:
+            name = line.rstrip()
+            if name not in environ:
+                if not name.replace("_", "a").isalnum():
+                    raise ValueError(f"{source}, line {number}: {name!r} is not NAME=VALUE")
+                continue
+            line = f"{name}={environ[name]}"
+        try:
+            out.append(parse_assignment(line))
+        except ValueError as exc:
+            raise ValueError(f"{source}, line {number}: {exc}") from None
+    return tuple(out)
+
+
 def seed_env(addr: str | None, direct: str | None, relay: str | None) -> dict[str, str]:
     """SEED_ADDR / SEED_DIRECT / SEED_RELAY for every stage, checked as swactor's pp-worker would need them:
     the seed's node id is 64 hex digits, its direct addresses follow the announcement grammar (contract §3),

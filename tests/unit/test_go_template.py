@@ -1,0 +1,71 @@
+"""`ps --format`: docker's Go-template subset, through its own API (cli/go_template.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pp_launch.cli.go_template import Template, TemplateError, human
+from pp_launch.cli.housekeeping_cmd import PS_FIELDS
+
+ROW = {"run": "3f2a9c1d0e4b", "stage": 1, "role": "stage", "container": "pp-3f2a9c1d0e4b-1", "id": "0123456789ab",
+       "image": "pp-launch/stub-worker:latest", "gpus": ["GPU-a", "GPU-b"], "owner": "h:1:2", "owner_status": "alive",
+       "state": "running", "age_s": 7300, "uptime_s": 125, "address": None}  # fmt: skip
+
+
+def show(template: str, rows: list[dict[str, object]] | None = None) -> list[str]:
+    return Template(template, PS_FIELDS).render([ROW] if rows is None else rows)
+
+
+@pytest.mark.parametrize(
+    ("template", "line"),
+    [
+        ("{{.run}} {{.stage}}", "3f2a9c1d0e4b 1"),
+        ("{{.Run}}|{{.Names}}|{{.ID}}|{{.State}}", "3f2a9c1d0e4b|pp-3f2a9c1d0e4b-1|0123456789ab|running"),
+        ("{{.gpus}}", "GPU-a,GPU-b"),
+        ("{{json .gpus}}", '["GPU-a", "GPU-b"]'),
+        ("{{.address}}", ""),  # none yet: empty, as docker prints <no value> only for a missing key
+        ("{{upper .state}} {{title .role}}", "RUNNING Stage"),
+        ("{{.Status}}; {{.RunningFor}}", "Up 2 minutes; 2 hours ago"),
+        ("{{ .run }}\\t{{.stage}}", "3f2a9c1d0e4b\t1"),
+    ],
+)
+def test_fields_by_our_names_and_dockers(template: str, line: str) -> None:
+    assert show(template) == [line]
+
+
+def test_json_alone_and_the_whole_row_are_one_object_per_row() -> None:
+    assert [json.loads(x) for x in show("json", [ROW, ROW])] == [ROW, ROW]
+    assert json.loads(show("{{json .}}")[0]) == ROW
+
+
+def test_table_has_a_header_and_aligned_columns() -> None:
+    other = {**ROW, "container": "x", "id": "fedcba987654", "state": "exited", "uptime_s": None}
+    lines = show("table {{.ID}}\\t{{.Names}}\\t{{.State}}", [ROW, other])
+    assert lines[0].split("   ")[0] == "CONTAINER ID"
+    starts = {line.index(cell) for line, cell in zip(lines, ("NAMES", "pp-3f2a9c1d0e4b-1", "x"), strict=True)}
+    assert len(starts) == 1  # one column, aligned
+    assert show("table", [ROW])[0].split()[:3] == ["RUN", "STAGE", "ROLE"]  # plain `table`: every field
+
+
+@pytest.mark.parametrize(
+    ("template", "said"),
+    [
+        ("{{.Nope}}", "no field 'Nope' in a ps row"),
+        ("{{.run", "an unclosed action at character 1"),
+        ("a }} b", "an unclosed action at character 3"),
+        ("{{index .gpus 0}}", "{{index .gpus 0}} at character 1 is not something ps can print"),
+        ("{{upper .}}", "the whole row prints only as {{json .}}"),
+        ("{{}}", "{{}} at character 1"),
+    ],
+)
+def test_what_cannot_run_is_an_error_never_printed_as_is(template: str, said: str) -> None:
+    with pytest.raises(TemplateError, match=None) as caught:
+        Template(template, PS_FIELDS)
+    assert said in str(caught.value) and caught.value.exit_code == 1
+
+
+def test_durations_in_dockers_words() -> None:
+    assert [human(s) for s in (0, 1, 59, 120, 7199, 7200, 172800)] == [
+        "0 seconds", "1 second", "59 seconds", "2 minutes", "119 minutes", "2 hours", "2 days"]  # fmt: skip
