@@ -81,7 +81,11 @@ cmd=${1:-}
 shift || true
 case "$cmd" in
   setup) setup ;;
-  demo) setup; exec "$VENV/bin/pp-launch" chain --stages "${STAGES:-4}" "$@" ;;
+  demo)
+    setup; code=0
+    "$VENV/bin/pp-launch" chain --stages "${STAGES:-4}" "$@" || code=$?
+    say "pp-launch and pp-gpu-node are in $VENV/bin: '. $VENV/bin/activate' puts them on PATH in a shell"
+    exit "$code" ;;
   test) setup; launcher/scripts/ensure-docker26.sh; run_tests -m "not full" "$@" ;;
   test-all) setup test,ray; launcher/scripts/ensure-docker26.sh; run_tests "$@" ;;  # the Ray tests need the extra
   test-load)

@@ -88,7 +88,7 @@ def test_the_docs_example_runs_as_written(pytester: pytest.Pytester) -> None:
     code = block.split("\n", 1)[1].split("```", 1)[0]
     (pytester.path / "test_readme_example.py").write_text(code)
     result = pytester.runpytest_subprocess("-p", "pp_launch", "-p", "no:cacheprovider")
-    result.assert_outcomes(passed=2)
+    result.assert_outcomes(passed=3)
 
 
 def test_stage_container_stop_on_a_sigterm_ignoring_stage_takes_about_one_grace(engine) -> None:
@@ -218,3 +218,16 @@ def test_a_plain_install_never_changes_an_unrelated_pytest(tmp_path: Path) -> No
                              timeout=120)  # fmt: skip
     assert enabled.returncode != 0
     assert "pip install 'pp-launch[testing]'" in enabled.stdout + enabled.stderr
+
+
+def test_a_chain_waits_for_a_line_and_for_its_end_and_says_why_not(engine) -> None:
+    """Chain.wait_for_line: StageTimeout while the chain runs, StageExited once it ended; Chain.wait: the chain's
+    own exit code (a stage exiting 4 fails the chain: 1)."""
+    env = {"STUB_MODE": "hold", "STUB_EXIT_AFTER": "3", "STUB_EXIT_CODE": "4"}
+    with Chain(BUILTIN_IMAGE, stages=2, env=env, grace=1.0) as chain:
+        assert "holding" in chain.wait_for_line(0, lambda line: "holding" in line, timeout=30)
+        with pytest.raises(StageTimeout, match=r"printed no such a line within 0.5 s \(\d+ lines; still running\)"):
+            chain.wait_for_line(0, "never printed", timeout=0.5)
+        assert chain.wait(timeout=60) == 1
+        with pytest.raises(StageExited, match=r"ended \(exit 1\) before stage 1 printed such a line"):
+            chain.wait_for_line(1, "never printed", timeout=5)

@@ -244,6 +244,7 @@ class _Collect:
     def stage_line(self, stage: int, stream: str, text: str) -> None:
         with self.cond:
             self.lines.setdefault(stage, []).append(text)
+            self.cond.notify_all()
 
     def stage_state(self, stage: int, state: events.StageState, detail: str = "") -> None:
         pass
@@ -256,9 +257,12 @@ class RunningChain:
     run_id: str
     roster: tuple[events.RosterEntry, ...]
     _collect: _Collect = field(repr=False)
+    _thread: threading.Thread | None = field(default=None, repr=False)
+    _outcome: list[Any] = field(default_factory=list, repr=False)  # the launch's result, once it ended
+    _failure: list[BaseException] = field(default_factory=list, repr=False)
 
     def all_events(self) -> list[events.Event]:
-        """The events so far (contract §4), typed."""
+        """The events so far (docs/formats.md), typed."""
         with self._collect.cond:
             return list(self._collect.events)
 
@@ -269,6 +273,44 @@ class RunningChain:
     @property
     def announcements(self) -> list[events.StageAnnounced]:
         return [e for e in self.all_events() if isinstance(e, events.StageAnnounced)]
+
+    def _ended(self) -> bool:
+        return self._thread is not None and not self._thread.is_alive()
+
+    def wait_for_line(self, stage: int, predicate: Any, timeout: float = 60.0, what: str = "such a line") -> str:
+        """The first line of `stage` for which `predicate` holds (a str: the line contains it). StageExited when
+        the chain ended first (its exit code and the stage's last lines), StageTimeout after `timeout` seconds."""
+        test = (lambda line: predicate in line) if isinstance(predicate, str) else predicate
+        deadline = time.monotonic() + timeout
+        with self._collect.cond:
+            while True:
+                seen = self._collect.lines.get(stage, [])
+                for line in seen:
+                    if test(line):
+                        return line
+                last = "".join(f"\n  | {line}" for line in seen[-20:]) or " (it printed nothing)"
+                if self._ended():
+                    code = self._outcome[0].outcome.exit_code if self._outcome else None
+                    raise StageExited(f"chain {self.run_id} ended (exit {code}) before stage {stage} printed {what}; "
+                                      f"its last lines:{last}", code, seen[-20:])  # fmt: skip
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    who = f"stage {stage} of chain {self.run_id}"
+                    raise StageTimeout(f"{who} printed no {what} within {timeout:g} s ({len(seen)} lines; still "
+                                       f"running); its last lines:{last}", seen[-20:])  # fmt: skip
+                self._collect.cond.wait(min(left, 0.2))
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Until the chain ends by itself (every stage exited, or one failed): its exit code (docs/chain.md).
+        StageTimeout when it still runs after `timeout` seconds; what stopped the launch, raised, when it could
+        not finish."""
+        assert self._thread is not None
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise StageTimeout(f"chain {self.run_id} still runs after {timeout:g} s", [])
+        if self._failure:
+            raise self._failure[0]
+        return int(self._outcome[0].outcome.exit_code)
 
 
 @contextmanager
@@ -323,7 +365,7 @@ def Chain(
                     raise RuntimeError(f"chain {run_id} of {image} did not come up: {failure[0] if failure else ended}")
                 collect.cond.wait(0.2)
             roster = next(e for e in collect.events if isinstance(e, events.StageRoster)).stages
-        yield RunningChain(run_id, roster, collect)
+        yield RunningChain(run_id, roster, collect, thread, outcome, failure)
     finally:
         if scopes and thread.is_alive():
             scopes[0].request_stop(signal.SIGTERM)
