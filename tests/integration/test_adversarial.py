@@ -374,3 +374,30 @@ def test_labels_claiming_a_dead_launcher_of_this_host_make_nothing_ours(engine, 
     finally:
         with contextlib.suppress(Exception):
             c.stop()
+
+
+def test_a_user_the_engine_refuses_is_told_so_never_to_start_it(engine, open_dir) -> None:
+    """As `nobody`, beside the suite's running engine (its socket is not theirs): `ps` and `chain` say the engine
+    runs and this user may not use it (the docker group), never "start it"; `gpus` warns with the same reason."""
+    sock = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+    env = {"PATH": os.environ.get("PATH", ""), "HOME": str(open_dir), "DOCKER_HOST": sock,
+           "PP_LAUNCH_STATE_DIR": str(open_dir / "state"), "PP_LAUNCH_GPU_INVENTORY": ""}  # fmt: skip
+    for argv in (["ps"], ["chain", "--gpus", "none", "--stages", "1"], ["chain", "--gpus", "none", "--dry-run"]):
+        done = subprocess.run([*NOBODY, sys.executable, "-m", "pp_launch", *argv], capture_output=True, text=True,
+                              env=env, timeout=60)  # fmt: skip
+        assert done.returncode == 2, done.stderr
+        assert "permission denied on its socket. The engine runs, but this user may not use it" in done.stderr
+        assert "'docker' group" in done.stderr and "Start it" not in done.stderr
+    gpus = subprocess.run([*NOBODY, sys.executable, "-m", "pp_launch", "gpus"], capture_output=True, text=True,
+                          env=env, timeout=60)  # fmt: skip
+    assert "which run holds each GPU is not shown: cannot reach the Docker engine" in gpus.stderr
+    assert "permission denied on its socket" in gpus.stderr
+
+
+def test_a_dry_run_fails_where_the_launch_would_on_a_missing_image(engine) -> None:
+    """The dry run asks the engine for the stage image: absent, it is exit 2 as a launch's is (nothing pulled)."""
+    image = f"pp-launch-tests/{unique('absent')}:1"
+    done = subprocess.run([sys.executable, "-m", "pp_launch", "chain", "--image", image, "--gpus", "none",
+                           "--dry-run"], capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 2 and f"image {image} is not present on the engine" in done.stderr, done.stderr
+    assert "a launch would stop here" in done.stderr and done.stdout == ""

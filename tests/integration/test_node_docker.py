@@ -124,10 +124,18 @@ def test_pp_gpus_on_an_engine_without_the_toolkit_is_exit_125_with_pp_gpu_nodes_
     """This engine has no NVIDIA device driver: PP_GPUS cannot be attached. The message suggests what pp-gpu-node
     takes (not chain's --gpu-attach), and the exit is 125, as `docker run --gpus` there; nothing is left."""
     prefix = unique("tk")
-    node = Launcher("node", env=node_env(prefix, stub_image, PP_GPUS="all"))
+    gpu_host = str(Path(__file__).resolve().parents[1] / "data" / "plain-4gpu.json")  # NVML sees 4 GPUs here
+    node = Launcher("node", env=node_env(prefix, stub_image, PP_GPUS="all", PP_LAUNCH_GPU_INVENTORY=gpu_host))
     assert node.wait(60) == 125
     err = node.stderr_text()
     assert "the engine cannot attach GPUs" in err and "leave PP_GPUS unset" in err and "--gpu-attach" not in err
+    assert containers_named(engine, f"{prefix}-0") == []
+    # a host without any GPU (no NVML): the reason is that, not the toolkit
+    bare = Launcher("node", env=node_env(prefix, stub_image, PP_GPUS="99", PP_LAUNCH_GPU_INVENTORY=""))
+    assert bare.wait(60) == 125
+    err = bare.stderr_text()
+    assert "PP_GPUS=99 asks for GPUs, and this host has none that NVML can see" in err, err
+    assert "toolkit" not in err and "leave PP_GPUS unset" in err
     assert containers_named(engine, f"{prefix}-0") == []
 
 

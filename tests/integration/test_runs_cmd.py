@@ -4,11 +4,14 @@ drive them from scripts."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
 
 import pytest
+
+from pp_launch.cli.runs_cmd import _instant
 
 from ..helpers import Launcher, remember_run, run_containers, wait_until
 
@@ -43,9 +46,19 @@ def test_logs_prints_every_stage_prefixed_and_takes_a_prefix_of_the_run(detached
     assert "PP_GPU_NODE_ADDR" in cli("logs", detached, "--since", "1h").stdout
     bad = cli("logs", detached, "--since", "soon")
     assert bad.returncode == 2 and "is not a duration" in bad.stderr
+    # -n: each stage's last lines, merged in the order they were printed (as the engine timed them), not by stage
+    assert wait_until(lambda: len(cli("logs", detached, "-n", "3").stdout.splitlines()) == 6, 15)
+    timed = cli("logs", detached, "-n", "3", "-t").stdout.splitlines()
+    stamps = [line.split("] ", 1)[1].split(" ", 1)[0] for line in timed]
+    assert len(timed) == 6 and {line[:9] for line in timed} == {"[stage 0]", "[stage 1]"}
+    assert [_instant(t) for t in stamps] == sorted(_instant(t) for t in stamps), timed
 
 
 def test_logs_follow_streams_until_the_run_ends(engine, detached: str) -> None:
+    interrupted = Launcher("logs", detached, "-f")
+    assert wait_until(lambda: len(interrupted.stdout_lines) > 3, 30)
+    interrupted.signal(signal.SIGINT)  # Ctrl-C: 130, as docker logs -f, and no "Aborted!"
+    assert interrupted.wait(30) == 130 and "Abort" not in interrupted.stderr_text()
     follow = Launcher("logs", detached, "-f")
     assert wait_until(lambda: sum("chatter" in line or "stub[" in line for line in follow.stdout_lines) > 3, 30)
     cli("down", detached, "--grace", "1")

@@ -192,7 +192,9 @@ def test_gpus_without_a_driver_is_one_line_and_exit_0_and_says_what_it_could_not
     result = run("gpus")
     assert result.exit_code == 0
     assert result.output.strip().splitlines() == [
-        "pp-launch: warning: no Docker engine answered: which run holds each GPU is not shown",
+        "pp-launch: warning: which run holds each GPU is not shown: cannot reach the Docker engine at "
+        "unix:///nonexistent/docker.sock: no engine socket there (is the engine running?). Start it (or set "
+        "DOCKER_HOST to the engine you mean) and check that 'docker info' works.",
         NO_DRIVER,
     ]
 
@@ -623,3 +625,4 @@ def test_global_host_and_context_as_docker_takes_them(monkeypatch: pytest.Monkey
     assert via_context.exit_code == 2 and "no-such-context" in via_context.output, via_context.output
     both = run("-H", "unix:///x.sock", "--context", "c", "ps")
     assert both.exit_code == 2 and "do not go together" in both.output
+

@@ -202,10 +202,14 @@ def connect(timeout: float | None = None, host: str | None = None) -> Engine:
     except Exception as exc:
         if not (_transport_error(exc) or _refusal(exc)):
             raise
-        raise errors.EngineUnavailable(
-            f"cannot reach the Docker engine at {address}: {_unreachable(exc)}. Start it (or set "
-            "DOCKER_HOST to the engine you mean) and check that 'docker info' works."
-        ) from None
+        why = _unreachable(exc)
+        fix = (
+            "The engine runs, but this user may not use it: add the user to the 'docker' group (and log in again), "
+            "or run as one who may; 'docker info' says the same."
+            if why.startswith("permission denied")
+            else "Start it (or set DOCKER_HOST to the engine you mean) and check that 'docker info' works."
+        )
+        raise errors.EngineUnavailable(f"cannot reach the Docker engine at {address}: {why}. {fix}") from None
     return Engine(api, close, timeout)
 
 
@@ -319,7 +323,7 @@ def _unreachable(exc: BaseException) -> str:
     if "Connection refused" in text:
         return "nothing answers on it (is the engine running?)"
     if "Permission denied" in text or "PermissionError" in text:
-        return "permission denied (run as root, or add your user to the 'docker' group)"
+        return "permission denied on its socket"
     if "timed out" in text.lower():
         return "it did not answer in time"
     return _reason(exc)

@@ -30,7 +30,7 @@ from pp_launch.app import gpus as gpu_select
 from pp_launch.app import hosts as across
 from pp_launch.app.locks import GpuLocks, LockSite, reserve
 from pp_launch.core import errors, events, hosts, labels
-from pp_launch.core.chain.plan import ChainPlan, ChainRequest, build_plan
+from pp_launch.core.chain.plan import BUILTIN_IMAGE, ChainPlan, ChainRequest, build_plan
 from pp_launch.core.chain.ports import StageBackend
 from pp_launch.core.chain.scope import ChainOutcome, ChainScope, QuietReporter, Reporter
 from pp_launch.core.gpu.inventory import GpuInventory
@@ -188,18 +188,27 @@ def launch(request: LaunchRequest, hooks: Hooks | None = None, environ: Mapping[
         _close(sites)
 
 
-def plan_launch(request: LaunchRequest, environ: Mapping[str, str] | None = None) -> Launched:
+def plan_launch(request: LaunchRequest, environ: Mapping[str, str] | None = None, dry_run: bool = True) -> Launched:
     """The plan only (a dry run, or a Compose file): nothing is started, locked or swept. Without --host an
-    absent engine is no error (the GPUs its containers hold are then not checked: `warning`)."""
+    absent engine is no error (the GPUs its containers hold are then not checked: `warning`). dry_run: what a
+    launch would fail on before starting anything fails here too (an engine that refuses this user, a stage image
+    it lacks); a Compose file is written for wherever it will run, so it checks neither."""
     environ = os.environ if environ is None else environ
     if request.ray is not None:
         from pp_launch.app import on_ray
 
         return on_ray.plan(request, environ)
-    sites = _reach(request, dry_run=True)
+    sites = _reach(request, dry_run=True, strict=dry_run)
     try:
         if request.hosts:
             across.check_image(_hosts(sites), request.chain.image)
+        elif dry_run and (engine := sites[0].engine) is not None:
+            image = request.chain.image
+            if image != BUILTIN_IMAGE and engine.image_labels(image) is None:
+                raise errors.ImageMissing(
+                    f"image {image} is not present on the engine at {engine.address}, and pp-launch never pulls: a "
+                    "launch would stop here. Build it or load it ('docker load -i FILE') first."
+                )
         run_id, owner = request.run_id or identity.new_run_id(), request.owner or _me(request)
         plan, note = _plan(request, sites, environ, owner, run_id, None)
     finally:
@@ -210,17 +219,18 @@ def plan_launch(request: LaunchRequest, environ: Mapping[str, str] | None = None
 
 
 # ------------------------------------------------------------------------------------------------ the steps
-def _reach(request: LaunchRequest, dry_run: bool) -> list[_Site]:
+def _reach(request: LaunchRequest, dry_run: bool, strict: bool = False) -> list[_Site]:
     """The engines: every --host reached and checked at once (exit 2 naming each that does not answer), or
-    DOCKER_HOST's (a dry run tolerates none, and needs none for --gpus none)."""
+    DOCKER_HOST's (a dry run tolerates none: a plan needs no engine; strict: but one that runs and refuses this
+    user is the error a launch would meet)."""
     if request.hosts:
         return [_Site(h.name, h.engine, h.name, h.engine_id, h) for h in across.connect_all(request.hosts)]
     if dry_run:
-        if request.gpu.mode.strip() == "none":
-            return [_Site("", None)]
         try:
             return [_Site("", connect(timeout=5))]
-        except errors.EngineUnavailable:
+        except errors.EngineUnavailable as exc:
+            if strict and "permission denied" in str(exc):
+                raise
             return [_Site("", None)]
     engine = connect()
     return [_Site("", engine, engine.address)]  # one engine: no lock order to keep, no identity to ask

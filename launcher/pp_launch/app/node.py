@@ -59,7 +59,22 @@ def run_node(
     run_id = config.run_id or identity.new_run_id()
     site = LockSite(engine.address, engine, engine.identity()[0])
     with reserve([site], run_id, owner, say) as locks:
-        return _run_locked(config, environ, engine, locks, run_id, owner, inbox, say)
+        try:
+            return _run_locked(config, environ, engine, locks, run_id, owner, inbox, say)
+        except errors.GpuAttachUnavailable as exc:
+            raise _no_gpus_here(exc, environ.get("PP_GPUS", "")) from None
+
+
+def _no_gpus_here(exc: errors.GpuAttachUnavailable, asked: str) -> errors.GpuAttachUnavailable:
+    """The engine could not attach GPUs: on a host where NVML sees none, that is the reason, not the toolkit."""
+    inventory = gpu_select.load_inventory(None)
+    if inventory.gpus:
+        return exc
+    why = inventory.note or "NVML lists none"
+    return errors.GpuAttachUnavailable(
+        f"PP_GPUS={asked.strip()} asks for GPUs, and this host has none that NVML can see ({why}): leave PP_GPUS "
+        "unset to run this stage on CPU, or run it on a GPU host"
+    )
 
 
 def _run_locked(

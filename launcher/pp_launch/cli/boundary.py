@@ -18,10 +18,13 @@ def message(exc: errors.PpLaunchError, prog: str = "pp-launch") -> str:
 
 @contextlib.contextmanager
 def mapped_errors(prog: str = "pp-launch") -> Iterator[None]:
-    """The error boundary: our own errors become one plain message and their exit code (contract §5); no
-    traceback. The `pp-launch` group runs every command inside it, and `pp-gpu-node` runs inside it too."""
+    """The error boundary: our own errors become one plain message and their exit code, no traceback; Ctrl-C is
+    exit 130 with no "Aborted!" (docs/getting-started.md, exit codes). The `pp-launch` group runs every command
+    inside it, and `pp-gpu-node` runs inside it too."""
     try:
         yield
+    except KeyboardInterrupt:  # Ctrl-C where nothing needs a teardown (logs -f, wait, ps): 130, as docker, quietly
+        sys.exit(130)
     except errors.PpLaunchError as exc:
         click.echo(message(exc, prog), err=True)
         if isinstance(exc, errors.UsageError):  # options that do not go together: the same hint as Click's errors

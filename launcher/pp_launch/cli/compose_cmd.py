@@ -89,7 +89,7 @@ def compose(
         run_id=compose_file.run_id_for(project),
     )
     command = (entrypoint,) if entrypoint else tuple(shlex.split(worker_cmd))
-    planned = launch.plan_launch(request)
+    planned = launch.plan_launch(request, dry_run=False)
     plan, note = planned.plan, planned.note
     if note:
         click.echo(f"pp-launch: {note}", err=True)

@@ -90,9 +90,9 @@ def gpus(
     else:
         inventory = gpu_select.load_inventory(gpu_inventory)
         rows = _live_labels()
-        held = holders_by_uuid(rows) if rows is not None else {}
-        if rows is None:
-            click.echo("pp-launch: warning: no Docker engine answered: which run holds each GPU is not shown", err=True)
+        held = holders_by_uuid(rows) if not isinstance(rows, str) else {}
+        if isinstance(rows, str):
+            click.echo(f"pp-launch: warning: which run holds each GPU is not shown: {rows}", err=True)
     if record:
         if not inventory.gpus and inventory.note:
             raise errors.ConfigError(f"nothing recorded to {record}: {inventory.note}")
@@ -100,7 +100,7 @@ def gpus(
     if inventory.note:
         click.echo(inventory.note, err=True)
     if as_json:  # JSON lines, as every --json; an inventory file as it is, with who holds what beside it
-        doc = {**inventory.to_json(), "held_by": _held_by(rows) if host is None and rows is not None else None}
+        doc = {**inventory.to_json(), "held_by": _held_by(rows) if host is None and not isinstance(rows, str) else None}
         if host is not None:
             doc["held_by"] = _held_by(held_rows)
         click.echo(json.dumps(doc, separators=(",", ":")))
@@ -113,12 +113,12 @@ def gpus(
         click.echo(f"recorded {len(inventory.gpus)} GPUs to {record}", err=True)
 
 
-def _live_labels() -> list[Mapping[str, str]] | None:
-    """The labels of DOCKER_HOST's containers that hold GPUs; None when no engine answers."""
+def _live_labels() -> list[Mapping[str, str]] | str:
+    """The labels of DOCKER_HOST's containers that hold GPUs; why not, when the engine does not answer."""
     try:
         return live_gpu_labels(connect(timeout=5))
-    except errors.EngineUnavailable:
-        return None
+    except errors.EngineUnavailable as exc:
+        return str(exc)
 
 
 def _held_by(rows: list[Mapping[str, str]]) -> dict[str, dict[str, Any]]:
@@ -137,7 +137,8 @@ def _watch(gpu_inventory: str | None, interval: float, frames: int) -> None:
 
     def frame() -> Any:
         rows = _live_labels()
-        return render_watch(gpu_select.load_inventory(gpu_inventory), holders_by_uuid(rows or []))
+        held = holders_by_uuid([] if isinstance(rows, str) else rows)
+        return render_watch(gpu_select.load_inventory(gpu_inventory), held)
 
     shown = 0
     try:

@@ -62,8 +62,8 @@ def logs(
 
     Works for any run the engine has (foreground, detached, compose), and after a run ended: every chain keeps
     its stages' output (bounded) in your state directory (or chain --log-dir). RUN_ID may be a unique prefix.
-    Without -f, each stage's output so far in stage order; with -f, every stage's lines as they come, until the
-    run ends.
+    Without -f, every stage's output so far (with -n, each stage's last N lines), in the order it was printed;
+    with -f, every stage's lines as they come, until the run ends.
 
     \b
     Examples:
@@ -95,10 +95,14 @@ def logs(
     def prefix(c: Any) -> str:
         return f"[stage {display(c.labels.get(labels.STAGE, '?').encode())}] "
 
-    if not follow:
+    if not follow:  # every stage's lines (its last `tail`), merged in the order the engine timed them
+        rows = []
         for engine, c in found:
-            for line in engine.log_lines(c.id, since=when, tail=tail, timestamps=timestamps):
-                out.write(prefix(c) + display(line) + "\n")
+            for line in engine.log_lines(c.id, since=when, tail=tail, timestamps=True):
+                stamp, _, text = line.partition(b" ")
+                rows.append((_instant(stamp.decode("ascii", "replace")), prefix(c), line if timestamps else text))
+        for _, head, line in sorted(rows, key=lambda row: row[0]):  # stable: a stage's own order is kept
+            out.write(head + display(line) + "\n")
         out.flush()
         engines.finish()
         return
@@ -160,6 +164,13 @@ def _wait_ray(address: str, run_id: str, until: str, timeout: float | None) -> N
         sys.exit(errors.EXIT_FAILURE)
 
 
+def _instant(stamp: str) -> str:
+    """An RFC 3339 time (the engine's, or ours) in a form that sorts as time does: the fraction to 9 digits (Go
+    drops trailing zeros)."""
+    whole, dot, rest = stamp.rstrip("Z").partition(".")
+    return f"{whole}.{(rest if dot else '').ljust(9, '0')[:9]}"
+
+
 def _print_kept(prefix: str, stages: tuple[int, ...], tail: int | None, timestamps: bool, log_dir: str | None) -> bool:
     """A run the engine no longer has, from what its launcher kept; False when nothing was kept for it."""
     kept = run_logs.kept_runs(log_dir)
@@ -172,10 +183,11 @@ def _print_kept(prefix: str, stages: tuple[int, ...], tail: int | None, timestam
     by_stage: dict[int, list[run_logs.KeptLine]] = {}
     for k in lines:
         by_stage.setdefault(k.stage, []).append(k)
+    shown = []
     for stage in sorted(by_stage):
-        shown = by_stage[stage] if tail is None else by_stage[stage][len(by_stage[stage]) - tail :] if tail else []
-        for k in shown:
-            click.echo(f"[stage {stage}] " + (f"{k.time} " if timestamps else "") + display(k.text.encode()))
+        shown += by_stage[stage] if tail is None else by_stage[stage][len(by_stage[stage]) - tail :] if tail else []
+    for k in sorted(shown, key=lambda k: _instant(k.time)):  # in time order, as the engine's are
+        click.echo(f"[stage {k.stage}] " + (f"{k.time} " if timestamps else "") + display(k.text.encode()))
     return True
 
 
