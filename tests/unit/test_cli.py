@@ -626,3 +626,19 @@ def test_global_host_and_context_as_docker_takes_them(monkeypatch: pytest.Monkey
     both = run("-H", "unix:///x.sock", "--context", "c", "ps")
     assert both.exit_code == 2 and "do not go together" in both.output
 
+
+
+def test_gpus_shows_temperature_power_and_who_runs_each_process(tmp_path: Path) -> None:
+    doc = json.loads((DATA / "plain-4gpu.json").read_text())
+    alice = {"pid": 77, "used_memory_mib": 300, "user": "alice", "command": "python serve.py"}
+    doc["gpus"][0].update(temperature_c=41, power_w=123.4, power_limit_w=700, processes=[alice])
+    doc["gpus"][1].pop("temperature_c", None)
+    path = tmp_path / "inv.json"
+    path.write_text(json.dumps(doc))
+    out = run("gpus", "--gpu-inventory", str(path)).output
+    row0 = next(line for line in out.splitlines() if line.startswith("0 "))
+    row1 = next(line for line in out.splitlines() if line.startswith("1 "))
+    assert "temp power" in out and "41C 123/700W" in row0 and "77(300 MiB) alice:python serve.py" in row0
+    assert "? ?W" in row1  # unknown, never 0
+    again = json.loads(run("gpus", "--gpu-inventory", str(path), "--json").stdout)["gpus"][0]
+    assert (again["temperature_c"], again["power_w"], again["processes"][0]["user"]) == (41, 123.4, "alice")

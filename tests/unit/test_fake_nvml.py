@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import random
 import subprocess
 import sys
@@ -44,7 +45,17 @@ def read_many(lib: Path, configs: list[Path], fail: str = "") -> list[dict[str, 
                           text=True, timeout=120, check=False)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr
-    return [json.loads(line) for line in done.stdout.splitlines()]
+    return [nvml_only(json.loads(line)) for line in done.stdout.splitlines()]
+
+
+def nvml_only(doc: object) -> object:
+    """What NVML said, without what this host's /proc adds to a process (its user and command: a made-up pid
+    may be a real process here)."""
+    if isinstance(doc, dict):
+        return {k: nvml_only(v) for k, v in doc.items() if k not in ("user", "command")}
+    if isinstance(doc, list):
+        return [nvml_only(v) for v in doc]
+    return doc
 
 
 @pytest.mark.parametrize("path", INVENTORIES, ids=[p.stem for p in INVENTORIES])
@@ -55,7 +66,7 @@ def test_gpus_record_through_the_fake_library_gives_back_the_inventory(fake_nvml
     done = subprocess.run([PP_LAUNCH, "gpus", "--record", str(out)], env=fake_nvml.environ(fake_nvml_lib, config),
                           capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert json.loads(out.read_text()) == json.loads(path.read_text())
+    assert nvml_only(json.loads(out.read_text())) == json.loads(path.read_text())
 
 
 def test_random_inventories_round_trip(fake_nvml_lib: Path, tmp_path: Path) -> None:
@@ -71,14 +82,14 @@ def test_the_per_gpu_directory_form_reads_as_the_whole_and_a_subset_keeps_host_o
 ) -> None:
     inv = inventory_file.load(DATA / "nvlink-8gpu.json")
     files = fake_nvml.write_config_dir(inv, tmp_path / "all")
-    whole, = read_many(fake_nvml_lib, [tmp_path / "all"])
+    (whole,) = read_many(fake_nvml_lib, [tmp_path / "all"])
     assert whole["inventory"] == inv.to_json()
     sub = tmp_path / "sub"
     sub.mkdir()
     (sub / "00-system").write_text((tmp_path / "all" / "00-system").read_text())
     for i in (5, 2):
         (sub / files[i].name).write_text(files[i].read_text())
-    got, = read_many(fake_nvml_lib, [sub])
+    (got,) = read_many(fake_nvml_lib, [sub])
     doc = got["inventory"]
     assert isinstance(doc, dict)
     assert [g["uuid"] for g in doc["gpus"]] == [inv.gpus[2].uuid, inv.gpus[5].uuid]
@@ -115,8 +126,13 @@ def test_a_lost_gpu_is_left_out_and_said(fake_nvml_lib: Path, eight: tuple[GpuIn
 
 @pytest.mark.parametrize(
     ("field", "key"),
-    [("utilization", "utilization_gpu_pct"), ("processes", "processes"), ("memory", "memory_total_mib"),
-     ("name", "name"), ("mig", "mig_enabled")],
+    [
+        ("utilization", "utilization_gpu_pct"),
+        ("processes", "processes"),
+        ("memory", "memory_total_mib"),
+        ("name", "name"),
+        ("mig", "mig_enabled"),
+    ],
 )
 def test_a_field_nvml_cannot_read_is_unknown(fake_nvml_lib: Path, eight: tuple[GpuInventory, Path], field: str,
                                               key: str) -> None:  # fmt: skip
@@ -142,13 +158,42 @@ def test_a_process_list_that_grows_between_size_query_and_read(fake_nvml_lib: Pa
                                            *plain.gpus[2:]))  # fmt: skip
     busy = [1]
     config = fake_nvml.write_config(inv, tmp_path / "config")
-    few, = read_many(fake_nvml_lib, [config], "grow:2")  # within pynvml's headroom: the list as read
+    (few,) = read_many(fake_nvml_lib, [config], "grow:2")  # within pynvml's headroom: the list as read
     gpu = few["inventory"]["gpus"][busy[0]]  # type: ignore[index]
     assert len(gpu["processes"]) == len(inv.gpus[busy[0]].processes or ()) + 2
-    many, = read_many(fake_nvml_lib, [config], "grow:500")  # beyond it: unknown, not a traceback
+    (many,) = read_many(fake_nvml_lib, [config], "grow:500")  # beyond it: unknown, not a traceback
     assert "processes" not in many["inventory"]["gpus"][busy[0]]  # type: ignore[index]
 
 
 def test_no_config_reads_as_no_driver(fake_nvml_lib: Path, tmp_path: Path) -> None:
-    got, = read_many(fake_nvml_lib, [tmp_path / "absent"])
+    (got,) = read_many(fake_nvml_lib, [tmp_path / "absent"])
     assert "driver is not loaded" in str(got["error"])
+
+
+def test_temperature_power_and_who_runs_a_process_come_through_the_c_abi(fake_nvml_lib: Path, tmp_path: Path) -> None:
+    """nvmlDeviceGetTemperature/PowerUsage/EnforcedPowerLimit as a driver answers them (milliwatts), `unsupported`
+    as unknown; a process's user and command from this host's /proc (here: the reading process itself)."""
+    inv = inventory_file.load(DATA / "plain-4gpu.json")
+    gpus = list(inv.gpus)
+    gpus[0] = dataclasses.replace(gpus[0], temperature_c=41, power_w=123.456, power_limit_w=700.0,
+                                  processes=(GpuProcess(0, 300),))  # fmt: skip
+    config = fake_nvml.write_config(dataclasses.replace(inv, gpus=tuple(gpus)), tmp_path / "config")
+    text = config.read_text().replace("proc 0 300", "proc SELF 300")
+    code = (
+        "import json, os, pathlib, sys\n"
+        f"cfg = pathlib.Path({str(config)!r}); cfg.write_text(cfg.read_text().replace('SELF', str(os.getpid())))\n"
+        "from pp_launch.adapters.nvml import read_inventory\n"
+        "print(json.dumps(read_inventory().to_json()))\n"
+    )
+    config.write_text(text)
+    for fail, expect in (("", (41, 123.456, 700.0)), ("unsupported:temperature,unsupported:power", None)):
+        done = subprocess.run([sys.executable, "-c", code], env=fake_nvml.environ(fake_nvml_lib, config, fail),
+                              capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        g0 = json.loads(done.stdout)["gpus"][0]
+        got = (g0.get("temperature_c"), g0.get("power_w"), g0.get("power_limit_w"))
+        assert got == (expect or (None, None, None)), g0
+        config.write_text(text)
+    (proc,) = g0["processes"]
+    assert proc["user"] == __import__("pwd").getpwuid(os.getuid()).pw_name
+    assert sys.executable in proc["command"] and "read_inventory" in proc["command"]

@@ -84,6 +84,18 @@ class FakeMachine:
         u.gpu, u.memory = (0, 0) if handle[1] == 0 else (87, 40)
         return u
 
+    def nvmlDeviceGetTemperature(self, handle: Any, sensor: int) -> int:
+        assert sensor == pynvml.NVML_TEMPERATURE_GPU
+        if handle[1] == 1:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return 34
+
+    def nvmlDeviceGetPowerUsage(self, handle: Any) -> int:
+        return 71234 if handle[1] == 0 else 512000  # milliwatts
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle: Any) -> int:
+        return 700000
+
     def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> list[Any]:
         if handle[1] == 0:
             return []
@@ -128,6 +140,8 @@ def test_reads_every_field_once_inside_init_and_shutdown() -> None:
     assert g1.mig_enabled is None  # not supported: unknown, not "off"
     assert inv.topology == ((0, 30), (30, 0))
     assert inv.nvlink == ((0, 18), (18, 0))
+    assert (g0.temperature_c, g0.power_w, g0.power_limit_w) == (34, 71.234, 700.0)
+    assert (g1.temperature_c, g1.power_w) == (None, 512.0)  # not supported: unknown
 
 
 def test_the_inventory_file_round_trips() -> None:

@@ -7,6 +7,7 @@ reserved memory counted as used). Any field NVML cannot give stays None ("unknow
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -56,7 +57,9 @@ def _text(value: Any) -> str:
 
 
 def _try(nvml: ModuleType, fn: Any, *args: Any) -> Any:
-    """A call whose failure (not supported, no permission) means "unknown"."""
+    """A call whose failure (not supported, no permission; or a binding without it: None) means "unknown"."""
+    if fn is None:
+        return None
     try:
         return fn(*args)
     except nvml.NVMLError:
@@ -70,8 +73,28 @@ def _processes(nvml: ModuleType, handle: Any) -> tuple[GpuProcess, ...] | None:
     out = []
     for p in procs:
         used = getattr(p, "usedGpuMemory", None)
-        out.append(GpuProcess(int(p.pid), None if used is None else int(used) // MIB))
+        user, command = process_owner(int(p.pid))
+        out.append(GpuProcess(int(p.pid), None if used is None else int(used) // MIB, user, command))
     return tuple(out)
+
+
+def process_owner(pid: int, proc: str = "/proc") -> tuple[str | None, str | None]:
+    """Who runs `pid` and its command line, from this host's /proc (NVML gives the pid alone); (None, None) for a
+    pid this host cannot see (another PID namespace, gone meanwhile)."""
+    import pwd
+
+    try:
+        status = Path(proc, str(pid), "status").read_text()
+        raw = Path(proc, str(pid), "cmdline").read_bytes()
+    except OSError:
+        return None, None
+    uid = next((line.split()[1] for line in status.splitlines() if line.startswith("Uid:")), None)
+    try:
+        user = None if uid is None else pwd.getpwuid(int(uid)).pw_name
+    except (KeyError, ValueError):
+        user = uid
+    command = " ".join(a.decode("utf-8", "backslashreplace") for a in raw.split(b"\0") if a)
+    return user, command or None
 
 
 def _memory(nvml: ModuleType, handle: Any) -> tuple[int | None, int | None]:
@@ -121,6 +144,9 @@ def _query(nvml: ModuleType) -> GpuInventory:
         util = _try(nvml, nvml.nvmlDeviceGetUtilizationRates, h)
         pci = _try(nvml, nvml.nvmlDeviceGetPciInfo, h)
         mig_enabled, mig_devices = _mig(nvml, h)
+        temp = _try(nvml, getattr(nvml, "nvmlDeviceGetTemperature", None), h, 0)  # 0: NVML_TEMPERATURE_GPU
+        power = _try(nvml, getattr(nvml, "nvmlDeviceGetPowerUsage", None), h)  # milliwatts
+        limit = _try(nvml, getattr(nvml, "nvmlDeviceGetEnforcedPowerLimit", None), h)
         gpus.append(
             Gpu(
                 index=i,
@@ -133,6 +159,9 @@ def _query(nvml: ModuleType) -> GpuInventory:
                 processes=_processes(nvml, h),
                 mig_enabled=mig_enabled,
                 mig_devices=mig_devices,
+                temperature_c=None if temp is None else int(temp),
+                power_w=None if power is None else int(power) / 1000,
+                power_limit_w=None if limit is None else int(limit) / 1000,
             )
         )
     return GpuInventory(

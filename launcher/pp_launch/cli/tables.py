@@ -7,7 +7,7 @@ from typing import Any
 
 from pp_launch.app.gpus import holdings_from_labels
 from pp_launch.core.gpu.allocator import PCIE_LEVELS
-from pp_launch.core.gpu.inventory import GpuInventory, GpuProcess
+from pp_launch.core.gpu.inventory import Gpu, GpuInventory, GpuProcess
 
 
 def holders_by_uuid(rows: list[Mapping[str, str]]) -> dict[str, str]:
@@ -32,9 +32,28 @@ def gpu_names(inventory: GpuInventory) -> dict[str, str]:
 
 
 def _procs(processes: tuple[GpuProcess, ...] | None) -> str:
+    """Each process: pid(memory), and who runs what when this host's /proc says (`1234(400 MiB) alice:python s.py`)."""
     if processes is None:
         return "?"
-    return ", ".join(f"{p.pid}({_mib(p.used_memory_mib)} MiB)" for p in processes) or "-"
+    return ", ".join(f"{p.pid}({_mib(p.used_memory_mib)} MiB){_who(p)}" for p in processes) or "-"
+
+
+def _who(p: GpuProcess, width: int = 40) -> str:
+    if p.user is None and p.command is None:
+        return ""
+    command = p.command or "?"
+    command = command if len(command) <= width else command[: width - 1] + "…"
+    return f" {p.user or '?'}:{command}"
+
+
+def _heat(g: Gpu) -> str:
+    """Temperature and power, as nvidia-smi shows them: `45C 120/700W`; `?` for what NVML did not say."""
+    temp = "?" if g.temperature_c is None else f"{g.temperature_c}C"
+    if g.power_w is None and g.power_limit_w is None:
+        return f"{temp} ?W"
+    now = "?" if g.power_w is None else f"{g.power_w:.0f}"
+    cap = "" if g.power_limit_w is None else f"/{g.power_limit_w:.0f}"
+    return f"{temp} {now}{cap}W"
 
 
 def render_topology(inventory: GpuInventory) -> str:
@@ -66,16 +85,17 @@ def render_topology(inventory: GpuInventory) -> str:
 
 
 def render_table(inventory: GpuInventory, held: Mapping[str, str]) -> str:
-    header = ("idx", "uuid", "name", "memory used/total MiB", "util %", "processes", "held by")
+    header = ("idx", "uuid", "name", "memory used/total MiB", "util %", "temp power", "processes", "held by")
     rows = []
     for g in inventory.gpus:
         name = g.name + (" [MIG]" if g.mig_enabled else "")
         memory = f"{_mib(g.memory_used_mib)}/{_mib(g.memory_total_mib)}"
         procs = _procs(g.processes)
-        rows.append((str(g.index), g.uuid, name, memory, _mib(g.utilization_gpu_pct), procs, held.get(g.uuid, "-")))
+        rows.append((str(g.index), g.uuid, name, memory, _mib(g.utilization_gpu_pct), _heat(g), procs,
+                     held.get(g.uuid, "-")))  # fmt: skip
         for k, m in enumerate(g.mig_devices):  # each slice its own row: its memory, its processes, its holder
             memory = f"{_mib(m.memory_used_mib)}/{_mib(m.memory_total_mib)}"
-            slice_row = (f"{g.index}/{k}", m.uuid, "  MIG slice", memory, "-", _procs(m.processes))
+            slice_row = (f"{g.index}/{k}", m.uuid, "  MIG slice", memory, "-", "-", _procs(m.processes))
             rows.append((*slice_row, held.get(m.uuid, "-")))
     widths = [max(len(r[i]) for r in (header, *rows)) for i in range(len(header))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in (header, *rows)]
@@ -128,12 +148,15 @@ def _bar(fraction: float | None, width: int = 20) -> str:
 def render_watch(inventory: GpuInventory, held: Mapping[str, str]) -> Any:
     """One frame of `pp-launch gpus --watch`, in the spirit of nvitop: per GPU (and MIG slice) its memory and
     utilisation as bars, its processes, and the pp-launch run and stage holding it."""
+    import time
+
     from rich.table import Table
     from rich.text import Text
 
-    table = Table(title="pp-launch gpus --watch (Ctrl-C ends it)", title_justify="left", expand=False)
-    for col in ("idx", "name", "memory MiB", "util", "processes", "held by"):
-        table.add_column(col, no_wrap=col in ("memory MiB", "util"))
+    clock = time.strftime("%Y-%m-%d %H:%M:%S")
+    table = Table(title=f"pp-launch gpus --watch  {clock}  (Ctrl-C ends it)", title_justify="left", expand=False)
+    for col in ("idx", "name", "memory MiB", "util", "temp power", "processes", "held by"):
+        table.add_column(col, no_wrap=col in ("memory MiB", "util", "temp power"))
 
     def memory(used: int | None, total: int | None) -> Text:
         fraction = None if used is None or not total else used / total
@@ -143,9 +166,9 @@ def render_watch(inventory: GpuInventory, held: Mapping[str, str]) -> Any:
         util = None if g.utilization_gpu_pct is None else g.utilization_gpu_pct / 100
         pct = "?" if g.utilization_gpu_pct is None else f"{g.utilization_gpu_pct}%"
         table.add_row(Text(str(g.index)), Text(g.name), memory(g.memory_used_mib, g.memory_total_mib),
-                      Text(f"{_bar(util, 10)} {pct}"), Text(_procs(g.processes)),
+                      Text(f"{_bar(util, 10)} {pct}"), Text(_heat(g)), Text(_procs(g.processes)),
                       Text(held.get(g.uuid, "-"), style="bold" if g.uuid in held else ""))  # fmt: skip
         for k, m in enumerate(g.mig_devices):
             table.add_row(Text(f"{g.index}/{k}"), Text("  MIG slice"), memory(m.memory_used_mib, m.memory_total_mib),
-                          Text("-"), Text(_procs(m.processes)), Text(held.get(m.uuid, "-")))  # fmt: skip
+                          Text("-"), Text("-"), Text(_procs(m.processes)), Text(held.get(m.uuid, "-")))  # fmt: skip
     return table

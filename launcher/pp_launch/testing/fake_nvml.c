@@ -163,6 +163,8 @@ typedef struct {
     char name[NVML_DEVICE_NAME_V2_BUFFER_SIZE];
     char bus[NVML_DEVICE_PCI_BUS_ID_BUFFER_SIZE];
     int util; /* -1: unknown */
+    int temp; /* degrees C; -1: unknown */
+    long long power_mw, power_limit_mw; /* -1: unknown */
     int mig;  /* -1: unknown, 0, 1 */
     int nmig;
     dev_t_ migs[MAX_MIG];
@@ -190,7 +192,7 @@ static unsigned f_unsupported; /* bit per field */
 static int f_grow;
 
 enum { U_NAME = 1, U_PCI = 2, U_MEMORY = 4, U_UTIL = 8, U_PROCS = 16, U_MIG = 32, U_TOPO = 64, U_NVLINK = 128,
-       U_DRIVER = 256, U_CUDA = 512 };
+       U_DRIVER = 256, U_CUDA = 512, U_TEMP = 1024, U_POWER = 2048 };
 
 static void copy(char *dst, size_t size, const char *src) {
     snprintf(dst, size, "%s", src);
@@ -199,7 +201,8 @@ static void copy(char *dst, size_t size, const char *src) {
 static void fail_token(const char *tok) {
     static const struct { const char *name; unsigned bit; } fields[] = {
         {"name", U_NAME}, {"pci", U_PCI}, {"memory", U_MEMORY}, {"utilization", U_UTIL}, {"processes", U_PROCS},
-        {"mig", U_MIG}, {"topology", U_TOPO}, {"nvlink", U_NVLINK}, {"driver", U_DRIVER}, {"cuda", U_CUDA}};
+        {"mig", U_MIG}, {"topology", U_TOPO}, {"nvlink", U_NVLINK}, {"driver", U_DRIVER}, {"cuda", U_CUDA},
+        {"temperature", U_TEMP}, {"power", U_POWER}};
     if (strcmp(tok, "driver_not_loaded") == 0) {
         f_driver_not_loaded = 1;
     } else if (strncmp(tok, "lost:", 5) == 0 && f_nlost < MAX_GPUS) {
@@ -247,7 +250,8 @@ static void parse_line(char *line, dev_t_ **cur) {
         g->dev.gpu = g_ngpus++;
         copy(g->dev.uuid, sizeof g->dev.uuid, rest);
         g->dev.total_mib = g->dev.used_mib = -1;
-        g->util = g->mig = -1;
+        g->util = g->mig = g->temp = -1;
+        g->power_mw = g->power_limit_mw = -1;
         *cur = &g->dev;
         return;
     }
@@ -255,6 +259,8 @@ static void parse_line(char *line, dev_t_ **cur) {
     if (strcmp(key, "name") == 0) copy(g->name, sizeof g->name, rest);
     else if (strcmp(key, "bus") == 0) copy(g->bus, sizeof g->bus, rest);
     else if (strcmp(key, "util") == 0) g->util = (int)num_or_unknown(a);
+    else if (strcmp(key, "temp") == 0) g->temp = (int)num_or_unknown(a);
+    else if (strcmp(key, "power") == 0) { g->power_mw = num_or_unknown(a); g->power_limit_mw = num_or_unknown(b); }
     else if (strcmp(key, "mig") == 0) g->mig = atoi(rest);
     else if (strcmp(key, "nvlinks") == 0) g->nvlinks = atoi(rest);
     else if (strcmp(key, "link") == 0 && a && b && g->nlinkto < NVML_NVLINK_MAX_LINKS) {
@@ -537,6 +543,34 @@ API nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilizat
     if (device->is_mig || (f_unsupported & U_UTIL) || g_gpus[device->gpu].util < 0) return NVML_ERROR_NOT_SUPPORTED;
     utilization->gpu = (unsigned)g_gpus[device->gpu].util;
     utilization->memory = 0;
+    return NVML_SUCCESS;
+}
+
+/* nvml.h: nvmlDeviceGetTemperature(device, NVML_TEMPERATURE_GPU (0), unsigned int *temp), degrees C. */
+API nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t device, int sensorType, unsigned int *temp) {
+    CHECK(device);
+    if (temp == NULL || sensorType != 0) return NVML_ERROR_INVALID_ARGUMENT;
+    if (device->is_mig || (f_unsupported & U_TEMP) || g_gpus[device->gpu].temp < 0) return NVML_ERROR_NOT_SUPPORTED;
+    *temp = (unsigned)g_gpus[device->gpu].temp;
+    return NVML_SUCCESS;
+}
+
+/* nvml.h: nvmlDeviceGetPowerUsage(device, unsigned int *power), milliwatts drawn now. */
+API nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t device, unsigned int *power) {
+    CHECK(device);
+    if (power == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    if (device->is_mig || (f_unsupported & U_POWER) || g_gpus[device->gpu].power_mw < 0) return NVML_ERROR_NOT_SUPPORTED;
+    *power = (unsigned)g_gpus[device->gpu].power_mw;
+    return NVML_SUCCESS;
+}
+
+/* nvml.h: nvmlDeviceGetEnforcedPowerLimit(device, unsigned int *limit), milliwatts. */
+API nvmlReturn_t nvmlDeviceGetEnforcedPowerLimit(nvmlDevice_t device, unsigned int *limit) {
+    CHECK(device);
+    if (limit == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    if (device->is_mig || (f_unsupported & U_POWER) || g_gpus[device->gpu].power_limit_mw < 0)
+        return NVML_ERROR_NOT_SUPPORTED;
+    *limit = (unsigned)g_gpus[device->gpu].power_limit_mw;
     return NVML_SUCCESS;
 }
 

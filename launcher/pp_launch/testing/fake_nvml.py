@@ -75,6 +75,10 @@ def _n(v: int | None) -> str:
     return "-" if v is None else str(v)
 
 
+def _mw(watts: float | None) -> str:
+    return "-" if watts is None else str(round(watts * 1000))
+
+
 def _procs(lines: list[str], procs: tuple[GpuProcess, ...] | None) -> None:
     if procs is None:
         return
@@ -115,6 +119,10 @@ def gpu_text(inv: GpuInventory, position: int) -> str:
         lines.append(f"memory {g.memory_total_mib} {g.memory_used_mib}")
     if g.utilization_gpu_pct is not None:
         lines.append(f"util {g.utilization_gpu_pct}")
+    if g.temperature_c is not None:
+        lines.append(f"temp {g.temperature_c}")
+    if g.power_w is not None or g.power_limit_w is not None:
+        lines.append(f"power {_mw(g.power_w)} {_mw(g.power_limit_w)}")  # milliwatts, as NVML counts them
     _procs(lines, g.processes)
     if g.mig_enabled is not None:
         lines.append(f"mig {int(g.mig_enabled)}")

@@ -16,6 +16,8 @@ from pp_launch.core import errors
 class GpuProcess:
     pid: int
     used_memory_mib: int | None = None
+    user: str | None = None  # who runs it, and its command line: from the host's /proc (NVML gives the pid alone)
+    command: str | None = None
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,9 @@ class Gpu:
     processes: tuple[GpuProcess, ...] | None = None
     mig_enabled: bool | None = None
     mig_devices: tuple[MigDevice, ...] = ()
+    temperature_c: int | None = None
+    power_w: float | None = None  # drawn now
+    power_limit_w: float | None = None  # enforced
 
     @property
     def memory_free_mib(self) -> int | None:
@@ -113,10 +118,18 @@ def _opt_int(v: Any) -> int | None:
     return None if v is None else int(v)
 
 
+def _opt_float(v: Any) -> float | None:
+    return None if v is None else float(v)
+
+
 def _procs(v: Any) -> tuple[GpuProcess, ...] | None:
     if v is None:
         return None
-    return tuple(GpuProcess(int(p["pid"]), _opt_int(p.get("used_memory_mib"))) for p in v)
+    out = []
+    for p in v:
+        used, user, command = _opt_int(p.get("used_memory_mib")), _opt_str(p.get("user")), _opt_str(p.get("command"))
+        out.append(GpuProcess(int(p["pid"]), used, user, command))
+    return tuple(out)
 
 
 def _gpu_from(g: Any) -> Gpu:
@@ -130,6 +143,9 @@ def _gpu_from(g: Any) -> Gpu:
         utilization_gpu_pct=_opt_int(g.get("utilization_gpu_pct")),
         processes=_procs(g.get("processes")),
         mig_enabled=None if g.get("mig_enabled") is None else bool(g["mig_enabled"]),
+        temperature_c=_opt_int(g.get("temperature_c")),
+        power_w=_opt_float(g.get("power_w")),
+        power_limit_w=_opt_float(g.get("power_limit_w")),
         mig_devices=tuple(
             MigDevice(
                 str(m["uuid"]),
@@ -153,6 +169,9 @@ def _gpu_json(g: Gpu) -> dict[str, Any]:
         "utilization_gpu_pct": g.utilization_gpu_pct,
         "processes": None if g.processes is None else [_proc_json(p) for p in g.processes],
         "mig_enabled": g.mig_enabled,
+        "temperature_c": g.temperature_c,
+        "power_w": g.power_w,
+        "power_limit_w": g.power_limit_w,
     }
     if g.mig_devices:
         doc["mig_devices"] = [
@@ -172,7 +191,8 @@ def _gpu_json(g: Gpu) -> dict[str, Any]:
 
 
 def _proc_json(p: GpuProcess) -> dict[str, Any]:
-    return {"pid": p.pid} if p.used_memory_mib is None else {"pid": p.pid, "used_memory_mib": p.used_memory_mib}
+    doc = {"pid": p.pid, "used_memory_mib": p.used_memory_mib, "user": p.user, "command": p.command}
+    return {k: v for k, v in doc.items() if v is not None}
 
 
 def _matrix(v: Any, n: int, what: str) -> tuple[tuple[int, ...], ...] | None:
