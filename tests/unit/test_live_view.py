@@ -114,3 +114,21 @@ def test_one_of_anything_is_counted_in_the_singular() -> None:
     plain = PlainReporter("r1", 0, out=io.StringIO(), err=err)
     plain.event(events.ChainStopping(reason=events.StopReason.SIGNAL, stages=1, grace=5.0))
     assert err.getvalue().startswith("pp-launch: stopping 1 stage (grace 5 s)")
+
+
+def test_after_ctrl_c_no_stage_waits_and_each_address_shows_once() -> None:
+    """Stage 1 never announced, then Ctrl-C: once it is stopping or gone it waits for nothing; stage 0's address is
+    in its column, and its detail says only the rest ("in 0.05 s")."""
+    console, out = terminal(width=140)
+    live = LiveReporter("r1", 2, console=console, addr_timeout=60.0, handoff="env", clock=Clock())
+    for k in (0, 1):
+        live.event(events.StageStarted(stage=k, container=f"c{k}", image="i", gpus=()))
+    live.event(events.StageAnnounced(stage=0, node_id_hex="ab" * 32, direct="127.0.0.1:4000", elapsed_s=0.05))
+    live.stage_state(0, events.StageState.ANNOUNCED, "127.0.0.1:4000 in 0.05 s")
+    live.stage_state(1, events.StageState.STOPPING)
+    live.stage_state(1, events.StageState.GONE, "exit 130")
+    live.live.refresh()
+    frame = out.getvalue()[out.getvalue().rfind("pp-launch run r1") :]
+    assert "its announcement" not in frame and "stage 0's address" not in frame, frame
+    assert frame.count("127.0.0.1:4000") == 1 and "in 0.05 s" in frame, frame
+    live.close()

@@ -165,8 +165,8 @@ class LiveReporter(PlainReporter):
         self.live.start()
 
     def _waiting_for(self, k: int) -> str:
-        if k in self.addresses:
-            return ""
+        if k in self.addresses or self.rows[k][0] not in ("waiting", "creating", "created", "starting"):
+            return ""  # announced, or on its way out: it waits for nothing any more
         if self.handoff == "env" and k > 0 and (k - 1) not in self.addresses:
             return f"stage {k - 1}'s address"
         return "its announcement"
@@ -188,9 +188,12 @@ class LiveReporter(PlainReporter):
         with self._lock:
             rows = sorted(self.rows.items())
             for k, (state, detail) in rows:
+                address = self.addresses.get(k, "")
+                if address and detail.startswith(address):  # its column shows it: the detail says the rest
+                    detail = detail[len(address) :].strip()
                 # styled Text, never markup: a stage's address or a state is shown as it is
                 table.add_row(Text(str(k)), Text(state, style=self.STYLES.get(state, "white")),
-                              Text(self._waiting_for(k)), Text(self._elapsed(k)), Text(self.addresses.get(k, "")),
+                              Text(self._waiting_for(k)), Text(self._elapsed(k)), Text(address),
                               Text(detail))  # fmt: skip
             done = len(self.addresses)
         return Group(table, Text(f"{done}/{len(rows)} stages announced"))
