@@ -1,4 +1,4 @@
-"""Parallel bring-up (issue 13): `pp-launch chain --handoff env|stdin` against the seed-style docker-CLI chain.
+"""Parallel bring-up: `pp-launch chain --handoff env|stdin` against the swactor-style docker-CLI chain.
 
 Timed from process launch to the last stage's announcement, on both sides: the baseline spawns one
 `docker run --rm --init` per stage in sequence, each waited on for its announcement before the next (the

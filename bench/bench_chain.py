@@ -1,6 +1,6 @@
-"""Bring-up and teardown of `pp-launch chain` against the seed's way, side by side in one run.
+"""Bring-up and teardown of `pp-launch chain` against swactor's way, side by side in one run.
 
-The seed's way: one `docker run --rm --init` CLI child per stage, spawned in sequence, each waited on for
+Swactor's way: one `docker run --rm --init` CLI child per stage, spawned in sequence, each waited on for
 its announcement; teardown sends SIGTERM to every child, waits up to the grace for each in turn, then
 SIGKILLs the child (the docker CLI, not the container).
 
@@ -62,7 +62,7 @@ def wait_gone(client: docker.DockerClient, run: str, timeout: float) -> None:
 def baseline(
     client: docker.DockerClient, n: int, grace: float, ignore: bool, extra_env: tuple[str, ...] = ()
 ) -> Sample:
-    """The seed's way; extra_env: NAME=VALUE for every stage."""
+    """Swactor's way; extra_env: NAME=VALUE for every stage."""
     run = "bench" + uuid.uuid4().hex[:7]
     children: list[subprocess.Popen[str]] = []
     first = prev = None

@@ -1,6 +1,6 @@
-"""Parallel bring-up on the fake NVIDIA host (issue 13): 8 stages with a GPU each, the fake toolkit's runtime hook
+"""Parallel bring-up on the fake NVIDIA host: 8 stages with a GPU each, the fake toolkit's runtime hook
 given a start-up delay (default 0.5 s, a stand-in for the real toolkit's per-container work), `--bring-up
-parallel` (`--handoff env`) against `--bring-up in-turn` (the sequential start before issue 13).
+parallel` (`--handoff env`) against `--bring-up in-turn` (the sequential start that came before).
 
 The GPU engine is the test suite's (tests/gpu_host.py: Docker 20.10 with the fake nvidia-container-runtime-hook);
 it is started here and removed at the end. Timed from launcher spawn to the roster event; medians.

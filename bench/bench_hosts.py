@@ -1,4 +1,4 @@
-"""Chains across hosts (issue 16): bring-up of 8 stages over 2 engines against 8 stages on 1, and the teardown of
+"""Chains across hosts: bring-up of 8 stages over 2 engines against 8 stages on 1, and the teardown of
 a 2-host chain whose stages ignore SIGTERM.
 
 The hosts are the test suite's (tests/multi_host.py): gpu-a (a Docker context to a second dockerd) and gpu-b

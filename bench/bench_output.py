@@ -1,4 +1,4 @@
-"""The launcher's memory under a flood of stage output (issue #23 item 5): peak resident size of `pp-launch chain`
+"""The launcher's memory under a flood of stage output: peak resident size of `pp-launch chain`
 while one stage prints 4 million empty lines, or 1 million short lines, against the same chain printing nothing,
 in one run. The goal: growth under 64 MiB. Results in bench/results/output.md.
 

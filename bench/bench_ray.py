@@ -1,4 +1,4 @@
-"""Chains on a Ray cluster (issue 27), in one run on this machine: the cluster of tests/ray_cluster.py (a head and two
+"""Chains on a Ray cluster, in one run on this machine: the cluster of tests/ray_cluster.py (a head and two
 worker nodes, each with its own Docker engine and 4 fake GPUs, in a loopback-only network namespace).
 
 1. bring-up of 8 stages (1 GPU each): on 2 Ray nodes (`--ray`), over the same 2 Docker engines (`--host`, with

@@ -1,4 +1,4 @@
-"""Start-up (issue #26 item 6): `pp-launch --version` and `pp-launch --help` against `python3 -c 'import click'`.
+"""Start-up: `pp-launch --version` and `pp-launch --help` against `python3 -c 'import click'`.
 
 Each command is run REPEATS times, interleaved (one of each in turn, so the machine's drift falls on all three
 alike); medians and the ratio to the yardstick. The goal: both at most 2x the yardstick. `--chain-import` adds

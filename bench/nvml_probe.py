@@ -1,4 +1,4 @@
-"""NVML on this machine, and the fake NVML library against it (issue 11). Needs a driver, not Docker.
+"""NVML on this machine, and the fake NVML library against it. Needs a driver, not Docker.
 
 On a host with an NVIDIA driver: records the inventory with real NVML, checks that the fake library
 (pp_launch/testing/fake_nvml.c, built here with gcc) serving that record reads back the same inventory

@@ -141,7 +141,7 @@ FAULTS = (
 class Mix:
     fault: str
     deaf: bool  # stages ignore SIGTERM and their stdin lifeline
-    intruder: bool = False  # a second, unprivileged user acts in the launcher's state meanwhile (issue #23)
+    intruder: bool = False  # a second, unprivileged user acts in the launcher's state meanwhile
 
     @property
     def name(self) -> str:

@@ -22,7 +22,7 @@ from pp_launch.testing import fake_nvml
 
 from .helpers import TESTCONTAINERS_LABEL, live_launchers, ours, wait_until, watchdogs
 
-# The suite's own host, whatever this machine is (issue 11): a state directory (lock, reservations) of its own,
+# The suite's own host, whatever this machine is: a state directory (lock, reservations) of its own,
 # never the one real runs use, and an NVML that says "no GPU" unless a test gives it an inventory. The fake
 # libnvidia-ml.so.1 is loaded here before anything imports pynvml (a later dlopen of that name finds it, even on a
 # host with a driver) and is first on the library path of every child; with no config it answers as a host

@@ -1,4 +1,4 @@
-"""Three Docker engines of this machine as three hosts, for chains across hosts (issue 16).
+"""Three Docker engines of this machine as three hosts, for chains across hosts.
 
 - `local`: the suite's main engine (DOCKER_HOST of the session; no NVIDIA toolkit, so no GPU there);
 - `gpu-a`: a GPU engine (Docker 20.10 with the fake NVIDIA toolkit, tests/gpu_host.py) with the 4 fake GPUs of

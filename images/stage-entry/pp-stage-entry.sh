@@ -17,7 +17,7 @@ cr=$(printf '\r')
 say() { printf 'pp-stage-entry[%s]: %s\n' "$stage" "$*" >&2; }
 visible() { printf '%s' "$1" | tr -c '[:print:]' '?'; }
 
-# --- grammar begin (contract §3; tests run this block against pp_launch.announce)
+# --- grammar begin (docs/formats.md; tests run this block against pp_launch.announce)
 valid_id() {
     [ ${#1} -eq 64 ] || return 1
     case $1 in *[!0-9a-f]*) return 1 ;; esac

@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""The built-in stage of pp-launch (contract §11).
+"""The built-in stage of pp-launch (docs/tests.md).
 
 Modes (STUB_MODE):
   demo    a tiny deterministic model split across the stages generates MAX_TOKENS tokens around the ring
           0 -> 1 -> ... -> N-1 -> 0 over loopback TCP; stage 0 checks the tokens against a single-process
           run of the same model and prints `PP_DEMO_RESULT tokens=[...] match=true|false`.
   hold    announce, connect to the peers, run until signalled.
-  worker  speak the worker-control wire (contract §8) on stdin/stdout.
+  worker  speak the worker-control wire (docs/worker-wire.md) on stdin/stdout.
   pp-worker  behave as swactor's pp-worker does at its boundary: STAGE/NUM_STAGES/SEED_ADDR checked with its
           messages and exit codes, announce first (after STUB_ANNOUNCE_DELAY, the cluster node's start), then
           "load" for STUB_LOAD_SECONDS, peers read once from PEER_*/FIRST_PEER_* only, then hold.
@@ -18,7 +18,7 @@ Every mode first prints `PP_STAGE_GPUS <uuid,...|->`: the GPUs NVML lists inside
 libnvidia-ml.so.1; stderr in worker mode, whose stdout is the wire).
 
 Knobs: STUB_IGNORE_SIGTERM, STUB_ANNOUNCE_DELAY, STUB_NO_ANNOUNCE, STUB_ANNOUNCE_LINE, STUB_EXIT_AFTER,
-STUB_EXIT_CODE, STUB_LOG_RATE (contract §11); for tests of the no-orphan layers and of bad output also
+STUB_EXIT_CODE, STUB_LOG_RATE (docs/tests.md); for tests of the no-orphan layers and of bad output also
 STUB_IGNORE_LIFELINE=1 (behave like an image that never reads stdin) and STUB_FLOOD=endless|random with
 STUB_FLOOD_MB (one endless line, or random bytes, after announcing), or STUB_FLOOD=lines (STUB_FLOOD_LINES lines
 of STUB_FLOOD_WIDTH characters, then PP_FLOOD_DONE; STUB_FLOOD_EXIT=1 exits 0 after it). Across hosts: STUB_BIND (listen address,

@@ -1,9 +1,9 @@
-"""STUB_MODE=worker: the worker end of the worker-control wire (contract §8 and §8a), standard library only.
+"""STUB_MODE=worker: the worker end of the worker-control wire (docs/worker-wire.md), standard library only.
 
 Commands arrive as JSON lines on stdin; events leave as JSON lines on stdout; stderr is logs only. Ids are
 integers and `backend` an object, as swactor's JSON workers speak them; unknown fields are ignored. The worker
-behaves as swactor's node expects (§8a): the node writes each ingress record (the 40-byte `MO01` header, then
-i32 words) at the ingress ring's `data_offset` and sends `RingReadable`; the worker reads it and answers
+behaves as swactor's node expects (docs/worker-wire.md): the node writes each ingress record (the 40-byte `MO01`
+header, then i32 words) at the ingress ring's `data_offset` and sends `RingReadable`; the worker reads it and answers
 `ObjectLoaded`. A step writes its output record at the egress ring's `data_offset` and reports the whole record
 (header included) as `committed_bytes`. A handle of an older generation used as a step input is fatal. The arena
 is the inherited memory file `SWACTOR_ARENA_FD` of `SWACTOR_ARENA_BYTES` bytes when given, else a file of its own

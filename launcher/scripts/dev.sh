@@ -38,7 +38,7 @@ setup() {
 }
 
 # PP_TESTS_BESIDE_WORK=1 (CI sets it): the suite runs beside real work on the engine, a detached chain of another
-# owner and an unlabelled container, and fails unless both are untouched at its end (issue #25).
+# owner and an unlabelled container, and fails unless both are untouched at its end.
 REAL_RUN=""
 REAL_PLAIN=pp-tests-real-work-plain
 start_real_work() {

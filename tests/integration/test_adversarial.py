@@ -1,4 +1,4 @@
-"""Issue #10 on the real engine: what is not ours is never touched, and bad input is refused, not crashed on.
+"""On the real engine: what is not ours is never touched, and bad input is refused, not crashed on.
 Each test here failed on the code before the fix it names."""
 
 from __future__ import annotations
@@ -244,7 +244,7 @@ def test_ctrl_c_ends_a_flooding_chain_within_its_grace_plus_a_second(engine, stu
 
 
 def test_a_watchdog_starts_whatever_the_launchers_working_directory_holds(engine, stub_image, tmp_path, monkeypatch):
-    """Issue #23 item 4: `python -m` put the launcher's working directory first on the watchdog's path, so a
+    """Item 4: `python -m` put the launcher's working directory first on the watchdog's path, so a
     planted logging.py kept it from starting and a killed launcher left its stages running."""
     marker = tmp_path / "imported"
     for name in ("logging", "docker", "pp_launch", "subprocess", "json", "signal"):
@@ -283,7 +283,7 @@ def open_dir() -> Iterator[Path]:
 
 
 def test_a_state_directory_another_user_planted_is_refused_never_followed(engine, stub_image, open_dir) -> None:
-    """Issue #23 item 1, as a second, unprivileged user: the shared /tmp state directory let `nobody` make root
+    """As a second, unprivileged user: the shared /tmp state directory let `nobody` make root
     chmod a directory of its choice 1777. Now the state is private: a planted link or a directory of another
     owner is refused in one line (exit 2), and nothing it points at is touched."""
     tmp_path = open_dir
@@ -304,7 +304,7 @@ def test_a_state_directory_another_user_planted_is_refused_never_followed(engine
 
 
 def test_a_log_dir_another_user_planted_is_never_written_and_the_chain_still_runs(engine, stub_image, open_dir) -> None:
-    """Issue #28 item 3, as a second user: --log-dir under a shared directory where `nobody` planted a link (to a
+    """As a second user: --log-dir under a shared directory where `nobody` planted a link (to a
     directory of root's) or a directory of its own. The chain runs to its end and says its output is not kept;
     nothing is written through the link or into the other user's directory; `logs` refuses both in one line."""
     shared = open_dir / "shared"

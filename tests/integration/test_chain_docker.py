@@ -1,7 +1,7 @@
 """`pp-launch chain` on the real engine: demo chains, teardown, failures, bad announcements.
 
 Every chain is a real launcher process with real signals; the no-orphan assertions ask the engine by the
-run's label (contract §6).
+run's label (docs/formats.md).
 """
 
 from __future__ import annotations

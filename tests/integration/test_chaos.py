@@ -1,4 +1,4 @@
-"""The chaos suite (issue 5): try to make the launcher leave something behind, and fail if it does.
+"""The chaos suite: try to make the launcher leave something behind, and fail if it does.
 
 Each no-orphan layer is tested on its own; then every stop signal at every phase; then random kills;
 then ps/down/gc/detach acting on our containers alone; then stages that print garbage.

@@ -73,7 +73,7 @@ def test_a_four_stage_demo_starts_every_service_at_once_and_down_leaves_nothing(
         assert up.returncode == 0, up.stderr
         for k in range(4):
             assert f"Container {project}-stage-{k}  Started" in up.stderr
-        assert "Healthy" not in up.stderr  # no service waits on another: all start together (issue 13)
+        assert "Healthy" not in up.stderr  # no service waits on another: all start together
         assert wait_until(lambda: "match=true" in dc(path, "logs", "stage-0").stdout, 60)
         ps = Launcher("ps", "--json")
         assert ps.wait(30) == 0

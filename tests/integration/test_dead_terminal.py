@@ -1,4 +1,4 @@
-"""Issue #23 item 6 on the real engine: a terminal that goes away, or output closed from the start, never stops the
+"""On the real engine: a terminal that goes away, or output closed from the start, never stops the
 teardown. Before: the reporter's EIO (or AttributeError on a closed stream) escaped before any stage was signalled:
 a traceback, exit 1, and the stages' grace skipped."""
 

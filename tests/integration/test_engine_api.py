@@ -1,6 +1,6 @@
 """adapters/engine_api.SocketApi on the real engine: it answers as docker-py does, its attach loses no byte of a
 stage's output, its removal wait gives the exit code; and a chain on a local engine never imports docker-py (the
-~0.2 s issue 26 took out of every bring-up)."""
+~0.2 s that left every bring-up)."""
 
 from __future__ import annotations
 

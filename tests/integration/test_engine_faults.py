@@ -1,4 +1,4 @@
-"""The engine goes away under a chain (issue #10 item 5), on a second engine the test breaks, never the suite's
+"""The engine goes away under a chain, on a second engine the test breaks, never the suite's
 own: killed, frozen, stopped. The launcher ends with a plain message naming the engine and the run, exit 1, no
 traceback; its watchdog keeps trying until the engine is back, and then nothing of the run is left."""
 

@@ -107,7 +107,7 @@ GPU_ARGS = ("--json", "--gpus", "auto", "--gpus-per-stage", "1", "--gpu-attach",
 def test_a_launch_waits_for_the_engines_gpu_lock_says_on_whom_and_never_gets_a_held_gpu(
     engine, stub_image, state_dir
 ) -> None:
-    """Issue #23 item 2: the first chain comes up in turn (its stage 1 is created only once stage 0 announced, 8 s
+    """The first chain comes up in turn (its stage 1 is created only once stage 0 announced, 8 s
     later), holding the engine's GPU lock all that time; the second, started meanwhile from another state directory
     (another machine), waits on the lock, names its holder, then gets the two GPUs the first does not hold."""
     first = Launcher("chain", "--stages", "2", *GPU_ARGS, "--bring-up", "in-turn", "--env", "STUB_ANNOUNCE_DELAY=8",
@@ -140,7 +140,7 @@ def test_a_launch_waits_for_the_engines_gpu_lock_says_on_whom_and_never_gets_a_h
 
 
 def test_a_detached_launcher_killed_during_bring_up_leaves_no_gpu_held(engine, stub_image, state_dir) -> None:
-    """Issue #23 item 3: its containers went, but its reservation stayed forever and refused every later chain.
+    """Its containers went, but its reservation stayed forever and refused every later chain.
     Nothing is reserved outside the engine now: the next chain gets all four GPUs."""
     up = Launcher("chain", "--stages", "2", *GPU_ARGS, "--detach", "--stage-env", "1:STUB_ANNOUNCE_DELAY=30",
                   env=state_dir)  # fmt: skip

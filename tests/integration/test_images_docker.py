@@ -30,7 +30,7 @@ def test_a_rebuild_removes_the_image_it_replaced(engine, stub_image, tmp_path: P
 
 
 def test_attach_socket_on_a_real_engine_unwraps_to_a_plain_socket(engine, stub_image) -> None:  # type: ignore[no-untyped-def]
-    """docker-py's private `_sock` under attach_socket (issue #26 item 7): raw_socket() must reach a socket.socket
+    """docker-py's private `_sock` under attach_socket: raw_socket() must reach a socket.socket
     that shuts down and takes timeouts, or the stdin lifeline cannot be held. docker-py's own client: a local
     engine is spoken to through SocketApi (its attach is a plain socket), docker-py's path serves tcp:// and ssh://."""
     import socket

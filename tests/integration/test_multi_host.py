@@ -1,4 +1,4 @@
-"""Chains across hosts (issue 16) on three engines of this machine (tests/multi_host.py): `local` (the suite's
+"""Chains across hosts on three engines of this machine (tests/multi_host.py): `local` (the suite's
 engine, no GPU), `gpu-a` (4 fake GPUs, named by a Docker context) and `gpu-b` (8 fake GPUs, reached over
 ssh://root@127.0.0.1:PORT through an sshd of the test's own). Stages of a and b share a network namespace and
 reach each other on 127.0.0.1, as stages of two real hosts reach each other over the network."""
@@ -249,7 +249,7 @@ def lock_on(bed: ThreeHosts, host: str, owner: str, *how: str) -> str:
 
 
 def test_a_running_lock_is_waited_for_never_taken_and_an_ended_one_is_cleared(clean: ThreeHosts) -> None:
-    """Issue #23: a lock was judged stale by its age and taken over (one GPU then held by two runs). A running lock
+    """A lock was judged stale by its age and taken over (one GPU then held by two runs). A running lock
     is now never removed, whatever its age or owner: the launch waits, says on whom, gives up after
     PP_LOCK_TIMEOUT with exit 2 and nothing started. A lock container that is not running holds nothing."""
     bed = clean

@@ -1,5 +1,6 @@
-"""pp-gpu-node on the real engine: the §9 environment as the engine sees it, exit codes, byte-for-byte
-output, the seed's teardown loop, SIGKILL at any moment, the stale-name rule, and chain --gpu-node."""
+"""pp-gpu-node on the real engine: its environment (docs/pp-gpu-node.md) as the engine sees it, exit codes,
+byte-for-byte output, the old wrapper's teardown loop, SIGKILL at any moment, the stale-name rule, and
+chain --gpu-node."""
 
 from __future__ import annotations
 
@@ -172,7 +173,7 @@ def test_stdout_passes_through_byte_for_byte(engine, stub_image) -> None:
 
 
 def _seed_teardown(children: list[subprocess.Popen[bytes]], grace: float = 2.0) -> None:
-    """The seed orchestrator's loop: SIGTERM every child, wait up to the grace for each, SIGKILL each."""
+    """Swactor's orchestrator's loop: SIGTERM every child, wait up to the grace for each, SIGKILL each."""
     for child in children:
         child.send_signal(signal.SIGTERM)
     for child in children:

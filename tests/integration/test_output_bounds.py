@@ -1,4 +1,4 @@
-"""Issue #23 item 5 on the real engine: a flood of output never costs a stage its last lines, and what the bound
+"""On the real engine: a flood of output never costs a stage its last lines, and what the bound
 drops while stopping is counted and said."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Parallel bring-up (issue 13) on the real engine: every container starts at once; the hand-off arrives late,
+"""Parallel bring-up on the real engine: every container starts at once; the hand-off arrives late,
 in the environment (`--handoff env`, under the sh entry) or on stdin (`--handoff stdin`); every teardown
 path holds for stages still waiting for their hand-off."""
 

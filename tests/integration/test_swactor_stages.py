@@ -1,6 +1,6 @@
 """Stages shaped like swactor's pp-worker (STUB_MODE=pp-worker, run as /usr/local/bin/pp-worker, the way a real
-`swactor-pp-gpu` image is run): the seed options reach every stage, a stage without SEED_ADDR fails as the real
-binary does, and the same holds through `pp-launch chain`, `pp-gpu-node` and `compose`."""
+`swactor-pp-gpu` image is run): the seed node's options reach every stage, a stage without SEED_ADDR fails as the
+real binary does, and the same holds through `pp-launch chain`, `pp-gpu-node` and `compose`."""
 
 from __future__ import annotations
 

@@ -122,7 +122,7 @@ def test_worker_under_test_runs_steps_in_the_tests_own_order() -> None:
         assert worker.shutdown()
 
 
-# ---------------------------------------------------------------------------------------------- issue #25
+# ---------------------------------------------------------------------------------------------- builders
 def test_stage_container_builders_take_effect(engine) -> None:
     """Before: StageContainer inherited testcontainers' builders and ignored them (with_env never reached the
     stage, with_name never named it)."""

@@ -57,7 +57,7 @@ def test_full_lifecycle_with_a_kill_in_the_middle(engine, stub_image) -> None:
         ]
         assert wait_until(lambda: engine.inspect(first_container) is None, 10)
 
-        d.start()  # RestartRequested, then StartWorker: the seed's two steps
+        d.start()  # RestartRequested, then StartWorker: swactor's two steps
         assert d.wait_for(c.WorkerRunning, since=since).generation == 2
         assert d.ref != first_container
         stale = w.ReleaseDeviceObject(device_handle=loaded.device_handle)

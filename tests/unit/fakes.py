@@ -191,7 +191,7 @@ class RecordingReporter:
 
 @dataclass
 class FakeHandoffBackend(FakeBackend):
-    """A backend that brings every stage up at once (issue 13): create_waiting makes a stage that announces only
+    """A backend that brings every stage up at once: create_waiting makes a stage that announces only
     once its hand-off arrives (deliver); a plain create (--handoff stdin) announces at once."""
 
     waiting: set[str] = field(default_factory=set)

@@ -254,7 +254,7 @@ def test_no_gpu_twice_no_excluded_gpu_and_the_same_plan_every_time(
     assert allocate(inv, req, held) == p
 
 
-# ---------------------------------------------------------------- exact placement (issue 11)
+# ---------------------------------------------------------------- exact placement
 def brute_force_minimum(inv: GpuInventory, pool: list[Unit], need: int, per_stage: int) -> tuple[int, int]:
     """Every subset of the pool, every order of it (the first unit fixed: a ring has no start)."""
     best: tuple[int, int] | None = None
@@ -290,7 +290,7 @@ def test_the_plan_costs_the_brute_force_minimum_on_random_machines(seed: int) ->
 
 
 def test_the_exact_search_is_never_worse_than_greedy_growth_and_often_better() -> None:
-    """Greedy subset growth (the plan before issue 11, still used beyond 16 candidates) against the search."""
+    """Greedy subset growth (the plan before the exact search, still used beyond 16 candidates) against the search."""
     rng = random.Random(1)
     better = 0
     for _ in range(200):

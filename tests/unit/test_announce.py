@@ -1,4 +1,4 @@
-"""The announcement grammar (contract §3), with property-based fuzzing."""
+"""The announcement grammar (docs/formats.md), with property-based fuzzing."""
 
 from __future__ import annotations
 
@@ -120,7 +120,7 @@ def test_a_very_long_line_is_rejected_quickly() -> None:
         parse_line(f"{PREFIX} {NODE} " + "a" * 1_000_000 + ":80")
 
 
-# Valid lines, generated from the grammar of contract §3: each must parse, to exactly the values it was made of.
+# Valid lines, generated from the grammar of docs/formats.md: each must parse, to exactly the values it was made of.
 hex64 = st.text(alphabet="0123456789abcdef", min_size=64, max_size=64)
 ipv4 = st.tuples(*[st.integers(0, 255)] * 4).map(lambda t: ".".join(map(str, t)))
 ipv6 = st.ip_addresses(v=6).map(lambda a: f"[{a}]")

@@ -1,4 +1,4 @@
-"""The chain core against a fake backend: the seed's spawn_chain / ChainGuard test table, ported."""
+"""The chain core against a fake backend: swactor's spawn_chain / ChainGuard test table, ported."""
 
 from __future__ import annotations
 
@@ -315,7 +315,7 @@ def test_an_adopted_teardown_on_a_lost_engine_gathers_the_error_and_says_what_ma
     assert sorted(outcome.orphans) == ["id-a", "id-b", "id-c"]
 
 
-# ---------------------------------------------------------------- parallel bring-up (issue 13)
+# ---------------------------------------------------------------- parallel bring-up
 def make_parallel(n: int, scripts: dict[int, StageScript] | None = None, **req: object):
     scope, _, reporter, clock = make(n, scripts, **req)
     backend = FakeHandoffBackend(scripts=scripts or {}, inbox=scope.inbox)  # type: ignore[arg-type]

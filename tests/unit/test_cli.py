@@ -359,7 +359,7 @@ def test_the_dry_run_names_gpus_by_index_and_uuid_and_hops_in_words() -> None:
     assert "hop 0 -> 1: NVLink, 2 links" in out and "level" not in out
 
 
-# ---------------------------------------------------------------- chain file and PP_LAUNCH_* defaults (issue 14)
+# ---------------------------------------------------------------- chain file and PP_LAUNCH_* defaults
 def test_a_chain_file_sets_defaults_and_flags_override_it(tmp_path) -> None:  # type: ignore[no-untyped-def]
     f = tmp_path / "chain.toml"
     f.write_text('stages = 4\ngrace = 3\ngpus = "none"\n[env]\nA = "1"\n[stage_env.2]\nB = "2"\n')
@@ -426,7 +426,7 @@ def test_gpu_inventory_takes_a_file_or_host_equals_file(
     ],
 )
 def test_the_stub_announces_the_address_it_is_told_for_other_hosts(env: dict[str, str], announced: str) -> None:
-    """Across hosts a stage binds beyond loopback and announces an address its peers reach (issue 16)."""
+    """Across hosts a stage binds beyond loopback and announces an address its peers reach."""
     import subprocess
     import sys
 
@@ -437,7 +437,7 @@ def test_the_stub_announces_the_address_it_is_told_for_other_hosts(env: dict[str
 
 
 def test_the_command_list_is_the_same_before_and_after_the_commands_are_imported() -> None:
-    """`pp-launch --help` lists the commands from main.COMMANDS without importing them (fast start, issue #26);
+    """`pp-launch --help` lists the commands from main.COMMANDS without importing them (fast start);
     each line must be what the command's own docstring gives once it is imported."""
     cold = subprocess.run(
         [sys.executable, "-c", "from pp_launch.cli.main import main; main(['--help'], prog_name='pp-launch')"],

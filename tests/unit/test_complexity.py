@@ -1,4 +1,4 @@
-"""The chain path stays readable (issue #26 item 2): no function on it above radon's rank C (cyclomatic complexity
+"""The chain path stays readable: no function on it above radon's rank C (cyclomatic complexity
 20) or longer than 60 lines, nested functions included. The path: the CLI's chain command, the launch use case,
 planning and GPU selection, the reservation, the scope and its teardown, the host assignment, the backends."""
 

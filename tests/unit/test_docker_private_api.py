@@ -1,4 +1,4 @@
-"""docker-py's private parts pp-launch relies on (issue #26 item 7), held to what docker_engine.py expects.
+"""docker-py's private parts pp-launch relies on, held to what docker_engine.py expects.
 
 pyproject pins docker to a range (>=7.1,<8); these fail the day a release inside it changes one of them."""
 

@@ -1,4 +1,4 @@
-"""The README a newcomer reads in five minutes, and the documentation site beside it (issue #28 item 1): the site
+"""The README a newcomer reads in five minutes, and the documentation site beside it: the site
 builds with `mkdocs build --strict`, and every command block marked "runs here" in the README and the docs runs
 as written from the repository's root."""
 

@@ -1,4 +1,4 @@
-"""One error boundary (issue #17): every error the library raises is a PpLaunchError, and every one of them,
+"""One error boundary: every error the library raises is a PpLaunchError, and every one of them,
 whatever command it comes out of, reaches the user as one plain line and its exit code, never a traceback."""
 
 from __future__ import annotations

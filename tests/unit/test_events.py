@@ -1,4 +1,4 @@
-"""Typed events and stage states (issue #17): every event round-trips through the contract's JSON (§4), and the
+"""Typed events and stage states: every event round-trips through its JSON (docs/formats.md), and the
 chain's stage states move only along their table."""
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def test_every_event_round_trips_through_the_contracts_json(event: events.Event)
 
 
 def test_the_contract_field_names_stay() -> None:
-    """Contract §4, as scripts read it (the roster's entries say stage_index; every other event says stage)."""
+    """docs/formats.md, as scripts read it (the roster's entries say stage_index; every other event says stage)."""
     names = {e.NAME: set(events.to_json(e, "r", "t")) - {"event", "run", "ts"} for e in EXAMPLES}
     assert names["stage_started"] == {"stage", "container", "image", "gpus"}
     assert names["stage_announced"] == {"stage", "node_id_hex", "direct", "elapsed_s"}

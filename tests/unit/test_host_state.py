@@ -1,4 +1,4 @@
-"""This user's state directory (issue #23): private or refused, never following a link, faults in one line."""
+"""This user's state directory: private or refused, never following a link, faults in one line."""
 
 from __future__ import annotations
 

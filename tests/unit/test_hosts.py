@@ -1,4 +1,4 @@
-"""Chains across hosts (issue 16), without Docker: host names, stage blocks per host, placement across hosts,
+"""Chains across hosts, without Docker: host names, stage blocks per host, placement across hosts,
 the backend over several engines (one lost), and Docker contexts as the CLI stores them."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Labels read strictly (contract §6): malformed values are "not ours to judge", never a crash, and an owner in
+"""Labels read strictly (docs/formats.md): malformed values are "not ours to judge", never a crash, and an owner in
 another PID namespace or boot is never judged gone from here."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""One launch (issue #26): the request checks every rule between its options when it is made, and every way in
+"""One launch: the request checks every rule between its options when it is made, and every way in
 (the CLI, the testing kit, compose) goes through it and through `launch()` / `plan_launch()`.
 
 No engine: the rules are checked before anything is reached, and `launch` is replaced at the CLI's boundary
@@ -68,7 +68,7 @@ def test_a_request_that_keeps_every_rule_is_made_and_its_hosts_are_read_once() -
 
 
 def test_the_testing_kit_keeps_the_same_rules_before_it_reaches_any_engine(monkeypatch: pytest.MonkeyPatch) -> None:
-    """pp_launch.testing.Chain used to skip the CLI's rules (issue #26); it builds the same request now."""
+    """pp_launch.testing.Chain used to skip the CLI's rules; it builds the same request now."""
     from pp_launch.testing import kit
 
     monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")

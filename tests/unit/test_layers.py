@@ -1,7 +1,7 @@
-"""The tree is the architecture: four floors, no arrow back up (issue #17). Walks every import with ast.
+"""The tree is the architecture: four floors, no arrow back up. Walks every import with ast.
 
 core      pure: chain plan/ports/scope, GPU allocator/inventory/requests, worker codec/controller, grammar,
-          labels, errors, events. Imports only the standard library and itself, and none of its I/O (issue #26):
+          labels, errors, events. Imports only the standard library and itself, and none of its I/O:
           clocks, threads, ids, process facts and files reach it through parameters and ports.
 adapters  the only I/O: the Docker engine, child processes, NVML, files, descriptors, identity, the clock.
 app       the use cases, over core and adapters; no I/O of its own (no subprocess, socket, files, descriptors).
@@ -24,7 +24,7 @@ ONLY = {"docker": {"adapters.docker_engine"}, "requests": {"adapters.docker_engi
         "ray": {"adapters.ray_cluster"}}  # fmt: skip
 
 
-# What the core may not import: I/O, clocks, threads, randomness (issue #26 item 5).
+# What the core may not import: I/O, clocks, threads, randomness.
 CORE_FORBIDDEN = {
     "os", "subprocess", "socket", "threading", "time", "secrets", "random", "pathlib", "concurrent", "queue",
     "shutil", "tempfile", "select", "selectors", "fcntl", "io", "asyncio", "multiprocessing", "uuid", "glob",

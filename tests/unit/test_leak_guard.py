@@ -1,4 +1,4 @@
-"""The leak guard's rules (issue #25 item 2), driving its hooks as pytest would, over a fake engine: it never
+"""The leak guard's rules, driving its hooks as pytest would, over a fake engine: it never
 removes what it cannot prove a test made, leaves tests without the engine fixtures alone, and checks a fixture of
 a wider scope when that scope ends."""
 

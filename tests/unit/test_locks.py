@@ -1,4 +1,4 @@
-"""The engine's GPU lock (issue #23) over a fake engine: a running lock is never taken, whatever its age or owner;
+"""The engine's GPU lock over a fake engine: a running lock is never taken, whatever its age or owner;
 the wait is said once, bounded, and a stop signal ends it at once; only a lock that is not running is cleared."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""pp-gpu-node's configuration (contract §9) and its supervisor, without Docker."""
+"""pp-gpu-node's configuration (docs/pp-gpu-node.md) and its supervisor, without Docker."""
 
 from __future__ import annotations
 
@@ -167,7 +167,7 @@ def test_with_stage_set_help_is_the_containers_command(monkeypatch: pytest.Monke
 
 def test_a_stage_the_engine_never_confirms_gone_after_sigkill_ends_the_wait_bounded() -> None:
     """The old supervisor waited without end after its SIGKILL; the one teardown gives up after kill_wait and
-    says what may be left (issue #26 item 3)."""
+    says what may be left."""
     from pp_launch.core.chain.teardown import TeardownFailed
 
     sup, backend, inbox, clock, _ = supervisor({0: StageScript(ignore_sigterm=True)}, grace=2.0)

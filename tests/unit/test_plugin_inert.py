@@ -1,4 +1,4 @@
-"""Issue #25 item 1: the pytest11 entry point is loaded by every pytest in any environment where pp-launch is
+"""The pytest11 entry point is loaded by every pytest in any environment where pp-launch is
 installed, so at load it may import only the standard library and pytest, and must register nothing but its ini
 option until a project enables it."""
 

@@ -1,4 +1,4 @@
-"""The README's Layout names every module the package has (issue #26 item 8), on its own floor's row."""
+"""The README's Layout names every module the package has, on its own floor's row."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Each run's output kept after it ended (issue #28 item 3): per stage, bounded, in the user's private state."""
+"""Each run's output kept after it ended: per stage, bounded, in the user's private state."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The worker wire codec (contract §8): the golden lines of docs/worker-wire.md, leniency where swactor's workers
+"""The worker wire codec (docs/worker-wire.md): its golden lines, leniency where swactor's workers
 need it (unknown fields, WorkerFatal details, aliases) and strictness where the wire is strict."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""The worker controller against the seed's `GpuWorkerCtl` (shared/seeds/gpu_worker_ctl.rs.txt), transition by
-transition, in the seed's order: each `seed:` test names the seed code it checks. Then the deviations (D1-D9 of
-the controller's docstring and the README's table), the table walk, and a property test."""
+"""The worker controller against swactor's `GpuWorkerCtl` (its `crates/mvp-system/src/gpu_worker_ctl.rs`),
+transition by transition, in swactor's order: each `seed:` test names the swactor code it checks. Then the deviations
+(D1-D9 of the controller's docstring and the README's table), the table walk, and a property test."""
 
 from __future__ import annotations
 
@@ -160,7 +160,7 @@ def test_seed_uninstall_ring_removes_the_ring_when_sent() -> None:
     x.handle(c.ActorCommand(install(3), 1))
     cmd = w.UninstallRing(ring_id=3, reason="Reconfigure")
     assert x.handle(c.ActorCommand(cmd, 1)) == [c.WriteCommands((cmd,))]
-    assert x.rings == set()  # not when RingQuiesced arrives: the seed drops it on send
+    assert x.rings == set()  # not when RingQuiesced arrives: swactor's controller drops it on send
 
 
 def test_seed_execute_step_spec_with_any_stale_input_is_rejected() -> None:
@@ -277,7 +277,7 @@ def test_seed_restart_increments_the_generation_and_moves_to_starting_without_a_
     x = in_state(state)
     assert x.handle(c.RestartRequested()) == []
     assert (x.state, x.generation) == (S.STARTING, 2)
-    assert x.handle(c.StartWorker()) == [c.SpawnWorker(2)]  # the seed's caller starts the new process
+    assert x.handle(c.StartWorker()) == [c.SpawnWorker(2)]  # swactor's caller starts the new process
 
 
 # ---------- seed: shutdown()
@@ -468,7 +468,7 @@ def test_random_sequences_keep_the_invariants(seq: list[c.Input]) -> None:
         assert faulted == sorted(faulted)
 
 
-# ---------- the table decides (issue #26 item 4): compute on a copy, commit only when legal
+# ---------- the table decides: compute on a copy, commit only when legal
 SAMPLE_INPUTS: dict[type, c.Input] = {
     c.StartWorker: c.StartWorker(),
     c.ProcessStarted: c.ProcessStarted(pid=200),

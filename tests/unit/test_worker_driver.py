@@ -1,6 +1,6 @@
 """The worker driver and the conformance check without Docker: the built-in stub worker's own code, and a worker
 that behaves as swactor's tinygrad_cpu_worker.py does (tests/workers/), run in-process behind a fake engine
-(tests/unit/fake_worker.py), sharing the driver's real arena file. The check drives them as contract §8a says."""
+(tests/unit/fake_worker.py), sharing the driver's real arena file. The check drives them as docs/worker-wire.md says."""
 
 from __future__ import annotations
 

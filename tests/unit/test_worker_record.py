@@ -1,4 +1,4 @@
-"""MO01 records and ring layouts (contract §8a): what the node writes and reads back, byte for byte."""
+"""MO01 records and ring layouts (docs/worker-wire.md): what the node writes and reads back, byte for byte."""
 
 from __future__ import annotations
 

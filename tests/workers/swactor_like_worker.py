@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """A worker that behaves as swactor's own `tinygrad_cpu_worker.py` does (crates/mvp-system/tests/
-local_e2e_cluster/), written here from contract §8a and from reading that file; standard library only, so its
+local_e2e_cluster/), written here from docs/worker-wire.md and from reading that file; standard library only, so its
 "device" is plain Python integers where swactor's has tinygrad tensors.
 
 What it shares with swactor's worker, and what a check must not ask it to go beyond:

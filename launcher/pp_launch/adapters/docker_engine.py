@@ -1,7 +1,7 @@
 """The Docker adapter: the only module that imports `docker`.
 
 A local engine (`unix://`) is spoken to by `engine_api.SocketApi`, docker-py's calls for a chain over the socket
-without docker-py's import cost (issue 26); docker-py itself (and `requests` under it) is imported when first needed:
+without docker-py's import cost; docker-py itself (and `requests` under it) is imported when first needed:
 another kind of engine (tcp://, ssh://, TLS), a call SocketApi leaves to it (build, logs...), or an engine's refusal
 (docker-py's own error types).
 

@@ -1,4 +1,4 @@
-"""The Docker Engine API over a unix socket, for the calls a chain makes, without docker-py (issue 26, fast start).
+"""The Docker Engine API over a unix socket, for the calls a chain makes, without docker-py (fast start).
 
 Importing docker-py (and `requests`, `urllib3`, `charset_normalizer` under it) costs a launcher about 0.15-0.2 s of
 its bring-up; `http.client` and `socket` are most of the way there already. `SocketApi` answers the calls the chain

@@ -1,4 +1,4 @@
-"""GPU inventory files (contract §7): read and written here; their grammar is core/gpu/inventory.py."""
+"""GPU inventory files (docs/formats.md): read and written here; their grammar is core/gpu/inventory.py."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Modules loaded on first use: start-up pays only for what a command touches (issue #26, fast start)."""
+"""Modules loaded on first use: start-up pays only for what a command touches (fast start)."""
 
 from __future__ import annotations
 

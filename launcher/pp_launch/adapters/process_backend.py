@@ -1,4 +1,4 @@
-"""Stages as child processes (`pp-launch chain --gpu-node PATH`), as the seed's orchestrator ran them.
+"""Stages as child processes (`pp-launch chain --gpu-node PATH`), as swactor's orchestrator ran them.
 
 Each stage is PATH with the stage environment, in its own process group; its stdout carries the
 announcement. Stop signals go to the whole group; a kill is SIGKILL to the group. When PATH is

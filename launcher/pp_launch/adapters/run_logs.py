@@ -1,4 +1,4 @@
-"""Each run's output, kept after the run ended (issue #28 item 3): `pp-launch logs RUN` reads it when the engine
+"""Each run's output, kept after the run ended: `pp-launch logs RUN` reads it when the engine
 no longer has the run's containers.
 
 Per stage, bounded: `logs/<run>/stage-K.log` in this user's private state directory (or `--log-dir DIR`, held to

@@ -8,7 +8,7 @@ generation's id before it starts: when the controller process dies, the engine c
 worker exits), and the guard (and the local watchdog) remove whatever of those ids is left. The driver's own
 teardown also acts on the ids it created, never on a label.
 
-The arena (contract §8): the seed hands its worker an inherited memory file, `SWACTOR_ARENA_FD` and
+The arena (docs/worker-wire.md): swactor's controller hands its worker an inherited memory file, `SWACTOR_ARENA_FD` and
 `SWACTOR_ARENA_BYTES`. A container cannot inherit a descriptor from us, so the driver makes the memory file
 on the host's tmpfs (/dev/shm), maps it itself, bind-mounts it into the container, and starts the image's
 own entrypoint and command under `/bin/sh`, which opens it as descriptor 3 first. Both sides then see the
@@ -103,7 +103,7 @@ class WorkerDriver:
     stage_backend: Any = None  # where worker containers run; None: the engine's (DockerStageBackend). Tests: fakes.
     clock: Callable[[], float] = time.monotonic
     trace: Callable[[str], None] | None = None  # every line exchanged, with direction and time since start
-    init_timeout: float = 10.0  # the seed's initialization_timeout_ms
+    init_timeout: float = 10.0  # swactor's initialization_timeout_ms
     started_at: float | None = None  # the trace's time origin (default: now); several drivers can share one
 
     def __post_init__(self) -> None:
@@ -156,7 +156,7 @@ class WorkerDriver:
         return self.feed(c.ActorCommand(cmd, self.ctl.generation if generation is None else generation))
 
     def start(self) -> None:
-        """StartWorker; after a crash, RestartRequested then StartWorker (the seed's two steps)."""
+        """StartWorker; after a crash, RestartRequested then StartWorker (swactor's two steps)."""
         if self.ctl.state is c.State.CRASHED:
             self.feed(c.RestartRequested())
         self.feed(c.StartWorker())
@@ -179,7 +179,7 @@ class WorkerDriver:
             self.arena.unlink()  # both ends hold it open now; nothing is left on the host after us
         elif isinstance(out, c.Routed):
             ev = out.event
-            if isinstance(ev, wire.WorkerReady):  # the seed's driver side turns these into ctl inputs
+            if isinstance(ev, wire.WorkerReady):  # swactor's driver side turns these into ctl inputs
                 self.feed(c.WorkerReady(ev.worker_generation, ev.pid, ev.ring_helper_abi))
             elif isinstance(ev, wire.WorkerStopped):
                 self.feed(c.WorkerStopped(self.ctl.generation, ev.reason))

@@ -3,7 +3,7 @@
 Compose has no "start stage k once stage k-1 has printed its address". The hand-off is built from what it
 has: every stage runs under `pp-stage-entry` (images/stage-entry, POSIX sh, delivered as a compose config
 so any image with /bin/sh works), which writes the stage's validated announcement to a directory shared by
-all stages; the stage is healthy once that file exists. Every service starts at once (issue 13): stage k
+all stages; the stage is healthy once that file exists. Every service starts at once: stage k
 waits for the files of stage k-1 and stage 0 (up to --addr-timeout) and exports PEER_* and FIRST_PEER_*
 from them before it starts its worker, so container start and image boot overlap.
 

@@ -4,7 +4,7 @@ No code of ours is installed on a host: the Docker API is the only channel. A ho
 short-lived probe container (labelled, `--rm`, no network) of the chain's image, with every GPU attached as
 the NVIDIA toolkit attaches them (`--gpus all`, CDI `nvidia.com/gpu=all`, or NVIDIA_VISIBLE_DEVICES=all);
 inside it, our NVML reader (adapters/nvml.py with nvidia-ml-py's pynvml.py, copied in with the create call's
-archive) prints the inventory of contract §7. The GPUs held there are read from that engine's labels.
+archive) prints the inventory of docs/formats.md. The GPUs held there are read from that engine's labels.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`pp-gpu-node`: one stage container in the foreground, a drop-in for docker-gpu-node.sh (contract §9).
+"""`pp-gpu-node`: one stage container in the foreground, a drop-in for docker-gpu-node.sh (docs/pp-gpu-node.md).
 
 Reads the same environment as the old script, runs the container with tini as init and auto-remove,
 passes its stdout and stderr through byte for byte, forwards stop signals, and exits with its exit code.
@@ -287,7 +287,7 @@ class NodeConfig:
 class NodeSupervisor:
     """Pass output through; on a stop signal, the one teardown (core/chain/teardown.py: the signal forwarded,
     the grace, SIGKILL, the engine's word that it is gone, bounded by grace + kill_wait), later signals forwarded
-    meanwhile; report the exit code (contract §5)."""
+    meanwhile; report the exit code (docs/getting-started.md)."""
 
     def __init__(
         self,

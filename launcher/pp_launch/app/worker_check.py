@@ -1,6 +1,6 @@
 """`pp-launch worker check IMAGE`: the worker-control conformance sequence, one line per step.
 
-The check drives a real container of IMAGE exactly as swactor's node drives a worker (contract §8a): it writes
+The check drives a real container of IMAGE exactly as swactor's node drives a worker (docs/worker-wire.md): it writes
 each ingress `MO01` record at the ingress ring's `data_offset` before `RingReadable`, reads the step's output
 record back from the egress ring's `data_offset`, sends integer config fields, and probes a stale handle where
 it is used, as an `ExecuteStep` input. It asks nothing of a worker that swactor's own worker does not do.
@@ -29,7 +29,7 @@ ROLE = 1
 RUN_ID = 77
 INGRESS, EGRESS = 1, 2
 OUTPUT_OBJECT = 500
-INIT_TIMEOUT = 10.0  # the seed's initialization_timeout_ms
+INIT_TIMEOUT = 10.0  # swactor's initialization_timeout_ms
 STEP_TIMEOUT = 10.0
 EOF_TIMEOUT = 10.0
 LAYOUTS = {layout.ring_id: layout for layout in record.ring_layouts((INGRESS, EGRESS))}
@@ -88,7 +88,7 @@ def show(message: Any) -> str:
 
 
 def earlier_wire(stdout: Iterable[str], stderr: Iterable[str]) -> str | None:
-    """What marks a worker that speaks an earlier swactor wire (contract §8a's last point), or None."""
+    """What marks a worker that speaks an earlier swactor wire (docs/worker-wire.md's last point), or None."""
     for line in stdout:
         try:
             doc = json.loads(line)
@@ -252,7 +252,7 @@ class Conformance:
             earlier = earlier_wire(self.d.stdout_tail, self.d.stderr_tail)
             if earlier is not None:
                 raise StepFailure(
-                    f"speaks an earlier swactor wire: {earlier}; this check speaks contract §8a "
+                    f"speaks an earlier swactor wire: {earlier}; this check speaks docs/worker-wire.md "
                     "(required_ring_helper_abi, SWACTOR_ARENA_FD, 40-byte MO01 records)",
                     self.d.stderr_tail,
                 )

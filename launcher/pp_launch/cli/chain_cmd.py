@@ -183,7 +183,7 @@ def _checked(ctx: click.Context, option: click.Option, item: object, where: str)
     show_default=True,
     help="parallel: create and start every container at once (--handoff env needs /bin/sh in the image). "
     "in-turn: start stage k only once stage k-1 announced, PEER_* in its create-time environment (images "
-    "without /bin/sh; the seed's order).",
+    "without /bin/sh; swactor's order).",
 )
 @host_options
 @click.option(

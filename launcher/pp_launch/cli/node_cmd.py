@@ -117,5 +117,5 @@ def as_docker_run() -> Iterator[None]:
 
 
 def gpu_node_main() -> None:
-    """The `pp-gpu-node` console script: environment as contract §9, arguments as the container's command."""
+    """The `pp-gpu-node` console script: environment as docs/pp-gpu-node.md, arguments as the container's command."""
     sys.exit(_run_node(tuple(sys.argv[1:])))

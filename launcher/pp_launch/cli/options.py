@@ -206,13 +206,13 @@ def swactor_options(f: F) -> F:
             "--seed-direct",
             envvar=stage_env_names.SEED_DIRECT,
             metavar="ADDRS",
-            help="The seed's direct addresses, host:port[,host:port...]; also from SEED_DIRECT.",
+            help="Swactor's direct addresses, host:port[,host:port...]; also from SEED_DIRECT.",
         ),
         click.option(
             "--seed-relay",
             envvar=stage_env_names.SEED_RELAY,
             metavar="URL",
-            help="The seed's iroh relay URL (WAN); also from SEED_RELAY.",
+            help="Swactor's iroh relay URL (WAN); also from SEED_RELAY.",
         ),
     ]
 

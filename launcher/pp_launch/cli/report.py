@@ -1,4 +1,4 @@
-"""How a chain tells people and programs what happens (contract §4).
+"""How a chain tells people and programs what happens (docs/formats.md).
 
 - JsonReporter (--json): one JSON event per line on stdout, nothing else there; stage lines on stderr.
 - PlainReporter (not a terminal): stage lines on stdout as `[stage K] ...`; launcher notes on stderr.

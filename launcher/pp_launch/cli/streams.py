@@ -1,4 +1,4 @@
-"""Standard output and error that never stop the launcher (issue #23 item 6).
+"""Standard output and error that never stop the launcher.
 
 A terminal that went away (its pty holder killed: EIO), a reader that closed the pipe (EPIPE), or a stream closed
 before we started (`>&-`, `2>&-`: Python's sys.stdout is then None) must not raise out of a reporter in the middle

@@ -27,7 +27,7 @@ def worker_group() -> None:
     default=10.0,
     show_default=True,
     metavar="S",
-    help="Seconds a worker has to answer InitializeWorker with WorkerReady (the seed's 10 s).",
+    help="Seconds a worker has to answer InitializeWorker with WorkerReady (swactor's 10 s).",
 )
 @click.option(
     "--step-timeout",
@@ -56,7 +56,7 @@ def worker_check(
 ) -> None:
     """Run the worker-control conformance sequence against IMAGE; exit 0 only if every step passes.
 
-    The worker is driven as swactor's own node drives it (contract §8a): initialize, configure (integer
+    The worker is driven as swactor's own node drives it (docs/worker-wire.md): initialize, configure (integer
     fields), install an ingress and an egress ring, the node writes MO01 records at the ingress ring's
     data_offset -> loaded, execute -> produced + completed, the output record read back (committed_bytes is
     the whole record), release, uninstall -> quiesced, a stale handle as an ExecuteStep input after a

@@ -1,4 +1,4 @@
-"""The stage announcement (contract §3): `PP_GPU_NODE_ADDR <node_id> <direct>`.
+"""The stage announcement (docs/formats.md): `PP_GPU_NODE_ADDR <node_id> <direct>`.
 
 Pure: parses one line of a stage's stdout. Values that reach another stage's environment come only
 from a `StageAnnouncement`, which is valid by construction.

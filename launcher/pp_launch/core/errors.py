@@ -1,4 +1,4 @@
-"""One base error, a few typed subclasses, and the exit code each maps to (contract §5).
+"""One base error, a few typed subclasses, and the exit code each maps to (docs/getting-started.md).
 
 The CLI maps these to exit codes and messages in one place; library code raises them with a message
 a user can act on (which stage, which container, what to do).

@@ -1,4 +1,4 @@
-"""What a chain reports (contract §4), typed: frozen, keyword-only events shared by the scope, the reporters and
+"""What a chain reports (docs/formats.md), typed: frozen, keyword-only events shared by the scope, the reporters and
 `--json`, and the stage states with their transition table. Pure.
 
 `to_json(event, run, ts)` is the contract's JSON object; `from_json(doc)` reads one back (a test round-trips
@@ -138,7 +138,7 @@ EVENTS: dict[str, type[Event]] = {
 
 
 def to_json(event: Event, run: str, ts: str) -> dict[str, Any]:
-    """Contract §4: `{"event": NAME, "ts": RFC3339, "run": RUN_ID, ...fields}`."""
+    """docs/formats.md: `{"event": NAME, "ts": RFC3339, "run": RUN_ID, ...fields}`."""
     return {"event": event.NAME, "ts": ts, "run": run, **event.fields()}
 
 

@@ -1,4 +1,4 @@
-"""Container labels (contract §6) and the launcher's owner identity (pure: the process facts come from
+"""Container labels (docs/formats.md) and the launcher's owner identity (pure: the process facts come from
 adapters/identity.py).
 
 The owner value `<hostname>:<pid>:<start time>` identifies a launcher process without being fooled by

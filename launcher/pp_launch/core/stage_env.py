@@ -1,4 +1,4 @@
-"""The stage environment (contract §2): every name defined once, and how each stage's env is built."""
+"""The stage environment (docs/formats.md): every name defined once, and how each stage's env is built."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ NVIDIA_VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 NO_GPU = "void"
 LIFELINE = "PP_LIFELINE"  # tells a stage entry that understands it that stdin is the launcher's lifeline
 
-# pp-gpu-node (contract §9) and `chain --gpu-node`, which runs it as a child per stage
+# pp-gpu-node (docs/pp-gpu-node.md) and `chain --gpu-node`, which runs it as a child per stage
 FORWARD_ENV = "PP_FORWARD_ENV"  # comma-separated names of further variables to forward
 PARENT_LIFELINE = "PP_PARENT_LIFELINE"  # set for `chain --gpu-node` children: stdin is the launcher's lifeline
 RUN_ENV = "PP_LAUNCH_RUN"  # set by `chain --gpu-node`: the child's container joins the chain's run
@@ -116,7 +116,7 @@ def parse_env_file(text: str, source: str, environ: Mapping[str, str]) -> tuple[
 
 def seed_env(addr: str | None, direct: str | None, relay: str | None) -> dict[str, str]:
     """SEED_ADDR / SEED_DIRECT / SEED_RELAY for every stage, checked as swactor's pp-worker would need them:
-    the seed's node id is 64 hex digits, its direct addresses follow the announcement grammar (contract §3),
+    the seed's node id is 64 hex digits, its direct addresses follow the announcement grammar (docs/formats.md),
     its relay is an http(s) URL. ValueError naming the variable otherwise."""
     env: dict[str, str] = {}
     if addr is not None:

@@ -1,5 +1,5 @@
 /*
- * pp-launch's fake NVML: a libnvidia-ml.so.1 that serves a GPU inventory (contract §7) through the real NVML C ABI.
+ * pp-launch's fake NVML: a libnvidia-ml.so.1 that serves a GPU inventory (docs/formats.md) through the real NVML C ABI.
  *
  * Built by the test set-up (pp_launch.testing.fake_nvml.build: gcc -shared -fPIC), never committed as a binary.
  * The structs, constants, error codes and versioned entry points below are those of nvml.h; only the calls

@@ -1,4 +1,4 @@
-"""The fake NVML library: build it, and write the text it serves from an inventory (contract §7).
+"""The fake NVML library: build it, and write the text it serves from an inventory (docs/formats.md).
 
 `fake_nvml.c` (next to this file) is a `libnvidia-ml.so.1` with the NVML C ABI; `build()` compiles it with gcc.
 A process uses it when the directory holding it is on its library path (`LD_LIBRARY_PATH`) and

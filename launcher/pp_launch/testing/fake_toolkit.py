@@ -1,5 +1,5 @@
 """The fake NVIDIA Container Toolkit: what `nvidia-container-runtime-hook`, `nvidia-container-runtime` and a CDI
-spec do on a GPU host, done on the fake NVML library (fake_nvml) and an inventory (contract §7).
+spec do on a GPU host, done on the fake NVML library (fake_nvml) and an inventory (docs/formats.md).
 
 - `install(bin_dir, inventory, library)` writes two executables into `bin_dir`:
   `nvidia-container-runtime-hook`: dockerd registers its `nvidia` device driver when an executable of that name

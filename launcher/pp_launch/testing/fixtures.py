@@ -241,7 +241,7 @@ def pp_chain(pp_engine: Any) -> Iterator[Callable[..., kit.RunningChain]]:
 
 @pytest.fixture(scope="session")
 def pp_gpu_inventory(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A GPU inventory file (contract §7): PP_LAUNCH_GPU_INVENTORY, else an 8-GPU machine written for the session;
+    """A GPU inventory file (docs/formats.md): PP_LAUNCH_GPU_INVENTORY, else an 8-GPU machine written for the session;
     pair it with `--gpu-inventory` or `Chain(gpu_inventory=...)` to test GPU placement without a GPU."""
     given = os.environ.get("PP_LAUNCH_GPU_INVENTORY")
     if given:

@@ -2,7 +2,7 @@
 
 Shapes: one or two CPU sockets (PCIe levels: same switch, host bridge, NUMA node, across sockets), optionally
 NVLink pairs or an all-to-all NVLink mesh, busy GPUs (memory used, processes), MIG-enabled GPUs, and fields
-NVML could not read (None). Every inventory survives the file format (contract §7) and the fake NVML library.
+NVML could not read (None). Every inventory survives the file format (docs/formats.md) and the fake NVML library.
 """
 
 from __future__ import annotations

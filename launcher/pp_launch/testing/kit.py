@@ -4,7 +4,7 @@ tini and auto-remove, and nothing left behind.
 - `StageContainer(image, stage=0, num_stages=1, env=..., gpus=...)`: a pp-launch stage under test, in the
   testcontainers style (`with_env`, `with_name`, `with_command`, a `with` block): created with our labels, tini as
   init, daemon-side auto-remove and the stdin lifeline, then attached, then started (nothing it prints is missed).
-  `wait_for_announcement()` returns the parsed `PP_GPU_NODE_ADDR` line (contract §3), or raises StageExited (it
+  `wait_for_announcement()` returns the parsed `PP_GPU_NODE_ADDR` line (docs/formats.md), or raises StageExited (it
   ended first: exit code and last lines) or StageTimeout (still running); `lines()` is what it printed,
   `exit_code()` how it ended; `stop()` is our teardown (SIGTERM, the grace, then a kill through the engine).
 - `Chain(image, stages=N, ...)`: a context manager over the library's chain (the options of `pp-launch chain`:
@@ -376,7 +376,7 @@ def Chain(
 class WorkerUnderTest:
     """`pp-launch worker check`'s steps as methods (initialize, configure, install, readable, execute, egress,
     release, uninstall, stale_after_restart, invalid_json, shutdown, end_of_stdin), driving the worker as
-    swactor's node does (contract §8a); each returns what it saw and raises StepFailure with the reason. Use as a
+    swactor's node does (docs/worker-wire.md); each returns what it saw and raises StepFailure with the reason. Use as a
     context manager: the worker container goes at the end. For your own sequence, use `.driver` (a WorkerDriver)
     with `pp_launch.worker` (MO01 records and ring layouts)."""
 

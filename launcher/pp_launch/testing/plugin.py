@@ -11,7 +11,7 @@ Fixtures (once enabled; a fixture does nothing until a test asks for it):
   pp_stage           factory: pp_stage(image, stage=0, num_stages=1, env=..., gpus=...) -> a started
                      StageContainer, stopped with our teardown at the end of the test
   pp_chain           factory: pp_chain(image, stages=2, ...) -> a RunningChain, torn down at the end of the test
-  pp_gpu_inventory   an inventory file (contract §7): PP_LAUNCH_GPU_INVENTORY, else an 8-GPU machine written
+  pp_gpu_inventory   an inventory file (docs/formats.md): PP_LAUNCH_GPU_INVENTORY, else an 8-GPU machine written
                      for the session (pair it with `--gpu-inventory` or `Chain(gpu_inventory=...)`)
 
 The leak guard: a test that uses these fixtures and leaves a pp-launch container of this session's processes, a

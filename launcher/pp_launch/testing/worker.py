@@ -1,4 +1,4 @@
-"""What swactor's node has, for a user's worker tests (contract §8a): MO01 records, ring layouts, the driver.
+"""What swactor's node has, for a user's worker tests (docs/worker-wire.md): MO01 records, ring layouts, the driver.
 
 Write an ingress record the way swactor's node does, send `RingReadable`, run a step, read the egress record
 back. Imports no test framework: usable from any suite, or a script.

@@ -1,14 +1,14 @@
-"""The hand-off of a chain brought up in parallel (issue 13): every container is created and started at once;
+"""The hand-off of a chain brought up in parallel: every container is created and started at once;
 what a stage learns from the stages before it reaches it later, on the stdin that is already its lifeline.
 
-`env` (the default; the seed's contract): the stage runs under ENTRY, a POSIX sh entry that reads
+`env` (the default; swactor's contract): the stage runs under ENTRY, a POSIX sh entry that reads
 `NAME=value` lines of the hand-off (PEER_*/FIRST_PEER_* only, values already validated by the launcher) up to
 DONE, exports them and execs the image's own entrypoint and command: the worker starts with exactly the
 environment a sequential start gives it. If stdin ends first (the launcher is gone), it exits 1; a signal
 while it waits ends it as any signal ends sh. tini stays PID 1; after the exec the worker is sh's successor.
 
 `stdin` (opt-in, for workers that take their peers late): the worker starts at once with PP_HANDOFF=stdin and
-no PEER_*; once the peers are known, stage k >= 1 reads these two lines on stdin (contract §3 grammar for
+no PEER_*; once the peers are known, stage k >= 1 reads these two lines on stdin (docs/formats.md grammar for
 <node_id> and <direct>):
 
     PP_PEER <node_id> <direct>          stage k-1's announcement

@@ -64,7 +64,7 @@ class ChainPlan:
     hosts: tuple[str, ...] = ()  # the engines of a chain across hosts, in ring order; () for the one engine
 
     def to_json(self) -> dict[str, Any]:
-        """The dry-run document (contract §10)."""
+        """The dry-run document (docs/getting-started.md)."""
         stages = []
         for s in self.stages:
             env = dict(s.env)

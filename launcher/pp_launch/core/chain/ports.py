@@ -126,7 +126,7 @@ class StageBackend(Protocol):
 
 @runtime_checkable
 class HandoffBackend(StageBackend, Protocol):
-    """A backend whose stages can all start at once and get their hand-off later on stdin (issue 13)."""
+    """A backend whose stages can all start at once and get their hand-off later on stdin."""
 
     def create_waiting(self, spec: StageSpec, env: Mapping[str, str]) -> str:
         """Create the stage under the hand-off entry (core/chain/handoff.py): it waits for its peers on stdin,

@@ -39,7 +39,7 @@ TAIL_LINES = 10
 
 
 class Reporter(Protocol):
-    """Where the scope says what happens: events (contract §4), stage log lines, status for a live view."""
+    """Where the scope says what happens: events (docs/formats.md), stage log lines, status for a live view."""
 
     def event(self, event: events.Event) -> None: ...
 
@@ -266,7 +266,7 @@ class ChainScope:
         return None
 
     def _parallel(self) -> bool:
-        """Every container at once (issue 13) where the backend can hand off later and stdin is the lifeline."""
+        """Every container at once where the backend can hand off later and stdin is the lifeline."""
         lifeline = all(s.env.get(stage_env.LIFELINE) == "stdin" for s in self.plan.stages)
         return self.plan.parallel and len(self.stages) > 1 and lifeline and isinstance(self.backend, HandoffBackend)
 

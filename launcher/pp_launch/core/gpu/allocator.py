@@ -1,6 +1,6 @@
 """The GPU allocator: which GPUs each stage gets. Pure: inventory and holdings in, a placement out.
 
-Rules (issue 4):
+Rules:
 - candidates are all GPUs (MIG devices as their own units where MIG is on), narrowed by
   CUDA_VISIBLE_DEVICES and by an explicit list;
 - a unit held by a live pp-launch run, or running a foreign compute process, is passed over unless

@@ -1,4 +1,4 @@
-"""GpuInventory: what NVML says about the machine, and the inventory file of contract §7.
+"""GpuInventory: what NVML says about the machine, and the inventory file of docs/formats.md.
 
 Missing optional fields mean "unknown", not zero: they are None here and left out of the file.
 """
@@ -66,7 +66,7 @@ class GpuInventory:
                 return i
         raise KeyError(uuid)
 
-    # ------------------------------------------------------------------ file format (contract §7)
+    # ------------------------------------------------------------------ file format (docs/formats.md)
     def to_json(self) -> dict[str, Any]:
         doc: dict[str, Any] = {"driver_version": self.driver_version, "cuda_version": self.cuda_version}
         doc["gpus"] = [_gpu_json(g) for g in self.gpus]
@@ -99,7 +99,7 @@ class GpuInventory:
 
     @classmethod
     def parse(cls, text: str, source: str = "inventory") -> GpuInventory:
-        """From the JSON text of an inventory (contract §7); ConfigError names `source` for anything wrong."""
+        """From the JSON text of an inventory (docs/formats.md); ConfigError names `source` for anything wrong."""
         try:
             doc = json.loads(text)
         except json.JSONDecodeError as exc:

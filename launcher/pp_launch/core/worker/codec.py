@@ -1,6 +1,6 @@
-"""The worker control wire (contract §8): typed messages and a JSON-lines codec. Pure.
+"""The worker control wire (docs/worker-wire.md): typed messages and a JSON-lines codec. Pure.
 
-The JSON form of the seed's `WorkerCommand`/`WorkerEvent` as swactor's own JSON workers speak it: integer
+The JSON form of swactor's `WorkerCommand`/`WorkerEvent` as swactor's own JSON workers speak it: integer
 ids, an object `backend`, binding objects in `ExecuteStep`, the ring fields (and `committed_bytes`) on
 `ObjectProduced`, and the unsolicited `RingFault`/`ObjectFailed`/`RingReadable`/`RingWritable` events.
 
@@ -189,7 +189,7 @@ class ConfigureRole(Command):
 
 @dataclass(frozen=True, kw_only=True)
 class InstallRing(Command):
-    """The seed's `InstallRingSpec`, `"InstallRing"` on the wire."""
+    """Swactor's `InstallRingSpec`, `"InstallRing"` on the wire."""
 
     ring_id: int
     edge_id: int
@@ -211,7 +211,7 @@ class RingWritable(Command):
 
 @dataclass(frozen=True, kw_only=True)
 class ExecuteStep(Command):
-    """The seed's `ExecuteStepSpec`, `"ExecuteStep"` on the wire."""
+    """Swactor's `ExecuteStepSpec`, `"ExecuteStep"` on the wire."""
 
     role_id: int
     step_id: int
@@ -259,7 +259,7 @@ class RoleFailed(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class RingInstalled(Event):
-    """The seed's `RingInstalledForEdge`, `"RingInstalled"` on the wire."""
+    """Swactor's `RingInstalledForEdge`, `"RingInstalled"` on the wire."""
 
     ring_id: int
     edge_id: int
@@ -268,7 +268,7 @@ class RingInstalled(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class ObjectLoaded(Event):
-    """The seed's `ObjectLoadedFromRing`, `"ObjectLoaded"` on the wire."""
+    """Swactor's `ObjectLoadedFromRing`, `"ObjectLoaded"` on the wire."""
 
     ring_id: int
     edge_id: int
@@ -281,7 +281,7 @@ class ObjectLoaded(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class ObjectProduced(Event):
-    """The seed's `ObjectProducedToRing`, `"ObjectProduced"` on the wire: what a step committed to a ring."""
+    """Swactor's `ObjectProducedToRing`, `"ObjectProduced"` on the wire: what a step committed to a ring."""
 
     ring_id: int
     edge_id: int
@@ -293,7 +293,7 @@ class ObjectProduced(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class StepCompleted(Event):
-    """The seed's `StepCompletedForRole`, `"StepCompleted"` on the wire."""
+    """Swactor's `StepCompletedForRole`, `"StepCompleted"` on the wire."""
 
     role_id: int
     step_id: int
@@ -342,7 +342,7 @@ class ObjectFailed(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class RingBecameReadable(Event):
-    """The seed's `WorkerEvent::RingReadable` (unsolicited)."""
+    """Swactor's `WorkerEvent::RingReadable` (unsolicited)."""
 
     TYPE = "RingReadable"
     ring_id: int
@@ -350,7 +350,7 @@ class RingBecameReadable(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class RingBecameWritable(Event):
-    """The seed's `WorkerEvent::RingWritable` (unsolicited)."""
+    """Swactor's `WorkerEvent::RingWritable` (unsolicited)."""
 
     TYPE = "RingWritable"
     ring_id: int

@@ -1,12 +1,12 @@
-"""The GPU worker controller: the seed's `GpuWorkerCtl` as a pure state machine. No I/O, no clock of its own.
+"""The GPU worker controller: swactor's `GpuWorkerCtl` as a pure state machine. No I/O, no clock of its own.
 
 `handle(input)` returns what to do (spawn, write commands, stop a ring pump, kill) and what happened
 (running, failed, rejected, ring faulted or quiesced, stopped, routed). The inputs, outputs and states
-carry the seed's names; every (state, input) pair is a row of TRANSITIONS that names its handler and the
-states it may lead to, so a test can walk the table and compare it with the seed line by line.
+carry swactor's names; every (state, input) pair is a row of TRANSITIONS that names its handler and the
+states it may lead to, so a test can walk the table and compare it with swactor's controller line by line.
 
-Where this port departs from the seed, each time to close a gap the seed documents or leaves open, the
-row says so with a deviation id (D1...D9); README.md ("The GPU worker controller") lists them with reasons.
+Where this port departs from swactor's controller, each time to close a gap it documents or leaves open, the row
+says so with a deviation id (D1...D9); README.md ("The GPU worker controller") lists them with reasons.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ class ProcessStarted:
 
 @dataclass(frozen=True)
 class WorkerReady:
-    """The seed's ctl input, fed by the driver when the worker's own WorkerReady event arrives."""
+    """Swactor's ctl input, fed by the driver when the worker's own WorkerReady event arrives."""
 
     generation: int
     pid: int = 0
@@ -86,7 +86,7 @@ class ShutdownRequested:
 
 @dataclass(frozen=True)
 class WorkerStopped:
-    """The seed's ctl input, fed by the driver when the worker's WorkerStopped event arrives."""
+    """Swactor's ctl input, fed by the driver when the worker's WorkerStopped event arrives."""
 
     generation: int
     reason: str = ""
@@ -94,7 +94,7 @@ class WorkerStopped:
 
 @dataclass(frozen=True)
 class TimeAdvanced:
-    """The seed's `advance_time_ms`: the caller's clock, in seconds."""
+    """Swactor's `advance_time_ms`: the caller's clock, in seconds."""
 
     now: float
 
@@ -137,28 +137,28 @@ INPUTS: tuple[type, ...] = (
 # ---------------------------------------------------------------------------------------------- outputs: commands()
 @dataclass(frozen=True)
 class SpawnWorker:
-    """The seed's `SpawnProcessActor`."""
+    """Swactor's `SpawnProcessActor`."""
 
     generation: int
 
 
 @dataclass(frozen=True)
 class StopRingPump:
-    """The seed's `StopDriverPump`."""
+    """Swactor's `StopDriverPump`."""
 
     ring_id: int
 
 
 @dataclass(frozen=True)
 class KillProcess:
-    """D3/D7/D8/D9: the process must go (the seed has no kill)."""
+    """D3/D7/D8/D9: the process must go (swactor's controller has no kill)."""
 
     reason: str
 
 
 @dataclass(frozen=True)
 class WriteCommands:
-    """The seed's `serialized_worker_commands()`, in order."""
+    """Swactor's `serialized_worker_commands()`, in order."""
 
     commands: tuple[wire.Command, ...]
 
@@ -182,7 +182,7 @@ class WorkerRunning:
 class WorkerFailed:
     generation: int
     reason: Failure
-    exit_status: int | None  # D5: the seed's failure has no status
+    exit_status: int | None  # D5: swactor's failure has no status
     detail: str = ""
 
 
@@ -206,7 +206,7 @@ class RingQuiesced:
 
 @dataclass(frozen=True)
 class WorkerStoppedNotice:
-    """The seed's `WorkerCtlOut::WorkerStopped` (echoed)."""
+    """Swactor's `WorkerCtlOut::WorkerStopped` (echoed)."""
 
     generation: int
     reason: str
@@ -256,7 +256,7 @@ class IllegalTransition(PpLaunchError):
         self.input = inp
 
 
-# The seed's `route`: one destination per worker event type. Data, not ifs.
+# Swactor's `route`: one destination per worker event type. Data, not ifs.
 ROUTES: dict[type[wire.Message], Route] = {
     wire.RingInstalled: Route.EDGE_ESTABLISHER,
     wire.RingFault: Route.EDGE_ESTABLISHER,
@@ -284,14 +284,14 @@ LIVE = frozenset({State.RUNNING, State.SHUTTING_DOWN, State.KILLING, State.FAILI
 class WorkerController:
     arena_ceiling: int
     backend: dict[str, Any] = field(default_factory=lambda: dict(wire.CPU_BACKEND))
-    init_timeout: float = 10.0  # the seed's initialization_timeout_ms (10000)
+    init_timeout: float = 10.0  # swactor's initialization_timeout_ms (10000)
     shutdown_timeout: float = 10.0
     fatal_exit_timeout: float = 5.0
     state: State = State.IDLE
     generation: int = 1
     pid: int | None = None
     now: float = 0.0
-    rings: set[int] = field(default_factory=set)  # the seed's installed_rings
+    rings: set[int] = field(default_factory=set)  # swactor's installed_rings
     _deadline: float | None = None
     _failure: tuple[Failure, str] | None = None
 
@@ -332,7 +332,7 @@ class WorkerController:
         if inp.ring_helper_abi != wire.RING_HELPER_ABI:  # D2
             detail = f"UnsupportedHelperAbi: worker has {inp.ring_helper_abi}, need {wire.RING_HELPER_ABI}"
             return self._fail(Failure.PROTOCOL_FAULT, detail)
-        if inp.generation != self.generation:  # D2: the seed adopts whatever generation it is told
+        if inp.generation != self.generation:  # D2: swactor's controller adopts whatever generation it is told
             return self._fail(
                 Failure.PROTOCOL_FAULT, f"worker answered as generation {inp.generation}, not {self.generation}"
             )
@@ -365,7 +365,7 @@ class WorkerController:
     def _stdout(self, inp: StdoutEvent) -> list[Output]:
         ev = inp.event
         out: list[Output] = [Routed(ROUTES[type(ev)], ev)]
-        if isinstance(ev, wire.WorkerFatal):  # D4: the seed only routes it
+        if isinstance(ev, wire.WorkerFatal):  # D4: swactor's controller only routes it
             self._failure = (Failure.WORKER_FATAL, f"WorkerFatal: {ev.reason}")
             if self.state in (State.STARTING, State.RUNNING):
                 out += self._fail(Failure.WORKER_FATAL, f"WorkerFatal: {ev.reason}", kill=False)
@@ -393,12 +393,12 @@ class WorkerController:
 
     def _settle(self, state: State) -> None:
         self.state, self.pid, self._deadline, self._failure = state, None, None, None
-        self.rings.clear()  # D6: the seed never clears its installed rings
+        self.rings.clear()  # D6: swactor's controller never clears its installed rings
 
     # ----------------------------------------------------------------------------------- seed: restart, shutdown
     def _restart(self, _inp: RestartRequested) -> list[Output]:
         out: list[Output] = []
-        if self.pid is not None:  # D7: the seed would leave the old process running
+        if self.pid is not None:  # D7: swactor's controller would leave the old process running
             out.append(KillProcess(f"restart as generation {self.generation + 1}"))
         self.generation += 1
         self._settle(State.STARTING)
@@ -420,7 +420,7 @@ class WorkerController:
         if self._deadline is None or inp.now < self._deadline:
             return []
         self._deadline = None
-        if self.state is State.STARTING:  # the seed's InitializationTimeout; D8: the process is killed first
+        if self.state is State.STARTING:  # swactor's InitializationTimeout; D8: the process is killed first
             return self._fail(Failure.INITIALIZATION_TIMEOUT, f"initialization timed out after {self.init_timeout:g} s")
         if self.state is State.SHUTTING_DOWN:
             self.state = State.KILLING
@@ -454,7 +454,7 @@ class WorkerController:
 class Row:
     handler: Callable[[WorkerController, Any], list[Output]]
     targets: frozenset[State]
-    note: str = ""  # the seed's behaviour, or the deviation id
+    note: str = ""  # swactor's behaviour, or the deviation id
 
 
 def _rows() -> dict[tuple[State, type], Row]:

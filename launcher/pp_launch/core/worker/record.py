@@ -1,4 +1,4 @@
-"""Ring object records and ring layouts as swactor's node lays them out (contract §8a). Pure: bytes in, bytes out.
+"""Ring object records and ring layouts as swactor's node lays them out (docs/worker-wire.md). Pure: bytes in and out.
 
 A record is the 40-byte little-endian `MO01` header (magic, u16 version 1, u16 header length 40, u64 object id,
 u64 sequence, u64 extent, u32 flags, u32 reserved) followed by `extent` payload bytes. A ring holds one record,
