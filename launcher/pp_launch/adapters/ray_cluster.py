@@ -57,10 +57,6 @@ TAIL = 2000  # lines of each stage an actor keeps for `logs --ray`
 MISSING = "--ray needs Ray on this machine and on every node: pip install 'pp-launch[ray]'"
 
 
-def available() -> bool:
-    return ray is not None
-
-
 # ------------------------------------------------------------------------------------------------ the cluster
 @dataclass(frozen=True)
 class RayNode:

@@ -158,7 +158,6 @@ CACHE_MOUNT = "/root/.cache/tinygrad"
 MODEL_CACHE_MOUNT = "/root/.cache/pp-pipeline"
 
 
-FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 
 
 @dataclass(frozen=True)

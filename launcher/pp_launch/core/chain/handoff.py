@@ -20,7 +20,6 @@ from __future__ import annotations
 from pp_launch.core import stage_env
 from pp_launch.core.announce import StageAnnouncement
 
-MODES = ("env", "stdin")
 MODE_ENV = "PP_HANDOFF"  # set to "stdin" in the stage's environment in stdin mode
 DONE = "PP_HANDOFF_DONE"
 PEER = "PP_PEER"

@@ -31,7 +31,7 @@ from pp_launch.core.chain.ports import (
     StageOutput,
     StopRequested,
 )
-from pp_launch.core.chain.teardown import Teardown, TeardownError
+from pp_launch.core.chain.teardown import Teardown
 from pp_launch.core.events import RosterEntry
 from pp_launch.core.lines import count, display
 
@@ -178,10 +178,6 @@ class ChainScope:
         self._escalated = False
         self._roster: list[RosterEntry] = []
         self._td = Teardown(backend, runtime, plan.grace, kill_wait)  # its errors gathered, typed
-
-    @property
-    def teardown_errors(self) -> list[TeardownError]:
-        return self._td.errors
 
     @classmethod
     def adopt(
