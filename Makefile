@@ -1,5 +1,5 @@
 # Each target does all the set-up it needs (venv, package, Docker engine, images) by itself.
-.PHONY: demo test test-all test-load bench setup lint
+.PHONY: demo test test-all test-load bench setup lint docs
 demo:
 	bash launcher/scripts/dev.sh demo
 test:
@@ -14,3 +14,5 @@ setup:
 	bash launcher/scripts/dev.sh setup
 lint:
 	.venv/bin/ruff check launcher tests bench examples && .venv/bin/mypy
+docs:
+	bash launcher/scripts/dev.sh docs

@@ -98,5 +98,6 @@ case "$cmd" in
     trap 'kill "$hog" 2>/dev/null || true' EXIT
     for round in 1 2 3; do say "quick tier under load, round $round of 3"; run_tests -m "not full" "$@"; done ;;
   bench) setup test,ray; exec "$PY" bench/run_all.py "$@" ;;
-  *) echo "usage: $0 setup|demo|test|test-all|test-load|bench [args...]" >&2; exit 2 ;;
+  docs) setup; "$VENV/bin/pip" install -q -e ".[docs]"; exec "$VENV/bin/mkdocs" serve -a "${DOCS_ADDR:-127.0.0.1:8000}" "$@" ;;
+  *) echo "usage: $0 setup|demo|test|test-all|test-load|bench|docs [args...]" >&2; exit 2 ;;
 esac

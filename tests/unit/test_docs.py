@@ -4,6 +4,7 @@ as written from the repository's root."""
 
 from __future__ import annotations
 
+import html
 import os
 import re
 import shlex
@@ -39,6 +40,26 @@ def test_the_site_builds_strict(tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "site" / "troubleshooting" / "index.html").exists()
+    site = tmp_path / "site"
+    # the command reference is generated from the commands: every option of every command is on it
+    reference = html.unescape((site / "cli" / "index.html").read_text())
+    from pp_launch.cli.main import load_all
+
+    group = load_all()
+    missing = []
+    for name, command in sorted(group.commands.items()):
+        if command.hidden:
+            continue
+        for param in command.params:
+            for opt in getattr(param, "opts", []):
+                if opt.startswith("--") and not getattr(param, "hidden", False) and opt not in reference:
+                    missing.append(f"{name} {opt}")
+        if f"pp-launch {name}" not in reference:
+            missing.append(f"pp-launch {name}")
+    assert missing == [], f"not in the built command reference: {missing}"
+    # no page renders a literal backslash escape (a `\|` meant as a pipe) where people read or copy it
+    escaped = [str(page.relative_to(site)) for page in site.rglob("*.html") if "\\|" in html.unescape(page.read_text())]
+    assert escaped == [], escaped
 
 
 def test_every_page_is_in_the_site_nav() -> None:
