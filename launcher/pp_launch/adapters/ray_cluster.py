@@ -838,7 +838,7 @@ def end_run(run_id: str, actors: Sequence[Any], grace: float) -> list[str]:
 
 
 def stray_groups(live_runs: Sequence[str]) -> list[str]:
-    """Placement groups of ours whose run has no stage actor left (they hold GPUs for nothing)."""
+    """Placement groups of ours whose run has no actor left (they hold GPUs for nothing)."""
     from ray.util import placement_group_table
 
     out = []

@@ -89,7 +89,7 @@ def plan(request: LaunchRequest, environ: Mapping[str, str]) -> Launched:
 
 
 class _Placed:
-    """The run's placement group and stage actors, held until released."""
+    """The run's placement group and node agents, held until released."""
 
     def __init__(self, cluster: ray_cluster.Cluster) -> None:
         self.cluster = cluster
@@ -303,7 +303,7 @@ def gc(address: str, dry_run: bool = False) -> list[str]:
                 if not dry_run:
                     ray_cluster.end_run(run_id, actors, 0.0)
         for run_id in ray_cluster.stray_groups(list(found)):
-            said.append(f"run {run_id}: no stage actor left; its placement group (GPUs) released")
+            said.append(f"run {run_id}: no node agent left; its placement group (GPUs) released")
             if not dry_run:
                 ray_cluster.release_group(run_id)
         return said
