@@ -627,7 +627,6 @@ def test_global_host_and_context_as_docker_takes_them(monkeypatch: pytest.Monkey
     assert both.exit_code == 2 and "do not go together" in both.output
 
 
-
 def test_gpus_shows_temperature_power_and_who_runs_each_process(tmp_path: Path) -> None:
     doc = json.loads((DATA / "plain-4gpu.json").read_text())
     alice = {"pid": 77, "used_memory_mib": 300, "user": "alice", "command": "python serve.py"}

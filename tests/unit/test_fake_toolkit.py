@@ -20,8 +20,15 @@ EIGHT = inventory_file.load(DATA / "nvlink-8gpu.json")
 
 @pytest.mark.parametrize(
     ("value", "positions"),
-    [("all", [0, 1, 2, 3, 4, 5, 6, 7]), ("3", [3]), ("5,1", [1, 5]), (EIGHT.gpus[6].uuid, [6]),
-     (f"{EIGHT.gpus[2].uuid},0", [0, 2]), ("none", []), ("1,1", [1])],
+    [
+        ("all", [0, 1, 2, 3, 4, 5, 6, 7]),
+        ("3", [3]),
+        ("5,1", [1, 5]),
+        (EIGHT.gpus[6].uuid, [6]),
+        (f"{EIGHT.gpus[2].uuid},0", [0, 2]),
+        ("none", []),
+        ("1,1", [1]),
+    ],
 )
 def test_visible_devices_resolve_as_the_toolkit_reads_them(value: str, positions: list[int]) -> None:
     found = fake_toolkit.resolve(EIGHT, value)
@@ -63,7 +70,7 @@ def test_the_runtime_adds_the_hook_once_when_nvidia_visible_devices_is_set(tmp_p
     bin_dir = fake_toolkit.install(tmp_path / "bin", DATA / "nvlink-8gpu.json", tmp_path / "lib.so")
     runc = tmp_path / "runc-bin"
     runc.mkdir()
-    (runc / "runc").write_text("#!/bin/sh\necho \"runc $*\"\n")
+    (runc / "runc").write_text('#!/bin/sh\necho "runc $*"\n')
     (runc / "runc").chmod(0o755)
     bundle = tmp_path / "bundle"
     bundle.mkdir()
@@ -92,10 +99,15 @@ def test_the_cdi_spec_names_each_gpu_by_index_and_uuid(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("argv", "launcher"),
-    [(["/venv/bin/python", "/venv/bin/pp-launch", "chain"], True), (["pp-gpu-node"], True),
-     (["python", "-m", "pp_launch", "chain"], True), (["python", "-m", "pp_launch.adapters.watchdog", "r", "5"], True),
-     (["/opt/pp-launch/docker26/usr/sbin/dockerd", "-H", "unix:///tmp/pp-launch.sock"], False),
-     (["python", "-m", "pytest", "-p", "pp_launch"], False), (["bash", "wrappers/docker-gpu-node.sh"], True)],
+    [
+        (["/venv/bin/python", "/venv/bin/pp-launch", "chain"], True),
+        (["pp-gpu-node"], True),
+        (["python", "-m", "pp_launch", "chain"], True),
+        (["python", "-m", "pp_launch.adapters.watchdog", "r", "5"], True),
+        (["/opt/pp-launch/docker26/usr/sbin/dockerd", "-H", "unix:///tmp/pp-launch.sock"], False),
+        (["python", "-m", "pytest", "-p", "pp_launch"], False),
+        (["bash", "wrappers/docker-gpu-node.sh"], True),
+    ],
 )
 def test_the_leak_guard_knows_a_launcher_from_a_path_with_pp_launch_in_it(argv: list[str], launcher: bool) -> None:
     from pp_launch.testing.plugin import is_launcher

@@ -76,8 +76,10 @@ def test_each_host_holds_one_block_of_consecutive_stages() -> None:
     """The ring crosses each boundary once: whatever the placement, a host's stages are consecutive."""
     for placement in hosts.PLACEMENTS:
         for n in range(1, 12):
-            got = hosts.assign(n, ["a", "b", "c"], [4, None, 2], placement) if placement == "pack" else (
-                hosts.assign(n, ["a", "b", "c"], [None] * 3, placement)
+            got = (
+                hosts.assign(n, ["a", "b", "c"], [4, None, 2], placement)
+                if placement == "pack"
+                else (hosts.assign(n, ["a", "b", "c"], [None] * 3, placement))
             )
             assert got == sorted(got)
             assert [h for h, _ in hosts.blocks(got)] == sorted(set(got))

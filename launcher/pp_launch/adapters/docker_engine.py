@@ -108,8 +108,11 @@ def lost(exc: BaseException, address: str | None = None) -> errors.EngineLost:
     """One typed error for every way an engine can go away under us."""
     address = address or engine_address()
     text = str(exc)
-    if "timed out" in text or isinstance(exc, TimeoutError) or (_from(exc, "requests", "docker")
-                                                                and isinstance(exc, requests.exceptions.Timeout)):
+    if (
+        "timed out" in text
+        or isinstance(exc, TimeoutError)
+        or (_from(exc, "requests", "docker") and isinstance(exc, requests.exceptions.Timeout))
+    ):
         what = "stopped answering (no reply before the timeout: frozen or overloaded)"
     elif "Connection refused" in text or "No such file" in text or "FileNotFoundError" in text:
         what = "stopped (its socket refuses connections)"
@@ -235,7 +238,7 @@ def chosen_context() -> tuple[str, str] | None:
     if os.environ.get("DOCKER_HOST"):
         return None
     if name := os.environ.get("DOCKER_CONTEXT"):
-        return (None if name == "default" else (name, f"DOCKER_CONTEXT={name}"))
+        return None if name == "default" else (name, f"DOCKER_CONTEXT={name}")
     config = Path(os.environ.get("DOCKER_CONFIG") or Path.home() / ".docker") / "config.json"
     try:
         current = json.loads(config.read_text()).get("currentContext")

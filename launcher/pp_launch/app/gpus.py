@@ -216,9 +216,7 @@ def _place(inventory: GpuInventory, n: int, ask: _Ask, held: Mapping[str, Holdin
     return allocate(inventory, dataclasses.replace(ask.request, stages=n), held)
 
 
-def _combine(
-    blocks: list[tuple[list[int], Placement]], stages: int, attach: str, whole: bool
-) -> GpuSelection:
+def _combine(blocks: list[tuple[list[int], Placement]], stages: int, attach: str, whole: bool) -> GpuSelection:
     """The blocks' placements as one chain: each stage's GPUs and device requests, each hop's level (a hop out of
     a host is HOST_LEVEL), the summed cost. `whole`: CPU stages or --gpus all on one engine (no hops to show)."""
     stage_gpus: list[tuple[str, ...]] = [()] * stages

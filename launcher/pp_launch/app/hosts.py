@@ -179,5 +179,3 @@ def host_gpus(
 
     with ThreadPoolExecutor(max_workers=min(len(hosts), 16) or 1, thread_name_prefix="host-probe") as pool:
         return list(pool.map(one, hosts))
-
-

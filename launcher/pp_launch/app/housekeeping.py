@@ -153,7 +153,11 @@ def find_run(engine: Engine, wanted: str) -> tuple[str, list[ContainerInfo]]:
 
 
 def stop_runs(
-    engine: Engine, targets: list[ContainerInfo], grace: float, reason: str = "down", kill_wait: float = 15.0,
+    engine: Engine,
+    targets: list[ContainerInfo],
+    grace: float,
+    reason: str = "down",
+    kill_wait: float = 15.0,
     guards: tuple[guard.GuardRecord, ...] = (),
 ) -> list[ChainOutcome]:
     """The chain's own teardown for containers their guards vouch for (`pp-launch down`): each run's guards told

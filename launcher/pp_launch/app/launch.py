@@ -116,11 +116,15 @@ def _ray_problems(r: LaunchRequest, mode: str) -> list[str]:
         "--ray ADDRESS is empty: name the cluster (HOST:PORT, ray://HOST:PORT, or auto)" if not r.ray.strip() else "",
         "--ray and --host do not go together: the Ray cluster's nodes are the hosts" if r.hosts else "",
         "--ray and --gpu-node do not go together: stages run as containers on the cluster's nodes"
-        if r.gpu_node else "",
+        if r.gpu_node
+        else "",
         f"--gpus {r.gpu.mode} and --ray do not go together: Ray grants the GPUs; use --gpus auto (with "
-        "--gpus-per-stage N) or none" if mode not in ("auto", "none") else "",
+        "--gpus-per-stage N) or none"
+        if mode not in ("auto", "none")
+        else "",
         "--gpu-inventory HOST=FILE and --ray do not go together: each node reads its own GPUs"
-        if r.gpu.host_inventories else "",
+        if r.gpu.host_inventories
+        else "",
         "--ray-timeout must be positive" if r.ray_timeout <= 0 else "",
     ]
 

@@ -158,8 +158,6 @@ CACHE_MOUNT = "/root/.cache/tinygrad"
 MODEL_CACHE_MOUNT = "/root/.cache/pp-pipeline"
 
 
-
-
 @dataclass(frozen=True)
 class GpuRequest:
     """PP_GPUS, mapped as `docker run --gpus` maps it."""

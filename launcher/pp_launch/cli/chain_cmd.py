@@ -69,8 +69,8 @@ def load_chain_file(ctx: click.Context, param: click.Parameter, value: str | Non
         if key is None:
             raise errors.ConfigError(f"{where}: unknown key{_did_you_mean(raw_key, keys)}; "
                                      f"keys: {', '.join(sorted(keys))}")  # fmt: skip
-        defaults[key] = _env_value(item, where) if key in ("env", "stage_env") else _checked(
-            ctx, options[key], item, where
+        defaults[key] = (
+            _env_value(item, where) if key in ("env", "stage_env") else _checked(ctx, options[key], item, where)
         )
     ctx.default_map = {**(ctx.default_map or {}), **defaults}
     return value
