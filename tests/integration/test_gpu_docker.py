@@ -214,21 +214,7 @@ def test_a_lock_removed_while_its_launch_places_stops_that_launch_and_no_gpu_is_
         lock = engine.inspect("pp-launch-gpu-lock")
         assert lock is not None and lock["Config"]["Labels"]["pp-launch.run"] == first.run_id
         subprocess.run(["docker", "rm", "-f", lock["Id"]], check=True, capture_output=True)
-        second = Launcher(
-            "chain",
-            "--stages",
-            "2",
-            "--json",
-            "--gpus",
-            "auto",
-            "--gpu-attach",
-            "env",
-            "--env",
-            "STUB_MODE=hold",
-            "--grace",
-            "1",
-            env=state_dir,
-        )  # the two GPUs stage 0 does not hold
+        second = Launcher("chain", "--stages", "2", *GPU_ARGS, "--grace", "1", env=state_dir)  # the two GPUs left
         seen: list[list[str]] = []
 
         def sample() -> bool:
