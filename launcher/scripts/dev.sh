@@ -14,6 +14,7 @@ say() { printf 'dev: %s\n' "$*" >&2; }
 
 setup() {
   local extras=${1:-test}
+  shift || true  # the rest: host tool groups for ensure-host-tools.sh (docs, browser)
   if [ ! -x "$PY" ]; then
     say "creating the virtual environment $VENV"
     if ! python3 -m venv "$VENV" 2>/dev/null; then
@@ -31,7 +32,7 @@ setup() {
   fi
   say "installing pp-launch and its test tools ($extras) into $VENV"
   "$PY" -m pip install -q --disable-pip-version-check -e ".[$extras]"
-  launcher/scripts/ensure-host-tools.sh
+  launcher/scripts/ensure-host-tools.sh "$@"
   launcher/scripts/ensure-docker.sh
   say "building the images (nothing is pulled; a second run rebuilds nothing)"
   "$VENV/bin/pp-launch" images build
@@ -86,10 +87,10 @@ case "$cmd" in
     "$VENV/bin/pp-launch" chain --stages "${STAGES:-4}" "$@" || code=$?
     say "pp-launch and pp-gpu-node are in $VENV/bin: '. $VENV/bin/activate' puts them on PATH in a shell"
     exit "$code" ;;
-  test) setup; launcher/scripts/ensure-docker26.sh; run_tests -m "not full" "$@" ;;
-  test-all) setup test,ray; launcher/scripts/ensure-docker26.sh; run_tests "$@" ;;  # the Ray tests need the extra
+  test) setup test docs; launcher/scripts/ensure-docker26.sh; run_tests -m "not full" "$@" ;;
+  test-all) setup test,ray docs browser; launcher/scripts/ensure-docker26.sh; run_tests "$@" ;;  # the Ray tests need the extra
   test-load)
-    setup; launcher/scripts/ensure-docker26.sh
+    setup test docs; launcher/scripts/ensure-docker26.sh
     if ! command -v stress-ng >/dev/null 2>&1; then
       say "installing stress-ng (Debian's package) for the CPU hog"
       DEBIAN_FRONTEND=noninteractive apt-get install -y -qq stress-ng >/dev/null
@@ -98,6 +99,6 @@ case "$cmd" in
     trap 'kill "$hog" 2>/dev/null || true' EXIT
     for round in 1 2 3; do say "quick tier under load, round $round of 3"; run_tests -m "not full" "$@"; done ;;
   bench) setup test,ray; exec "$PY" bench/run_all.py "$@" ;;
-  docs) setup; "$VENV/bin/pip" install -q -e ".[docs]"; exec "$VENV/bin/mkdocs" serve -a "${DOCS_ADDR:-127.0.0.1:8000}" "$@" ;;
+  docs) setup test docs; "$VENV/bin/pip" install -q -e ".[docs]"; exec "$VENV/bin/mkdocs" serve -a "${DOCS_ADDR:-127.0.0.1:8000}" "$@" ;;
   *) echo "usage: $0 setup|demo|test|test-all|test-load|bench|docs [args...]" >&2; exit 2 ;;
 esac

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Make sure the host tools the set-up calls are installed: for each missing command, install the Debian
 # package that provides it (as root on Debian), else say what to install and fail. An installed tool is
-# left alone. PP_APT_GET replaces apt-get (tests run this against a PATH without the tools and a
+# left alone. Arguments add groups: `docs` (Graphviz, which draws the site's pictures while it builds) and
+# `browser` (Chromium, which the full tier opens the built site in). PP_APT_GET replaces apt-get (tests run this against a PATH without the tools and a
 # recording stand-in, so nothing is installed by them).
 set -euo pipefail
 say() { printf 'ensure-host-tools: %s\n' "$*" >&2; }
@@ -16,6 +17,13 @@ TOOLS=(
   "pgrep:procps"
   "sshd:openssh-server"  # the test suite reaches one engine the way remote hosts are: over ssh://
 )
+for group in "$@"; do
+  case "$group" in
+    docs) TOOLS+=("dot:graphviz") ;;
+    browser) TOOLS+=("chromium:chromium") ;;
+    *) say "unknown group '$group' (docs, browser)"; exit 2 ;;
+  esac
+done
 
 missing=()
 for pair in "${TOOLS[@]}"; do
@@ -31,4 +39,4 @@ fi
 say "installing ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
 "$APT" update -qq
-"$APT" install -y -qq "${missing[@]}" >/dev/null
+"$APT" install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

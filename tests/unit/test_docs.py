@@ -80,3 +80,27 @@ def test_a_command_marked_runs_here_runs_as_written(page: str, command: str) -> 
 
 def test_there_are_commands_to_run() -> None:
     assert len(runnable()) >= 4
+
+
+OUTPUT_MARK = re.compile(r"<!-- output of: (.+?) -->\n```\n(.*?)```", re.S)
+
+
+def shown_outputs() -> list[tuple[str, str, str]]:
+    return [(p.name, m[1], m[2]) for p in PAGES for m in OUTPUT_MARK.finditer(p.read_text())]
+
+
+@pytest.mark.parametrize(
+    ("page", "command", "shown"), shown_outputs(), ids=[f"{p}: {c}" for p, c, _ in shown_outputs()]
+)
+def test_a_sample_output_is_what_the_command_prints_now(page: str, command: str, shown: str) -> None:
+    argv = shlex.split(command)
+    argv[0] = str(Path(sys.executable).parent / argv[0])
+    env = {**os.environ, "DOCKER_HOST": "unix:///nonexistent/docker.sock", "COLUMNS": "200"}
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 0, done.stderr
+    strip = lambda text: [line.rstrip() for line in text.strip("\n").splitlines()]  # noqa: E731
+    assert strip(shown) == strip(done.stdout), f"{page}: the sample of '{command}' no longer matches its output"
+
+
+def test_the_samples_are_checked() -> None:
+    assert [c for _, c, _ in shown_outputs() if "--topo" in c] != []

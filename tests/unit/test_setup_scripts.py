@@ -59,3 +59,33 @@ def test_present_tools_are_left_alone(tmp_path: Path) -> None:
         assert result.returncode == 0 and calls == []
     else:
         assert all(t not in " ".join(calls) for t in tools if t not in ("setsid", "pgrep"))
+
+
+def test_groups_add_the_docs_and_browser_tools(tmp_path: Path) -> None:
+    every = ("debootstrap", "gcc", "tar", "setsid", "pgrep", "sshd")
+    bin_dir = bare_path(tmp_path, *[t for t in every if shutil.which(t)])
+    log = tmp_path / "apt.log"
+    apt = tmp_path / "apt-get"
+    apt.write_text(f'#!{shutil.which("bash")}\necho "$*" >> {log}\n')
+    apt.chmod(0o755)
+    done = subprocess.run(
+        [str(bin_dir / "bash"), str(SCRIPT), "docs", "browser"],
+        env={"PATH": str(bin_dir), "PP_APT_GET": str(apt)},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    if os.geteuid() == 0 and Path("/etc/debian_version").exists():
+        assert done.returncode == 0, done.stderr
+        install = log.read_text().splitlines()[-1].split()
+        assert {"graphviz", "chromium", "--no-install-recommends"} <= set(install)
+    else:
+        assert done.returncode == 1 and "graphviz" in done.stderr and "chromium" in done.stderr
+    wrong = subprocess.run(
+        [str(bin_dir / "bash"), str(SCRIPT), "desktop"],
+        env={"PATH": str(bin_dir)},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert wrong.returncode == 2 and "unknown group 'desktop'" in wrong.stderr
