@@ -18,7 +18,7 @@ Every mode first prints `PP_STAGE_GPUS <uuid,...|->`: the GPUs NVML lists inside
 libnvidia-ml.so.1; stderr in worker mode, whose stdout is the wire).
 
 Knobs: STUB_IGNORE_SIGTERM, STUB_ANNOUNCE_DELAY, STUB_NO_ANNOUNCE, STUB_ANNOUNCE_LINE, STUB_EXIT_AFTER,
-STUB_EXIT_CODE, STUB_LOG_RATE (docs/tests.md); for tests of the no-orphan layers and of bad output also
+STUB_EXIT_CODE, STUB_EXIT_ATTEMPTS, STUB_LOG_RATE (docs/tests.md); for tests of the no-orphan layers and of bad output also
 STUB_IGNORE_LIFELINE=1 (behave like an image that never reads stdin) and STUB_FLOOD=endless|random with
 STUB_FLOOD_MB (one endless line, or random bytes, after announcing), or STUB_FLOOD=lines (STUB_FLOOD_LINES lines
 of STUB_FLOOD_WIDTH characters, then PP_FLOOD_DONE; STUB_FLOOD_EXIT=1 exits 0 after it). Across hosts: STUB_BIND (listen address,
@@ -308,6 +308,9 @@ def start_knobs() -> None:
     signal.signal(signal.SIGINT, lambda *_: on_stop_signal())
 
     exit_after = ENV.get("STUB_EXIT_AFTER")
+    attempts = ENV.get("STUB_EXIT_ATTEMPTS")  # only the first N attempts of a run exit so (PP_ATTEMPT, --max-restarts)
+    if attempts and int(ENV.get("PP_ATTEMPT", "1") or 1) > int(attempts):
+        exit_after = None
     if exit_after:
         code = int(ENV.get("STUB_EXIT_CODE", "0") or 0)
 

@@ -125,6 +125,7 @@ def test_dry_run_json_is_the_whole_plan_with_placeholders() -> None:
         "pp-launch.stage": "0",
         "pp-launch.owner": s0["labels"]["pp-launch.owner"],
         "pp-launch.gpus": s0["gpus"][0],
+        "pp-launch.attempt": "1",
     }
     assert "PEER_DIRECT" not in s0["env"] and s0["env"]["SWACTOR_DIAG_X"] == "1" and s0["env"]["MAX_TOKENS"] == "9"
     assert s1["env"]["PEER_NODE_ID"] == "<from stage 0>" and s2["env"]["PEER_DIRECT"] == "<from stage 1>"
@@ -216,6 +217,7 @@ def test_gpus_table_json_and_record(tmp_path: Path) -> None:
     assert lines[-1] == "driver 580.159.03, CUDA 13.0"
     as_json = json.loads(run("gpus", "--json", "--gpu-inventory", inv).stdout)
     assert as_json.pop("held_by") is None  # no engine answered: not known (an engine's holders: integration)
+    assert [g.pop("health") for g in as_json["gpus"]] == ["unknown"] * 4  # the file says nothing of their health
     assert as_json == json.loads(Path(inv).read_text())
     out = tmp_path / "rec.json"
     assert run("gpus", "--gpu-inventory", inv, "--record", str(out)).exit_code == 0

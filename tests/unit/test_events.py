@@ -27,6 +27,8 @@ EXAMPLES: list[events.Event] = [
     events.ChainStopped(
         reason=events.StopReason.COMPLETED, exit_code=0, removed=(), orphans=(), output_dropped_bytes=4096
     ),
+    events.ChainRestarting(attempt=2, max=3, reason="stage 1 (pp-abc-1) exited with code 3", stage=1, backoff_s=1.0),
+    events.ChainRestarting(attempt=3, max=3, reason="the stages did not announce in time"),
 ]
 
 

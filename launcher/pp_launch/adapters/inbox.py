@@ -8,7 +8,7 @@ import threading
 import time
 from typing import Any
 
-from pp_launch.core.chain.ports import TAIL_LINES, ChainEvent, StageGone, StageOutput, StopRequested
+from pp_launch.core.chain.ports import TAIL_LINES, ChainEvent, StageFault, StageGone, StageOutput, StopRequested
 
 _WAKE: Any = object()
 LINE_COST = 160  # bytes a waiting line costs beyond its payload: the event, its bytes object, the queue's node
@@ -45,7 +45,7 @@ class QueueInbox:
         return self._pending_output > self._max_output or self._pending_lines >= self._max_lines
 
     def put(self, event: ChainEvent) -> None:
-        if isinstance(event, StopRequested) or (self._dropping and isinstance(event, StageGone)):
+        if isinstance(event, StopRequested | StageFault) or (self._dropping and isinstance(event, StageGone)):
             self._urgent.append(event)
             self._q.put(_WAKE)  # wakes a get() that waits on an empty queue
             return

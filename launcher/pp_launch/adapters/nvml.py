@@ -12,7 +12,7 @@ from types import ModuleType
 from typing import Any
 
 from pp_launch.core.errors import PpLaunchError
-from pp_launch.core.gpu.inventory import Gpu, GpuInventory, GpuProcess, MigDevice
+from pp_launch.core.gpu.inventory import Gpu, GpuInventory, GpuProcess, LostGpu, MigDevice
 
 MIB = 1024 * 1024
 NO_DRIVER = "NVML not found: no NVIDIA driver on this host"
@@ -136,7 +136,7 @@ def _query(nvml: ModuleType) -> GpuInventory:
             handles.append(h)
             indices.append(i)
         except nvml.NVMLError as exc:
-            lost.append(f"GPU {i} is left out: NVML says {_text(exc)}")
+            lost.append(LostGpu(i, f"NVML says {_text(exc)}"))
     gpus = []
     for i, h, uuid in zip(indices, handles, uuids, strict=True):
         total, used = _memory(nvml, h)
@@ -162,6 +162,7 @@ def _query(nvml: ModuleType) -> GpuInventory:
                 temperature_c=None if temp is None else int(temp),
                 power_w=None if power is None else int(power) / 1000,
                 power_limit_w=None if limit is None else int(limit) / 1000,
+                **_health(nvml, h),
             )
         )
     return GpuInventory(
@@ -170,8 +171,21 @@ def _query(nvml: ModuleType) -> GpuInventory:
         cuda_version=None if cuda is None else f"{cuda // 1000}.{(cuda % 1000) // 10}",
         topology=_topology(nvml, handles),
         nvlink=_nvlink(nvml, handles, [g.pci_bus_id for g in gpus]),
-        note="; ".join(lost),
+        note="; ".join(f"GPU {g.index} is left out: {g.why}" for g in lost),
+        lost=tuple(lost),
     )
+
+
+def _health(nvml: ModuleType, h: Any) -> dict[str, Any]:
+    """What NVML says of the GPU's memory health (docs/recovery.md); None where it cannot say (not supported)."""
+    ecc = _try(nvml, getattr(nvml, "nvmlDeviceGetTotalEccErrors", None), h, 1, 0)  # uncorrected, volatile
+    pending = _try(nvml, getattr(nvml, "nvmlDeviceGetRetiredPagesPendingStatus", None), h)
+    rows = _try(nvml, getattr(nvml, "nvmlDeviceGetRemappedRows", None), h)  # (corrected, uncorrected, pending, failed)
+    return {
+        "ecc_uncorrected": None if ecc is None else int(ecc),
+        "retired_pages_pending": None if pending is None else int(pending) == getattr(nvml, "NVML_FEATURE_ENABLED", 1),
+        "row_remap_failure": None if rows is None else bool(rows[3]),
+    }
 
 
 def _topology(nvml: ModuleType, handles: list[Any]) -> tuple[tuple[int, ...], ...] | None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import select
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -59,3 +62,32 @@ class Threads:
         with self._lock:
             self._started = [t for t in self._started if t.is_alive()]
             return [t.name for t in self._started]
+
+
+class StopLatch:
+    """A wait that a stop ends early (a signal, or `down` told to a run's guard): the backoff between two attempts.
+    `request_stop` is safe from a signal handler: it sets two fields and writes one byte to a pipe."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.by = ""
+        self._r, self._w = os.pipe()
+        os.set_blocking(self._w, False)
+
+    def request_stop(self, signum: int, by: str = "") -> None:
+        if self.signum is None:
+            self.signum, self.by = signum, by
+        with contextlib.suppress(OSError):
+            os.write(self._w, b"x")
+
+    def wait(self, seconds: float) -> bool:
+        """True when stopped before `seconds` passed (or already)."""
+        if self.signum is None:
+            with contextlib.suppress(InterruptedError):
+                select.select([self._r], [], [], seconds)
+        return self.signum is not None
+
+    def close(self) -> None:
+        for fd in (self._r, self._w):
+            with contextlib.suppress(OSError):
+                os.close(fd)

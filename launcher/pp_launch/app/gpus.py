@@ -127,6 +127,8 @@ def select(
     stages_per_host: int | None = None,
     allow_shared: bool = False,
     min_free_mib: int | None = None,
+    allow_unhealthy: bool = False,
+    avoid: tuple[tuple[str, str], ...] = (),
 ) -> tuple[list[str], GpuSelection]:
     """Each stage's host and GPUs. mode (--gpus), read as `docker run --gpus` reads it: auto | none | all | N (a
     count: N GPUs for each stage, placed as auto places them) | device=LIST or a LIST with a comma (indices or
@@ -137,7 +139,9 @@ def select(
     mode, per_stage = parse_gpus_flag(mode, per_stage)
     per_stage = _per_stage_of_list(mode, stages, per_stage)
     listed = mode if mode not in ("auto", "none", "all") else "auto"
-    ask = _Ask(asked, mode, _request(listed, 1, per_stage, environ, allow_shared, min_free_mib))
+    request = _request(listed, 1, per_stage, environ, allow_shared, min_free_mib)
+    request = dataclasses.replace(request, allow_unhealthy=allow_unhealthy, avoid=avoid)  # docs/recovery.md
+    ask = _Ask(asked, mode, request)
     one_engine = _one_engine(hosts_gpus)
     if ask.explicit and len(hosts_gpus) > 1:
         raise errors.ConfigError(

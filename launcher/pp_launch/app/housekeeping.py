@@ -256,6 +256,7 @@ def list_stages(engine: Engine, run: str | None = None, details: bool = False,
             {
                 "run": c.labels.get(labels.RUN, ""),
                 "stage": labels.ascii_int(stage),
+                "attempt": labels.ascii_int(c.labels.get(labels.ATTEMPT, "")),  # None: a lock, or an older container
                 "role": "lock" if stage == labels.STAGE_LOCK else "stage",
                 "container": c.name,
                 "id": c.id[:12],
@@ -298,12 +299,14 @@ def render(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return "no pp-launch containers"
     hosts = any(r.get("host") for r in rows)
-    header = ("run", "stage", *(("host",) if hosts else ()), "container", "image", "gpus", "address", "owner",
-              "owner is", "state", "up")  # fmt: skip
+    restarted = any((r.get("attempt") or 1) > 1 for r in rows)  # the column shows once a run was restarted
+    header = ("run", "stage", *(("attempt",) if restarted else ()), *(("host",) if hosts else ()), "container",
+              "image", "gpus", "address", "owner", "owner is", "state", "up")  # fmt: skip
     table = [header] + [
         (
             r["run"],
             str(r["stage"]) if r["stage"] is not None else (r["role"] if r.get("role") != "stage" else "?"),
+            *((str(r.get("attempt") or "-"),) if restarted else ()),
             *((r.get("host") or "-",) if hosts else ()),
             r["container"],
             r["image"],

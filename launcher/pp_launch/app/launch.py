@@ -11,28 +11,33 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import signal
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
-from pp_launch.adapters import host_state, identity, run_logs
+from pp_launch.adapters import host_state, identity
 from pp_launch.adapters.docker_engine import DockerStageBackend, Engine, connect
+from pp_launch.adapters.gpu_watch import GpuWatch
 from pp_launch.adapters.guard import RunGuard
 from pp_launch.adapters.guard import image_check as guard_image_check
 from pp_launch.adapters.inbox import QueueInbox
 from pp_launch.adapters.multi_host import MultiHostBackend
 from pp_launch.adapters.process_backend import ProcessStageBackend
 from pp_launch.adapters.runtime import ThreadRuntime
+from pp_launch.app import attempts
 from pp_launch.app import chain as steps
 from pp_launch.app import gpus as gpu_select
 from pp_launch.app import hosts as across
 from pp_launch.app.locks import GpuLocks, LockSite, reserve
-from pp_launch.core import errors, events, hosts, labels
+from pp_launch.core import errors, hosts, labels
 from pp_launch.core.chain.plan import BUILTIN_IMAGE, ChainPlan, ChainRequest, build_plan
 from pp_launch.core.chain.ports import StageBackend
 from pp_launch.core.chain.scope import ChainOutcome, ChainScope, QuietReporter, Reporter
+from pp_launch.core.gpu import xid
 from pp_launch.core.gpu.inventory import GpuInventory
 
 
@@ -47,6 +52,7 @@ class GpuOptions:
     allow_shared: bool = False
     min_free_mib: int | None = None
     host_inventories: tuple[tuple[str, str], ...] = ()  # --gpu-inventory HOST=FILE (chains across hosts)
+    allow_unhealthy: bool = False  # also GPUs NVML says are unhealthy (never one that faulted in the run)
 
 
 @dataclass(frozen=True)
@@ -66,6 +72,9 @@ class LaunchRequest:
     log_dir: str | None = None  # where: None for this user's state directory
     ray: str | None = None  # --ray ADDRESS: the stages run on that Ray cluster (app/on_ray.py)
     ray_timeout: float = 60.0  # how long Ray may take to grant the run's GPUs before it is refused (exit 2)
+    max_restarts: int = 0  # further attempts of the run after a stage fails (core/chain/restarts.py)
+    restart_backoff: float = 1.0  # seconds before the first restart, doubling after each, capped at 30 s
+    avoid_gpus: tuple[tuple[str, str], ...] = ()  # (UUID, why): GPUs this attempt must not use (a fault seen)
 
     def __post_init__(self) -> None:
         try:
@@ -106,7 +115,15 @@ def _problems(r: LaunchRequest) -> list[str]:
         if unknown and r.hosts else "",
         f"--gpu-inventory {unknown[0]}=FILE names a host, but this chain has no --host" if unknown and not r.hosts
         else "",
+        *_restart_problems(r),
     ]  # fmt: skip
+
+
+def _restart_problems(r: LaunchRequest) -> list[str]:
+    return [
+        f"--max-restarts {r.max_restarts}: use 0 (no restart) or more" if r.max_restarts < 0 else "",
+        f"--restart-backoff {r.restart_backoff:g}: use 0 seconds or more" if not r.restart_backoff >= 0 else "",
+    ]
 
 
 def _ray_problems(r: LaunchRequest, mode: str) -> list[str]:
@@ -129,13 +146,19 @@ def _ray_problems(r: LaunchRequest, mode: str) -> list[str]:
     ]
 
 
+class Stoppable(Protocol):
+    """What a stop signal is routed to: an attempt's chain scope, or the backoff between two attempts."""
+
+    def request_stop(self, signum: int, by: str = "") -> None: ...
+
+
 @dataclass(frozen=True)
 class Hooks:
     """How a caller watches and steers a launch; every hook is optional."""
 
     say: Callable[[str], None] = lambda text: None  # progress in words ("pp-launch: ..." on the CLI)
     reporter: Callable[[ChainPlan], Reporter] = lambda plan: QuietReporter()  # once the plan exists
-    on_scope: Callable[[ChainScope], None] = lambda scope: None  # before anything starts (signal routing)
+    on_scope: Callable[[Stoppable], None] = lambda scope: None  # what a stop goes to from now on (signal routing)
     stop_pending: Callable[[], int | None] = lambda: None  # a stop signal that arrived while planning
 
 
@@ -145,6 +168,8 @@ class Launched:
     note: str = ""  # said plainly to the user (e.g. why stages run on CPU)
     outcome: ChainOutcome | None = None  # None: a dry run (plan_launch)
     warning: str = ""  # what a dry run could not check
+    restartable: bool = False  # a stage failed and nothing forbids another attempt (no down, no lost engine)
+    faults: tuple[tuple[str, str], ...] = ()  # (GPU UUID, why): GPUs that faulted under the run's stages
 
 
 @dataclass(frozen=True)
@@ -160,36 +185,57 @@ class _Site:
 
 
 def launch(request: LaunchRequest, hooks: Hooks | None = None, environ: Mapping[str, str] | None = None) -> Launched:
-    """Run the chain to its end (or, detached, until it is up). Errors found before anything starts raise
-    (exit 2 for configuration); everything after is in the outcome, and nothing is left behind either way."""
+    """Run the chain to its end (or, detached, until it is up), restarting it as `--max-restarts` allows. Errors found
+    before anything starts raise (exit 2 for configuration); everything after is in the outcome, and nothing is
+    left behind either way."""
     environ = os.environ if environ is None else environ
     hooks = hooks or Hooks()
+    request = dataclasses.replace(request, run_id=request.run_id or identity.new_run_id())
     if request.ray is not None:
         from pp_launch.app import on_ray
 
-        return on_ray.launch(request, hooks, environ)
+        return attempts.run(request, hooks, lambda r, h: on_ray.launch(r, h, environ), {})
     sites = _reach(request, dry_run=False)
     guarding: _Guarding | None = None
+    final: Launched | None = None
     try:
         _prepare(request, sites, hooks.say)
-        run_id, owner = request.run_id or identity.new_run_id(), request.owner or _me(request)
+        owner = request.owner or _me(request)
         if request.gpu_node is None:  # the guards come up while the launch plans: each costs a container's start
-            guarding = _Guarding(sites, run_id, owner, request.chain.grace)
-        lock_sites = [LockSite(s.lock_name, s.engine, s.engine_id) for s in sites if s.engine is not None]
-        with reserve(lock_sites, run_id, identity.current_owner().label(), hooks.say,
-                     hooks.stop_pending) as locks:  # fmt: skip
-            plan, note = _plan(request, sites, environ, owner, run_id, locks)
-            _say_plan(plan, note, hooks.say)
-            if (held := hooks.stop_pending()) is not None:
-                raise errors.Interrupted(held)  # stopped while planning: nothing was started
-            locks.check()  # the lock still runs: no one else can be placing on these GPUs
-            with reporting(request, plan, hooks) as reporter:
-                outcome = _run(request, plan, sites, reporter, hooks.on_scope, locks.check_and_release, guarding)
-        return Launched(plan, note, outcome)
+            guarding = _Guarding(sites, request.run_id or "", owner, request.chain.grace)
+        once = functools.partial(_attempt, sites=sites, environ=environ, owner=owner, guarding=guarding)
+        final = attempts.run(request, hooks, once, guarding.guards if guarding is not None else {})
+        return final
     finally:
-        if guarding is not None:
-            guarding.abandon()  # a launch that stopped before its run: its guards go (nothing of the run exists)
+        if guarding is not None:  # kept from the first attempt to the last: `down` finds the run between them too
+            guarding.finish(None if final is None else final.outcome)
         _close(sites)
+
+
+def _attempt(
+    request: LaunchRequest,
+    hooks: Hooks,
+    *,
+    sites: Sequence[_Site],
+    environ: Mapping[str, str],
+    owner: str,
+    guarding: _Guarding | None,
+) -> Launched:
+    """One attempt of the run: the GPUs picked under the engines' locks, the plan, the chain to its end."""
+    run_id = request.run_id or ""
+    lock_sites = [LockSite(s.lock_name, s.engine, s.engine_id) for s in sites if s.engine is not None]
+    with reserve(lock_sites, run_id, identity.current_owner().label(), hooks.say,
+                 hooks.stop_pending) as locks:  # fmt: skip
+        plan, note = _plan(request, sites, environ, owner, run_id, locks)
+        if request.chain.attempt == 1:
+            _say_plan(plan, note, hooks.say)
+        if (held := hooks.stop_pending()) is not None:
+            raise errors.Interrupted(held)  # stopped while planning: nothing was started
+        locks.check()  # the lock still runs: no one else can be placing on these GPUs
+        with reporting(request, plan, hooks) as reporter:
+            outcome, restartable, faults = _run(request, plan, sites, reporter, hooks.on_scope,
+                                                locks.check_and_release, guarding, hooks.say)  # fmt: skip
+    return Launched(plan, note, outcome, restartable=restartable, faults=faults)
 
 
 def plan_launch(request: LaunchRequest, environ: Mapping[str, str] | None = None, dry_run: bool = True) -> Launched:
@@ -296,6 +342,8 @@ def _plan(
         stages_per_host=request.stages_per_host,
         allow_shared=gpu.allow_shared,
         min_free_mib=gpu.min_free_mib,
+        allow_unhealthy=gpu.allow_unhealthy,
+        avoid=request.avoid_gpus,
     )
     launcher = identity.current_owner().label() if owner == labels.OWNER_DETACHED else ""
     plan = build_plan(
@@ -326,46 +374,16 @@ def _host_gpus(
 
 @contextlib.contextmanager
 def reporting(request: LaunchRequest, plan: ChainPlan, hooks: Hooks) -> Iterator[Reporter]:
-    """The caller's reporter for the run, every stage line kept beside it (for `pp-launch logs`) until the end."""
-    kept = _keep_logs(request, plan, hooks.say)
+    """The caller's reporter for the run, every stage line kept beside it (for `pp-launch logs`) until the end
+    (the attempts of a run share one: app/attempts.py asks with keep_logs off)."""
+    kept = attempts.keep_logs(request, plan, hooks.say)
     try:
-        yield hooks.reporter(plan) if kept is None else _Kept(hooks.reporter(plan), kept)
+        yield hooks.reporter(plan) if kept is None else attempts.Kept(hooks.reporter(plan), kept)
     finally:
         if kept is not None:
             kept.close()
             if kept.problem:
                 hooks.say(f"warning: {kept.problem}")
-
-
-def _keep_logs(request: LaunchRequest, plan: ChainPlan, say: Callable[[str], None]) -> run_logs.RunLog | None:
-    """Where the run's output is kept; a state directory that cannot be used is said, and the chain runs on."""
-    if not request.keep_logs:
-        return None
-    try:
-        kept = run_logs.RunLog(plan.run_id, request.log_dir)
-        if kept.note:
-            say(f"note: {kept.note}")
-        return kept
-    except errors.PpLaunchError as exc:
-        say(f"warning: this run's output will not be kept for 'pp-launch logs': {exc}")
-        return None
-
-
-class _Kept:
-    """The caller's reporter, and every stage line kept beside it."""
-
-    def __init__(self, inner: Reporter, kept: run_logs.RunLog) -> None:
-        self.inner, self.kept = inner, kept
-
-    def event(self, event: events.Event) -> None:
-        self.inner.event(event)
-
-    def stage_line(self, stage: int, stream: str, text: str) -> None:
-        self.kept.line(stage, stream, text)
-        self.inner.stage_line(stage, stream, text)
-
-    def stage_state(self, stage: int, state: events.StageState, detail: str = "") -> None:
-        self.inner.stage_state(stage, state, detail)
 
 
 def _locks_needed(mode: str, inventories: list[GpuInventory]) -> bool:
@@ -413,15 +431,18 @@ def _run(
     plan: ChainPlan,
     sites: Sequence[_Site],
     reporter: Reporter,
-    on_scope: Callable[[ChainScope], None],
+    on_scope: Callable[[Stoppable], None],
     release: Callable[[], None],
     guarding: _Guarding | None,
-) -> ChainOutcome:
+    say: Callable[[str], None],
+) -> tuple[ChainOutcome, bool, tuple[tuple[str, str], ...]]:
     """One scope over every engine; on each engine the run's guard (adapters/guard.py), started before anything
     of the run exists there, records every container created there and tears it down if this process dies; the
     hosts of a chain across hosts recorded (ps/down/gc --all-hosts). A detached run is handed to its guards once
-    it is up, and only then."""
+    it is up, and only then. Also whether another attempt may follow: a stage failed, every guard is still up (no
+    `down`, no neighbour removed one) and no engine was lost; and the GPUs that faulted (an Xid) under its stages."""
     guards: dict[str, RunGuard] = {}
+    faults = _GpuFaults(plan, say)
     outcome: ChainOutcome | None = None
     backend: StageBackend | None = None
     record = host_state.RunHosts() if request.hosts else None
@@ -437,24 +458,61 @@ def _run(
             g.when_down(lambda: scope.request_stop(signal.SIGTERM, "'pp-launch down' (told to the run's guard)"))
         if record is not None:
             record.write(plan.run_id, plan.hosts)
+        if not request.hosts:  # this machine's NVML watches the GPUs of the engine on it
+            faults.start(scope)
         outcome = _stopped_by_down(scope.run(), guards)
         if outcome.reason == "detached":
             for g in guards.values():
                 g.detach()  # from here on the run is its guards' (and `down`'s)
     finally:
+        faults.stop()
         release()
-        _let_guards_go(guards, outcome)
         lost = getattr(backend, "lost", {})
         clean = outcome is not None and not (outcome.orphans or lost) and outcome.reason != "detached"
         if record is not None and clean:
             record.forget(plan.run_id)
     assert outcome is not None and backend is not None  # scope.run() returned, or its exception went up
-    return _with_lost_hosts(outcome, plan.run_id, backend)
+    restartable = outcome.reason == "stage_failed" and clean and all(g.alive() for g in guards.values())
+    return _with_lost_hosts(outcome, plan.run_id, backend), restartable, tuple(faults.faults.items())
+
+
+class _GpuFaults:
+    """The run's GPUs watched for Xid errors while its stages run (adapters/gpu_watch.py): a fatal one fails every
+    stage on that GPU, naming it, and the run's next attempt passes the GPU over; any other is said."""
+
+    def __init__(self, plan: ChainPlan, say: Callable[[str], None]) -> None:
+        self.plan, self.say = plan, say
+        self.faults: dict[str, str] = {}  # UUID -> what it reported
+        self.watch: GpuWatch | None = None
+        self.scope: ChainScope | None = None
+
+    def start(self, scope: ChainScope) -> None:
+        uuids = [u for s in self.plan.stages for u in s.gpus]
+        if uuids:
+            self.scope = scope
+            self.watch = GpuWatch(uuids, self._on_xid).start()
+
+    def stop(self) -> None:
+        if self.watch is not None:
+            self.watch.stop()
+
+    def _on_xid(self, uuid: str, index: int, code: int) -> None:
+        stages = [s for s in self.plan.stages if uuid in s.gpus]
+        gpu = f"GPU {index} ({uuid})" if index >= 0 else uuid
+        which = ", ".join(f"stage {s.index} ({s.where()})" for s in stages) or "no stage of this run"
+        if not xid.fails_stage(code):
+            self.say(f"warning: {gpu}, under {which}, reported {xid.describe(code)}; the stage runs on")
+            return
+        self.faults[uuid] = f"{gpu} reported {xid.describe(code)} on attempt {self.plan.attempt}"
+        assert self.scope is not None
+        for s in stages:
+            self.scope.fail_stage(s.index, f"stage {s.index} ({s.where()}) failed: its {gpu} reported "
+                                           f"{xid.describe(code)}; that GPU is not used again in this run")  # fmt: skip
 
 
 class _Guarding:
     """The run's guards, started on every engine on a thread of their own while the launch plans. `take()` hands
-    them over (or raises why they could not start); `abandon()` lets go of any not taken (idempotent)."""
+    them over (or raises why they could not start); `finish()` lets go of them at the run's end."""
 
     def __init__(self, sites: Sequence[_Site], run_id: str, owner: str, grace: float) -> None:
         self.guards: dict[str, RunGuard] = {}
@@ -477,13 +535,12 @@ class _Guarding:
         self.taken = True
         return self.guards
 
-    def abandon(self) -> None:
-        """Nothing of the run exists: each guard finds nothing to tear down and goes; waited for (bounded)."""
+    def finish(self, outcome: ChainOutcome | None) -> None:
+        """The run's end, after its last attempt (idempotent): the launcher lets go of each guard. One never taken
+        (the launch stopped before its run) finds nothing to tear down and goes, waited for (bounded)."""
         self._thread.join()
-        if not self.taken:
-            for g in self.guards.values():
-                g.close(wait=GUARD_SETTLE)
-            self.guards = {}
+        _let_guards_go(self.guards, outcome if self.taken else None)
+        self.guards.clear()
 
 
 def _let_guards_go(guards: Mapping[str, RunGuard], outcome: ChainOutcome | None) -> None:

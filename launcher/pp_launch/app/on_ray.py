@@ -38,14 +38,16 @@ def launch(request: LaunchRequest, hooks: Hooks, environ: Mapping[str, str]) -> 
     keep, head, code = False, "", errors.EXIT_FAILURE
     try:
         plan = placed.plan(request, environ, hooks.say)
-        _say_plan(plan, "", hooks.say)
+        if request.chain.attempt == 1:
+            _say_plan(plan, "", hooks.say)
         if (held := hooks.stop_pending()) is not None:
             raise errors.Interrupted(held)  # stopped while planning: nothing was started
         outcome, lost, head = _run(request, plan, placed.handles, hooks, cluster)
         keep = outcome.reason == "detached"
+        restartable = outcome.reason == "stage_failed" and not lost and not head and not outcome.orphans
         outcome = _with_lost_head(_with_lost_nodes(outcome, plan.run_id, lost), head)
         code = outcome.exit_code
-        return Launched(plan, "", outcome)
+        return Launched(plan, "", outcome, restartable=restartable)
     finally:
         if head:  # nothing to ask a lost head (Ray would wait for it): the run's actors and group went with it
             cluster.abandon(code)

@@ -13,7 +13,7 @@ from pp_launch.app import gpus as gpu_select
 from pp_launch.app.launch import GpuOptions, Hooks, Launched, LaunchRequest, launch, plan_launch
 from pp_launch.cli import signals, streams
 from pp_launch.cli.main import main
-from pp_launch.cli.options import Seconds, gpu_options, host_options, stage_options, swactor_options
+from pp_launch.cli.options import Seconds, gpu_options, host_options, restart_options, stage_options, swactor_options
 from pp_launch.cli.report import JsonReporter, LiveReporter, PlainReporter
 from pp_launch.cli.tables import gpu_names, render_ring
 from pp_launch.core import errors, hosts
@@ -185,6 +185,7 @@ def _checked(ctx: click.Context, option: click.Option, item: object, where: str)
     "in-turn: start stage k only once stage k-1 announced, PEER_* in its create-time environment (images "
     "without /bin/sh; swactor's order).",
 )
+@restart_options
 @host_options
 @click.option(
     "--placement",
@@ -264,6 +265,7 @@ def chain(
     grace: float,
     handoff: str,
     bring_up: str,
+    restarts: dict[str, Any],
     host_names: tuple[str, ...],
     placement: str,
     stages_per_host: int | None,
@@ -290,6 +292,7 @@ def chain(
       pp-launch chain --stages 2 --dry-run --json --gpu-inventory inventory.json
       pp-launch chain --stages 8 --host gpu1 --host gpu2 --gpus-per-stage 2   (Docker contexts)
       pp-launch chain --stages 8 --ray 10.0.0.1:6379 --gpus-per-stage 2      (a Ray cluster)
+      pp-launch chain --stages 4 --max-restarts 3 --restart-backoff 2       (recover from failures)
     """
     verbosity = ctx.obj["verbosity"]
     chain_request = ChainRequest(
@@ -300,7 +303,7 @@ def chain(
     )  # fmt: skip
     del sweep  # no effect (its help says why)
     request = LaunchRequest(chain_request, gpu, host_names, placement, stages_per_host, detach, gpu_node,
-                            log_dir=log_dir, ray=ray_address, ray_timeout=ray_timeout)  # fmt: skip
+                            log_dir=log_dir, ray=ray_address, ray_timeout=ray_timeout, **restarts)  # fmt: skip
     if ray_address is not None:
         streams.set_aside_ray_output(verbosity)  # Ray's own lines only with -v
     if dry_run:

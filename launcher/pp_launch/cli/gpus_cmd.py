@@ -16,6 +16,7 @@ from pp_launch.app.hosts import live_gpu_labels
 from pp_launch.cli.main import main
 from pp_launch.core import errors, hosts
 from pp_launch.core.chain.plan import BUILTIN_IMAGE
+from pp_launch.core.gpu.inventory import GpuInventory
 
 
 @main.command()
@@ -100,7 +101,8 @@ def gpus(
     if inventory.note:
         click.echo(inventory.note, err=True)
     if as_json:  # JSON lines, as every --json; an inventory file as it is, with who holds what beside it
-        doc = {**inventory.to_json(), "held_by": _held_by(rows) if host is None and not isinstance(rows, str) else None}
+        local = None if host is not None or isinstance(rows, str) else _held_by(rows)
+        doc = {**_with_health(inventory), "held_by": local}
         if host is not None:
             doc["held_by"] = _held_by(held_rows)
         click.echo(json.dumps(doc, separators=(",", ":")))
@@ -119,6 +121,15 @@ def _live_labels() -> list[Mapping[str, str]] | str:
         return live_gpu_labels(connect(timeout=5))
     except errors.EngineUnavailable as exc:
         return str(exc)
+
+
+def _with_health(inventory: GpuInventory) -> dict[str, Any]:
+    """The inventory document, each GPU with its `health`: "ok", "unknown" (NVML told nothing of it), or why it is
+    not placed on (docs/recovery.md)."""
+    doc: dict[str, Any] = inventory.to_json()
+    for entry, gpu in zip(doc["gpus"], inventory.gpus, strict=True):
+        entry["health"] = gpu.health or ("ok" if gpu.health_known else "unknown")
+    return doc
 
 
 def _held_by(rows: list[Mapping[str, str]]) -> dict[str, dict[str, Any]]:

@@ -131,7 +131,7 @@ def _show(rows: list[dict[str, Any]], ids_only: bool, as_json: bool, template: s
 
 
 PS_FIELDS = ("run", "stage", "role", "container", "id", "image", "gpus", "owner", "owner_status", "state", "age_s",
-             "host", "address", "uptime_s")  # fmt: skip
+             "host", "address", "uptime_s", "attempt")  # fmt: skip
 
 
 def _filters(values: tuple[str, ...]) -> list[tuple[str, str]]:

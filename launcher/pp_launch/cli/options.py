@@ -109,6 +109,12 @@ def gpu_options(f: F) -> F:
         ),
         click.option("--allow-shared", is_flag=True, help="Also use GPUs that other processes or runs are using."),
         click.option(
+            "--allow-unhealthy",
+            is_flag=True,
+            help="Also use GPUs NVML says are unhealthy (uncorrected ECC errors, retired pages pending, a row "
+            "remapping failure; 'pp-launch gpus' shows why). A GPU that faulted during the run is never used again.",
+        ),
+        click.option(
             "--min-free-mem",
             type=click.IntRange(min=0),
             metavar="MIB",
@@ -127,6 +133,7 @@ def gpu_options(f: F) -> F:
             kwargs.pop("allow_shared"),
             kwargs.pop("min_free_mem"),
             per_host,
+            kwargs.pop("allow_unhealthy"),
         )
         return f(*args, **kwargs)
 
@@ -293,3 +300,40 @@ def parse_stage_env(values: tuple[str, ...], stages: int) -> tuple[tuple[int, st
             raise click.BadParameter(str(exc), param_hint="--stage-env") from None
         out.append((int(k), name, value))
     return tuple(out)
+
+
+def restart_options(f: F) -> F:
+    """--max-restarts and --restart-backoff, handed on as one `restarts` mapping (LaunchRequest's fields)."""
+    decorators = [
+        click.option(
+            "--max-restarts",
+            type=click.IntRange(min=0),
+            default=0,
+            show_default=True,
+            metavar="N",
+            help="When a stage fails (a non-zero exit, lost, no announcement in time, a GPU fault), tear the whole "
+            "chain down and bring it up again as the next attempt of the same run, up to N times; a GPU that faulted "
+            "is not used again. A stop signal, 'pp-launch down' or a configuration error never restarts. The exit "
+            "code is the last attempt's.",
+        ),
+        click.option(
+            "--restart-backoff",
+            type=Seconds(),
+            default=1.0,
+            show_default=True,
+            metavar="S",
+            help="Seconds between a failed attempt and the next, doubling after each (at most 30 s).",
+        ),
+    ]
+
+    @functools.wraps(f)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        kwargs["restarts"] = {
+            "max_restarts": kwargs.pop("max_restarts"),
+            "restart_backoff": kwargs.pop("restart_backoff"),
+        }
+        return f(*args, **kwargs)
+
+    for decorator in reversed(decorators):
+        wrapper = decorator(wrapper)
+    return wrapper  # type: ignore[return-value]

@@ -161,6 +161,7 @@ class LiveReporter(PlainReporter):
         self.addresses: dict[int, str] = {}
         self.started = clock()
         self.held: list[str] = []  # the result, said after the last frame
+        self.attempt = ""  # "2 of 4" once the run restarted (--max-restarts)
         self.live = Live(console=self.console, refresh_per_second=4, transient=False, get_renderable=self._table)
         self.live.start()
 
@@ -182,7 +183,8 @@ class LiveReporter(PlainReporter):
         from rich.table import Table
         from rich.text import Text
 
-        table = Table(title=f"pp-launch run {self.run_id}", title_justify="left", expand=False)
+        title = f"pp-launch run {self.run_id}" + (f", attempt {self.attempt}" if self.attempt else "")
+        table = Table(title=title, title_justify="left", expand=False)
         for col in ("stage", "state", "waiting for", "waited", "address", "detail"):
             table.add_column(col)
         with self._lock:
@@ -226,6 +228,18 @@ class LiveReporter(PlainReporter):
         if isinstance(event, events.StageAnnounced):
             with self._lock:
                 self.addresses[event.stage] = event.direct
+        if isinstance(event, events.ChainRestarting):  # a new attempt: a fresh table, what the last one said above it
+            with self._lock:
+                held, self.held = self.held, []
+                self.attempt = f"{event.attempt} of {event.max}"
+                self.rows = {k: ["waiting", ""] for k in self.rows}
+                self.since.clear()
+                self.addresses.clear()
+            for text in held:
+                for line in text.splitlines():
+                    self._print(line)
+            self.live.refresh()
+            return
         if isinstance(event, events.ChainStopped):  # the result after the last frame, not above it
             said = io.StringIO()
             quiet = PlainReporter(self.run_id, self.verbosity, out=io.StringIO(), err=said)

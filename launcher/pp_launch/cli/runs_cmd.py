@@ -234,7 +234,10 @@ def wait(
 
 
 def _stage(c: Any) -> str:
-    return display(c.labels.get(labels.STAGE, "?").encode())
+    """A stage as `wait` names it: its index, and its attempt once its run was restarted (--max-restarts)."""
+    attempt = labels.ascii_int(c.labels.get(labels.ATTEMPT, ""))
+    again = f" (attempt {attempt})" if attempt is not None and attempt > 1 else ""
+    return display(c.labels.get(labels.STAGE, "?").encode()) + again
 
 
 def _wait_announced(run: str, found: list[tuple[Engine, Any]], deadline: float | None) -> None:

@@ -84,19 +84,28 @@ def render_topology(inventory: GpuInventory) -> str:
     return "\n".join(lines + legend)
 
 
+def health_cell(g: Gpu) -> str:
+    """ok, the reason it is not placed on, or ? when NVML told nothing about its health."""
+    if g.health:
+        return f"UNHEALTHY: {g.health}"
+    return "ok" if g.health_known else "?"
+
+
 def render_table(inventory: GpuInventory, held: Mapping[str, str]) -> str:
-    header = ("idx", "uuid", "name", "memory used/total MiB", "util %", "temp power", "processes", "held by")
+    header = ("idx", "uuid", "name", "memory used/total MiB", "util %", "temp power", "processes", "held by", "health")
     rows = []
     for g in inventory.gpus:
         name = g.name + (" [MIG]" if g.mig_enabled else "")
         memory = f"{_mib(g.memory_used_mib)}/{_mib(g.memory_total_mib)}"
         procs = _procs(g.processes)
         rows.append((str(g.index), g.uuid, name, memory, _mib(g.utilization_gpu_pct), _heat(g), procs,
-                     held.get(g.uuid, "-")))  # fmt: skip
+                     held.get(g.uuid, "-"), health_cell(g)))  # fmt: skip
         for k, m in enumerate(g.mig_devices):  # each slice its own row: its memory, its processes, its holder
             memory = f"{_mib(m.memory_used_mib)}/{_mib(m.memory_total_mib)}"
             slice_row = (f"{g.index}/{k}", m.uuid, "  MIG slice", memory, "-", "-", _procs(m.processes))
-            rows.append((*slice_row, held.get(m.uuid, "-")))
+            rows.append((*slice_row, held.get(m.uuid, "-"), "-"))
+    for lost in inventory.lost:  # NVML counts it but cannot read it: never placed on
+        rows.append((str(lost.index), lost.uuid or "?", "?", "?", "?", "?", "?", "-", f"LOST: {lost.why}"))
     widths = [max(len(r[i]) for r in (header, *rows)) for i in range(len(header))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in (header, *rows)]
     footer = []

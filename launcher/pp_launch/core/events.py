@@ -131,10 +131,26 @@ class ChainStopped(Event):
     message: str | None = None  # why it stopped, in words, when a stage failed or an error ended it
 
 
+@dataclass(frozen=True, kw_only=True)
+class ChainRestarting(Event):
+    """An attempt failed and the run restarts (`--max-restarts`): the attempt that comes next, the most there can
+    be, why the last one failed, the stage that failed (absent: not one stage), the backoff before it."""
+
+    NAME = "chain_restarting"
+    attempt: int
+    max: int
+    reason: str
+    stage: int | None = None
+    backoff_s: float = 0.0
+
+
 EVENTS: dict[str, type[Event]] = {
     c.NAME: c
-    for c in (ChainStarting, StageStarted, StageAnnounced, StageRoster, StageExited, ChainStopping, ChainStopped)
-}
+    for c in (
+        ChainStarting, StageStarted, StageAnnounced, StageRoster, StageExited, ChainStopping, ChainStopped,
+        ChainRestarting,
+    )
+}  # fmt: skip
 
 
 def to_json(event: Event, run: str, ts: str) -> dict[str, Any]:
@@ -149,7 +165,7 @@ def from_json(doc: dict[str, Any]) -> Event:
         if f.name not in doc:
             continue
         value = doc[f.name]
-        if f.name == "reason":
+        if f.name == "reason" and cls is not ChainRestarting:  # a restart's reason is words
             value = ExitReason(value) if cls is StageExited else StopReason(value)
         elif f.name == "stages" and cls is StageRoster:
             value = tuple(RosterEntry(**entry) for entry in value)

@@ -17,6 +17,7 @@ GPUS = "pp-launch.gpus"
 HOST = "pp-launch.host"  # the engine it runs on, as the launcher named it (--host; absent on one engine)
 HOSTS = "pp-launch.hosts"  # every host of its run, comma-separated in ring order (absent on one engine)
 LAUNCHER = "pp-launch.launcher"  # a detached run's launcher (said by `ps`; its guard owns the run)
+ATTEMPT = "pp-launch.attempt"  # which attempt of its run made it: 1, then 2... after restarts (--max-restarts)
 
 STAGE_LOCK = "lock"  # the stage label of an engine's GPU lock container (app/locks.py)
 STAGE_GUARD = "guard"  # the stage label of a run's guard on an engine (adapters/guard.py)
@@ -105,8 +106,9 @@ def stage_labels(
     host: str = "",
     hosts: tuple[str, ...] = (),
     launcher: str = "",
+    attempt: int = 1,
 ) -> dict[str, str]:
-    out = {RUN: run_id, STAGE: str(stage), OWNER: owner, GPUS: ",".join(gpus)}
+    out = {RUN: run_id, STAGE: str(stage), OWNER: owner, GPUS: ",".join(gpus), ATTEMPT: str(attempt)}
     if launcher:
         out[LAUNCHER] = launcher
     if hosts:

@@ -16,6 +16,7 @@ FIRST_PEER_DIRECT = "FIRST_PEER_DIRECT"
 NVIDIA_VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 NO_GPU = "void"
 LIFELINE = "PP_LIFELINE"  # tells a stage entry that understands it that stdin is the launcher's lifeline
+ATTEMPT = "PP_ATTEMPT"  # which attempt of its run the stage belongs to: 1, then 2... after a restart
 
 # pp-gpu-node (docs/pp-gpu-node.md) and `chain --gpu-node`, which runs it as a child per stage
 FORWARD_ENV = "PP_FORWARD_ENV"  # comma-separated names of further variables to forward
@@ -54,7 +55,7 @@ HANDOFF = (PEER_NODE_ID, PEER_DIRECT, FIRST_PEER_NODE_ID, FIRST_PEER_DIRECT)
 NODE_FORWARDED = (*POSITION, *HANDOFF, "WORKER_SCRIPT")
 
 # Set by the launcher alone: a user value would break the hand-off or the GPU pinning.
-RESERVED = frozenset({*POSITION, *HANDOFF, NVIDIA_VISIBLE_DEVICES})
+RESERVED = frozenset({*POSITION, *HANDOFF, NVIDIA_VISIBLE_DEVICES, ATTEMPT})
 
 
 def forwarded(environ: Mapping[str, str], extra: tuple[str, ...] = ()) -> dict[str, str]:

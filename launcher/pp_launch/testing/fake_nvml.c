@@ -17,6 +17,14 @@
  *   migdev UUID                     a MIG device of the current GPU; memory/procs/proc after it are its own
  *   memory TOTAL_MIB USED_MIB       of the current GPU or MIG device
  *   procs                           the process list is known (each `proc PID USED_MIB|-` adds one)
+ *   ecc N                           uncorrected volatile ECC errors of the current GPU (absent: not supported)
+ *   retired_pending 0|1             retired pages pending a reset (absent: not supported)
+ *   remap_failure 0|1               a row remapping failure occurred (absent: row remapping not supported)
+ *   events PATH                     the Xid event file (also PP_FAKE_NVML_EVENTS)
+ *
+ * Events: an event set delivers, to nvmlEventSetWait, each `xid UUID CODE` line appended to the event file after
+ * the set was created (as the driver delivers only what happens after registration), for a GPU registered for
+ * nvmlEventTypeXidCriticalError; a test appends the line, the waiting reader gets it within ~10 ms.
  *
  * Failure switches (PP_FAKE_NVML_FAIL, space or comma separated, and `fail` lines):
  *   driver_not_loaded               nvmlInit* returns NVML_ERROR_DRIVER_NOT_LOADED
@@ -31,6 +39,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
 
 /* ------------------------------------------------------------------------------------- nvml.h, as is */
 typedef enum nvmlReturn_enum {
@@ -129,6 +139,27 @@ typedef struct nvmlProcessInfo_st {
 
 #define NVML_VALUE_NOT_AVAILABLE_ULL 0xFFFFFFFFFFFFFFFFULL
 
+typedef enum nvmlMemoryErrorType_enum {
+    NVML_MEMORY_ERROR_TYPE_CORRECTED = 0,
+    NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
+} nvmlMemoryErrorType_t;
+
+typedef enum nvmlEccCounterType_enum { NVML_VOLATILE_ECC = 0, NVML_AGGREGATE_ECC = 1 } nvmlEccCounterType_t;
+
+#define nvmlEventTypeXidCriticalError 0x0000000000000008LL
+
+typedef struct nvmlEventSet_st *nvmlEventSet_t;
+
+typedef struct nvmlEventData_st {
+    nvmlDevice_t device;
+    unsigned long long eventType;
+    unsigned long long eventData;
+    unsigned int gpuInstanceId;
+    unsigned int computeInstanceId;
+} nvmlEventData_t;
+
+_Static_assert(sizeof(nvmlEventData_t) == 32, "nvmlEventData_t layout");
+
 _Static_assert(sizeof(nvmlPciInfo_t) == 68, "nvmlPciInfo_t layout");
 _Static_assert(sizeof(nvmlMemory_v2_t) == 40, "nvmlMemory_v2_t layout");
 _Static_assert(nvmlMemory_v2 == 0x02000028, "nvmlMemory_v2 version");
@@ -165,6 +196,9 @@ typedef struct {
     int util; /* -1: unknown */
     int temp; /* degrees C; -1: unknown */
     long long power_mw, power_limit_mw; /* -1: unknown */
+    long long ecc_unc;  /* uncorrected volatile ECC errors; -1: not supported */
+    int retired_pending; /* -1: not supported */
+    int remap_failure;   /* -1: not supported */
     int mig;  /* -1: unknown, 0, 1 */
     int nmig;
     dev_t_ migs[MAX_MIG];
@@ -183,6 +217,7 @@ static char g_driver[NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE];
 static int g_has_driver;
 static int g_cuda = -1;
 static int g_init_count;
+static char g_events[4096]; /* the Xid event file ("": none) */
 
 /* failure switches */
 static int f_driver_not_loaded;
@@ -243,6 +278,7 @@ static void parse_line(char *line, dev_t_ **cur) {
     if (strcmp(key, "driver") == 0) { copy(g_driver, sizeof g_driver, rest); g_has_driver = 1; return; }
     if (strcmp(key, "cuda") == 0) { g_cuda = atoi(rest); return; }
     if (strcmp(key, "fail") == 0) { fail_list(rest); return; }
+    if (strcmp(key, "events") == 0) { copy(g_events, sizeof g_events, rest); return; }
     if (strcmp(key, "gpu") == 0 && g_ngpus < MAX_GPUS) {
         g = &g_gpus[g_ngpus];
         memset(g, 0, sizeof *g);
@@ -252,6 +288,8 @@ static void parse_line(char *line, dev_t_ **cur) {
         g->dev.total_mib = g->dev.used_mib = -1;
         g->util = g->mig = g->temp = -1;
         g->power_mw = g->power_limit_mw = -1;
+        g->ecc_unc = -1;
+        g->retired_pending = g->remap_failure = -1;
         *cur = &g->dev;
         return;
     }
@@ -261,6 +299,9 @@ static void parse_line(char *line, dev_t_ **cur) {
     else if (strcmp(key, "util") == 0) g->util = (int)num_or_unknown(a);
     else if (strcmp(key, "temp") == 0) g->temp = (int)num_or_unknown(a);
     else if (strcmp(key, "power") == 0) { g->power_mw = num_or_unknown(a); g->power_limit_mw = num_or_unknown(b); }
+    else if (strcmp(key, "ecc") == 0) g->ecc_unc = num_or_unknown(a);
+    else if (strcmp(key, "retired_pending") == 0) g->retired_pending = (int)num_or_unknown(a);
+    else if (strcmp(key, "remap_failure") == 0) g->remap_failure = (int)num_or_unknown(a);
     else if (strcmp(key, "mig") == 0) g->mig = atoi(rest);
     else if (strcmp(key, "nvlinks") == 0) g->nvlinks = atoi(rest);
     else if (strcmp(key, "link") == 0 && a && b && g->nlinkto < NVML_NVLINK_MAX_LINKS) {
@@ -307,6 +348,7 @@ static int load(void) {
     g_ngpus = 0;
     g_has_driver = 0;
     g_cuda = -1;
+    g_events[0] = 0;
     f_driver_not_loaded = f_nlost = f_grow = 0;
     f_unsupported = 0;
     const char *path = getenv("PP_FAKE_NVML_CONFIG");
@@ -331,6 +373,8 @@ static int load(void) {
     }
     const char *env = getenv("PP_FAKE_NVML_FAIL");
     if (env) fail_list(env);
+    const char *events = getenv("PP_FAKE_NVML_EVENTS");
+    if (events && *events) copy(g_events, sizeof g_events, events);
     return 1;
 }
 
@@ -699,5 +743,137 @@ API nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t device, unsign
     const char *peer = link_peer(g, link);
     if (peer == NULL) return NVML_ERROR_NOT_SUPPORTED; /* an inactive link has no remote end */
     fill_pci(pci, peer);
+    return NVML_SUCCESS;
+}
+
+/* ------------------------------------------------------------------------------------------ health */
+API nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t device, nvmlMemoryErrorType_t errorType,
+                                             nvmlEccCounterType_t counterType, unsigned long long *eccCounts) {
+    CHECK(device);
+    (void)counterType; /* the fake keeps one count: volatile and aggregate read the same */
+    if (eccCounts == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    gpu_t *g = &g_gpus[device->gpu];
+    if (device->is_mig || g->ecc_unc < 0) return NVML_ERROR_NOT_SUPPORTED;
+    *eccCounts = errorType == NVML_MEMORY_ERROR_TYPE_UNCORRECTED ? (unsigned long long)g->ecc_unc : 0ULL;
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetRetiredPagesPendingStatus(nvmlDevice_t device, nvmlEnableState_t *isPending) {
+    CHECK(device);
+    if (isPending == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    gpu_t *g = &g_gpus[device->gpu];
+    if (device->is_mig || g->retired_pending < 0) return NVML_ERROR_NOT_SUPPORTED;
+    *isPending = g->retired_pending ? NVML_FEATURE_ENABLED : NVML_FEATURE_DISABLED;
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t device, unsigned int *corrRows, unsigned int *uncRows,
+                                           unsigned int *isPending, unsigned int *failureOccurred) {
+    CHECK(device);
+    if (!corrRows || !uncRows || !isPending || !failureOccurred) return NVML_ERROR_INVALID_ARGUMENT;
+    gpu_t *g = &g_gpus[device->gpu];
+    if (device->is_mig || g->remap_failure < 0) return NVML_ERROR_NOT_SUPPORTED;
+    *corrRows = *uncRows = *isPending = 0;
+    *failureOccurred = (unsigned int)g->remap_failure;
+    return NVML_SUCCESS;
+}
+
+/* ------------------------------------------------------------------------------------------ events */
+#define SET_MAGIC 0x45564e54 /* "EVNT" */
+
+struct nvmlEventSet_st {
+    unsigned int magic;
+    long offset; /* how far into the event file this set has read */
+    int ndev;
+    nvmlDevice_t devs[MAX_GPUS];
+    unsigned long long types[MAX_GPUS];
+};
+
+static long file_size(const char *path) {
+    struct stat st;
+    return (path[0] && stat(path, &st) == 0) ? (long)st.st_size : 0;
+}
+
+API nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set) {
+    if (g_init_count == 0) return NVML_ERROR_UNINITIALIZED;
+    if (set == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    struct nvmlEventSet_st *s = calloc(1, sizeof *s);
+    if (s == NULL) return NVML_ERROR_MEMORY;
+    s->magic = SET_MAGIC;
+    s->offset = file_size(g_events); /* only what happens from now on */
+    *set = s;
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t device, unsigned long long *eventTypes) {
+    CHECK(device);
+    if (eventTypes == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    *eventTypes = nvmlEventTypeXidCriticalError;
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long long eventTypes, nvmlEventSet_t set) {
+    CHECK(device);
+    if (set == NULL || set->magic != SET_MAGIC) return NVML_ERROR_INVALID_ARGUMENT;
+    if (eventTypes & ~(unsigned long long)nvmlEventTypeXidCriticalError) return NVML_ERROR_NOT_SUPPORTED;
+    if (set->ndev >= MAX_GPUS) return NVML_ERROR_INSUFFICIENT_SIZE;
+    set->devs[set->ndev] = device;
+    set->types[set->ndev++] = eventTypes;
+    return NVML_SUCCESS;
+}
+
+/* The next `xid UUID CODE` line past the set's offset for a registered GPU: 1 (data filled), else 0. */
+static int next_event(nvmlEventSet_t set, nvmlEventData_t *data) {
+    FILE *f = g_events[0] ? fopen(g_events, "r") : NULL;
+    if (f == NULL) return 0;
+    int found = 0;
+    char line[512];
+    if (fseek(f, set->offset, SEEK_SET) == 0) {
+        while (!found && fgets(line, sizeof line, f)) {
+            size_t n = strlen(line);
+            if (n == 0 || line[n - 1] != '\n') break; /* a line still being written: read it whole next time */
+            set->offset += (long)n;
+            char kind[16], uuid[NVML_DEVICE_UUID_V2_BUFFER_SIZE];
+            unsigned long long code;
+            if (sscanf(line, "%15s %95s %llu", kind, uuid, &code) != 3 || strcmp(kind, "xid") != 0) continue;
+            for (int i = 0; i < set->ndev; i++) {
+                if (strcmp(set->devs[i]->uuid, uuid) != 0) continue;
+                if (!(set->types[i] & (unsigned long long)nvmlEventTypeXidCriticalError)) continue;
+                memset(data, 0, sizeof *data);
+                data->device = set->devs[i];
+                data->eventType = nvmlEventTypeXidCriticalError;
+                data->eventData = code;
+                data->gpuInstanceId = data->computeInstanceId = 0xFFFFFFFFu;
+                found = 1;
+                break;
+            }
+        }
+    }
+    fclose(f);
+    return found;
+}
+
+API nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms) {
+    if (g_init_count == 0) return NVML_ERROR_UNINITIALIZED;
+    if (set == NULL || set->magic != SET_MAGIC || data == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    struct timespec start, now, tick = {0, 10 * 1000 * 1000};
+    clock_gettime(CLOCK_MONOTONIC, &start);
+    for (;;) {
+        if (next_event(set, data)) return NVML_SUCCESS;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        long long waited = (now.tv_sec - start.tv_sec) * 1000LL + (now.tv_nsec - start.tv_nsec) / 1000000LL;
+        if (waited >= (long long)timeoutms) return NVML_ERROR_TIMEOUT;
+        nanosleep(&tick, NULL);
+    }
+}
+
+API nvmlReturn_t nvmlEventSetWait(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms) {
+    return nvmlEventSetWait_v2(set, data, timeoutms);
+}
+
+API nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set) {
+    if (set == NULL || set->magic != SET_MAGIC) return NVML_ERROR_INVALID_ARGUMENT;
+    set->magic = 0;
+    free(set);
     return NVML_SUCCESS;
 }

@@ -23,6 +23,7 @@ SOURCE = Path(__file__).with_name("fake_nvml.c")
 LIBRARY = "libnvidia-ml.so.1"
 CONFIG_ENV = "PP_FAKE_NVML_CONFIG"
 FAIL_ENV = "PP_FAKE_NVML_FAIL"
+EVENTS_ENV = "PP_FAKE_NVML_EVENTS"  # the Xid event file: `xid UUID CODE` lines reach nvmlEventSetWait
 CONTAINER_CONFIG = "/etc/pp-fake-nvml"  # where the hook and the CDI spec put the text inside a container
 CONTAINER_LIBRARY = "/usr/lib/libnvidia-ml.so.1"  # a default library directory: no ldconfig needed
 NVLINKS = 18  # links each GPU reports when the inventory knows its NVLinks (NVML_NVLINK_MAX_LINKS)
@@ -57,8 +58,9 @@ def build(dest: str | Path) -> Path:
 
 
 def environ(library_dir: str | Path, config: str | Path, fail: str = "", base: Mapping[str, str] | None = None,
-            ) -> dict[str, str]:  # fmt: skip
-    """An environment in which `CDLL("libnvidia-ml.so.1")` finds the fake, serving `config`."""
+            events: str | Path | None = None) -> dict[str, str]:  # fmt: skip
+    """An environment in which `CDLL("libnvidia-ml.so.1")` finds the fake, serving `config` (and the Xid events
+    appended to `events`: `inject_xid`)."""
     env = dict(os.environ if base is None else base)
     path = env.get("LD_LIBRARY_PATH", "")
     env["LD_LIBRARY_PATH"] = f"{library_dir}:{path}" if path else str(library_dir)
@@ -67,7 +69,15 @@ def environ(library_dir: str | Path, config: str | Path, fail: str = "", base: M
         env[FAIL_ENV] = fail
     else:
         env.pop(FAIL_ENV, None)
+    if events is not None:
+        env[EVENTS_ENV] = str(events)
     return env
+
+
+def inject_xid(events: str | Path, uuid: str, xid: int) -> None:
+    """An Xid on the GPU `uuid`, as the driver reports it: every event set registered for it sees it."""
+    with open(events, "a") as f:
+        f.write(f"xid {uuid} {xid}\n")
 
 
 # ------------------------------------------------------------------------------------------- the text
@@ -124,6 +134,12 @@ def gpu_text(inv: GpuInventory, position: int) -> str:
     if g.power_w is not None or g.power_limit_w is not None:
         lines.append(f"power {_mw(g.power_w)} {_mw(g.power_limit_w)}")  # milliwatts, as NVML counts them
     _procs(lines, g.processes)
+    if g.ecc_uncorrected is not None:
+        lines.append(f"ecc {g.ecc_uncorrected}")
+    if g.retired_pages_pending is not None:
+        lines.append(f"retired_pending {int(g.retired_pages_pending)}")
+    if g.row_remap_failure is not None:
+        lines.append(f"remap_failure {int(g.row_remap_failure)}")
     if g.mig_enabled is not None:
         lines.append(f"mig {int(g.mig_enabled)}")
     if inv.topology is not None:

@@ -368,7 +368,7 @@ def Chain(
         yield RunningChain(run_id, roster, collect, thread, outcome, failure)
     finally:
         if scopes and thread.is_alive():
-            scopes[0].request_stop(signal.SIGTERM)
+            scopes[-1].request_stop(signal.SIGTERM)
         thread.join(grace + 60)
 
 

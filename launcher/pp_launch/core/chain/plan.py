@@ -62,6 +62,7 @@ class ChainPlan:
     handoff: str = "env"  # how later stages learn their peers (core/chain/handoff.py)
     parallel: bool = True  # bring-up: every container at once, or one after another
     hosts: tuple[str, ...] = ()  # the engines of a chain across hosts, in ring order; () for the one engine
+    attempt: int = 1  # which attempt of its run (core/chain/restarts.py)
 
     def to_json(self) -> dict[str, Any]:
         """The dry-run document (docs/getting-started.md)."""
@@ -130,6 +131,7 @@ class ChainRequest:
     entrypoint: tuple[str, ...] | None = None  # None: the image's own
     handoff: str = "env"  # env | stdin (core/chain/handoff.py)
     parallel: bool = True  # every container at once; False: one after another (images without /bin/sh)
+    attempt: int = 1  # which attempt of the run this plan is (core/chain/restarts.py)
 
 
 def build_plan(
@@ -160,6 +162,7 @@ def build_plan(
         gpus = stage_gpus[k]
         env[stage_env.STAGE] = str(k)
         env[stage_env.NUM_STAGES] = str(request.stages)
+        env[stage_env.ATTEMPT] = str(request.attempt)
         env[stage_env.NVIDIA_VISIBLE_DEVICES] = ",".join(gpus) if gpus else stage_env.NO_GPU
         specs.append(
             StageSpec(
@@ -169,7 +172,7 @@ def build_plan(
                 env=env,
                 labels=labels.stage_labels(
                     run_id, k, owner, gpus, stage_hosts[k] if stage_hosts else "", tuple(dict.fromkeys(stage_hosts)),
-                    launcher,
+                    launcher, request.attempt,
                 ),
                 gpus=gpus,
                 device_requests=device_requests[k],
@@ -188,4 +191,5 @@ def build_plan(
         handoff=request.handoff,
         parallel=request.parallel,
         hosts=tuple(dict.fromkeys(stage_hosts)),
+        attempt=request.attempt,
     )

@@ -43,7 +43,15 @@ class StopRequested:
     by: str = ""  # who asked, when not a signal to this process (`pp-launch down`, through the run's guard)
 
 
-ChainEvent = StageOutput | StageGone | StopRequested
+@dataclass(frozen=True)
+class StageFault:
+    """Something outside the stage's own exit failed it: a critical GPU error (an Xid) on one of its GPUs."""
+
+    stage: int
+    message: str
+
+
+ChainEvent = StageOutput | StageGone | StopRequested | StageFault
 Sink = Callable[[ChainEvent], None]
 
 

@@ -27,6 +27,7 @@ from pp_launch.core.chain.ports import (
     Inbox,
     Runtime,
     StageBackend,
+    StageFault,
     StageGone,
     StageOutput,
     StopRequested,
@@ -212,6 +213,10 @@ class ChainScope:
         return ChainOutcome(exit_code, reason, message, None, removed, orphans)
 
     # -------------------------------------------------------------------------------- public API
+    def fail_stage(self, stage: int, message: str) -> None:
+        """From any thread: stage `stage` failed for a reason outside its exit (its GPU faulted); only enqueues."""
+        self.inbox.put(StageFault(stage, message))
+
     def request_stop(self, signum: int, by: str = "") -> None:
         """Safe from a signal handler: only enqueues. by: who asked, when not a signal to this process."""
         self.inbox.put(StopRequested(signum, by))
@@ -430,6 +435,10 @@ class ChainScope:
     def _handle(self, event: ChainEvent) -> _End | None:
         if isinstance(event, StopRequested):
             return self._on_stop(event.signum, event.by)
+        if isinstance(event, StageFault):  # the stage failed by its GPU: the chain ends as when a stage fails
+            if self._tearing_down:
+                return None
+            return _End(errors.EXIT_FAILURE, "stage_failed", event.message, event.stage)
         st = self.stages[event.stage]
         if isinstance(event, StageOutput):
             return self._on_output(st, event)

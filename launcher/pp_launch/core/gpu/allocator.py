@@ -52,6 +52,8 @@ class AllocationRequest:
     allow_shared: bool = False
     min_free_mib: int | None = None
     own_pids: frozenset[int] = frozenset()  # processes that are not "foreign"
+    allow_unhealthy: bool = False  # place on GPUs NVML says are unhealthy (never on one that faulted in this run)
+    avoid: tuple[tuple[str, str], ...] = ()  # (UUID, why): GPUs that faulted under this run: never placed on
 
 
 @dataclass(frozen=True)
@@ -180,13 +182,32 @@ def _why_not(
     unit: Unit, inventory: GpuInventory, request: AllocationRequest, holdings: Mapping[str, Holding]
 ) -> str | None:
     """Why a unit is passed over, or None. Sharing lifts only "held" and "busy", never the filters."""
+    filtered = _filtered(unit, inventory, request)
+    if filtered is not None or request.allow_shared:
+        return filtered
+    return _taken(unit, inventory, request, holdings)
+
+
+def _filtered(unit: Unit, inventory: GpuInventory, request: AllocationRequest) -> str | None:
+    """What no flag about sharing lifts: CUDA_VISIBLE_DEVICES, a fault in this run, ill health, --min-free-mem."""
     if request.visible is not None and not any(_matches(t, unit, inventory) for t in request.visible):
         return "filtered out by CUDA_VISIBLE_DEVICES"
+    gpu = inventory.gpus[unit.gpu_pos]
+    faulted = dict(request.avoid)
+    if (why := faulted.get(unit.uuid) or faulted.get(gpu.uuid)) is not None:
+        return f"faulted in this run: {why}"
+    if gpu.health and not request.allow_unhealthy:
+        return f"unhealthy: {gpu.health}"
     if request.min_free_mib is not None and (unit.free_mib is None or unit.free_mib < request.min_free_mib):
         have = "unknown" if unit.free_mib is None else f"{unit.free_mib} MiB"
         return f"filtered out by --min-free-mem: {have} free, {request.min_free_mib} MiB asked"
-    if request.allow_shared:
-        return None
+    return None
+
+
+def _taken(
+    unit: Unit, inventory: GpuInventory, request: AllocationRequest, holdings: Mapping[str, Holding]
+) -> str | None:
+    """Held by a pp-launch run, or running someone's compute process."""
     held = holdings.get(unit.uuid) or holdings.get(inventory.gpus[unit.gpu_pos].uuid)
     if held is not None:
         stage = "" if held.stage is None else f" stage {held.stage}"
@@ -222,16 +243,26 @@ def _explicit(
         )
     chosen: list[Unit] = []
     for token in request.explicit:
-        matches = [u for u in all_units if _matches(token, u, inventory)]
-        if not matches:
-            raise errors.ConfigError(f"--gpus names {token!r}, which is no GPU on this host")
+        matches = _named(token, all_units, inventory)
         unit = next((u for u in matches if u in free and u not in chosen), None)
         if unit is None:
             first = matches[0]
             why = "listed twice" if first in chosen else _why_not(first, inventory, request, holdings)
-            raise errors.NotEnoughGpus(f"--gpus names {token!r} ({first.label}, {first.uuid}), which is {why}")
+            hint = "; --allow-unhealthy places on it anyway" if str(why).startswith("unhealthy:") else ""
+            raise errors.NotEnoughGpus(f"--gpus names {token!r} ({first.label}, {first.uuid}), which is {why}{hint}")
         chosen.append(unit)
     return chosen
+
+
+def _named(token: str, all_units: list[Unit], inventory: GpuInventory) -> list[Unit]:
+    """The units a --gpus token names; a lost GPU or no GPU at all is exit 2, said."""
+    matches = [u for u in all_units if _matches(token, u, inventory)]
+    if matches:
+        return matches
+    lost = next((g for g in inventory.lost if token in (str(g.index), g.uuid)), None)
+    if lost is not None:
+        raise errors.NotEnoughGpus(f"--gpus names {token!r} (GPU {lost.index}), which is lost: {lost.why}")
+    raise errors.ConfigError(f"--gpus names {token!r}, which is no GPU on this host")
 
 
 def _not_enough(
@@ -243,6 +274,7 @@ def _not_enough(
         f"{len(free)} free of {len(units(inventory))}"
     ]
     lines += [f"  {why}" for why in passed_over]
+    lines += [f"  GPU {g.index} lost: {g.why}" for g in inventory.lost]
     # advice that can help, by why the GPUs were passed over (sharing never lifts a filter)
     advice = ["Ask for fewer (--stages, --gpus-per-stage)"]
     if any(" held by pp-launch run " in why or ") busy: " in why for why in passed_over):
@@ -251,6 +283,8 @@ def _not_enough(
         advice.append("lower --min-free-mem")
     if any("CUDA_VISIBLE_DEVICES" in why for why in passed_over):
         advice.append("widen CUDA_VISIBLE_DEVICES")
+    if any(") unhealthy: " in why for why in passed_over):
+        advice.append("use unhealthy GPUs anyway (--allow-unhealthy; docs/recovery.md)")
     advice.append("or run with --gpus none for CPU stages")
     lines.append("; ".join(advice) + ".")
     return errors.NotEnoughGpus("\n".join(lines))

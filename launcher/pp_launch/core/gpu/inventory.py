@@ -5,6 +5,7 @@ Missing optional fields mean "unknown", not zero: they are None here and left ou
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,12 +44,43 @@ class Gpu:
     temperature_c: int | None = None
     power_w: float | None = None  # drawn now
     power_limit_w: float | None = None  # enforced
+    # health, as NVML reads it (docs/recovery.md); None: not supported or not read
+    ecc_uncorrected: int | None = None  # uncorrected ECC errors since the driver loaded (volatile)
+    retired_pages_pending: bool | None = None  # pages retired, waiting for a GPU reset
+    row_remap_failure: bool | None = None  # the row remapper failed (no spare row left)
+
+    @property
+    def health(self) -> str:
+        """Why this GPU must not be placed on ("" when NVML says nothing against it)."""
+        why = []
+        if self.ecc_uncorrected:
+            why.append(f"{self.ecc_uncorrected} uncorrected ECC error{'s' if self.ecc_uncorrected != 1 else ''} "
+                       "since the driver loaded")  # fmt: skip
+        if self.retired_pages_pending:
+            why.append("retired pages pending a GPU reset")
+        if self.row_remap_failure:
+            why.append("row remapping failed")
+        return "; ".join(why)
+
+    @property
+    def health_known(self) -> bool:
+        """NVML told at least one of the health fields (else a GPU without a word against it is "unknown")."""
+        return any(v is not None for v in (self.ecc_uncorrected, self.retired_pages_pending, self.row_remap_failure))
 
     @property
     def memory_free_mib(self) -> int | None:
         if self.memory_total_mib is None or self.memory_used_mib is None:
             return None
         return self.memory_total_mib - self.memory_used_mib
+
+
+@dataclass(frozen=True)
+class LostGpu:
+    """A GPU NVML counts but cannot read: NVML_ERROR_GPU_IS_LOST (Xid 79, fallen off the bus) or any other error."""
+
+    index: int
+    why: str
+    uuid: str | None = None  # when NVML still told it
 
 
 @dataclass(frozen=True)
@@ -59,6 +91,7 @@ class GpuInventory:
     topology: tuple[tuple[int, ...], ...] | None = None
     nvlink: tuple[tuple[int, ...], ...] | None = None
     note: str = field(default="", compare=False)  # e.g. why it is empty
+    lost: tuple[LostGpu, ...] = ()  # GPUs NVML counts but cannot read (fallen off the bus): never placed on
 
     def position(self, uuid: str) -> int:
         for i, gpu in enumerate(self.gpus):
@@ -74,6 +107,8 @@ class GpuInventory:
             doc["topology"] = [list(r) for r in self.topology]
         if self.nvlink is not None:
             doc["nvlink"] = [list(r) for r in self.nvlink]
+        if self.lost:
+            doc["lost"] = [{k: v for k, v in dataclasses.asdict(g).items() if v is not None} for g in self.lost]
         return {k: v for k, v in doc.items() if v is not None}
 
     @classmethod
@@ -95,7 +130,12 @@ class GpuInventory:
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
             raise errors.ConfigError(f"{source} is not a GPU inventory: {exc} (docs/formats.md)") from None
         versions = _opt_str(doc.get("driver_version")), _opt_str(doc.get("cuda_version"))
-        return cls(tuple(gpus), *versions, topology, nvlink)
+        try:
+            lost = tuple(LostGpu(int(g["index"]), str(g.get("why", "lost")), _opt_str(g.get("uuid")))
+                         for g in doc.get("lost") or [])  # fmt: skip
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:
+            raise errors.ConfigError(f"{source}: 'lost' is not a list of {{index, why}}: {exc}") from None
+        return cls(tuple(gpus), *versions, topology, nvlink, lost=lost)
 
     @classmethod
     def parse(cls, text: str, source: str = "inventory") -> GpuInventory:
@@ -116,6 +156,14 @@ def _opt_str(v: Any) -> str | None:
 
 def _opt_int(v: Any) -> int | None:
     return None if v is None else int(v)
+
+
+def _opt_bool(v: Any) -> bool | None:
+    if v is None:
+        return None
+    if not isinstance(v, bool):
+        raise ValueError(f"{v!r} is not true or false")
+    return v
 
 
 def _opt_float(v: Any) -> float | None:
@@ -146,6 +194,9 @@ def _gpu_from(g: Any) -> Gpu:
         temperature_c=_opt_int(g.get("temperature_c")),
         power_w=_opt_float(g.get("power_w")),
         power_limit_w=_opt_float(g.get("power_limit_w")),
+        ecc_uncorrected=_opt_int(g.get("ecc_uncorrected")),
+        retired_pages_pending=_opt_bool(g.get("retired_pages_pending")),
+        row_remap_failure=_opt_bool(g.get("row_remap_failure")),
         mig_devices=tuple(
             MigDevice(
                 str(m["uuid"]),
@@ -172,6 +223,9 @@ def _gpu_json(g: Gpu) -> dict[str, Any]:
         "temperature_c": g.temperature_c,
         "power_w": g.power_w,
         "power_limit_w": g.power_limit_w,
+        "ecc_uncorrected": g.ecc_uncorrected,
+        "retired_pages_pending": g.retired_pages_pending,
+        "row_remap_failure": g.row_remap_failure,
     }
     if g.mig_devices:
         doc["mig_devices"] = [
