@@ -345,6 +345,17 @@ def test_a_detached_run_that_ends_by_itself_is_followed_waited_for_and_gives_its
         cluster.run(PP, "down", run, "--ray", "auto")
 
 
+def test_a_stage_that_fails_once_on_ray_is_restarted_and_the_run_completes(cluster) -> None:  # type: ignore[no-untyped-def]
+    """--max-restarts on the Ray site: attempt 1 torn down through the node agents, attempt 2 granted anew."""
+    r = cluster.run(PP, "chain", "--ray", "auto", "--stages", "3", "--gpus-per-stage", "1", "--max-restarts", "1",
+                    "--restart-backoff", "0", "--stage-env", "1:STUB_EXIT_AFTER=0", "--stage-env", "1:STUB_EXIT_CODE=3",
+                    "--stage-env", "1:STUB_EXIT_ATTEMPTS=1")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "match=true" in r.stdout
+    assert "attempt 1 of run" in r.stderr and "attempt 2 of 2 in 0 s" in r.stderr
+    assert "completed on attempt 2 of at most 2; before it: attempt 1: stage 1 (" in r.stderr
+
+
 def test_sigterm_ends_a_ray_chain_with_128_plus_15_and_nothing_left(cluster) -> None:  # type: ignore[no-untyped-def]
     proc = _hold(cluster)
     proc.send_signal(signal.SIGTERM)
