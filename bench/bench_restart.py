@@ -52,8 +52,12 @@ def _stop(proc: subprocess.Popen[str]) -> None:
 
 def fresh(stages: int) -> float:
     began = time.time()
-    proc = subprocess.Popen([sys.executable, "-m", "pp_launch", "chain", "--stages", str(stages), *HOLD],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pp_launch", "chain", "--stages", str(stages), *HOLD],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     try:
         roster = _events_until(proc, "pp_stage_roster", 1)[-1]
         return _ts(roster) - began
@@ -62,10 +66,24 @@ def fresh(stages: int) -> float:
 
 
 def restart(stages: int) -> float:
-    fail = ["--stage-env", "1:STUB_EXIT_AFTER=2", "--stage-env", "1:STUB_EXIT_CODE=3",
-            "--stage-env", "1:STUB_EXIT_ATTEMPTS=1", "--max-restarts", "1", "--restart-backoff", "0"]  # fmt: skip
-    proc = subprocess.Popen([sys.executable, "-m", "pp_launch", "chain", "--stages", str(stages), *HOLD, *fail],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)  # fmt: skip
+    fail = [
+        "--stage-env",
+        "1:STUB_EXIT_AFTER=2",
+        "--stage-env",
+        "1:STUB_EXIT_CODE=3",
+        "--stage-env",
+        "1:STUB_EXIT_ATTEMPTS=1",
+        "--max-restarts",
+        "1",
+        "--restart-backoff",
+        "0",
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pp_launch", "chain", "--stages", str(stages), *HOLD, *fail],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     try:
         seen = _events_until(proc, "pp_stage_roster", 2)
         failed = next(e for e in seen if e["event"] == "stage_exited" and e.get("exit_code") == 3)

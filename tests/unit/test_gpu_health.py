@@ -71,8 +71,9 @@ def test_a_lost_gpu_is_shown_lost_and_never_placed(fake_nvml_lib: Path, sick: tu
     assert doc["lost"] == [{"index": 3, "why": "NVML says GPU is lost"}]
     table = gpus_cmd(fake_nvml_lib, config, "gpus", fail=f"lost:{lost}").stdout
     assert "LOST: NVML says GPU is lost" in table
-    named = gpus_cmd(fake_nvml_lib, config, "chain", "--stages", "1", "--gpus", "device=3", "--dry-run",
-                     fail=f"lost:{lost}")  # fmt: skip
+    named = gpus_cmd(
+        fake_nvml_lib, config, "chain", "--stages", "1", "--gpus", "device=3", "--dry-run", fail=f"lost:{lost}"
+    )
     assert named.returncode == 2 and "--gpus names '3' (GPU 3), which is lost: NVML says GPU is lost" in named.stderr
 
 
@@ -91,8 +92,18 @@ def test_placement_passes_over_unhealthy_gpus_unless_allowed(
     named = gpus_cmd(fake_nvml_lib, config, "chain", "--stages", "1", "--gpus", "device=1", "--dry-run")
     assert named.returncode == 2 and "which is unhealthy: 2 uncorrected ECC errors" in named.stderr
     assert "--allow-unhealthy places on it anyway" in named.stderr
-    allowed = gpus_cmd(fake_nvml_lib, config, "chain", "--stages", "1", "--gpus", "device=1", "--dry-run",
-                       "--allow-unhealthy", "--json")  # fmt: skip
+    allowed = gpus_cmd(
+        fake_nvml_lib,
+        config,
+        "chain",
+        "--stages",
+        "1",
+        "--gpus",
+        "device=1",
+        "--dry-run",
+        "--allow-unhealthy",
+        "--json",
+    )
     assert allowed.returncode == 0 and json.loads(allowed.stdout)["stages"][0]["gpus"] == list(_uuids(config, 1))
 
 
@@ -134,15 +145,20 @@ print(json.dumps({"seen": seen, "stop_s": time.monotonic() - began, "alive": wat
 """
 
 
-def test_the_watch_sees_xids_on_its_gpus_after_it_started_and_nothing_else(fake_nvml_lib: Path,
-                                                                            sick: tuple[GpuInventory, Path],
-                                                                            tmp_path: Path) -> None:  # fmt: skip
+def test_the_watch_sees_xids_on_its_gpus_after_it_started_and_nothing_else(
+    fake_nvml_lib: Path, sick: tuple[GpuInventory, Path], tmp_path: Path
+) -> None:
     inv, config = sick
     events = tmp_path / "xid-events"
     events.write_text(f"xid {inv.gpus[0].uuid} 48\n")  # before the watch: the driver never reports the past
     env = fake_nvml.environ(fake_nvml_lib, config, events=events)
-    child = subprocess.Popen([sys.executable, "-c", WATCH, inv.gpus[0].uuid, inv.gpus[2].uuid], env=env,
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    child = subprocess.Popen(
+        [sys.executable, "-c", WATCH, inv.gpus[0].uuid, inv.gpus[2].uuid],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert child.stdout is not None and child.stdin is not None
     assert json.loads(child.stdout.readline()) == {"ready": True, "note": ""}
     fake_nvml.inject_xid(events, inv.gpus[1].uuid, 79)  # a GPU the run does not use
@@ -158,7 +174,14 @@ def test_the_watch_sees_xids_on_its_gpus_after_it_started_and_nothing_else(fake_
 
 def test_a_watch_without_a_driver_says_why_and_starts_nothing(fake_nvml_lib: Path, tmp_path: Path) -> None:
     env = fake_nvml.environ(fake_nvml_lib, tmp_path / "absent", fail="driver_not_loaded")
-    done = subprocess.run([sys.executable, "-c", WATCH, "GPU-x"], env=env, input="go\n", capture_output=True,
-                          text=True, timeout=30, check=False)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", WATCH, "GPU-x"],
+        env=env,
+        input="go\n",
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
     first = json.loads(done.stdout.splitlines()[0])
     assert "not watched for Xid errors" in first["note"]

@@ -132,3 +132,25 @@ def test_after_ctrl_c_no_stage_waits_and_each_address_shows_once() -> None:
     assert "its announcement" not in frame and "stage 0's address" not in frame, frame
     assert frame.count("127.0.0.1:4000") == 1 and "in 0.05 s" in frame, frame
     live.close()
+
+
+def test_a_restart_starts_a_fresh_table_titled_with_the_attempt_and_says_the_last_one_first() -> None:
+    console, out = terminal(width=120)
+    live = LiveReporter("r1", 2, console=console)
+    live.event(events.StageAnnounced(stage=0, node_id_hex="ab" * 32, direct="127.0.0.1:4000", elapsed_s=0.1))
+    live.stage_state(0, events.StageState.GONE, "exit 3")
+    live.event(
+        events.ChainStopped(
+            reason=events.StopReason.STAGE_FAILED,
+            exit_code=1,
+            removed=("a", "b"),
+            orphans=(),
+            message="stage 0 (a) exited with code 3",
+        )
+    )
+    live.event(events.ChainRestarting(attempt=2, max=3, reason="stage 0 (a) exited with code 3", stage=0))
+    assert live.rows == {0: ["waiting", ""], 1: ["waiting", ""]} and live.addresses == {}
+    said_before_attempt_2 = out.getvalue()
+    assert "chain stopped (a stage failed), 2 containers removed" in said_before_attempt_2  # not held to the end
+    live.close()
+    assert "pp-launch run r1, attempt 2 of 3" in out.getvalue()

@@ -224,8 +224,7 @@ def _attempt(
     """One attempt of the run: the GPUs picked under the engines' locks, the plan, the chain to its end."""
     run_id = request.run_id or ""
     lock_sites = [LockSite(s.lock_name, s.engine, s.engine_id) for s in sites if s.engine is not None]
-    with reserve(lock_sites, run_id, identity.current_owner().label(), hooks.say,
-                 hooks.stop_pending) as locks:  # fmt: skip
+    with reserve(lock_sites, run_id, identity.current_owner().label(), hooks.say, hooks.stop_pending) as locks:
         plan, note = _plan(request, sites, environ, owner, run_id, locks)
         if request.chain.attempt == 1:
             _say_plan(plan, note, hooks.say)
@@ -233,8 +232,9 @@ def _attempt(
             raise errors.Interrupted(held)  # stopped while planning: nothing was started
         locks.check()  # the lock still runs: no one else can be placing on these GPUs
         with reporting(request, plan, hooks) as reporter:
-            outcome, restartable, faults = _run(request, plan, sites, reporter, hooks.on_scope,
-                                                locks.check_and_release, guarding, hooks.say)  # fmt: skip
+            outcome, restartable, faults = _run(
+                request, plan, sites, reporter, hooks.on_scope, locks.check_and_release, guarding, hooks.say
+            )
     return Launched(plan, note, outcome, restartable=restartable, faults=faults)
 
 
@@ -506,8 +506,11 @@ class _GpuFaults:
         self.faults[uuid] = f"{gpu} reported {xid.describe(code)} on attempt {self.plan.attempt}"
         assert self.scope is not None
         for s in stages:
-            self.scope.fail_stage(s.index, f"stage {s.index} ({s.where()}) failed: its {gpu} reported "
-                                           f"{xid.describe(code)}; that GPU is not used again in this run")  # fmt: skip
+            self.scope.fail_stage(
+                s.index,
+                f"stage {s.index} ({s.where()}) failed: its {gpu} reported "
+                f"{xid.describe(code)}; that GPU is not used again in this run",
+            )
 
 
 class _Guarding:

@@ -54,8 +54,10 @@ class Gpu:
         """Why this GPU must not be placed on ("" when NVML says nothing against it)."""
         why = []
         if self.ecc_uncorrected:
-            why.append(f"{self.ecc_uncorrected} uncorrected ECC error{'s' if self.ecc_uncorrected != 1 else ''} "
-                       "since the driver loaded")  # fmt: skip
+            why.append(
+                f"{self.ecc_uncorrected} uncorrected ECC error{'s' if self.ecc_uncorrected != 1 else ''} "
+                "since the driver loaded"
+            )
         if self.retired_pages_pending:
             why.append("retired pages pending a GPU reset")
         if self.row_remap_failure:
@@ -131,8 +133,10 @@ class GpuInventory:
             raise errors.ConfigError(f"{source} is not a GPU inventory: {exc} (docs/formats.md)") from None
         versions = _opt_str(doc.get("driver_version")), _opt_str(doc.get("cuda_version"))
         try:
-            lost = tuple(LostGpu(int(g["index"]), str(g.get("why", "lost")), _opt_str(g.get("uuid")))
-                         for g in doc.get("lost") or [])  # fmt: skip
+            lost = tuple(
+                LostGpu(int(g["index"]), str(g.get("why", "lost")), _opt_str(g.get("uuid")))
+                for g in doc.get("lost") or []
+            )
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
             raise errors.ConfigError(f"{source}: 'lost' is not a list of {{index, why}}: {exc}") from None
         return cls(tuple(gpus), *versions, topology, nvlink, lost=lost)
