@@ -79,10 +79,12 @@ def test_no_restart_left_is_exit_1_naming_every_attempt(engine: Engine, stub_ima
 
 @pytest.mark.parametrize("when", ["backoff", "bring-up"])
 def test_the_launcher_killed_between_or_during_attempts_leaves_nothing(
-    engine: Engine, stub_image: str, when: str
+    engine: Engine, stub_image: str, when: str, tmp_path: Path
 ) -> None:
     """SIGKILL in the backoff (only the run's guard exists) or while attempt 2 comes up (its stages exist, not yet
-    announced): the guard's lifeline ends, the guard tears down what it recorded, nothing is left."""
+    announced): the guard's lifeline ends, the guard tears down what it recorded, nothing is left, and every GPU
+    the run held is free again (a 4-stage plan over the same 4 GPUs fits)."""
+    gpus = {"PP_LAUNCH_GPU_INVENTORY": INVENTORY, "PP_LAUNCH_STATE_DIR": str(tmp_path / "state")}
     extra = (
         ["--restart-backoff", "30"]
         if when == "backoff"
@@ -100,7 +102,8 @@ def test_the_launcher_killed_between_or_during_attempts_leaves_nothing(
     ]
     if when == "bring-up":  # stage 0 announces late in every attempt; stage 1 fails before it in the first
         fail = ["--stage-env", "1:STUB_EXIT_AFTER=0", *fail[2:]]
-    chain = Launcher("chain", "--stages", "3", "--max-restarts", "3", *JSON, *fail, *extra)
+    on_gpus = ["--json", "--gpus", "auto", "--gpu-attach", "env", "--grace", "1"]
+    chain = Launcher("chain", "--stages", "3", "--max-restarts", "3", *on_gpus, *fail, *extra, env=gpus)
     restart = chain.wait_event("chain_restarting", timeout=90)
     run = restart["run"]
     if when == "bring-up":
@@ -115,6 +118,8 @@ def test_the_launcher_killed_between_or_during_attempts_leaves_nothing(
     chain.signal(signal.SIGKILL)
     assert chain.wait(30) == -signal.SIGKILL
     assert wait_until(lambda: nothing_left(engine, run), 15 + BUSY_SLACK), run_containers(engine, run)
+    plan = Launcher("chain", "--stages", "4", "--dry-run", "--json", env=gpus)
+    assert plan.wait(30) == 0, plan.stderr_text()  # no GPU is held any more
 
 
 def test_down_during_the_backoff_ends_the_run_without_another_attempt(engine: Engine, stub_image: str) -> None:
