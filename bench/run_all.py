@@ -16,6 +16,7 @@ BENCHES = [
     "bench_hosts.py",
     "bench_output.py",
     "bench_guard.py",
+    "bench_restart.py",
     "bench_ray.py",
 ]
 
