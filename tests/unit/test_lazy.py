@@ -66,3 +66,21 @@ def test_the_docker_adapter_leaves_docker_py_and_requests_unloaded_until_needed(
     assert deferred == "['Deferred', 'Deferred', 'Deferred']"
     assert "engine_api.NotFound" in before and "docker" not in before.replace("docker_engine", "")
     assert after == "True"  # once docker-py is imported, its NotFound is caught as ours is
+
+
+def test_find_spec_works_for_every_module_after_pp_launch_is_imported() -> None:
+    """A user's test session imports the kit (and with it the Docker adapter, which defers requests and
+    paramiko): importlib.util.find_spec must still answer for those modules as it would without pp-launch."""
+    code = (
+        "import importlib.util, sys\n"
+        "import pp_launch.testing.fixtures, pp_launch.adapters.docker_engine\n"
+        "from pp_launch.adapters.lazy import Deferred\n"
+        "deferred = [n for n, m in list(sys.modules.items()) if isinstance(m, Deferred)]\n"
+        "assert deferred, 'nothing deferred: the test would prove nothing'\n"
+        "for name in deferred:\n"
+        "    spec = importlib.util.find_spec(name)\n"
+        "    assert spec is not None and spec.name == name, name\n"
+        "print(len(deferred), sorted(deferred)[:3])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr

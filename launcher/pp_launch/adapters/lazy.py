@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.machinery
 import importlib.util
 import sys
 import types
@@ -40,10 +41,17 @@ def defer(name: str) -> None:
         return
     package, _, sub = name.partition(".")
     if sub:  # pkg.mod: only with pkg deferred (looking for pkg.mod would import pkg), and then as pkg is found
-        if not isinstance(sys.modules.get(package), Deferred):
+        parent = sys.modules.get(package)
+        if not isinstance(parent, Deferred):
             return
-    elif importlib.util.find_spec(name) is None:
+        where = parent.__spec__.submodule_search_locations if parent.__spec__ is not None else None
+        spec = importlib.machinery.PathFinder.find_spec(name, where) if where is not None else None
+    else:
+        spec = importlib.util.find_spec(name)
+    if spec is None:
         return
     stand_in = Deferred(name)
-    stand_in.__spec__ = None  # the import statement only reads `__spec__._initializing`
+    # the module's own spec, found without running it: the import statement reads only `_initializing` from it,
+    # and importlib.util.find_spec(name) in the user's code answers as if nothing stood in (it raises on None)
+    stand_in.__spec__ = spec
     sys.modules[name] = stand_in
