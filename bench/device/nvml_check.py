@@ -39,9 +39,11 @@ def main() -> int:
         ok = all(g.temperature_c is not None and g.power_w is not None and g.power_limit_w for g in inv.gpus)
         print("temperature and power read:", ok)
         for g in inv.gpus:
-            print(f"GPU {g.index} health: ecc_uncorrected={g.ecc_uncorrected} retired_pages_pending="
-                  f"{g.retired_pages_pending} row_remap_failure={g.row_remap_failure} -> {g.health or 'ok'} "
-                  f"(known: {g.health_known})")
+            print(
+                f"GPU {g.index} health: ecc_uncorrected={g.ecc_uncorrected} retired_pages_pending="
+                f"{g.retired_pages_pending} row_remap_failure={g.row_remap_failure} -> {g.health or 'ok'} "
+                f"(known: {g.health_known})"
+            )
         seen: list[tuple[str, int, int]] = []
         t0 = time.monotonic()
         watch = GpuWatch([g.uuid for g in inv.gpus], lambda u, i, x: seen.append((u, i, x))).start()
@@ -51,8 +53,10 @@ def main() -> int:
         watch.stop()
         stopped = time.monotonic() - t0
         alive = watch._thread is not None and watch._thread.is_alive()
-        print(f"xid watch: registered in {started * 1000:.0f} ms, note {watch.note!r}, events {seen}, "
-              f"stopped in {stopped * 1000:.0f} ms, thread alive after stop: {alive}")
+        print(
+            f"xid watch: registered in {started * 1000:.0f} ms, note {watch.note!r}, events {seen}, "
+            f"stopped in {stopped * 1000:.0f} ms, thread alive after stop: {alive}"
+        )
         watched = not watch.note and not alive
         return 0 if ok and watched and inv.gpus else 1
     finally:
