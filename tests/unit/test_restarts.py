@@ -152,3 +152,33 @@ def test_chain_files_and_the_command_line_take_the_policy(tmp_path: Any) -> None
     path.write_text('stages = 2\nrestart-backoff = "soon"\n')
     wrong = CliRunner().invoke(main, ["chain", "-f", str(path), "--dry-run"])
     assert wrong.exit_code == 2 and f"chain file {path}, line 2: restart-backoff" in wrong.output
+
+
+def test_a_later_attempt_that_cannot_be_placed_fails_the_run_with_exit_1_not_2() -> None:
+    """Exit 2 means nothing was started; by attempt 2 the run has run, so its GPUs running out is a failure."""
+    from pp_launch.core import errors
+
+    once, _ = scripted([(3, "stage_failed", True, (("GPU-a", "Xid 79"),))])
+
+    def then_no_gpus(r: LaunchRequest, hooks: Hooks) -> Launched:
+        if r.chain.attempt == 2:
+            raise errors.NotEnoughGpus("not enough GPUs: 2 stages x 1 need 2, 1 free of 2\n  GPU 0 faulted")
+        return once(r, hooks)
+
+    rec = Recorder()
+    done = attempts.run(request(2), Hooks(reporter=lambda plan: rec), then_no_gpus, {})
+    assert done.outcome is not None and done.outcome.exit_code == 1 and not done.restartable
+    assert done.outcome.message.startswith("attempt 2 could not start: not enough GPUs: 2 stages x 1 need 2")
+    assert "every attempt before it: attempt 1: stage 1 (pp-1) exited with code 3" in done.outcome.message
+    last = rec.events[-1]
+    assert isinstance(last, events.ChainStopped) and last.exit_code == 1
+
+
+def test_a_first_attempt_that_cannot_be_placed_is_still_exit_2() -> None:
+    from pp_launch.core import errors
+
+    def no_gpus(r: LaunchRequest, hooks: Hooks) -> Launched:
+        raise errors.NotEnoughGpus("not enough GPUs")
+
+    with pytest.raises(errors.NotEnoughGpus):
+        attempts.run(request(2), Hooks(reporter=lambda plan: Recorder()), no_gpus, {})

@@ -44,13 +44,20 @@ def run(request: LaunchRequest, hooks: Hooks, once: Once, guards: Mapping[str, R
     hooks.on_scope(relay)  # from now on every stop reaches the attempt running, or ends the backoff
     history: list[Attempt] = []
     avoid = request.avoid_gpus
+    last: Launched | None = None
     try:
         attempt = 1
         while True:
             this = dataclasses.replace(
                 request, keep_logs=False, avoid_gpus=avoid, chain=dataclasses.replace(request.chain, attempt=attempt)
             )
-            done = once(this, _hooks_for(hooks, output, relay))
+            try:
+                done = once(this, _hooks_for(hooks, output, relay))
+            except errors.ConfigError as exc:  # a later attempt that cannot be placed: the run failed, exit 1
+                if attempt == 1 or last is None:
+                    raise
+                return _could_not_start(last, tuple(history), attempt, exc, output)
+            last = done
             relay.target = None
             assert done.outcome is not None
             delay = policy.after(attempt, done.restartable)
@@ -99,6 +106,22 @@ def _hooks_for(hooks: Hooks, output: _RunOutput, relay: _Relay) -> Hooks:
         return relay.latch.signum if relay.latch.signum is not None else hooks.stop_pending()
 
     return dataclasses.replace(hooks, reporter=output.reporter, on_scope=on_scope, stop_pending=stop_pending)
+
+
+def _could_not_start(
+    done: Launched, history: tuple[Attempt, ...], attempt: int, exc: errors.PpLaunchError, output: _RunOutput
+) -> Launched:
+    """An attempt after the first that cannot start (its GPUs no longer fit, its image is gone): the run has run,
+    so this is a failure (exit 1), not a configuration error; every attempt is named."""
+    said = "; ".join(f"attempt {a.number}: {a.reason}" for a in history)
+    message = f"attempt {attempt} could not start: {first_line(str(exc))}; every attempt before it: {said}"
+    output.event(
+        events.ChainStopped(
+            reason=events.StopReason.ERROR, exit_code=errors.EXIT_FAILURE, removed=(), orphans=(), message=message
+        )
+    )
+    outcome = ChainOutcome(errors.EXIT_FAILURE, "error", message)
+    return dataclasses.replace(done, outcome=outcome, restartable=False)
 
 
 class _Relay:
