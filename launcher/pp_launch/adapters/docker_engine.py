@@ -210,6 +210,8 @@ def connect(timeout: float | None = None, host: str | None = None) -> Engine:
             "The engine runs, but this user may not use it: add the user to the 'docker' group (and log in again), "
             "or run as one who may; 'docker info' says the same."
             if why.startswith("permission denied")
+            else "Set DOCKER_HOST to a Docker engine's socket; 'docker info' says what answers where."
+            if "not a Docker engine" in why
             else "Start it (or set DOCKER_HOST to the engine you mean) and check that 'docker info' works."
         )
         raise errors.EngineUnavailable(f"cannot reach the Docker engine at {address}: {why}. {fix}") from None

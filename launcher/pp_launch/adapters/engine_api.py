@@ -19,6 +19,7 @@ import http.client
 import json
 import socket
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import quote, urlencode
@@ -41,6 +42,15 @@ class APIError(Exception):
 
 class NotFound(APIError):
     pass
+
+
+class NotAnEngine(http.client.HTTPException):
+    """The socket answered, but not as a Docker engine does (not JSON, or not the shape the call has): a transport
+    failure as docker_engine sees it (one line, never a traceback)."""
+
+
+class CallTimeout(TimeoutError):
+    """A whole call (connect, send, every read of its answer) took longer than the client's timeout."""
 
 
 class ImageNotFound(NotFound):
@@ -115,9 +125,41 @@ class _Connection(http.client.HTTPConnection):
         self.sock = _unix_socket(self._path, self.timeout)
 
 
-def _unix_socket(path: str, timeout: float | None) -> socket.socket:
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.settimeout(timeout)
+class _Bounded(socket.socket):
+    """A socket whose every send and read shares one deadline: a call is bounded as a whole, so an engine that
+    answers a byte at a time cannot keep it going past the timeout (each read alone would be within it)."""
+
+    deadline: float | None = None
+
+    def bound(self, seconds: float | None) -> None:
+        """From now on every operation shares `seconds` in all (None: no clock, e.g. an attach's stream)."""
+        self.deadline = None if seconds is None else time.monotonic() + seconds
+        self.settimeout(seconds)
+
+    def _left(self) -> None:
+        if self.deadline is None:
+            return
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise CallTimeout("timed out: the engine's answer did not come whole in time")
+        self.settimeout(left)
+
+    def recv_into(self, *args: Any, **kwargs: Any) -> int:
+        self._left()
+        return super().recv_into(*args, **kwargs)
+
+    def recv(self, *args: Any, **kwargs: Any) -> bytes:
+        self._left()
+        return super().recv(*args, **kwargs)
+
+    def sendall(self, *args: Any, **kwargs: Any) -> None:
+        self._left()
+        super().sendall(*args, **kwargs)
+
+
+def _unix_socket(path: str, timeout: float | None) -> _Bounded:
+    sock = _Bounded(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bound(timeout)
     try:
         sock.connect(path)
     except BaseException:
@@ -155,8 +197,13 @@ class SocketApi:
         self._lock = threading.Lock()
 
     def negotiate(self) -> None:
-        """Ask the engine its API version (docker-py's version="auto"); also the first sign that it answers."""
-        self.api_version = str(self._json("GET", "/version", versioned=False)["ApiVersion"])
+        """Ask the engine its API version (docker-py's version="auto"); also the first sign that it answers, and
+        that what answers is a Docker engine."""
+        version = _shaped(self._json("GET", "/version", versioned=False), dict, "/version").get("ApiVersion")
+        if not isinstance(version, str) or not version.replace(".", "").isdigit():
+            raise NotAnEngine(f"the socket at {self.path} answered /version without an API version: not a Docker "
+                              "engine")  # fmt: skip
+        self.api_version = version
         self._prefix = f"/v{self.api_version}"
 
     # ------------------------------------------------------------------------------------------ plumbing
@@ -189,7 +236,12 @@ class SocketApi:
     def _json(self, method: str, path: str, params: Mapping[str, Any] | None = None, body: Any = None,
               versioned: bool = True) -> Any:  # fmt: skip
         data = self._call(method, path, params, body, versioned)
-        return json.loads(data) if data.strip() else None
+        try:
+            return json.loads(data) if data.strip() else None
+        except ValueError:
+            shown = data[:60].decode("utf-8", "replace").replace("\n", " ")
+            raise NotAnEngine(f"the socket at {self.path} answered {path} with something that is not JSON "
+                              f"({shown!r}): not a Docker engine") from None  # fmt: skip
 
     def __getattr__(self, name: str) -> Any:
         """What this client does not do: docker-py's APIClient does it, made on first use."""
@@ -211,24 +263,28 @@ class SocketApi:
         return self._call("GET", "/_ping") == b"OK"
 
     def version(self) -> dict[str, Any]:
-        return dict(self._json("GET", "/version"))
+        return _object(self._json("GET", "/version"), "/version")
 
     def info(self) -> dict[str, Any]:
-        return dict(self._json("GET", "/info"))
+        return _object(self._json("GET", "/info"), "/info")
 
     def inspect_image(self, image: str) -> dict[str, Any]:
-        return dict(self._json("GET", f"/images/{_q(image)}/json"))
+        return _object(self._json("GET", f"/images/{_q(image)}/json"), "an image's inspect")
 
     def inspect_container(self, container: str) -> dict[str, Any]:
-        return dict(self._json("GET", f"/containers/{_q(container)}/json"))
+        return _object(self._json("GET", f"/containers/{_q(container)}/json"), "a container's inspect")
 
     def containers(self, all: bool = False, filters: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
         params = {"all": 1 if all else 0, "filters": _filters(filters) if filters else None}
-        return list(self._json("GET", "/containers/json", params))
+        found = _shaped(self._json("GET", "/containers/json", params), list, "the container list")
+        return [_object(c, "a container in the list") for c in found]
 
     def create_container_from_config(self, config: Mapping[str, Any], name: str | None = None) -> dict[str, Any]:
         body = {k: v for k, v in config.items() if v is not None}  # as docker-py's _post_json sends it
-        return dict(self._json("POST", "/containers/create", {"name": name}, body=body))
+        made = _object(self._json("POST", "/containers/create", {"name": name}, body=body), "a create")
+        if not isinstance(made.get("Id"), str):
+            raise NotAnEngine(f"the engine's answer to a create has no container id: {str(made)[:80]}")
+        return made
 
     def start(self, container: str) -> None:
         self._call("POST", f"/containers/{_q(container)}/start")
@@ -255,6 +311,8 @@ class SocketApi:
         except BaseException:
             sock.close()
             raise
+        sock.bound(self.timeout)  # the stream that follows is the stage's: each read bounded, not the whole
+        sock.deadline = None
         return sock
 
     def wait_for_removal(self, container: str) -> PendingWait:
@@ -262,9 +320,22 @@ class SocketApi:
         the body, with the exit code, comes when the container is gone."""
         url = self._url(f"/containers/{_q(container)}/wait", {"condition": "removed"})
         connection, response = self._send("POST", url, None, self.timeout)
-        if connection.sock is not None:
-            connection.sock.settimeout(None)  # the body comes when the container is gone: no clock on it
+        if isinstance(connection.sock, _Bounded):
+            connection.sock.bound(None)  # the body comes when the container is gone: no clock on it
         return PendingWait(connection, response)
+
+
+def _shaped(value: Any, kind: type, what: str) -> Any:
+    """An answer of the shape the call has (an object, a list), else NotAnEngine naming the call."""
+    if not isinstance(value, kind):
+        shape = "an object" if kind is dict else "a list"
+        raise NotAnEngine(f"the engine answered {what} with {type(value).__name__} where {shape} belongs: not a Docker "
+                          "engine, or one that is broken")  # fmt: skip
+    return value
+
+
+def _object(value: Any, what: str) -> dict[str, Any]:
+    return dict(_shaped(value, dict, what))
 
 
 def _q(part: str) -> str:
