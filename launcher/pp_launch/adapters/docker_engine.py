@@ -675,7 +675,8 @@ class Engine:
         reader.join(timeout)
         code = None
         if reader.is_alive():
-            self.remove(ref)
+            self.remove(ref)  # the helper gone, its stream ends, and so does the reader: joined, never abandoned
+            reader.join(READY_PATIENCE)
         else:
             with contextlib.suppress(Exception):
                 status = json.loads(wait.content or b"{}").get("StatusCode")

@@ -115,8 +115,9 @@ def logs(
         finally:
             lines.put(None)
 
-    for engine, c in found:
-        threading.Thread(target=pump, args=(engine, c), daemon=True, name=f"logs-{c.name}").start()
+    pumps = [threading.Thread(target=pump, args=(e, c), daemon=True, name=f"logs-{c.name}") for e, c in found]
+    for t in pumps:
+        t.start()
     running = len(found)
     while running:
         item = lines.get()
@@ -125,6 +126,8 @@ def logs(
             continue
         out.write(item[0] + display(item[1]) + "\n")
         out.flush()
+    for t in pumps:  # each said it ended (its None): joined, not left behind
+        t.join()
     engines.finish()
 
 
