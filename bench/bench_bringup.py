@@ -36,11 +36,29 @@ def baseline(client: docker.DockerClient, n: int, delay: float) -> tuple[float, 
 
 
 def ours(client: docker.DockerClient, n: int, delay: float, handoff: str) -> tuple[float, int]:
-    args = [sys.executable, "-m", "pp_launch", "chain", "--stages", str(n), "--json", "--gpus", "none", "--grace",
-            "2", "--env", "STUB_MODE=hold", "--env", f"STUB_ANNOUNCE_DELAY={delay}", "--handoff", handoff]  # fmt: skip
+    args = [
+        sys.executable,
+        "-m",
+        "pp_launch",
+        "chain",
+        "--stages",
+        str(n),
+        "--json",
+        "--gpus",
+        "none",
+        "--grace",
+        "2",
+        "--env",
+        "STUB_MODE=hold",
+        "--env",
+        f"STUB_ANNOUNCE_DELAY={delay}",
+        "--handoff",
+        handoff,
+    ]
     t0 = time.monotonic()
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
-                            text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, text=True
+    )
     assert proc.stdout is not None
     run, took = None, float("nan")
     for line in proc.stdout:
@@ -65,8 +83,10 @@ def main() -> int:
     ap.add_argument("--delay", type=float, action="append", help="only these announce delays (repeatable)")
     opts = ap.parse_args()
     client = docker.from_env()
-    rows = ["| stages | announce delay s | CLI chain s | --handoff env s | ratio | --handoff stdin s | ratio | left |",
-            "|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    rows = [
+        "| stages | announce delay s | CLI chain s | --handoff env s | ratio | --handoff stdin s | ratio | left |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     left_total = 0
     for n, delay, reps in CASES:
         if (opts.stages and n not in opts.stages) or (opts.delay and delay not in opts.delay):
@@ -82,8 +102,10 @@ def main() -> int:
         row = f"| {n} | {delay:g} | {b:.2f} | {e:.2f} | {e / b:.2f} | {s:.2f} | {s / b:.2f} | {left_total} |"
         print(row, flush=True)
         rows.append(row)
-    note = (f"\nMedians ({opts.repeats} runs for 8 stages, 1 beyond); timed from process launch to the last "
-            f"announcement; {os.cpu_count()} CPUs; `python bench/bench_bringup.py`.\n")  # fmt: skip
+    note = (
+        f"\nMedians ({opts.repeats} runs for 8 stages, 1 beyond); timed from process launch to the last "
+        f"announcement; {os.cpu_count()} CPUs; `python bench/bench_bringup.py`.\n"
+    )
     text = "\n".join(rows) + "\n" + note
     Path(opts.out).parent.mkdir(parents=True, exist_ok=True)
     Path(opts.out).write_text(text)

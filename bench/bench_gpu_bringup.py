@@ -29,11 +29,32 @@ from pp_launch.testing import fake_toolkit  # noqa: E402
 
 
 def once(host: FakeGpuHost, bring_up: str) -> float:
-    args = [sys.executable, "-m", "pp_launch", "chain", "--stages", "8", "--json", "--gpus", "auto", "--grace", "2",
-            "--env", "STUB_MODE=hold", "--bring-up", bring_up]  # fmt: skip
+    args = [
+        sys.executable,
+        "-m",
+        "pp_launch",
+        "chain",
+        "--stages",
+        "8",
+        "--json",
+        "--gpus",
+        "auto",
+        "--grace",
+        "2",
+        "--env",
+        "STUB_MODE=hold",
+        "--bring-up",
+        bring_up,
+    ]
     t0 = time.monotonic()
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
-                            text=True, env={**os.environ, **host.env("request")})  # fmt: skip
+    proc = subprocess.Popen(
+        args,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, **host.env("request")},
+    )
     assert proc.stdout is not None
     took = float("nan")
     for line in proc.stdout:

@@ -49,23 +49,49 @@ def plain_container(repeats: int) -> float:
     took = []
     for _ in range(repeats):
         t0 = time.monotonic()
-        subprocess.run(["docker", "run", "--rm", "--init", "--network", "none", "--entrypoint", "true",
-                        "pp-launch/stub-worker:latest"], check=True, capture_output=True)  # fmt: skip
+        subprocess.run(
+            [
+                "docker",
+                "run",
+                "--rm",
+                "--init",
+                "--network",
+                "none",
+                "--entrypoint",
+                "true",
+                "pp-launch/stub-worker:latest",
+            ],
+            check=True,
+            capture_output=True,
+        )
         took.append(time.monotonic() - t0)
     return statistics.median(took)
 
 
 def left(run: str) -> int:
-    out = subprocess.run(["docker", "ps", "-aq", "--filter", f"label=pp-launch.run={run}"], capture_output=True,
-                         text=True).stdout  # fmt: skip
+    out = subprocess.run(
+        ["docker", "ps", "-aq", "--filter", f"label=pp-launch.run={run}"], capture_output=True, text=True
+    ).stdout
     return len(out.split())
 
 
 def until_gone(freeze: bool) -> float:
     beat = str(guard.HEARTBEAT)  # forced on this local socket: what an engine over the network gets
     env = dict(os.environ, PP_LAUNCH_GUARD_HEARTBEAT=beat) if freeze else dict(os.environ)
-    argv = [sys.executable, "-m", "pp_launch", "chain", "--stages", "4", "--gpus", "none", "--json", "--grace", "1",
-            *DEAF]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "pp_launch",
+        "chain",
+        "--stages",
+        "4",
+        "--gpus",
+        "none",
+        "--json",
+        "--grace",
+        "1",
+        *DEAF,
+    ]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
     assert proc.stdout is not None
     run = ""

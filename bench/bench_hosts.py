@@ -32,8 +32,21 @@ GRACE = 2.0
 
 def once(bed: ThreeHosts, hosts: list[str], ignore_sigterm: bool) -> tuple[float, float]:
     """(seconds to the roster, seconds from SIGTERM to the launcher's exit)."""
-    args = [sys.executable, "-m", "pp_launch", "chain", "--stages", "8", "--json", "--gpus", "none",
-            "--grace", str(GRACE), "--env", "STUB_MODE=hold"]  # fmt: skip
+    args = [
+        sys.executable,
+        "-m",
+        "pp_launch",
+        "chain",
+        "--stages",
+        "8",
+        "--json",
+        "--gpus",
+        "none",
+        "--grace",
+        str(GRACE),
+        "--env",
+        "STUB_MODE=hold",
+    ]
     for h in hosts:
         args += ["--host", h]
     if len(hosts) > 1:
@@ -41,8 +54,14 @@ def once(bed: ThreeHosts, hosts: list[str], ignore_sigterm: bool) -> tuple[float
     if ignore_sigterm:
         args += ["--env", "STUB_IGNORE_SIGTERM=1"]
     t0 = time.monotonic()
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
-                            text=True, env={**os.environ, **bed.env()})  # fmt: skip
+    proc = subprocess.Popen(
+        args,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, **bed.env()},
+    )
     assert proc.stdout is not None
     up = float("nan")
     for line in proc.stdout:

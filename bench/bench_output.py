@@ -20,8 +20,19 @@ PP = str(Path(sys.executable).parent / "pp-launch")
 
 def peak_rss_mib(*knobs: str) -> tuple[float, float, int, str]:
     """(peak RSS MiB, seconds, exit code, last stage-1 line) of one 2-stage chain; stage 0 holds 2 s then exits 0."""
-    argv = [PP, "chain", "--stages", "2", "--gpus", "none", "--env", "STUB_MODE=hold",
-            "--stage-env", "0:STUB_EXIT_AFTER=2", *knobs]  # fmt: skip
+    argv = [
+        PP,
+        "chain",
+        "--stages",
+        "2",
+        "--gpus",
+        "none",
+        "--env",
+        "STUB_MODE=hold",
+        "--stage-env",
+        "0:STUB_EXIT_AFTER=2",
+        *knobs,
+    ]
     t0 = time.monotonic()
     with open(os.devnull, "wb") as sink:
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=sink)
@@ -57,8 +68,13 @@ def main() -> int:
         ok &= code == 0 and growth < 64 and kept != "NO"
         rows.append(f"| {name} | {rss:.1f} | {growth:+.1f} | {secs:.1f} | {code} | {kept} |")
         print(rows[-1], flush=True)
-    table = "\n".join(["| stage 1 prints | launcher peak RSS (MiB) | growth (MiB) | seconds | exit | last line shown |",
-                       "|---|---|---|---|---|---|", *rows])  # fmt: skip
+    table = "\n".join(
+        [
+            "| stage 1 prints | launcher peak RSS (MiB) | growth (MiB) | seconds | exit | last line shown |",
+            "|---|---|---|---|---|---|",
+            *rows,
+        ]
+    )
     title = "# Launcher memory under a flood of output\n\n`python bench/bench_output.py`"
     text = f"{title}\n\n{table}\n\ngoal: growth under 64 MiB\n"
     (HERE / "results" / "output.md").write_text(text)

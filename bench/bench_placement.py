@@ -54,11 +54,18 @@ def arbitrary(seed: int) -> tuple[GpuInventory, list[allocator.Unit]]:
     return inv, allocator.units(inv)
 
 
-def table(title: str, shapes: list[tuple[int, int]], machines: int,
-          make: Callable[[int], tuple[GpuInventory, list[allocator.Unit]]]) -> list[str]:  # fmt: skip
-    rows = [f"**{title}**", "",
-            "| stages x GPUs | candidates | exact median ms | p95 ms | worst ms | greedy ms (median) | greedy worse |",
-            "|---|---|---|---|---|---|---|"]  # fmt: skip
+def table(
+    title: str,
+    shapes: list[tuple[int, int]],
+    machines: int,
+    make: Callable[[int], tuple[GpuInventory, list[allocator.Unit]]],
+) -> list[str]:
+    rows = [
+        f"**{title}**",
+        "",
+        "| stages x GPUs | candidates | exact median ms | p95 ms | worst ms | greedy ms (median) | greedy worse |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for stages, per in shapes:
         exact_t, greedy_t, worse, sizes = [], [], 0, set()
         for seed in range(machines):
@@ -78,8 +85,10 @@ def table(title: str, shapes: list[tuple[int, int]], machines: int,
         exact_t.sort()
         p95 = exact_t[min(len(exact_t) - 1, int(0.95 * len(exact_t)))]
         cands = "-".join(str(s) for s in sorted({min(sizes), max(sizes)}))
-        rows.append(f"| {stages} x {per} | {cands} | {statistics.median(exact_t):.1f} | {p95:.1f} | "
-                    f"{exact_t[-1]:.1f} | {statistics.median(greedy_t):.1f} | {worse} of {machines} |")  # fmt: skip
+        rows.append(
+            f"| {stages} x {per} | {cands} | {statistics.median(exact_t):.1f} | {p95:.1f} | "
+            f"{exact_t[-1]:.1f} | {statistics.median(greedy_t):.1f} | {worse} of {machines} |"
+        )
     return [*rows, ""]
 
 

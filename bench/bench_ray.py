@@ -111,8 +111,9 @@ def stages(cluster: RayCluster) -> int:
     """Stage containers of ours on the nodes (not the runs' guards)."""
     total = 0
     for host in cluster.hosts.values():
-        out = host.engines["request"].docker("ps", "-a", "--filter", "label=pp-launch.run", "--format",
-                                             '{{.Label "pp-launch.stage"}}', check=False)  # fmt: skip
+        out = host.engines["request"].docker(
+            "ps", "-a", "--filter", "label=pp-launch.run", "--format", '{{.Label "pp-launch.stage"}}', check=False
+        )
         total += sum(1 for role in out.stdout.split() if role != "guard")
     return total
 
@@ -145,8 +146,18 @@ def main() -> int:
 
         kill_s, lost_s = [], []
         for _ in range(opts.repeats):
-            proc = cluster.popen(PP, "chain", "--ray", "auto", "--stages", "8", "--env", "STUB_MODE=hold",
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+            proc = cluster.popen(
+                PP,
+                "chain",
+                "--ray",
+                "auto",
+                "--stages",
+                "8",
+                "--env",
+                "STUB_MODE=hold",
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
             assert wait_for(lambda: stages(cluster) == 8, 120)
             t0 = time.monotonic()
             proc.kill()
@@ -154,8 +165,20 @@ def main() -> int:
             assert wait_for(lambda: ours(cluster) == 0, 60), diagnose(cluster)
             kill_s.append(time.monotonic() - t0)
         for _ in range(min(opts.repeats, 2)):
-            proc = cluster.popen(PP, "chain", "--ray", "auto", "--stages", "4", "--placement", "spread", "--env",
-                                 "STUB_MODE=hold", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+            proc = cluster.popen(
+                PP,
+                "chain",
+                "--ray",
+                "auto",
+                "--stages",
+                "4",
+                "--placement",
+                "spread",
+                "--env",
+                "STUB_MODE=hold",
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
             assert wait_for(lambda: stages(cluster) == 4, 120)
             t0 = time.monotonic()
             cluster.kill_node("b")

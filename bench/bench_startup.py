@@ -53,8 +53,10 @@ def main() -> int:
         if name.startswith("pp-launch"):
             worst = max(worst, ratio)
         rows.append(f"| {name} | {median:.3f} | {ratio:.2f} |")
-    note = (f"\nMedians of {opts.repeats} interleaved runs; {os.cpu_count()} CPUs; "
-            "`python bench/bench_startup.py`. Goal: --version and --help at most 2x the yardstick.\n")  # fmt: skip
+    note = (
+        f"\nMedians of {opts.repeats} interleaved runs; {os.cpu_count()} CPUs; "
+        "`python bench/bench_startup.py`. Goal: --version and --help at most 2x the yardstick.\n"
+    )
     text = "\n".join(rows) + "\n" + note
     Path(opts.out).parent.mkdir(parents=True, exist_ok=True)
     Path(opts.out).write_text(text)

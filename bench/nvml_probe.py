@@ -66,8 +66,10 @@ def main() -> int:
     if opts.record:
         inventory_file.save(inventory, opts.record)
     print(render_table(inventory, {}))
-    print(f"\none inventory query (nvmlInit .. nvmlShutdown), {len(inventory.gpus)} GPUs: "
-          f"median {statistics.median(times):.2f} ms of 20")  # fmt: skip
+    print(
+        f"\none inventory query (nvmlInit .. nvmlShutdown), {len(inventory.gpus)} GPUs: "
+        f"median {statistics.median(times):.2f} ms of 20"
+    )
 
     # record -> fake -> record
     config = fake_nvml.write_config(inventory, work / "recorded.conf")
@@ -96,8 +98,10 @@ def main() -> int:
         for k, level in enumerate(plan.hop_levels):
             print(f"  hop {k} -> {(k + 1) % stages}: {describe_level(level)}")
         if plan.cost is not None:
-            print(f"  placement cost: {plan.cost.within} within stages, {plan.cost.hops} round the ring "
-                  f"({'exact' if plan.cost.exact else 'greedy'}, {plan.cost.candidates} candidates)")  # fmt: skip
+            print(
+                f"  placement cost: {plan.cost.within} within stages, {plan.cost.hops} round the ring "
+                f"({'exact' if plan.cost.exact else 'greedy'}, {plan.cost.candidates} candidates)"
+            )
     return 0 if same else 1
 
 

@@ -188,8 +188,17 @@ def adversarial(side: Any, rng: random.Random, gpu_node: str, decoy: str) -> tup
     problems: list[str] = []
     holder = None
     if mix.fault == "collision":
-        holder = side.docker("run", "-d", "--name", f"{prefix}-1", "--network", "host", "-e", "STUB_MODE=hold",
-                             "pp-launch/stub-worker:latest").stdout.strip()  # fmt: skip
+        holder = side.docker(
+            "run",
+            "-d",
+            "--name",
+            f"{prefix}-1",
+            "--network",
+            "host",
+            "-e",
+            "STUB_MODE=hold",
+            "pp-launch/stub-worker:latest",
+        ).stdout.strip()
     if mix.intruder:
         from pp_launch.adapters import host_state
 
@@ -200,8 +209,9 @@ def adversarial(side: Any, rng: random.Random, gpu_node: str, decoy: str) -> tup
 
     def left(status: str | None = None) -> list[str]:
         extra = ["--filter", f"status={status}"] if status else []
-        return side.docker("ps", "-aq", "--filter", f"name={prefix}-", "--filter", "label=pp-launch.run",
-                           *extra, check=False).stdout.split()  # fmt: skip
+        return side.docker(
+            "ps", "-aq", "--filter", f"name={prefix}-", "--filter", "label=pp-launch.run", *extra, check=False
+        ).stdout.split()
 
     expected: set[int]
     run = ""
@@ -223,8 +233,10 @@ def adversarial(side: Any, rng: random.Random, gpu_node: str, decoy: str) -> tup
                 launcher.signal(signal.SIGKILL)
                 expected = {-signal.SIGKILL}
             elif mix.fault == "child":
-                children = [int(p) for p in subprocess.run(["pgrep", "-f", gpu_node], capture_output=True,
-                                                           text=True).stdout.split()]  # fmt: skip
+                children = [
+                    int(p)
+                    for p in subprocess.run(["pgrep", "-f", gpu_node], capture_output=True, text=True).stdout.split()
+                ]
                 mine = [p for p in children if f"PP_LAUNCH_RUN={run}".encode() in _environ(p)]
                 os.kill(rng.choice(mine), signal.SIGKILL)
                 expected = {1}
@@ -265,8 +277,9 @@ def adversarial(side: Any, rng: random.Random, gpu_node: str, decoy: str) -> tup
             problems.append("the container holding the name was touched")
         # the engine's own faults stop every container; --restart always brings the decoy back: it must exist
         # (never removed) and run again (never killed for good)
-        if not wait_until(lambda: side.docker("inspect", "-f", "{{.State.Running}}", decoy, check=False)
-                          .stdout.strip() == "true", 30):  # fmt: skip
+        if not wait_until(
+            lambda: side.docker("inspect", "-f", "{{.State.Running}}", decoy, check=False).stdout.strip() == "true", 30
+        ):
             problems.append("the decoy was touched")
     finally:
         side.ensure_running()

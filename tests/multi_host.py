@@ -68,8 +68,11 @@ class Sshd:
         log = open(root / "sshd.log", "ab")  # noqa: SIM115
         self.proc = subprocess.Popen(
             ["/usr/sbin/sshd", "-D", "-e", "-f", str(root / "sshd_config")],
-            stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True,
-        )  # fmt: skip
+            stdout=log,
+            stderr=log,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         log.close()
         deadline = time.monotonic() + 20
         while not self._listening():
@@ -132,10 +135,19 @@ class ThreeHosts:
             self.sshd = Sshd(self.root / "sshd", self.home, side_b.host)
             self.docker_config.mkdir()
             subprocess.run(
-                ["docker", "--config", str(self.docker_config), "context", "create", CONTEXT_A,
-                 "--docker", f"host={side_a.host}"],
-                check=True, capture_output=True,
-            )  # fmt: skip
+                [
+                    "docker",
+                    "--config",
+                    str(self.docker_config),
+                    "context",
+                    "create",
+                    CONTEXT_A,
+                    "--docker",
+                    f"host={side_a.host}",
+                ],
+                check=True,
+                capture_output=True,
+            )
         except BaseException:
             self.close()
             raise

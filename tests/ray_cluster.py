@@ -61,8 +61,15 @@ class RayCluster:
             raise
 
     def _start_all(self) -> None:
-        head = ["--head", f"--port={PORT}", "--num-cpus=0", "--num-gpus=0", f"--temp-dir={self.root / 'r'}",
-                "--include-dashboard=false", "--ray-client-server-port=10001"]  # fmt: skip
+        head = [
+            "--head",
+            f"--port={PORT}",
+            "--num-cpus=0",
+            "--num-gpus=0",
+            f"--temp-dir={self.root / 'r'}",
+            "--include-dashboard=false",
+            "--ray-client-server-port=10001",
+        ]
         self._start("head", head, self._base_env())
         self.wait_nodes(1)
         for n, name in enumerate(("a", "b"), start=2):  # one at a time: raylets starting together collide
@@ -110,16 +117,33 @@ class RayCluster:
 
     def start_node(self, name: str) -> None:
         gpus = len(self.hosts[name].inventory.gpus)
-        args = [f"--address={self.address}", f"--num-cpus={NODE_CPUS}", f"--num-gpus={gpus}",
-                "--labels", json.dumps({"pp-launch.node": name})]  # fmt: skip
+        args = [
+            f"--address={self.address}",
+            f"--num-cpus={NODE_CPUS}",
+            f"--num-gpus={gpus}",
+            "--labels",
+            json.dumps({"pp-launch.node": name}),
+        ]
         self._start(name, args, self.node_env(name))
 
     def _start(self, name: str, args: list[str], env: dict[str, str]) -> None:
         log = open(self.root / f"{name}.log", "ab")  # noqa: SIM115  (the node writes it while it runs)
-        argv = [*self.netns(), "sh", "-c", 'ip link set lo up && exec "$@"', "ray-node", RAY, "start",
-                "--node-ip-address=127.0.0.1", "--disable-usage-stats", "--block", *args]  # fmt: skip
-        self.nodes[name] = subprocess.Popen(argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=env,
-                                            start_new_session=True, cwd=self.root)  # fmt: skip
+        argv = [
+            *self.netns(),
+            "sh",
+            "-c",
+            'ip link set lo up && exec "$@"',
+            "ray-node",
+            RAY,
+            "start",
+            "--node-ip-address=127.0.0.1",
+            "--disable-usage-stats",
+            "--block",
+            *args,
+        ]
+        self.nodes[name] = subprocess.Popen(
+            argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=env, start_new_session=True, cwd=self.root
+        )
         log.close()
 
     def kill_node(self, name: str) -> None:
@@ -129,8 +153,11 @@ class RayCluster:
         proc.wait()
 
     def alive_nodes(self) -> int:
-        out = self.python("import ray; ray.init(address='auto', logging_level='ERROR');"
-                          "print(sum(1 for n in ray.nodes() if n['Alive']))", timeout=60)  # fmt: skip
+        out = self.python(
+            "import ray; ray.init(address='auto', logging_level='ERROR');"
+            "print(sum(1 for n in ray.nodes() if n['Alive']))",
+            timeout=60,
+        )
         return int(out.stdout.strip() or 0)
 
     def wait_nodes(self, n: int, timeout: float = 90.0) -> None:
@@ -225,8 +252,12 @@ class RayCluster:
         for host in self.hosts.values():
             left += host.close()
         if os.environ.get("PP_RAY_KEEP_LOGS"):  # a folder to keep the cluster's own logs in, for a post-mortem
-            shutil.copytree(self.root / "r" / "session_latest" / "logs", os.environ["PP_RAY_KEEP_LOGS"],
-                            dirs_exist_ok=True, ignore_dangling_symlinks=True)  # fmt: skip
+            shutil.copytree(
+                self.root / "r" / "session_latest" / "logs",
+                os.environ["PP_RAY_KEEP_LOGS"],
+                dirs_exist_ok=True,
+                ignore_dangling_symlinks=True,
+            )
         shutil.rmtree(self.root, ignore_errors=True)
         return left
 

@@ -154,9 +154,18 @@ def test_env_reaches_gpu_node_stages_without_pp_forward_env(engine, stub_image) 
 def _detached_while_coming_up(*knobs: str) -> tuple[Launcher, str]:
     """A --detach run killed while stage 1 is still starting (it takes 30 s to announce)."""
     up = Launcher(
-        "chain", "--stages", "2", "--gpus", "none", "--detach", "--env", "STUB_MODE=hold",
-        "--stage-env", "1:STUB_ANNOUNCE_DELAY=30", *knobs,
-    )  # fmt: skip
+        "chain",
+        "--stages",
+        "2",
+        "--gpus",
+        "none",
+        "--detach",
+        "--env",
+        "STUB_MODE=hold",
+        "--stage-env",
+        "1:STUB_ANNOUNCE_DELAY=30",
+        *knobs,
+    )
     assert wait_until(lambda: "bringing up 2 stages" in up.stderr_text(), 30), up.stderr_text()
     run = up.stderr_text().split("pp-launch: run ", 1)[1][:12]
     remember_run(run)
@@ -230,9 +239,19 @@ def test_ctrl_c_ends_a_flooding_chain_within_its_grace_plus_a_second(engine, stu
     stopped draining the engine, whose kill then waited on the stalled output)."""
     knobs = ["--env", "STUB_IGNORE_SIGTERM=1"] if sigterm == "ignored" else []
     launcher = Launcher(
-        "chain", "--stages", "4", "--gpus", "none", "--grace", "2", "--env", "STUB_MODE=hold",
-        "--env", "STUB_LOG_RATE=20000", *knobs,
-    )  # fmt: skip
+        "chain",
+        "--stages",
+        "4",
+        "--gpus",
+        "none",
+        "--grace",
+        "2",
+        "--env",
+        "STUB_MODE=hold",
+        "--env",
+        "STUB_LOG_RATE=20000",
+        *knobs,
+    )
     assert wait_until(lambda: "roster of run" in launcher.stderr_text(), 60), launcher.stderr_text()[-2000:]
     run = launcher.stderr_text().split("roster of run ", 1)[1][:12]
     t0 = time.monotonic()
@@ -253,8 +272,23 @@ def test_a_watchdog_starts_whatever_the_launchers_working_directory_holds(engine
         )
     monkeypatch.chdir(tmp_path)
     program = str(Path(sys.executable).parent / "pp-launch")  # the console script: its own path is not the cwd
-    up = Launcher.from_argv([program, "chain", "--stages", "2", "--gpus", "none", "--json", "--env", "STUB_MODE=hold",
-                             "--env", "STUB_IGNORE_LIFELINE=1", "--env", "STUB_IGNORE_SIGTERM=1"])  # fmt: skip
+    up = Launcher.from_argv(
+        [
+            program,
+            "chain",
+            "--stages",
+            "2",
+            "--gpus",
+            "none",
+            "--json",
+            "--env",
+            "STUB_MODE=hold",
+            "--env",
+            "STUB_IGNORE_LIFELINE=1",
+            "--env",
+            "STUB_IGNORE_SIGTERM=1",
+        ]
+    )
     roster = up.wait_event("pp_stage_roster", 60)
     run = roster["run"]
     remember_run(run)
@@ -351,8 +385,11 @@ def _orphan(engine, stub_image: str) -> tuple[DockerContainer, str]:
     owner = labels.Owner(me.host, dead.pid, "1", me.pidns, me.boot).label()
     run = uuid.uuid4().hex[:12]
     remember_run(run)
-    c = (DockerContainer(stub_image).with_env("STUB_MODE", "hold").with_kwargs(labels={
-        labels.RUN: run, labels.STAGE: "0", labels.OWNER: owner, labels.GPUS: ""}))  # fmt: skip
+    c = (
+        DockerContainer(stub_image)
+        .with_env("STUB_MODE", "hold")
+        .with_kwargs(labels={labels.RUN: run, labels.STAGE: "0", labels.OWNER: owner, labels.GPUS: ""})
+    )
     c.waiting_for(LogMessageWaitStrategy("holding")).start()
     return c, run
 
@@ -380,16 +417,23 @@ def test_a_user_the_engine_refuses_is_told_so_never_to_start_it(engine, open_dir
     """As `nobody`, beside the suite's running engine (its socket is not theirs): `ps` and `chain` say the engine
     runs and this user may not use it (the docker group), never "start it"; `gpus` warns with the same reason."""
     sock = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
-    env = {"PATH": os.environ.get("PATH", ""), "HOME": str(open_dir), "DOCKER_HOST": sock,
-           "PP_LAUNCH_STATE_DIR": str(open_dir / "state"), "PP_LAUNCH_GPU_INVENTORY": ""}  # fmt: skip
+    env = {
+        "PATH": os.environ.get("PATH", ""),
+        "HOME": str(open_dir),
+        "DOCKER_HOST": sock,
+        "PP_LAUNCH_STATE_DIR": str(open_dir / "state"),
+        "PP_LAUNCH_GPU_INVENTORY": "",
+    }
     for argv in (["ps"], ["chain", "--gpus", "none", "--stages", "1"], ["chain", "--gpus", "none", "--dry-run"]):
-        done = subprocess.run([*NOBODY, sys.executable, "-m", "pp_launch", *argv], capture_output=True, text=True,
-                              env=env, timeout=60)  # fmt: skip
+        done = subprocess.run(
+            [*NOBODY, sys.executable, "-m", "pp_launch", *argv], capture_output=True, text=True, env=env, timeout=60
+        )
         assert done.returncode == 2, done.stderr
         assert "permission denied on its socket. The engine runs, but this user may not use it" in done.stderr
         assert "'docker' group" in done.stderr and "Start it" not in done.stderr
-    gpus = subprocess.run([*NOBODY, sys.executable, "-m", "pp_launch", "gpus"], capture_output=True, text=True,
-                          env=env, timeout=60)  # fmt: skip
+    gpus = subprocess.run(
+        [*NOBODY, sys.executable, "-m", "pp_launch", "gpus"], capture_output=True, text=True, env=env, timeout=60
+    )
     assert "which run holds each GPU is not shown: cannot reach the Docker engine" in gpus.stderr
     assert "permission denied on its socket" in gpus.stderr
 
@@ -397,7 +441,11 @@ def test_a_user_the_engine_refuses_is_told_so_never_to_start_it(engine, open_dir
 def test_a_dry_run_fails_where_the_launch_would_on_a_missing_image(engine) -> None:
     """The dry run asks the engine for the stage image: absent, it is exit 2 as a launch's is (nothing pulled)."""
     image = f"pp-launch-tests/{unique('absent')}:1"
-    done = subprocess.run([sys.executable, "-m", "pp_launch", "chain", "--image", image, "--gpus", "none",
-                           "--dry-run"], capture_output=True, text=True, timeout=60)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "pp_launch", "chain", "--image", image, "--gpus", "none", "--dry-run"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2 and f"image {image} is not present on the engine" in done.stderr, done.stderr
     assert "a launch would stop here" in done.stderr and done.stdout == ""

@@ -216,7 +216,12 @@ def test_the_readmes_python_example_runs_as_written(engine, stub_image) -> None:
 
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     code = readme.split("## In Python", 1)[1].split("```python", 1)[1].split("```", 1)[0]
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180,
-                          env={**os.environ, "PP_LAUNCH_SWEEP": "0"})  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "PP_LAUNCH_SWEEP": "0"},
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("0 every stage exited 0"), done.stdout

@@ -58,8 +58,18 @@ def test_layer_watchdog_alone(engine, stub_image) -> None:
 
 def _deaf_chain() -> tuple[Launcher, str]:
     """Two stages deaf to SIGTERM and to end of input, up, with one second of grace."""
-    launcher = Launcher("chain", "--stages", "2", *HOLD, "--grace", "1", "--env", "STUB_IGNORE_SIGTERM=1",
-                        "--env", "STUB_IGNORE_LIFELINE=1")  # fmt: skip
+    launcher = Launcher(
+        "chain",
+        "--stages",
+        "2",
+        *HOLD,
+        "--grace",
+        "1",
+        "--env",
+        "STUB_IGNORE_SIGTERM=1",
+        "--env",
+        "STUB_IGNORE_LIFELINE=1",
+    )
     launcher.wait_event("pp_stage_roster")
     return launcher, launcher.run_id
 
@@ -164,12 +174,21 @@ def test_gc_and_down_all_touch_only_our_containers(side_engine) -> None:
     me = identity.current_owner().label()
 
     def run(*argv: str) -> str:
-        return side.docker("run", "-d", "--network", "host", "-e", "STUB_MODE=hold", *argv,
-                           "pp-launch/stub-worker:latest").stdout.strip()  # fmt: skip
+        return side.docker(
+            "run", "-d", "--network", "host", "-e", "STUB_MODE=hold", *argv, "pp-launch/stub-worker:latest"
+        ).stdout.strip()
 
     def ours(run_id: str, owner: str) -> list[str]:
-        return ["--label", f"{labels.RUN}={run_id}", "--label", f"{labels.STAGE}=0", "--label",
-                f"{labels.OWNER}={owner}", "--label", f"{labels.GPUS}="]  # fmt: skip
+        return [
+            "--label",
+            f"{labels.RUN}={run_id}",
+            "--label",
+            f"{labels.STAGE}=0",
+            "--label",
+            f"{labels.OWNER}={owner}",
+            "--label",
+            f"{labels.GPUS}=",
+        ]
 
     decoys = [run("--name", "pp-stage-3"), run("--name", unique("decoy"))]
     live_owner = run(*ours(uuid.uuid4().hex[:12], me))
@@ -315,8 +334,19 @@ def test_randomized_adversarial_mixes_on_a_breakable_engine(broken_engine, stub_
     seed = int(os.environ.get("PP_CHAOS_SEED", random.randrange(1 << 30)))
     rng = random.Random(seed)
     gpu_node = os.path.join(os.path.dirname(sys.executable), "pp-gpu-node")
-    decoy = side.docker("run", "-d", "--restart", "always", "--name", unique("decoy"), "--network", "host",
-                        "-e", "STUB_MODE=hold", "pp-launch/stub-worker:latest").stdout.strip()  # fmt: skip
+    decoy = side.docker(
+        "run",
+        "-d",
+        "--restart",
+        "always",
+        "--name",
+        unique("decoy"),
+        "--network",
+        "host",
+        "-e",
+        "STUB_MODE=hold",
+        "pp-launch/stub-worker:latest",
+    ).stdout.strip()
     failures = []
     try:
         for i in range(int(os.environ.get("PP_CHAOS_MIXES", "8"))):

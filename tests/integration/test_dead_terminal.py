@@ -37,8 +37,25 @@ def test_a_terminal_that_goes_away_ends_the_chain_with_129_and_every_stage_torn_
     prefix = f"tty{uuid.uuid4().hex[:8]}"
     pid, master = pty.fork()
     if pid == 0:  # the launcher, on the pty as its controlling terminal (a session of its own)
-        os.execv(sys.executable, [*PP, "chain", "--stages", "3", "--gpus", "none", "--name", prefix, "--grace", "3",
-                                  "--env", "STUB_MODE=hold", "--env", "STUB_LOG_RATE=200"])  # fmt: skip
+        os.execv(
+            sys.executable,
+            [
+                *PP,
+                "chain",
+                "--stages",
+                "3",
+                "--gpus",
+                "none",
+                "--name",
+                prefix,
+                "--grace",
+                "3",
+                "--env",
+                "STUB_MODE=hold",
+                "--env",
+                "STUB_LOG_RATE=200",
+            ],
+        )
     try:
         seen = read_until(master, b"PP_GPU_NODE_ADDR", 60)
         assert b"PP_GPU_NODE_ADDR" in seen, seen[-2000:]

@@ -31,8 +31,12 @@ def socket_api(engine: Any) -> engine_api.SocketApi:
 def test_a_chain_on_the_local_engine_never_imports_docker_py(engine, stub_image) -> None:  # type: ignore[no-untyped-def]
     """Every call of a chain's life (the sweep, the name checks that find nothing: 404s, create, attach, start,
     the removal waits, teardown) goes through SocketApi; docker-py, requests and urllib3 are never imported."""
-    r = subprocess.run([sys.executable, "-X", "importtime", "-m", "pp_launch", "chain", "--stages", "3", "--gpus",
-                        "none"], capture_output=True, text=True, timeout=120)  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "pp_launch", "chain", "--stages", "3", "--gpus", "none"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "match=true" in r.stdout + r.stderr
     imported = {line.rsplit("|", 1)[1].strip() for line in r.stderr.splitlines() if line.startswith("import time:")}
@@ -50,18 +54,25 @@ def test_socket_api_answers_as_docker_py_does_on_the_same_engine(engine, stub_im
         assert ours.inspect_image(stub_image)["Id"] == theirs.inspect_image(stub_image)["Id"]
         run = unique("api")
         label = f"pp-launch.run={run}"
-        config = engine_api.container_config(image=stub_image, entrypoint=["true"], labels={"pp-launch.run": run},
-                                             host_config=engine_api.host_config(network_mode="none"))  # fmt: skip
+        config = engine_api.container_config(
+            image=stub_image,
+            entrypoint=["true"],
+            labels={"pp-launch.run": run},
+            host_config=engine_api.host_config(network_mode="none"),
+        )
         made = ours.create_container_from_config(config, f"pp-{run}")["Id"]
         try:
             assert [c["Id"] for c in ours.containers(all=True, filters={"label": [label]})] == [made]
             assert ours.containers(all=True, filters={"label": [label]}) == theirs.containers(
-                all=True, filters={"label": [label]})  # fmt: skip
+                all=True, filters={"label": [label]}
+            )
             assert ours.inspect_container(made)["Config"] == theirs.inspect_container(made)["Config"]
-            for call in (lambda api: api.create_container_from_config(config, f"pp-{run}"),  # the name is taken
-                         lambda api: api.inspect_container(f"pp-{run}-absent"),
-                         lambda api: api.inspect_image("pp-launch/absent:none"),
-                         lambda api: api.kill(made, signal=15)):  # not running  # fmt: skip
+            for call in (
+                lambda api: api.create_container_from_config(config, f"pp-{run}"),  # the name is taken
+                lambda api: api.inspect_container(f"pp-{run}-absent"),
+                lambda api: api.inspect_image("pp-launch/absent:none"),
+                lambda api: api.kill(made, signal=15),
+            ):  # not running
                 with pytest.raises(Exception) as mine:
                     call(ours)
                 with pytest.raises(Exception) as docker_pys:
@@ -82,8 +93,12 @@ def test_attach_start_and_removal_wait_through_the_socket(engine, stub_image) ->
     run = unique("attach")
     script = "echo first; read x; echo got $x >&2; exit 3"
     config = engine_api.container_config(
-        image=stub_image, entrypoint=["/bin/sh", "-c", script], labels={"pp-launch.run": run}, stdin_open=True,
-        host_config=engine_api.host_config(init=True, auto_remove=True, network_mode="none"))  # fmt: skip
+        image=stub_image,
+        entrypoint=["/bin/sh", "-c", script],
+        labels={"pp-launch.run": run},
+        stdin_open=True,
+        host_config=engine_api.host_config(init=True, auto_remove=True, network_mode="none"),
+    )
     ref = api.create_container_from_config(config, None)["Id"]
     try:
         sock = api.attach_socket(ref, {"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
@@ -118,8 +133,13 @@ def test_an_absent_socket_is_said_in_words(tmp_path) -> None:  # type: ignore[no
 def test_docker_py_stays_a_way_out_for_a_local_engine(engine, stub_image) -> None:  # type: ignore[no-untyped-def]
     """PP_LAUNCH_ENGINE_CLIENT=docker-py: the same chain through docker-py, as before engine_api."""
     env = {**os.environ, docker_engine.CLIENT_ENV: "docker-py"}
-    r = subprocess.run([sys.executable, "-X", "importtime", "-m", "pp_launch", "chain", "--stages", "2", "--gpus",
-                        "none"], capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "pp_launch", "chain", "--stages", "2", "--gpus", "none"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "match=true" in r.stdout + r.stderr
     imported = {line.rsplit("|", 1)[1].strip() for line in r.stderr.splitlines() if line.startswith("import time:")}

@@ -63,9 +63,16 @@ def test_engine_killed_under_a_chain(broken_engine, knobs: list[str]) -> None:
 def test_engine_frozen_under_a_chain_then_ctrl_c(broken_engine) -> None:
     side = broken_engine
     launcher = Launcher(
-        "chain", "--stages", "2", *HOLD, "--env", "STUB_IGNORE_LIFELINE=1", "--env", "STUB_IGNORE_SIGTERM=1",
+        "chain",
+        "--stages",
+        "2",
+        *HOLD,
+        "--env",
+        "STUB_IGNORE_LIFELINE=1",
+        "--env",
+        "STUB_IGNORE_SIGTERM=1",
         env=on(side.host),
-    )  # fmt: skip
+    )
     run = launcher.wait_event("pp_stage_roster", timeout=60)["run"]
     side.freeze()  # SIGSTOP dockerd
     t0 = time.monotonic()
@@ -75,8 +82,11 @@ def test_engine_frozen_under_a_chain_then_ctrl_c(broken_engine) -> None:
     plain_failure(launcher, side, run)
     # the watchdog must outlast tries that fail while the engine is frozen: thaw only once it has spent more
     # than one engine timeout (5 s) trying, and is still there
-    watchdog = int(subprocess.run(["pgrep", "-f", f"pp_launch.adapters.watchdog {run}"], capture_output=True,
-                                  text=True).stdout.split()[0])  # fmt: skip
+    watchdog = int(
+        subprocess.run(
+            ["pgrep", "-f", f"pp_launch.adapters.watchdog {run}"], capture_output=True, text=True
+        ).stdout.split()[0]
+    )
     assert wait_until(lambda: _age(watchdog) > 6, 20)
     side.thaw()
     assert wait_until(lambda: run_left(side, run) == [], 60), side.docker("ps", "-a").stdout
@@ -101,8 +111,10 @@ def test_engine_stopped_gracefully_under_a_chain(broken_engine) -> None:
 
 def test_pp_gpu_node_says_why_when_its_engine_is_killed(broken_engine, stub_image) -> None:
     side = broken_engine
-    node = Launcher("node", env={**on(side.host), "STAGE": "0", "PP_IMAGE": stub_image, "STUB_MODE": "hold",
-                                 "PP_FORWARD_ENV": "STUB_MODE"})  # fmt: skip
+    node = Launcher(
+        "node",
+        env={**on(side.host), "STAGE": "0", "PP_IMAGE": stub_image, "STUB_MODE": "hold", "PP_FORWARD_ENV": "STUB_MODE"},
+    )
     assert wait_until(lambda: any("PP_GPU_NODE_ADDR" in line for line in node.stdout_lines), 60)
     side.kill()
     assert node.wait(60) == 125  # as `docker run` whose engine goes away under it

@@ -110,8 +110,9 @@ def test_a_launch_waits_for_the_engines_gpu_lock_says_on_whom_and_never_gets_a_h
     """The first chain comes up in turn (its stage 1 is created only once stage 0 announced, 8 s
     later), holding the engine's GPU lock all that time; the second, started meanwhile from another state directory
     (another machine), waits on the lock, names its holder, then gets the two GPUs the first does not hold."""
-    first = Launcher("chain", "--stages", "2", *GPU_ARGS, "--bring-up", "in-turn", "--env", "STUB_ANNOUNCE_DELAY=8",
-                     env=state_dir)  # fmt: skip
+    first = Launcher(
+        "chain", "--stages", "2", *GPU_ARGS, "--bring-up", "in-turn", "--env", "STUB_ANNOUNCE_DELAY=8", env=state_dir
+    )
     second = None
     try:
         first.wait_event("stage_started", stage=0, timeout=60)
@@ -142,8 +143,9 @@ def test_a_launch_waits_for_the_engines_gpu_lock_says_on_whom_and_never_gets_a_h
 def test_a_detached_launcher_killed_during_bring_up_leaves_no_gpu_held(engine, stub_image, state_dir) -> None:
     """Its containers went, but its reservation stayed forever and refused every later chain.
     Nothing is reserved outside the engine now: the next chain gets all four GPUs."""
-    up = Launcher("chain", "--stages", "2", *GPU_ARGS, "--detach", "--stage-env", "1:STUB_ANNOUNCE_DELAY=30",
-                  env=state_dir)  # fmt: skip
+    up = Launcher(
+        "chain", "--stages", "2", *GPU_ARGS, "--detach", "--stage-env", "1:STUB_ANNOUNCE_DELAY=30", env=state_dir
+    )
     up.wait_event("stage_started", stage=1, timeout=60)
     remember_run(up.run_id)
     up.signal(signal.SIGKILL)
@@ -166,9 +168,11 @@ def shell_less_image(engine, stub_image):  # type: ignore[no-untyped-def]
     import io
 
     name = f"pp-tests/no-shell-{unique('img')}:latest"
-    dockerfile = (f"FROM {stub_image}\n"
-                  'RUN ["/usr/bin/rm", "-f", "/bin/sh", "/usr/bin/sh", "/bin/dash", "/usr/bin/dash", "/usr/bin/cat", '
-                  '"/bin/cat"]\n')  # fmt: skip
+    dockerfile = (
+        f"FROM {stub_image}\n"
+        'RUN ["/usr/bin/rm", "-f", "/bin/sh", "/usr/bin/sh", "/bin/dash", "/usr/bin/dash", "/usr/bin/cat", '
+        '"/bin/cat"]\n'
+    )
     for _ in engine.api.build(fileobj=io.BytesIO(dockerfile.encode()), tag=name, rm=True, decode=True):
         pass
     try:
@@ -180,8 +184,26 @@ def shell_less_image(engine, stub_image):  # type: ignore[no-untyped-def]
 def test_a_stage_image_without_a_shell_never_gets_a_gpu_given_twice(engine, shell_less_image, state_dir) -> None:
     """Two launches at once, stages from an image with no shell and no `cat`: the engine's GPU lock runs pp-launch's
     own image, so the second waits for the first and the four stages hold four different GPUs."""
-    args = ("chain", "--stages", "2", "--json", "--gpus", "auto", "--gpus-per-stage", "1", "--gpu-attach", "env",
-            "--handoff", "stdin", "--image", shell_less_image, "--env", "STUB_MODE=hold", "--grace", "1")  # fmt: skip
+    args = (
+        "chain",
+        "--stages",
+        "2",
+        "--json",
+        "--gpus",
+        "auto",
+        "--gpus-per-stage",
+        "1",
+        "--gpu-attach",
+        "env",
+        "--handoff",
+        "stdin",
+        "--image",
+        shell_less_image,
+        "--env",
+        "STUB_MODE=hold",
+        "--grace",
+        "1",
+    )
     first, second = Launcher(*args, env=state_dir), Launcher(*args, env=state_dir)
     try:
         for launcher in (first, second):
@@ -205,8 +227,24 @@ def test_a_lock_removed_while_its_launch_places_stops_that_launch_and_no_gpu_is_
     no moment do two running stages hold one GPU."""
     import subprocess
 
-    args = ("chain", "--stages", "2", "--json", "--gpus", "auto", "--gpus-per-stage", "2", "--gpu-attach", "env",
-            "--env", "STUB_MODE=hold", "--grace", "1", "--bring-up", "in-turn")  # fmt: skip
+    args = (
+        "chain",
+        "--stages",
+        "2",
+        "--json",
+        "--gpus",
+        "auto",
+        "--gpus-per-stage",
+        "2",
+        "--gpu-attach",
+        "env",
+        "--env",
+        "STUB_MODE=hold",
+        "--grace",
+        "1",
+        "--bring-up",
+        "in-turn",
+    )
     first = Launcher(*args, "--stage-env", "0:STUB_ANNOUNCE_DELAY=3", env=state_dir)
     second: Launcher | None = None
     try:

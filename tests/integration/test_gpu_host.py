@@ -41,8 +41,18 @@ def need_mode(mode: str) -> None:
 
 
 def chain(host, mode: str, *args: str, **env: str) -> Launcher:  # type: ignore[no-untyped-def]
-    return Launcher("chain", "--json", "--gpus", "auto", "--gpu-attach", mode, "--env", "STUB_MODE=hold", *args,
-                    env=host.env(mode, **env))  # fmt: skip
+    return Launcher(
+        "chain",
+        "--json",
+        "--gpus",
+        "auto",
+        "--gpu-attach",
+        mode,
+        "--env",
+        "STUB_MODE=hold",
+        *args,
+        env=host.env(mode, **env),
+    )
 
 
 def stop(launcher: Launcher) -> int:
@@ -94,9 +104,26 @@ def test_two_chains_at_once_get_disjoint_gpus_and_a_third_is_refused(gpu_host, m
         for launcher, gpus in zip(launchers, held, strict=True):
             assert wait_until(lambda launcher=launcher: len(seen_by_stage(launcher)) == 2, 10)  # stderr lines
             assert {u for v in seen_by_stage(launcher).values() for u in v} == gpus
-        third = subprocess.run([sys.executable, "-m", "pp_launch", "chain", "--stages", "2", "--gpus-per-stage", "2",
-                                "--gpus", "auto", "--gpu-attach", mode], env={**os.environ, **gpu_host.env(mode)},
-                               capture_output=True, text=True, timeout=60)  # fmt: skip
+        third = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pp_launch",
+                "chain",
+                "--stages",
+                "2",
+                "--gpus-per-stage",
+                "2",
+                "--gpus",
+                "auto",
+                "--gpu-attach",
+                mode,
+            ],
+            env={**os.environ, **gpu_host.env(mode)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert third.returncode == 2, third.stderr
         assert "not enough GPUs: 2 stages x 2 need 4, 0 free of 8" in third.stderr
         assert "held by pp-launch run" in third.stderr
@@ -112,17 +139,34 @@ def test_an_unknown_device_stops_the_chain_with_the_toolkit_message(gpu_host, mo
     and toolkit disagree is made by giving the launcher a wider inventory file than the engine has."""
     need_mode(mode)
     inv = json.loads(gpu_host.inventory_path.read_text())
-    ghost = dict(inv["gpus"][0], index=8, uuid="GPU-99999999-0000-4000-8000-000000000000",
-                 pci_bus_id="00000000:F0:00.0")  # fmt: skip
+    ghost = dict(
+        inv["gpus"][0], index=8, uuid="GPU-99999999-0000-4000-8000-000000000000", pci_bus_id="00000000:F0:00.0"
+    )
     wider = dict(inv, gpus=[*inv["gpus"], ghost])
     for key in ("topology", "nvlink"):
         wider.pop(key, None)
     path = gpu_host.root / f"wider-{unique('inv')}.json"
     path.write_text(json.dumps(wider))
-    done = subprocess.run([sys.executable, "-m", "pp_launch", "chain", "--stages", "1", "--gpus", ghost["uuid"] + ",",
-                           "--gpu-attach", mode, "--gpu-inventory", str(path)],
-                          env={**os.environ, **gpu_host.env(mode)}, capture_output=True, text=True,
-                          timeout=90)  # fmt: skip
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pp_launch",
+            "chain",
+            "--stages",
+            "1",
+            "--gpus",
+            ghost["uuid"] + ",",
+            "--gpu-attach",
+            mode,
+            "--gpu-inventory",
+            str(path),
+        ],
+        env={**os.environ, **gpu_host.env(mode)},
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
     assert done.returncode != 0
     text = done.stderr
     assert "stage 0" in text and ("unknown device" in text or "unresolvable CDI devices" in text), text
@@ -130,9 +174,17 @@ def test_an_unknown_device_stops_the_chain_with_the_toolkit_message(gpu_host, mo
 
 
 def node_run(host, mode: str, value: str) -> list[str]:  # type: ignore[no-untyped-def]
-    env = {**os.environ, **host.env(mode), "STAGE": "0", "PP_GPUS": value, "PP_CONTAINER_PREFIX": unique("node"),
-           "PP_IMAGE": "pp-launch/stub-worker:latest", "STUB_MODE": "hold", "STUB_EXIT_AFTER": "0.2",
-           "PP_FORWARD_ENV": "STUB_MODE,STUB_EXIT_AFTER"}  # fmt: skip
+    env = {
+        **os.environ,
+        **host.env(mode),
+        "STAGE": "0",
+        "PP_GPUS": value,
+        "PP_CONTAINER_PREFIX": unique("node"),
+        "PP_IMAGE": "pp-launch/stub-worker:latest",
+        "STUB_MODE": "hold",
+        "STUB_EXIT_AFTER": "0.2",
+        "PP_FORWARD_ENV": "STUB_MODE,STUB_EXIT_AFTER",
+    }
     env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
     done = subprocess.run(["pp-gpu-node"], env=env, capture_output=True, text=True, timeout=90)
     assert done.returncode == 0, done.stderr
@@ -142,8 +194,18 @@ def node_run(host, mode: str, value: str) -> list[str]:  # type: ignore[no-untyp
 
 def docker_run(host, mode: str, value: str) -> list[str]:  # type: ignore[no-untyped-def]
     gpus = f'"{value}"' if "," in value else value
-    done = docker(host.engine(mode).host, "run", "--rm", "--gpus", gpus, "-e", "STUB_MODE=hold", "-e",
-                  "STUB_EXIT_AFTER=0.2", "pp-launch/stub-worker:latest")  # fmt: skip
+    done = docker(
+        host.engine(mode).host,
+        "run",
+        "--rm",
+        "--gpus",
+        gpus,
+        "-e",
+        "STUB_MODE=hold",
+        "-e",
+        "STUB_EXIT_AFTER=0.2",
+        "pp-launch/stub-worker:latest",
+    )
     assert done.returncode == 0, done.stderr
     line = next(x for x in done.stdout.splitlines() if x.startswith("PP_STAGE_GPUS "))
     return [] if line.split()[1] == "-" else line.split()[1].split(",")
@@ -167,8 +229,13 @@ def test_gpus_on_the_host_shows_which_run_and_stage_holds_each_gpu(gpu_host) -> 
             launcher.wait_event("stage_announced", stage=k, timeout=60)
         run = launcher.run_id
         planned = {e["stage"]: e["gpus"][0] for e in launcher.events_named("stage_started")}
-        done = subprocess.run([sys.executable, "-m", "pp_launch", "gpus"], capture_output=True, text=True,
-                              env={**os.environ, **gpu_host.env("request")}, timeout=60)  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-m", "pp_launch", "gpus"],
+            capture_output=True,
+            text=True,
+            env={**os.environ, **gpu_host.env("request")},
+            timeout=60,
+        )
         assert done.returncode == 0, done.stderr
         for stage, uuid in planned.items():
             row = next(line for line in done.stdout.splitlines() if uuid in line)
@@ -181,10 +248,28 @@ def test_gpus_on_the_host_shows_which_run_and_stage_holds_each_gpu(gpu_host) -> 
 def test_compose_services_see_their_gpus(gpu_host, mode: str, tmp_path: Path) -> None:
     need_mode(mode)
     project = unique("gpucompose")
-    made = subprocess.run([sys.executable, "-m", "pp_launch", "compose", "--stages", "2", "--gpus", "0,3",
-                           "--gpu-attach", mode, "--project", project, "--env", "STUB_MODE=hold"],
-                          env={**os.environ, **gpu_host.env(mode)}, capture_output=True, text=True,
-                          timeout=60)  # fmt: skip
+    made = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pp_launch",
+            "compose",
+            "--stages",
+            "2",
+            "--gpus",
+            "0,3",
+            "--gpu-attach",
+            mode,
+            "--project",
+            project,
+            "--env",
+            "STUB_MODE=hold",
+        ],
+        env={**os.environ, **gpu_host.env(mode)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert made.returncode == 0, made.stderr
     out = tmp_path / "compose.yaml"
     out.write_text(made.stdout)

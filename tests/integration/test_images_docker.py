@@ -41,8 +41,13 @@ def test_attach_socket_on_a_real_engine_unwraps_to_a_plain_socket(engine, stub_i
     from pp_launch.core import labels
 
     api = docker.APIClient(base_url=engine_address(), timeout=30)
-    ref = api.create_container(stub_image, ["cat"], stdin_open=True, labels={labels.RUN: "privateapi0001"},
-                               host_config=api.create_host_config(auto_remove=True, init=True))["Id"]  # fmt: skip
+    ref = api.create_container(
+        stub_image,
+        ["cat"],
+        stdin_open=True,
+        labels={labels.RUN: "privateapi0001"},
+        host_config=api.create_host_config(auto_remove=True, init=True),
+    )["Id"]
     try:
         attached = api.attach_socket(ref, params={"stdin": 1, "stream": 1})
         raw = raw_socket(attached)

@@ -94,20 +94,54 @@ def test_the_dry_run_places_consecutive_blocks_and_marks_hops_between_hosts(clea
     where = [s["host"] for s in doc["stages"]]
     # pack: local has no GPU (no NVIDIA toolkit there), a has 3 free (its GPU 0 is busy), b takes the rest
     assert where == [bed.a] * 3 + [bed.b] * 5, doc
-    assert [h["topology_level"] == "host" for h in doc["hops"]] == [False, False, True, False, False, False, False,
-                                                                     True]  # fmt: skip
+    assert [h["topology_level"] == "host" for h in doc["hops"]] == [
+        False,
+        False,
+        True,
+        False,
+        False,
+        False,
+        False,
+        True,
+    ]
     a = {g.uuid for g in bed.gpu_a.inventory.gpus}
     assert all(set(s["gpus"]) <= a for s in doc["stages"][:3])
     assert "no GPU can be attached there" in doc["note"] and bed.local in doc["note"]
     # --gpu-inventory HOST=FILE replaces that host's probe: the default engine gets 4 (fake) GPUs of its own
     plain = DATA / "plain-4gpu.json"
-    given = json.loads(pp(bed, "chain", "--stages", "8", "--host", hosts, "--dry-run", "--json",
-                          "--gpu-inventory", f"{bed.local}={plain}").stdout)  # fmt: skip
+    given = json.loads(
+        pp(
+            bed,
+            "chain",
+            "--stages",
+            "8",
+            "--host",
+            hosts,
+            "--dry-run",
+            "--json",
+            "--gpu-inventory",
+            f"{bed.local}={plain}",
+        ).stdout
+    )
     assert [s["host"] for s in given["stages"]] == [bed.local] * 4 + [bed.a] * 3 + [bed.b], given
     local = {g["uuid"] for g in json.loads(plain.read_text())["gpus"]}
     assert {u for s in given["stages"][:4] for u in s["gpus"]} == local
-    spread = json.loads(pp(bed, "chain", "--stages", "6", "--host", hosts, "--gpus", "none", "--placement", "spread",
-                           "--dry-run", "--json").stdout)  # fmt: skip
+    spread = json.loads(
+        pp(
+            bed,
+            "chain",
+            "--stages",
+            "6",
+            "--host",
+            hosts,
+            "--gpus",
+            "none",
+            "--placement",
+            "spread",
+            "--dry-run",
+            "--json",
+        ).stdout
+    )
     assert [s["host"] for s in spread["stages"]] == [bed.local] * 2 + [bed.a] * 2 + [bed.b] * 2
     text = pp(bed, "chain", "--stages", "4", "--host", f"{bed.a},{bed.b}", "--stages-per-host", "2", "--dry-run")
     assert f"host {bed.b}" in text.stdout and "hop 1 -> 2: host: across hosts" in text.stdout, text.stdout
@@ -133,13 +167,15 @@ def test_exclusivity_holds_per_host_and_down_all_hosts_ends_the_run_everywhere(c
         rows = [json.loads(line) for line in listed.stdout.splitlines()]
         mine = [r for r in rows if r["run"] == run]
         assert sorted((r["stage"], r["host"]) for r in mine) == [(k, bed.a) for k in range(3)] + [
-            (k, bed.b) for k in range(3, 6)]  # fmt: skip
+            (k, bed.b) for k in range(3, 6)
+        ]
         held = {u for r in mine for u in r["gpus"]}
         # a second chain: a is full (3 free GPUs, all held), b has 5 left
         refused = pp(bed, "chain", "--stages", "6", "--host", f"{bed.a},{bed.b}", "--dry-run", "--json")
         assert refused.returncode == 2 and f"{bed.a}: 0; {bed.b}: 5" in refused.stderr, refused.stderr
-        second = json.loads(pp(bed, "chain", "--stages", "5", "--host", f"{bed.a},{bed.b}", "--dry-run",
-                               "--json").stdout)  # fmt: skip
+        second = json.loads(
+            pp(bed, "chain", "--stages", "5", "--host", f"{bed.a},{bed.b}", "--dry-run", "--json").stdout
+        )
         assert [s["host"] for s in second["stages"]] == [bed.b] * 5
         assert not held & {u for s in second["stages"] for u in s["gpus"]}
         only_a = pp(bed, "ps", "--host", bed.a, "--run", run)
@@ -158,8 +194,9 @@ def test_exclusivity_holds_per_host_and_down_all_hosts_ends_the_run_everywhere(c
 # ---------------------------------------------------------------------------------------------------- faults
 def test_sigkill_of_the_launcher_leaves_nothing_on_any_host(clean: ThreeHosts) -> None:
     bed = clean
-    launcher = chain(bed, "--stages", "4", "--host", f"{bed.a},{bed.b}", "--stages-per-host", "2",
-                     "--env", "STUB_IGNORE_SIGTERM=1")  # fmt: skip
+    launcher = chain(
+        bed, "--stages", "4", "--host", f"{bed.a},{bed.b}", "--stages-per-host", "2", "--env", "STUB_IGNORE_SIGTERM=1"
+    )
     for k in range(4):
         launcher.wait_event("stage_announced", stage=k, timeout=60)
     assert bed.ours()["a"] and bed.ours()["b"]
@@ -222,8 +259,21 @@ def test_a_lost_launcher_machine_leaves_nothing_on_any_host_its_guards_clean_up(
     """The launcher and its watchdogs die together (its machine lost), stages deaf to their lifeline and to
     SIGTERM: each host's guard tears its stages down on that engine, over ssh as over a local socket."""
     bed = clean
-    launcher = chain(bed, "--stages", "2", "--host", f"{bed.a},{bed.b}", "--stages-per-host", "1", "--grace", "1",
-                     "--env", "STUB_IGNORE_LIFELINE=1", "--env", "STUB_IGNORE_SIGTERM=1")  # fmt: skip
+    launcher = chain(
+        bed,
+        "--stages",
+        "2",
+        "--host",
+        f"{bed.a},{bed.b}",
+        "--stages-per-host",
+        "1",
+        "--grace",
+        "1",
+        "--env",
+        "STUB_IGNORE_LIFELINE=1",
+        "--env",
+        "STUB_IGNORE_SIGTERM=1",
+    )
     for k in range(2):
         launcher.wait_event("stage_announced", stage=k, timeout=60)
     run = launcher.run_id
@@ -242,9 +292,26 @@ def test_a_lost_launcher_machine_leaves_nothing_on_any_host_its_guards_clean_up(
 # ---------------------------------------------------------------------------------------------------- host locks
 def lock_on(bed: ThreeHosts, host: str, owner: str, *how: str) -> str:
     """A container named as the GPU lock, with our labels, made with `docker run` and `how` (-d: running)."""
-    argv = ["docker", "-H", host, "run", *how, "--name", "pp-launch-gpu-lock", "--label", "pp-launch.run=ffffffffffff",
-            "--label", f"pp-launch.owner={owner}", "--label", "pp-launch.stage=lock", "--network", "none",
-            "-e", "STUB_MODE=hold", "pp-launch/stub-worker:latest"]  # fmt: skip
+    argv = [
+        "docker",
+        "-H",
+        host,
+        "run",
+        *how,
+        "--name",
+        "pp-launch-gpu-lock",
+        "--label",
+        "pp-launch.run=ffffffffffff",
+        "--label",
+        f"pp-launch.owner={owner}",
+        "--label",
+        "pp-launch.stage=lock",
+        "--network",
+        "none",
+        "-e",
+        "STUB_MODE=hold",
+        "pp-launch/stub-worker:latest",
+    ]
     return subprocess.run(argv, capture_output=True, text=True, check=True).stdout.strip()
 
 
@@ -255,14 +322,27 @@ def test_a_running_lock_is_waited_for_never_taken_and_an_ended_one_is_cleared(cl
     bed = clean
     foreign = lock_on(bed, bed.a_host, "otherbox:1:1:boot-0", "-d")
     try:
-        held = pp(bed, "chain", "--stages", "2", "--host", f"{bed.a},{bed.b}", "--stages-per-host", "1",
-                  env={"PP_LOCK_TIMEOUT": "2"})  # fmt: skip
+        held = pp(
+            bed,
+            "chain",
+            "--stages",
+            "2",
+            "--host",
+            f"{bed.a},{bed.b}",
+            "--stages-per-host",
+            "1",
+            env={"PP_LOCK_TIMEOUT": "2"},
+        )
         assert held.returncode == 2, held.stderr
         assert f"waiting for the GPU lock on {bed.a}, held by run ffffffffffff of otherbox:1:1:boot-0" in held.stderr
         assert held.stderr.count("waiting for the GPU lock") == 1, held.stderr  # said once
         assert f"the GPU lock on {bed.a} is still held by run ffffffffffff" in held.stderr
-        state = subprocess.run(["docker", "-H", bed.a_host, "inspect", "-f", "{{.State.Running}}", foreign],
-                               capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+        state = subprocess.run(
+            ["docker", "-H", bed.a_host, "inspect", "-f", "{{.State.Running}}", foreign],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
         assert state == "true", "the running lock holder was touched"
     finally:
         subprocess.run(["docker", "-H", bed.a_host, "rm", "-f", foreign], capture_output=True, check=False)
@@ -277,8 +357,23 @@ def test_a_killed_launchers_lock_goes_with_it(clean: ThreeHosts) -> None:
     """The lock is tied to its launcher by the stdin lifeline: SIGKILL the holder mid bring-up, and the lock is
     gone (no clock), so the next launch proceeds."""
     bed = clean
-    first = Launcher("chain", "--json", "--env", "STUB_MODE=hold", "--stages", "2", "--host", bed.a, "--grace", "1",
-                     "--bring-up", "in-turn", "--env", "STUB_ANNOUNCE_DELAY=60", env=bed.env())  # fmt: skip
+    first = Launcher(
+        "chain",
+        "--json",
+        "--env",
+        "STUB_MODE=hold",
+        "--stages",
+        "2",
+        "--host",
+        bed.a,
+        "--grace",
+        "1",
+        "--bring-up",
+        "in-turn",
+        "--env",
+        "STUB_ANNOUNCE_DELAY=60",
+        env=bed.env(),
+    )
     first.wait_event("stage_started", stage=0, timeout=60)
     lock = ["docker", "-H", bed.a_host, "ps", "-q", "--filter", "name=^pp-launch-gpu-lock$"]
     assert subprocess.run(lock, capture_output=True, text=True).stdout.strip(), "the first launch holds a's lock"

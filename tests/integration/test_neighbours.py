@@ -28,10 +28,26 @@ def docker(*argv: str) -> subprocess.CompletedProcess[str]:
 def forged(run: str, name: str) -> str:
     """A neighbour's container carrying run `run`'s labels (run ids are public through `ps`)."""
     out = docker(
-        "run", "-d", "--name", name, "--network", "none", "--label", f"{labels.RUN}={run}",
-        "--label", f"{labels.STAGE}=0", "--label", f"{labels.OWNER}=detached", "--label", f"{labels.GPUS}=",
-        "-e", "STUB_MODE=hold", "-e", "STUB_IGNORE_LIFELINE=1", "pp-launch/stub-worker:latest",
-    )  # fmt: skip
+        "run",
+        "-d",
+        "--name",
+        name,
+        "--network",
+        "none",
+        "--label",
+        f"{labels.RUN}={run}",
+        "--label",
+        f"{labels.STAGE}=0",
+        "--label",
+        f"{labels.OWNER}=detached",
+        "--label",
+        f"{labels.GPUS}=",
+        "-e",
+        "STUB_MODE=hold",
+        "-e",
+        "STUB_IGNORE_LIFELINE=1",
+        "pp-launch/stub-worker:latest",
+    )
     assert out.returncode == 0, out.stderr
     return out.stdout.strip()
 
@@ -91,8 +107,15 @@ def test_down_of_a_run_still_placing_stops_it_for_good(engine, stub_image) -> No
     """`down` while stage 0 has not announced yet (stages come up in turn): the launcher never brings the run
     up afterwards; it ends non-zero, and nothing of the run is left."""
     chain = Launcher(
-        "chain", "--stages", "3", *HOLD, "--bring-up", "in-turn", "--stage-env", "0:STUB_ANNOUNCE_DELAY=4",
-    )  # fmt: skip
+        "chain",
+        "--stages",
+        "3",
+        *HOLD,
+        "--bring-up",
+        "in-turn",
+        "--stage-env",
+        "0:STUB_ANNOUNCE_DELAY=4",
+    )
     chain.wait_event("stage_started")
     run = chain.run_id
     down = Launcher("down", run, "--grace", "1")
@@ -127,9 +150,16 @@ def test_a_launcher_frozen_with_its_link_silent_loses_its_run_within_15_s(engine
     import time
 
     chain = Launcher(
-        "chain", "--stages", "2", *HOLD, "--env", "STUB_IGNORE_SIGTERM=1", "--env", "STUB_IGNORE_LIFELINE=1",
+        "chain",
+        "--stages",
+        "2",
+        *HOLD,
+        "--env",
+        "STUB_IGNORE_SIGTERM=1",
+        "--env",
+        "STUB_IGNORE_LIFELINE=1",
         env={"PP_LAUNCH_GUARD_HEARTBEAT": "3"},
-    )  # fmt: skip
+    )
     chain.wait_event("pp_stage_roster")
     run = chain.run_id
     watchdog = subprocess.run(["pgrep", "-f", f"pp_launch.adapters.watchdog {run}"], capture_output=True, text=True)
@@ -208,12 +238,27 @@ def test_an_engine_over_the_network_gets_a_guard_that_checks_its_socket_and_hear
     local = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock").removeprefix("unix://")
     relay = TcpToUnix(local)
     try:
-        wrong = Launcher("chain", "--stages", "2", "--gpus", "none",
-                         env={"DOCKER_HOST": relay.url, "PP_LAUNCH_GUARD_SOCKET": str(side_engine.sock)})  # fmt: skip
+        wrong = Launcher(
+            "chain",
+            "--stages",
+            "2",
+            "--gpus",
+            "none",
+            env={"DOCKER_HOST": relay.url, "PP_LAUNCH_GUARD_SOCKET": str(side_engine.sock)},
+        )
         assert wrong.wait(60) == 2
         assert "is another engine" in wrong.stderr_text() and "PP_LAUNCH_GUARD_SOCKET" in wrong.stderr_text()
-        right = Launcher("chain", "--stages", "2", "--gpus", "none", *HOLD[:1], "--env", "STUB_MODE=hold",
-                         env={"DOCKER_HOST": relay.url, "PP_LAUNCH_GUARD_SOCKET": local})  # fmt: skip
+        right = Launcher(
+            "chain",
+            "--stages",
+            "2",
+            "--gpus",
+            "none",
+            *HOLD[:1],
+            "--env",
+            "STUB_MODE=hold",
+            env={"DOCKER_HOST": relay.url, "PP_LAUNCH_GUARD_SOCKET": local},
+        )
         right.wait_event("pp_stage_roster")
         (guard,) = guard_of(engine, right.run_id)
         env = engine.inspect(guard)["Config"]["Env"]
@@ -237,10 +282,24 @@ def test_the_watchdog_removes_a_create_whose_answer_never_came_back_and_only_tha
 
     def create(name: str, run_id: str, start: bool) -> str:
         out = docker(
-            "run" if start else "create", *(["-d"] if start else []), "--name", name, "--network", "none",
-            "--label", f"{labels.RUN}={run_id}", "--label", f"{labels.STAGE}=0", "--label", f"{labels.OWNER}=x",
-            "--label", f"{labels.GPUS}=", "-e", "STUB_MODE=hold", "pp-launch/stub-worker:latest",
-        )  # fmt: skip
+            "run" if start else "create",
+            *(["-d"] if start else []),
+            "--name",
+            name,
+            "--network",
+            "none",
+            "--label",
+            f"{labels.RUN}={run_id}",
+            "--label",
+            f"{labels.STAGE}=0",
+            "--label",
+            f"{labels.OWNER}=x",
+            "--label",
+            f"{labels.GPUS}=",
+            "-e",
+            "STUB_MODE=hold",
+            "pp-launch/stub-worker:latest",
+        )
         assert out.returncode == 0, out.stderr
         return out.stdout.strip()
 
@@ -251,8 +310,11 @@ def test_the_watchdog_removes_a_create_whose_answer_never_came_back_and_only_tha
     try:
         keeper = watchdog.spawn(run, 1.0)
         assert keeper.stdin is not None
-        for told in (name, docker("inspect", "-f", "{{.Name}}", foreign).stdout.strip("/\n"),
-                     docker("inspect", "-f", "{{.Name}}", live).stdout.strip("/\n")):  # fmt: skip
+        for told in (
+            name,
+            docker("inspect", "-f", "{{.Name}}", foreign).stdout.strip("/\n"),
+            docker("inspect", "-f", "{{.Name}}", live).stdout.strip("/\n"),
+        ):
             keeper.stdin.write(f"expect {told}\n".encode())
         keeper.stdin.close()  # the launcher is gone
         assert keeper.wait(30) == 0

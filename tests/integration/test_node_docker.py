@@ -230,8 +230,9 @@ def test_sigkill_of_pp_gpu_node_leaves_nothing_within_10s(engine, stub_image, mo
 
 def _got_sigterm(engine, name: str, since: int) -> bool:  # type: ignore[no-untyped-def]
     """The engine's own record that the container was sent SIGTERM (its `kill` event, signal 15)."""
-    events = engine.api.events(since=since, until=int(time.time()) + 1, decode=True,
-                               filters={"container": name, "event": "kill"})  # fmt: skip
+    events = engine.api.events(
+        since=since, until=int(time.time()) + 1, decode=True, filters={"container": name, "event": "kill"}
+    )
     return any((e.get("Actor") or {}).get("Attributes", {}).get("signal") == "15" for e in events)
 
 

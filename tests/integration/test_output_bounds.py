@@ -16,9 +16,23 @@ FLOOD = ("--stage-env", "1:STUB_FLOOD=lines")
 def test_a_stage_that_floods_then_exits_has_its_result_shown_last_and_nothing_dropped(engine, stub_image) -> None:
     """Before: a completed chain tore down with lines still waiting and dropped them silently (its result among
     them), and an exit waited at most 5 s for its stage's last lines to be read."""
-    launcher = Launcher("chain", "--stages", "2", "--gpus", "none", "--json", "--env", "STUB_MODE=hold",
-                        "--stage-env", "0:STUB_EXIT_AFTER=2", *FLOOD, "--stage-env", "1:STUB_FLOOD_LINES=300000",
-                        "--stage-env", "1:STUB_FLOOD_EXIT=1")  # fmt: skip
+    launcher = Launcher(
+        "chain",
+        "--stages",
+        "2",
+        "--gpus",
+        "none",
+        "--json",
+        "--env",
+        "STUB_MODE=hold",
+        "--stage-env",
+        "0:STUB_EXIT_AFTER=2",
+        *FLOOD,
+        "--stage-env",
+        "1:STUB_FLOOD_LINES=300000",
+        "--stage-env",
+        "1:STUB_FLOOD_EXIT=1",
+    )
     assert launcher.wait(300) == 0, launcher.stderr_text()[-2000:]
     stage1 = [line for line in launcher.stderr_lines if line.startswith("[stage 1] ")]
     assert stage1[-1] == "[stage 1] PP_FLOOD_DONE lines=300000"
@@ -29,8 +43,19 @@ def test_a_stage_that_floods_then_exits_has_its_result_shown_last_and_nothing_dr
 
 @pytest.mark.full  # a flood
 def test_output_dropped_while_stopping_a_flood_is_counted_and_said(engine, stub_image) -> None:
-    launcher = Launcher("chain", "--stages", "2", "--gpus", "none", "--json", "--env", "STUB_MODE=hold",
-                        *FLOOD, "--stage-env", "1:STUB_FLOOD_LINES=50000000")  # fmt: skip
+    launcher = Launcher(
+        "chain",
+        "--stages",
+        "2",
+        "--gpus",
+        "none",
+        "--json",
+        "--env",
+        "STUB_MODE=hold",
+        *FLOOD,
+        "--stage-env",
+        "1:STUB_FLOOD_LINES=50000000",
+    )
     assert wait_until(lambda: sum(line.startswith("[stage 1] ") for line in launcher.stderr_lines) > 20000, 120)
     launcher.signal(signal.SIGINT)
     assert launcher.wait(60) == 130

@@ -22,10 +22,12 @@ def last_index(launcher: Launcher, name: str) -> int:
 
 
 @pytest.mark.parametrize("handoff", ["env", "stdin"])
-def test_every_container_starts_before_any_stage_announces_and_the_demo_matches(engine, stub_image,
-                                                                                 handoff: str) -> None:  # fmt: skip
-    launcher = Launcher("chain", "--stages", "4", "--json", "--gpus", "none", "--handoff", handoff,
-                        "--env", "STUB_ANNOUNCE_DELAY=0.5")  # fmt: skip
+def test_every_container_starts_before_any_stage_announces_and_the_demo_matches(
+    engine, stub_image, handoff: str
+) -> None:
+    launcher = Launcher(
+        "chain", "--stages", "4", "--json", "--gpus", "none", "--handoff", handoff, "--env", "STUB_ANNOUNCE_DELAY=0.5"
+    )
     assert launcher.wait(120) == 0, launcher.stderr_text()
     assert last_index(launcher, "stage_started") < first_index(launcher, "stage_announced")
     assert any("PP_DEMO_RESULT" in line and "match=true" in line for line in launcher.stderr_lines)
@@ -52,8 +54,9 @@ def test_env_handoff_runs_the_images_own_command_under_tini_with_peers_in_its_en
 def test_stdin_handoff_loads_every_stage_side_by_side(engine, stub_image) -> None:
     """Each stage works 2 s before it announces (the model-load stand-in): all four announce, each 2 s after
     its own start, and the ring connects with peers read late from stdin."""
-    launcher = Launcher("chain", "--stages", "4", "--json", "--gpus", "none", "--handoff", "stdin",
-                        "--env", "STUB_ANNOUNCE_DELAY=2")  # fmt: skip
+    launcher = Launcher(
+        "chain", "--stages", "4", "--json", "--gpus", "none", "--handoff", "stdin", "--env", "STUB_ANNOUNCE_DELAY=2"
+    )
     assert launcher.wait(120) == 0, launcher.stderr_text()
     announced = launcher.events_named("stage_announced")
     assert sorted(e["stage"] for e in announced) == [0, 1, 2, 3]
@@ -64,8 +67,18 @@ def test_stdin_handoff_loads_every_stage_side_by_side(engine, stub_image) -> Non
 
 
 def test_sigkill_of_the_launcher_while_stages_wait_for_their_handoff_leaves_nothing(engine, stub_image) -> None:
-    launcher = Launcher("chain", "--stages", "4", "--json", "--gpus", "none", "--env", "STUB_MODE=hold",
-                        "--stage-env", "0:STUB_ANNOUNCE_DELAY=60")  # fmt: skip
+    launcher = Launcher(
+        "chain",
+        "--stages",
+        "4",
+        "--json",
+        "--gpus",
+        "none",
+        "--env",
+        "STUB_MODE=hold",
+        "--stage-env",
+        "0:STUB_ANNOUNCE_DELAY=60",
+    )
     run = launcher.wait_event("stage_started", stage=3)["run"]
     assert len(run_containers(engine, run)) == 4
     launcher.signal(signal.SIGKILL)
@@ -74,8 +87,18 @@ def test_sigkill_of_the_launcher_while_stages_wait_for_their_handoff_leaves_noth
 
 
 def test_a_waiting_stage_killed_from_outside_ends_the_chain_naming_it(engine, stub_image) -> None:
-    launcher = Launcher("chain", "--stages", "3", "--json", "--gpus", "none", "--env", "STUB_MODE=hold",
-                        "--stage-env", "0:STUB_ANNOUNCE_DELAY=60")  # fmt: skip
+    launcher = Launcher(
+        "chain",
+        "--stages",
+        "3",
+        "--json",
+        "--gpus",
+        "none",
+        "--env",
+        "STUB_MODE=hold",
+        "--stage-env",
+        "0:STUB_ANNOUNCE_DELAY=60",
+    )
     name = launcher.wait_event("stage_started", stage=2)["container"]
     run = launcher.wait_event("stage_started", stage=2)["run"]
     engine.api.kill(name)
@@ -85,8 +108,20 @@ def test_a_waiting_stage_killed_from_outside_ends_the_chain_naming_it(engine, st
 
 
 def test_sigterm_while_stages_wait_stops_them_within_the_grace(engine, stub_image) -> None:
-    launcher = Launcher("chain", "--stages", "3", "--json", "--gpus", "none", "--env", "STUB_MODE=hold",
-                        "--stage-env", "0:STUB_ANNOUNCE_DELAY=60", "--grace", "2")  # fmt: skip
+    launcher = Launcher(
+        "chain",
+        "--stages",
+        "3",
+        "--json",
+        "--gpus",
+        "none",
+        "--env",
+        "STUB_MODE=hold",
+        "--stage-env",
+        "0:STUB_ANNOUNCE_DELAY=60",
+        "--grace",
+        "2",
+    )
     run = launcher.wait_event("stage_started", stage=2)["run"]
     launcher.signal(signal.SIGTERM)
     assert launcher.wait(30) == 143
@@ -96,8 +131,9 @@ def test_sigterm_while_stages_wait_stops_them_within_the_grace(engine, stub_imag
 
 
 def test_bring_up_in_turn_starts_each_stage_after_the_one_before_announced_with_no_entry(engine, stub_image) -> None:
-    launcher = Launcher("chain", "--stages", "3", "--json", "--gpus", "none", "--bring-up", "in-turn",
-                        "--env", "STUB_MODE=hold")  # fmt: skip
+    launcher = Launcher(
+        "chain", "--stages", "3", "--json", "--gpus", "none", "--bring-up", "in-turn", "--env", "STUB_MODE=hold"
+    )
     try:
         launcher.wait_event("pp_stage_roster", timeout=60)
         wanted = ("stage_started", "stage_announced")

@@ -72,16 +72,25 @@ def running(cluster) -> int:  # type: ignore[no-untyped-def]
     total = 0
     for host in cluster.hosts.values():
         side = host.engines["request"]
-        out = side.docker("ps", "--filter", "label=pp-launch.run", "--filter", "status=running", "--format",
-                          '{{.Label "pp-launch.stage"}}', check=False)  # fmt: skip
+        out = side.docker(
+            "ps",
+            "--filter",
+            "label=pp-launch.run",
+            "--filter",
+            "status=running",
+            "--format",
+            '{{.Label "pp-launch.stage"}}',
+            check=False,
+        )
         total += sum(1 for role in out.stdout.split() if role != "guard")
     return total
 
 
 def stages_on(cluster, node: str) -> list[str]:  # type: ignore[no-untyped-def]
     side = cluster.hosts[node].engines["request"]
-    out = side.docker("ps", "-a", "--filter", "label=pp-launch.run", "--format", '{{.ID}} {{.Label "pp-launch.stage"}}',
-                      check=False)  # fmt: skip
+    out = side.docker(
+        "ps", "-a", "--filter", "label=pp-launch.run", "--format", '{{.ID}} {{.Label "pp-launch.stage"}}', check=False
+    )
     return [line.split()[0] for line in out.stdout.splitlines() if line.split()[1:] != ["guard"]]
 
 
@@ -89,8 +98,20 @@ def stages_on(cluster, node: str) -> list[str]:  # type: ignore[no-untyped-def]
 @pytest.mark.parametrize("handoff", ["env", "stdin"])
 def test_demo_over_two_nodes(cluster, handoff) -> None:  # type: ignore[no-untyped-def]
     """spread: two stages on each node, each with exactly one GPU of its own node, the ring to match=true."""
-    r = cluster.run(PP, "chain", "--ray", "auto", "--stages", "4", "--gpus-per-stage", "1", "--placement", "spread",
-                    "--handoff", handoff)  # fmt: skip
+    r = cluster.run(
+        PP,
+        "chain",
+        "--ray",
+        "auto",
+        "--stages",
+        "4",
+        "--gpus-per-stage",
+        "1",
+        "--placement",
+        "spread",
+        "--handoff",
+        handoff,
+    )
     assert r.returncode == 0, r.stderr
     assert "match=true" in r.stdout
     gpus = stage_gpus(r.stdout)
@@ -189,8 +210,13 @@ def test_two_runs_get_disjoint_gpus_a_third_is_refused_and_local_chains_see_them
         assert "a: 0 of 4 free" in third.stderr and "b: 0 of 4 free" in third.stderr
 
         # a local chain on node a (its engine, its NVML) sees the GPUs held by the Ray run's labels
-        local = subprocess.run([*cluster.netns(), PP, "chain", "--stages", "1", "--dry-run"], capture_output=True,
-                               text=True, env=cluster.hosts["a"].env("request"), timeout=120)  # fmt: skip
+        local = subprocess.run(
+            [*cluster.netns(), PP, "chain", "--stages", "1", "--dry-run"],
+            capture_output=True,
+            text=True,
+            env=cluster.hosts["a"].env("request"),
+            timeout=120,
+        )
         assert local.returncode == 2, local.stdout + local.stderr
         assert runs[0] in local.stderr
     finally:
@@ -202,8 +228,21 @@ def test_two_runs_get_disjoint_gpus_a_third_is_refused_and_local_chains_see_them
 
 # ------------------------------------------------------------------------------------------------ nothing orphaned
 def _hold(cluster, *extra: str) -> subprocess.Popen[str]:  # type: ignore[no-untyped-def]
-    proc = cluster.popen(PP, "chain", "--ray", "auto", "--stages", "4", "--placement", "spread", "-e",
-                         "STUB_MODE=hold", *extra, stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    proc = cluster.popen(
+        PP,
+        "chain",
+        "--ray",
+        "auto",
+        "--stages",
+        "4",
+        "--placement",
+        "spread",
+        "-e",
+        "STUB_MODE=hold",
+        *extra,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     assert wait_for(lambda: running(cluster) == 4 or proc.poll() is not None, 120), cluster.ours()
     assert proc.poll() is None, proc.communicate()
     return proc
@@ -240,13 +279,16 @@ def test_a_node_agent_killed_fails_the_chain_naming_stage_and_node(cluster) -> N
 
 
 def test_ray_kill_of_a_detached_runs_agent_ends_its_nodes_stages_only(cluster) -> None:  # type: ignore[no-untyped-def]
-    r = cluster.run(PP, "chain", "--ray", "auto", "--stages", "2", "--placement", "spread", "--detach",
-                    "-e", "STUB_MODE=hold")  # fmt: skip
+    r = cluster.run(
+        PP, "chain", "--ray", "auto", "--stages", "2", "--placement", "spread", "--detach", "-e", "STUB_MODE=hold"
+    )
     assert r.returncode == 0, r.stderr
     run = r.stdout.strip()
     try:
-        code = ("import ray, sys; ray.init(address='auto', namespace='pp-launch', logging_level='ERROR');"
-                f"ray.kill(ray.get_actor('{run}-1'))")  # fmt: skip
+        code = (
+            "import ray, sys; ray.init(address='auto', namespace='pp-launch', logging_level='ERROR');"
+            f"ray.kill(ray.get_actor('{run}-1'))"
+        )
         assert cluster.python(code).returncode == 0
         assert wait_for(lambda: len(cluster.ours()["b"]) == 0, 30), cluster.ours()  # its stage, and its guard
         assert len(stages_on(cluster, "a")) == 1  # the other stage is the run's until `down`
@@ -258,15 +300,31 @@ def test_ray_kill_of_a_detached_runs_agent_ends_its_nodes_stages_only(cluster) -
 def test_a_container_forging_a_ray_runs_labels_is_never_touched(cluster) -> None:  # type: ignore[no-untyped-def]
     """Ours by id only on Ray too: a neighbour's container on a node's engine carrying a live run's labels survives
     the run's teardown, `down --ray` and `gc --ray`; `ps --ray` does not list it."""
-    r = cluster.run(PP, "chain", "--ray", "auto", "--stages", "2", "--placement", "spread", "--detach",
-                    "-e", "STUB_MODE=hold")  # fmt: skip
+    r = cluster.run(
+        PP, "chain", "--ray", "auto", "--stages", "2", "--placement", "spread", "--detach", "-e", "STUB_MODE=hold"
+    )
     assert r.returncode == 0, r.stderr
     run = r.stdout.strip()
     side = cluster.hosts["a"].engines["request"]
-    forged = side.docker("run", "-d", "--network", "none", "--label", f"pp-launch.run={run}", "--label",
-                         "pp-launch.stage=1", "--label", "pp-launch.owner=detached", "--label", "pp-launch.gpus=",
-                         "-e", "STUB_MODE=hold", "-e", "STUB_IGNORE_LIFELINE=1",
-                         "pp-launch/stub-worker:latest").stdout.strip()  # fmt: skip
+    forged = side.docker(
+        "run",
+        "-d",
+        "--network",
+        "none",
+        "--label",
+        f"pp-launch.run={run}",
+        "--label",
+        "pp-launch.stage=1",
+        "--label",
+        "pp-launch.owner=detached",
+        "--label",
+        "pp-launch.gpus=",
+        "-e",
+        "STUB_MODE=hold",
+        "-e",
+        "STUB_IGNORE_LIFELINE=1",
+        "pp-launch/stub-worker:latest",
+    ).stdout.strip()
     try:
         ps = cluster.run(PP, "ps", "--ray", "auto", "--json")
         assert ps.returncode == 0, ps.stderr
@@ -287,8 +345,23 @@ def test_a_container_forging_a_ray_runs_labels_is_never_touched(cluster) -> None
 def test_a_detached_run_is_never_held_back_and_its_last_lines_are_kept(cluster) -> None:  # type: ignore[no-untyped-def]
     """After the hand-over nobody pulls the actors' events: the stage must not block on its output (60000 lines,
     more than an actor queues), and `logs --ray` shows its last lines."""
-    r = cluster.run(PP, "chain", "--ray", "auto", "--stages", "2", "--gpus", "none", "--detach", "-e",
-                    "STUB_MODE=hold", "-e", "STUB_FLOOD=lines", "-e", "STUB_FLOOD_LINES=60000")  # fmt: skip
+    r = cluster.run(
+        PP,
+        "chain",
+        "--ray",
+        "auto",
+        "--stages",
+        "2",
+        "--gpus",
+        "none",
+        "--detach",
+        "-e",
+        "STUB_MODE=hold",
+        "-e",
+        "STUB_FLOOD=lines",
+        "-e",
+        "STUB_FLOOD_LINES=60000",
+    )
     assert r.returncode == 0, r.stderr
     run = r.stdout.strip()
     try:
@@ -311,8 +384,23 @@ def test_a_detached_run_is_never_held_back_and_its_last_lines_are_kept(cluster) 
 def test_a_detached_run_that_ends_by_itself_is_followed_waited_for_and_gives_its_gpus_back(cluster) -> None:  # type: ignore[no-untyped-def]
     """`logs -f --ray` follows the stages until they are gone; `wait --ray` prints each stage's exit code (stage 1
     exits 3: exit 1); the run's GPUs go back to Ray by themselves; its record answers until `gc --ray`."""
-    r = cluster.run(PP, "chain", "--ray", "auto", "--stages", "2", "--placement", "spread", "--detach", "-e",
-                    "STUB_MODE=hold", "-e", "STUB_EXIT_AFTER=6", "--stage-env", "1:STUB_EXIT_CODE=3")  # fmt: skip
+    r = cluster.run(
+        PP,
+        "chain",
+        "--ray",
+        "auto",
+        "--stages",
+        "2",
+        "--placement",
+        "spread",
+        "--detach",
+        "-e",
+        "STUB_MODE=hold",
+        "-e",
+        "STUB_EXIT_AFTER=6",
+        "--stage-env",
+        "1:STUB_EXIT_CODE=3",
+    )
     assert r.returncode == 0, r.stderr
     run = r.stdout.strip()
     try:
@@ -347,9 +435,26 @@ def test_a_detached_run_that_ends_by_itself_is_followed_waited_for_and_gives_its
 
 def test_a_stage_that_fails_once_on_ray_is_restarted_and_the_run_completes(cluster) -> None:  # type: ignore[no-untyped-def]
     """--max-restarts on the Ray site: attempt 1 torn down through the node agents, attempt 2 granted anew."""
-    r = cluster.run(PP, "chain", "--ray", "auto", "--stages", "3", "--gpus-per-stage", "1", "--max-restarts", "1",
-                    "--restart-backoff", "0", "--stage-env", "1:STUB_EXIT_AFTER=0", "--stage-env", "1:STUB_EXIT_CODE=3",
-                    "--stage-env", "1:STUB_EXIT_ATTEMPTS=1")  # fmt: skip
+    r = cluster.run(
+        PP,
+        "chain",
+        "--ray",
+        "auto",
+        "--stages",
+        "3",
+        "--gpus-per-stage",
+        "1",
+        "--max-restarts",
+        "1",
+        "--restart-backoff",
+        "0",
+        "--stage-env",
+        "1:STUB_EXIT_AFTER=0",
+        "--stage-env",
+        "1:STUB_EXIT_CODE=3",
+        "--stage-env",
+        "1:STUB_EXIT_ATTEMPTS=1",
+    )
     assert r.returncode == 0, r.stderr
     assert "match=true" in r.stdout
     assert "attempt 1 of run" in r.stderr and "attempt 2 of 2 in 0 s" in r.stderr
@@ -432,8 +537,22 @@ def test_a_missing_or_wrong_token_is_one_line_exit_2_naming_the_fix(cluster, tmp
 def test_a_frozen_agent_fails_the_chain_within_5_s_and_its_stages_still_go(cluster) -> None:  # type: ignore[no-untyped-def]
     """Node b's agent SIGSTOPped once the chain is up (Ray itself would wait on it without end: its node is alive):
     our own liveness check fails the chain within 5 s naming the node, ends that agent, and node b's stages go."""
-    proc = cluster.popen(PP, "chain", "--ray", "auto", "--stages", "4", "--placement", "spread", "-e",
-                         "STUB_MODE=hold", "--grace", "1", stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    proc = cluster.popen(
+        PP,
+        "chain",
+        "--ray",
+        "auto",
+        "--stages",
+        "4",
+        "--placement",
+        "spread",
+        "-e",
+        "STUB_MODE=hold",
+        "--grace",
+        "1",
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     assert proc.stderr is not None
     lines = []
     for line in proc.stderr:  # until the chain is up

@@ -24,8 +24,9 @@ def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture
 def detached(engine, stub_image):  # type: ignore[no-untyped-def]
-    up = cli("chain", "--stages", "2", "--gpus", "none", "--detach", "--env", "STUB_MODE=hold", "--env",
-             "STUB_LOG_RATE=5")  # fmt: skip
+    up = cli(
+        "chain", "--stages", "2", "--gpus", "none", "--detach", "--env", "STUB_MODE=hold", "--env", "STUB_LOG_RATE=5"
+    )
     assert up.returncode == 0, up.stderr
     run = up.stdout.strip()
     remember_run(run)
@@ -66,8 +67,20 @@ def test_logs_follow_streams_until_the_run_ends(engine, detached: str) -> None:
 
 
 def test_wait_until_announced_prints_each_address_and_until_exit_each_code(engine, stub_image) -> None:
-    up = cli("chain", "--stages", "2", "--gpus", "none", "--detach", "--env", "STUB_MODE=hold", "--env",
-             "STUB_EXIT_AFTER=3", "--stage-env", "1:STUB_EXIT_CODE=3")  # fmt: skip
+    up = cli(
+        "chain",
+        "--stages",
+        "2",
+        "--gpus",
+        "none",
+        "--detach",
+        "--env",
+        "STUB_MODE=hold",
+        "--env",
+        "STUB_EXIT_AFTER=3",
+        "--stage-env",
+        "1:STUB_EXIT_CODE=3",
+    )
     assert up.returncode == 0, up.stderr
     run = up.stdout.strip()
     remember_run(run)
@@ -114,8 +127,9 @@ def test_a_docker_context_chosen_by_docker_context_reaches_its_engine(detached: 
     (meta / "meta.json").write_text(json.dumps({"Name": "suite", "Endpoints": {"docker": {"Host": engine_address()}}}))
     env = {k: v for k, v in os.environ.items() if k != "DOCKER_HOST"}
     env.update(DOCKER_CONTEXT="suite", DOCKER_CONFIG=str(tmp_path))
-    done = subprocess.run([sys.executable, "-m", "pp_launch", "ps", "-q"], capture_output=True, text=True,
-                          timeout=60, env=env)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "pp_launch", "ps", "-q"], capture_output=True, text=True, timeout=60, env=env
+    )
     assert done.returncode == 0, done.stderr
     assert detached in done.stdout.split()
 
@@ -147,16 +161,21 @@ def test_ps_filter_and_format_and_down_of_two_runs_at_once(engine, stub_image, d
     assert bad.returncode == 2 and "use KEY=VALUE with KEY one of run," in bad.stderr
     # docker's habits: its field names, a prefix for the run, `table` with a header, `json`, errors for the rest
     docker_names = cli("ps", "--filter", f"run={detached[:5]}", "--format", "{{.Names}} {{.Run}} {{.State}}")
-    assert docker_names.stdout.splitlines() == [f"pp-{detached}-0 {detached} running",
-                                                f"pp-{detached}-1 {detached} running"], docker_names.stderr  # fmt: skip
+    assert docker_names.stdout.splitlines() == [
+        f"pp-{detached}-0 {detached} running",
+        f"pp-{detached}-1 {detached} running",
+    ], docker_names.stderr
     table = cli("ps", "--filter", f"run={second}", "--format", "table {{.ID}}\t{{.Names}}\t{{.Status}}")
     head, row = table.stdout.splitlines()
     assert head.split() == ["CONTAINER", "ID", "NAMES", "STATUS"] and row.split()[1] == f"pp-{second}-0"
     assert row.split()[2] == "Up" and engine.inspect(row.split()[0]) is not None  # a short id the engine knows
     whole = cli("ps", "--filter", f"run={second}", "--format", "json")
     assert [json.loads(line)["container"] for line in whole.stdout.splitlines()] == [f"pp-{second}-0"]
-    for wrong, said in (("{{.Nope}}", "no field 'Nope'"), ("{{.run", "an unclosed action"),
-                        ("{{index .gpus 0}}", "is not something ps can print")):  # fmt: skip
+    for wrong, said in (
+        ("{{.Nope}}", "no field 'Nope'"),
+        ("{{.run", "an unclosed action"),
+        ("{{index .gpus 0}}", "is not something ps can print"),
+    ):
         refused = cli("ps", "--format", wrong)
         assert refused.returncode == 1 and said in refused.stderr and refused.stdout == "", refused.stderr
     both = cli("down", detached, second, "--grace", "1")
@@ -172,9 +191,12 @@ def test_gc_names_a_labelled_container_no_guard_recorded_and_never_removes_it(en
     me = identity.current_owner()
     gone_owner = labels.Owner(me.host, 2**22 + 5, "1", me.pidns, me.boot).label()
     run = "gcdry" + identity.new_run_id()[:7]
-    ref = engine.api.create_container(stub_image, ["sleep", "60"], name=f"pp-{run}-0",
-                                      labels={labels.RUN: run, labels.STAGE: "0", labels.OWNER: gone_owner,
-                                              labels.GPUS: ""})["Id"]  # fmt: skip
+    ref = engine.api.create_container(
+        stub_image,
+        ["sleep", "60"],
+        name=f"pp-{run}-0",
+        labels={labels.RUN: run, labels.STAGE: "0", labels.OWNER: gone_owner, labels.GPUS: ""},
+    )["Id"]
     try:
         for argv in (("gc", "--dry-run"), ("gc",)):
             said = cli(*argv)
@@ -194,8 +216,9 @@ def test_logs_of_a_foreground_run_after_it_ended_come_from_what_its_launcher_kep
     assert run_containers(engine, run) == []
     everything = cli("logs", run[:8], "--log-dir", where)
     assert everything.returncode == 0, everything.stderr
-    assert any(line.startswith("[stage 0] PP_DEMO_RESULT") and "match=true" in line
-               for line in everything.stdout.splitlines())  # fmt: skip
+    assert any(
+        line.startswith("[stage 0] PP_DEMO_RESULT") and "match=true" in line for line in everything.stdout.splitlines()
+    )
     last = cli("logs", run, "--log-dir", where, "-n", "1", "-t", "--stage", "1")
     lines = last.stdout.splitlines()
     assert len(lines) == 1 and lines[0].startswith("[stage 1] 20") and "Z " in lines[0]

@@ -105,9 +105,19 @@ def test_pp_gpu_node_pp_worker_announces_first_then_loads(engine, stub_image) ->
 def test_compose_runs_pp_worker_stages_with_the_seed(engine, stub_image, tmp_path: Path, project: str) -> None:  # noqa: F811
     path, text = write(
         tmp_path,
-        "--stages", "2", "--project", project, "--gpus", "none", "--entrypoint", PP_WORKER,
-        "--seed-addr", SEED, "--env", "STUB_MODE=pp-worker",
-    )  # fmt: skip
+        "--stages",
+        "2",
+        "--project",
+        project,
+        "--gpus",
+        "none",
+        "--entrypoint",
+        PP_WORKER,
+        "--seed-addr",
+        SEED,
+        "--env",
+        "STUB_MODE=pp-worker",
+    )
     assert re.search(rf"SEED_ADDR: ['\"]?{SEED}", text)
     try:
         up = dc(path, "up", "-d")

@@ -24,8 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "test_my_stage.py"
 
 
-def test_the_leak_guard_fails_the_test_that_left_a_container_and_removes_it(pytester: pytest.Pytester,
-                                                                            engine) -> None:  # fmt: skip
+def test_the_leak_guard_fails_the_test_that_left_a_container_and_removes_it(pytester: pytest.Pytester, engine) -> None:
     pytester.makepyfile(
         test_inner=f"""
 from pp_launch.testing.kit import StageContainer
@@ -42,8 +41,9 @@ def test_clean(pp_stage):
     )
     result = pytester.runpytest_subprocess("-p", "pp_launch", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=3, errors=1)
-    result.stdout.fnmatch_lines(["*pp-launch leak guard:*", "*test_inner.py::test_leaks left container *"
-                                 f"image {BUILTIN_IMAGE}*pp-launch.run*"])  # fmt: skip
+    result.stdout.fnmatch_lines(
+        ["*pp-launch leak guard:*", f"*test_inner.py::test_leaks left container *image {BUILTIN_IMAGE}*pp-launch.run*"]
+    )
     assert "test_clean left" not in result.stdout.str()
     assert [c for c in engine.containers([labels.RUN]) if c.image == BUILTIN_IMAGE and "test_inner" in c.name] == []
 
@@ -51,7 +51,9 @@ def test_clean(pp_stage):
 def test_the_leak_guard_works_per_xdist_worker(pytester: pytest.Pytester, engine) -> None:
     """Each worker is a process of its own: it sees its own tests' containers, never another worker's."""
     for name in ("a", "b"):
-        pytester.makepyfile(**{f"test_{name}": f"""
+        pytester.makepyfile(
+            **{
+                f"test_{name}": f"""
 from pp_launch.testing.kit import StageContainer
 
 def test_leaks_{name}(pp_engine):
@@ -59,7 +61,9 @@ def test_leaks_{name}(pp_engine):
 
 def test_clean_{name}(pp_stage):
     pp_stage({BUILTIN_IMAGE!r}, env={{"STUB_MODE": "hold"}}).wait_for_announcement(60)
-"""})  # fmt: skip
+"""
+            }
+        )
     result = pytester.runpytest_subprocess("-p", "pp_launch", "-p", "no:cacheprovider", "-n", "2")
     result.assert_outcomes(passed=4, errors=2)
     out = result.stdout.str()
@@ -139,8 +143,9 @@ def test_stage_container_builders_take_effect(engine) -> None:
 
 
 def test_exited_before_announcing_and_timed_out_are_different_errors(engine) -> None:
-    early = StageContainer(BUILTIN_IMAGE, env={"STUB_MODE": "hold", "STUB_NO_ANNOUNCE": "1", "STUB_EXIT_AFTER": "1",
-                                               "STUB_EXIT_CODE": "3"}).start()  # fmt: skip
+    early = StageContainer(
+        BUILTIN_IMAGE, env={"STUB_MODE": "hold", "STUB_NO_ANNOUNCE": "1", "STUB_EXIT_AFTER": "1", "STUB_EXIT_CODE": "3"}
+    ).start()
     try:
         with pytest.raises(StageExited) as exited:
             early.wait_for_announcement(60)
@@ -214,8 +219,9 @@ def test_a_plain_install_never_changes_an_unrelated_pytest(tmp_path: Path) -> No
     plain = subprocess.run(run, cwd=project, capture_output=True, text=True, env=clean, timeout=120)
     assert plain.returncode == 0 and "1 passed" in plain.stdout, plain.stdout + plain.stderr
     assert "pytest11" not in plain.stdout + plain.stderr
-    enabled = subprocess.run([*run, "-p", "pp_launch"], cwd=project, capture_output=True, text=True, env=clean,
-                             timeout=120)  # fmt: skip
+    enabled = subprocess.run(
+        [*run, "-p", "pp_launch"], cwd=project, capture_output=True, text=True, env=clean, timeout=120
+    )
     assert enabled.returncode != 0
     assert "pip install 'pp-launch[testing]'" in enabled.stdout + enabled.stderr
 

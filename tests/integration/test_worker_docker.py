@@ -40,7 +40,11 @@ def test_full_lifecycle_with_a_kill_in_the_middle(engine, stub_image) -> None:
         d.command(w.RingReadable(ring_id=1))
         loaded = d.routed(w.ObjectLoaded)
         assert (loaded.object_id, loaded.sequence, loaded.device_handle.worker_generation, loaded.edge_id) == (
-            10, 0, 1, 101)  # fmt: skip
+            10,
+            0,
+            1,
+            101,
+        )
         assert d.arena is not None and not os.path.exists(d.arena.path), "the host's name goes once it is ready"
         first_container = d.ref
 

@@ -340,8 +340,14 @@ def split_minimum(inv: GpuInventory, pool: list[Unit], need: int, k: int) -> tup
                 continue
             s = len(groups)
             hop = [[min(dist[a.uuid, b.uuid] for a in g1 for b in g2) for g2 in groups] for g1 in groups]
-            rings = (hop[0][o[0]] + sum(hop[x][y] for x, y in itertools.pairwise(o)) + hop[o[-1]][0]
-                     for o in itertools.permutations(range(1, s))) if s > 1 else iter([0])  # fmt: skip
+            rings = (
+                (
+                    hop[0][o[0]] + sum(hop[x][y] for x, y in itertools.pairwise(o)) + hop[o[-1]][0]
+                    for o in itertools.permutations(range(1, s))
+                )
+                if s > 1
+                else iter([0])
+            )
             cost = (within, min(rings))
             best = cost if best is None or cost < best else best
     assert best is not None

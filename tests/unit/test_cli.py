@@ -433,8 +433,14 @@ def test_the_stub_announces_the_address_it_is_told_for_other_hosts(env: dict[str
     import sys
 
     stub = Path(__file__).resolve().parents[2] / "images" / "stub-worker"
-    got = subprocess.run([sys.executable, "-c", "import pp_stub; print(pp_stub.advertised())"], cwd=stub,
-                         env={"PATH": "/usr/bin:/bin", **env}, capture_output=True, text=True, check=True)  # fmt: skip
+    got = subprocess.run(
+        [sys.executable, "-c", "import pp_stub; print(pp_stub.advertised())"],
+        cwd=stub,
+        env={"PATH": "/usr/bin:/bin", **env},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert got.stdout.strip() == announced
 
 
@@ -443,8 +449,11 @@ def test_the_command_list_is_the_same_before_and_after_the_commands_are_imported
     each line must be what the command's own docstring gives once it is imported."""
     cold = subprocess.run(
         [sys.executable, "-c", "from pp_launch.cli.main import main; main(['--help'], prog_name='pp-launch')"],
-        capture_output=True, text=True, env={**os.environ, "COLUMNS": "110"}, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "110"},
+        check=False,
+    )
     assert cold.returncode == 0, cold.stderr
     warm = CliRunner().invoke(main, ["--help"], prog_name="pp-launch", terminal_width=110)
     assert cold.stdout == warm.output
@@ -475,8 +484,10 @@ def test_every_usage_error_is_one_line_and_a_hint_exit_2(path: tuple[str, ...]) 
     assert lines[1:] == [f"pp-launch: hint: 'pp-launch {' '.join(path)} --help' lists its options"]
 
 
-@pytest.mark.parametrize(("args", "words"), [(("chain", "--stages", "0"), "Invalid value for '--stages'"),
-                                             (("chian",), "No such command 'chian'")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [(("chain", "--stages", "0"), "Invalid value for '--stages'"), (("chian",), "No such command 'chian'")],
+)
 def test_click_and_our_own_errors_look_alike(args: tuple[str, ...], words: str) -> None:
     result = run(*args)
     assert result.exit_code == 2 and result.output.startswith(f"pp-launch: error: {words}")
@@ -484,8 +495,22 @@ def test_click_and_our_own_errors_look_alike(args: tuple[str, ...], words: str) 
 
 
 def test_a_bare_env_name_passes_the_callers_value_through_as_docker_does() -> None:
-    result = run("chain", "--stages", "1", "-e", "FOO", "-e", "UNSET_PP_X", "-e", "A=1", "--gpus", "none",
-                 "--dry-run", "--json", env={"FOO": "bar", "UNSET_PP_X": None})  # type: ignore[dict-item]  # fmt: skip
+    result = run(
+        "chain",
+        "--stages",
+        "1",
+        "-e",
+        "FOO",
+        "-e",
+        "UNSET_PP_X",
+        "-e",
+        "A=1",
+        "--gpus",
+        "none",
+        "--dry-run",
+        "--json",
+        env={"FOO": "bar", "UNSET_PP_X": None},
+    )  # type: ignore[dict-item]
     assert result.exit_code == 0, result.output
     env = json.loads(result.output)["stages"][0]["env"]
     assert env["FOO"] == "bar" and env["A"] == "1" and "UNSET_PP_X" not in env
@@ -512,8 +537,20 @@ def test_a_list_that_does_not_fit_the_stages_says_how_to_fix_it() -> None:
     result = run("chain", "--stages", "2", "--gpus", "device=0,2,3", "--dry-run", "--gpu-inventory", inv)
     assert result.exit_code == 2
     assert "--gpus lists 3 GPUs but 2 stages x 1 need 2: list 2 (2 stages x 1 GPU each)" in result.output
-    result = run("chain", "--stages", "2", "--gpus", "device=0,2,3,4", "--gpus-per-stage", "1", "--stages", "1",
-                 "--dry-run", "--gpu-inventory", inv)  # fmt: skip
+    result = run(
+        "chain",
+        "--stages",
+        "2",
+        "--gpus",
+        "device=0,2,3,4",
+        "--gpus-per-stage",
+        "1",
+        "--stages",
+        "1",
+        "--dry-run",
+        "--gpu-inventory",
+        inv,
+    )
     assert result.exit_code == 0  # one stage takes all four
 
 
@@ -578,8 +615,20 @@ def test_our_own_usage_errors_carry_the_same_hint_as_clicks(args: tuple[str, ...
 def test_env_file_as_docker_reads_it_and_env_wins_over_it(tmp_path: Path) -> None:
     env_file = tmp_path / "stage.env"
     env_file.write_text('# the model\nMODEL=llama 3  \n\n  MAX_TOKENS=5\nQUOTED="kept as is"\nFROM_SHELL\nUNSET_HERE\n')
-    result = run("chain", "--stages", "2", "--gpus", "none", "--dry-run", "--json", "--env-file", str(env_file),
-                 "--env", "MAX_TOKENS=9", env={"FROM_SHELL": "shell value"})  # fmt: skip
+    result = run(
+        "chain",
+        "--stages",
+        "2",
+        "--gpus",
+        "none",
+        "--dry-run",
+        "--json",
+        "--env-file",
+        str(env_file),
+        "--env",
+        "MAX_TOKENS=9",
+        env={"FROM_SHELL": "shell value"},
+    )
     assert result.exit_code == 0, result.output
     env = json.loads(result.output)["stages"][1]["env"]
     assert env["MODEL"] == "llama 3  " and env["QUOTED"] == '"kept as is"' and env["FROM_SHELL"] == "shell value"
@@ -611,7 +660,9 @@ def test_pp_gpu_node_takes_leading_env_files_and_leaves_the_command_alone(tmp_pa
     (tmp_path / "b.env").write_text("B=2\n")
     a, b = str(tmp_path / "a.env"), str(tmp_path / "b.env")
     assert _env_files(("--env-file", a, f"--env-file={b}", "python", "-m", "w")) == (
-        (("A", "1"), ("B", "2")), ("python", "-m", "w"))  # fmt: skip
+        (("A", "1"), ("B", "2")),
+        ("python", "-m", "w"),
+    )
     assert _env_files(("python", "--env-file", a)) == ((), ("python", "--env-file", a))  # the command's own
     assert _env_files(("--env-file", a, "--", "--env-file", b)) == ((("A", "1"),), ("--env-file", b))
 

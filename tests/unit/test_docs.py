@@ -36,8 +36,12 @@ def test_the_site_builds_strict(tmp_path: Path) -> None:
     mkdocs = Path(sys.executable).parent / "mkdocs"
     done = subprocess.run(
         [str(mkdocs), "build", "--strict", "--site-dir", str(tmp_path / "site")],
-        cwd=ROOT, capture_output=True, text=True, timeout=120, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
-    )  # fmt: skip
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "site" / "troubleshooting" / "index.html").exists()
     site = tmp_path / "site"

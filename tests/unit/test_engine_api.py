@@ -47,13 +47,18 @@ def test_host_config_is_docker_pys(kwargs: dict[str, Any]) -> None:
 def test_container_config_is_docker_pys(kwargs: dict[str, Any]) -> None:
     host = engine_api.host_config(init=True, auto_remove=True, network_mode="host")
     ours = engine_api.container_config(**kwargs, host_config=host)
-    theirs = docker_api().create_container_config(**kwargs, host_config=docker_api().create_host_config(
-        init=True, auto_remove=True, network_mode="host"))  # fmt: skip
+    theirs = docker_api().create_container_config(
+        **kwargs, host_config=docker_api().create_host_config(init=True, auto_remove=True, network_mode="host")
+    )
     assert ours == dict(theirs)
 
 
-FILTERS = [{"label": ["pp-launch.run=abc", "pp-launch.stage"]}, {"label": "x=y"}, {"dangling": True, "label": ["a"]},
-           {"status": ["running", "exited"]}]  # fmt: skip
+FILTERS = [
+    {"label": ["pp-launch.run=abc", "pp-launch.stage"]},
+    {"label": "x=y"},
+    {"dangling": True, "label": ["a"]},
+    {"status": ["running", "exited"]},
+]
 
 
 @pytest.mark.parametrize("filters", FILTERS)
@@ -91,8 +96,10 @@ def test_the_attach_answer_is_read_to_its_headers_and_not_a_byte_further() -> No
     """What follows the engine's "101 UPGRADED" is the stage's first output: none of it may be swallowed."""
     ours, engine = socket.socketpair()
     with ours, engine:
-        engine.sendall(b"HTTP/1.1 101 UPGRADED\r\nContent-Type: application/vnd.docker.raw-stream\r\n"
-                       b"Connection: Upgrade\r\nUpgrade: tcp\r\n\r\n\x01\x00\x00\x00\x00\x00\x00\x05hello")  # fmt: skip
+        engine.sendall(
+            b"HTTP/1.1 101 UPGRADED\r\nContent-Type: application/vnd.docker.raw-stream\r\n"
+            b"Connection: Upgrade\r\nUpgrade: tcp\r\n\r\n\x01\x00\x00\x00\x00\x00\x00\x05hello"
+        )
         assert engine_api._head(ours) == (101, "UPGRADED", -1)
         assert ours.recv(100) == b"\x01\x00\x00\x00\x00\x00\x00\x05hello"
 

@@ -56,9 +56,16 @@ def test_the_contract_field_names_stay() -> None:
 
 def test_a_stage_lives_along_its_table() -> None:
     state = None
-    for inp, expected in ((In.CREATE, S.CREATING), (In.CREATED, S.CREATED), (In.START, S.STARTING),
-                          (In.ANNOUNCE, S.ANNOUNCED), (In.ROSTER, S.RUNNING), (In.STOP, S.STOPPING),
-                          (In.KILL, S.STOPPING), (In.GONE, S.GONE)):  # fmt: skip
+    for inp, expected in (
+        (In.CREATE, S.CREATING),
+        (In.CREATED, S.CREATED),
+        (In.START, S.STARTING),
+        (In.ANNOUNCE, S.ANNOUNCED),
+        (In.ROSTER, S.RUNNING),
+        (In.STOP, S.STOPPING),
+        (In.KILL, S.STOPPING),
+        (In.GONE, S.GONE),
+    ):
         state = events.next_state(state, inp)
         assert state is expected
 
@@ -79,9 +86,16 @@ def test_every_pair_is_a_row_of_the_table_or_refused(state: S | None, inp: In) -
 
 @pytest.mark.parametrize(
     ("state", "inp"),
-    [(S.GONE, In.STOP), (S.GONE, In.GONE), (None, In.ANNOUNCE), (S.RUNNING, In.START), (S.RUNNING, In.REMOVED),
-     (S.CREATING, In.START), (S.REMOVED, In.GONE)],
-)  # fmt: skip
+    [
+        (S.GONE, In.STOP),
+        (S.GONE, In.GONE),
+        (None, In.ANNOUNCE),
+        (S.RUNNING, In.START),
+        (S.RUNNING, In.REMOVED),
+        (S.CREATING, In.START),
+        (S.REMOVED, In.GONE),
+    ],
+)
 def test_a_move_the_table_lacks_is_our_bug_named_plainly(state: S | None, inp: In) -> None:
     with pytest.raises(events.IllegalStageTransition, match=f"cannot take '{inp.value}'"):
         events.next_state(state, inp)

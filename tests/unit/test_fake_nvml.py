@@ -41,8 +41,14 @@ for path in sys.argv[1:]:
 
 def read_many(lib: Path, configs: list[Path], fail: str = "") -> list[dict[str, object]]:
     env = fake_nvml.environ(lib, configs[0], fail)
-    done = subprocess.run([sys.executable, "-c", READ_MANY, *map(str, configs)], env=env, capture_output=True,
-                          text=True, timeout=120, check=False)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", READ_MANY, *map(str, configs)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr
     return [nvml_only(json.loads(line)) for line in done.stdout.splitlines()]
@@ -59,12 +65,19 @@ def nvml_only(doc: object) -> object:
 
 
 @pytest.mark.parametrize("path", INVENTORIES, ids=[p.stem for p in INVENTORIES])
-def test_gpus_record_through_the_fake_library_gives_back_the_inventory(fake_nvml_lib: Path, path: Path,
-                                                                        tmp_path: Path) -> None:  # fmt: skip
+def test_gpus_record_through_the_fake_library_gives_back_the_inventory(
+    fake_nvml_lib: Path, path: Path, tmp_path: Path
+) -> None:
     config = fake_nvml.write_config(inventory_file.load(path), tmp_path / "config")
     out = tmp_path / "recorded.json"
-    done = subprocess.run([PP_LAUNCH, "gpus", "--record", str(out)], env=fake_nvml.environ(fake_nvml_lib, config),
-                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    done = subprocess.run(
+        [PP_LAUNCH, "gpus", "--record", str(out)],
+        env=fake_nvml.environ(fake_nvml_lib, config),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     assert nvml_only(json.loads(out.read_text())) == json.loads(path.read_text())
 
@@ -98,8 +111,14 @@ def test_the_per_gpu_directory_form_reads_as_the_whole_and_a_subset_keeps_host_o
 
 # ---------------------------------------------------------------------------------------- failures
 def run_gpus(lib: Path, config: Path, fail: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([PP_LAUNCH, "gpus", *args], env=fake_nvml.environ(lib, config, fail), capture_output=True,
-                          text=True, timeout=60, check=False)  # fmt: skip
+    return subprocess.run(
+        [PP_LAUNCH, "gpus", *args],
+        env=fake_nvml.environ(lib, config, fail),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
 
 
 @pytest.fixture
@@ -134,18 +153,22 @@ def test_a_lost_gpu_is_left_out_and_said(fake_nvml_lib: Path, eight: tuple[GpuIn
         ("mig", "mig_enabled"),
     ],
 )
-def test_a_field_nvml_cannot_read_is_unknown(fake_nvml_lib: Path, eight: tuple[GpuInventory, Path], field: str,
-                                              key: str) -> None:  # fmt: skip
+def test_a_field_nvml_cannot_read_is_unknown(
+    fake_nvml_lib: Path, eight: tuple[GpuInventory, Path], field: str, key: str
+) -> None:
     done = run_gpus(fake_nvml_lib, eight[1], f"unsupported:{field}", "--json")
     assert done.returncode == 0, done.stderr
     for gpu in json.loads(done.stdout)["gpus"]:
         assert gpu.get(key) in (None, ""), gpu
 
 
-@pytest.mark.parametrize(("field", "key"), [("topology", "topology"), ("nvlink", "nvlink"), ("driver",
-                         "driver_version"), ("cuda", "cuda_version")])  # fmt: skip
-def test_a_machine_field_nvml_cannot_read_is_unknown(fake_nvml_lib: Path, eight: tuple[GpuInventory, Path],
-                                                      field: str, key: str) -> None:  # fmt: skip
+@pytest.mark.parametrize(
+    ("field", "key"),
+    [("topology", "topology"), ("nvlink", "nvlink"), ("driver", "driver_version"), ("cuda", "cuda_version")],
+)
+def test_a_machine_field_nvml_cannot_read_is_unknown(
+    fake_nvml_lib: Path, eight: tuple[GpuInventory, Path], field: str, key: str
+) -> None:
     done = run_gpus(fake_nvml_lib, eight[1], f"unsupported:{field}", "--json")
     assert done.returncode == 0, done.stderr
     assert key not in json.loads(done.stdout)
@@ -154,8 +177,9 @@ def test_a_machine_field_nvml_cannot_read_is_unknown(fake_nvml_lib: Path, eight:
 def test_a_process_list_that_grows_between_size_query_and_read(fake_nvml_lib: Path, tmp_path: Path) -> None:
     plain = inventory_file.load(DATA / "plain-4gpu.json")
     running = (GpuProcess(4242, 1000), GpuProcess(4343, None))
-    inv = dataclasses.replace(plain, gpus=(plain.gpus[0], dataclasses.replace(plain.gpus[1], processes=running),
-                                           *plain.gpus[2:]))  # fmt: skip
+    inv = dataclasses.replace(
+        plain, gpus=(plain.gpus[0], dataclasses.replace(plain.gpus[1], processes=running), *plain.gpus[2:])
+    )
     busy = [1]
     config = fake_nvml.write_config(inv, tmp_path / "config")
     (few,) = read_many(fake_nvml_lib, [config], "grow:2")  # within pynvml's headroom: the list as read
@@ -175,8 +199,9 @@ def test_temperature_power_and_who_runs_a_process_come_through_the_c_abi(fake_nv
     as unknown; a process's user and command from this host's /proc (here: the reading process itself)."""
     inv = inventory_file.load(DATA / "plain-4gpu.json")
     gpus = list(inv.gpus)
-    gpus[0] = dataclasses.replace(gpus[0], temperature_c=41, power_w=123.456, power_limit_w=700.0,
-                                  processes=(GpuProcess(0, 300),))  # fmt: skip
+    gpus[0] = dataclasses.replace(
+        gpus[0], temperature_c=41, power_w=123.456, power_limit_w=700.0, processes=(GpuProcess(0, 300),)
+    )
     config = fake_nvml.write_config(dataclasses.replace(inv, gpus=tuple(gpus)), tmp_path / "config")
     text = config.read_text().replace("proc 0 300", "proc SELF 300")
     code = (
@@ -187,8 +212,14 @@ def test_temperature_power_and_who_runs_a_process_come_through_the_c_abi(fake_nv
     )
     config.write_text(text)
     for fail, expect in (("", (41, 123.456, 700.0)), ("unsupported:temperature,unsupported:power", None)):
-        done = subprocess.run([sys.executable, "-c", code], env=fake_nvml.environ(fake_nvml_lib, config, fail),
-                              capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-c", code],
+            env=fake_nvml.environ(fake_nvml_lib, config, fail),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
         assert done.returncode == 0, done.stderr
         g0 = json.loads(done.stdout)["gpus"][0]
         got = (g0.get("temperature_c"), g0.get("power_w"), g0.get("power_limit_w"))

@@ -48,8 +48,14 @@ def test_an_unknown_device_is_refused(value: str) -> None:
 
 def read(lib: Path, config: Path) -> dict[str, object]:
     code = "import json; from pp_launch.adapters import nvml; print(json.dumps(nvml.read_inventory().to_json()))"
-    done = subprocess.run([sys.executable, "-c", code], env=fake_nvml.environ(lib, config), capture_output=True,
-                          text=True, timeout=60, check=True)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env=fake_nvml.environ(lib, config),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     doc: dict[str, object] = json.loads(done.stdout)
     return doc
 
@@ -78,16 +84,22 @@ def test_the_runtime_adds_the_hook_once_when_nvidia_visible_devices_is_set(tmp_p
     (bundle / "config.json").write_text(json.dumps(config))
     env = {"PATH": f"{runc}:/usr/bin:/bin"}
     for _ in range(2):
-        done = subprocess.run([str(bin_dir / fake_toolkit.RUNTIME), "--root", "/x", "create", "--bundle", str(bundle),
-                               "cid"], env=env, capture_output=True, text=True, check=True)  # fmt: skip
+        done = subprocess.run(
+            [str(bin_dir / fake_toolkit.RUNTIME), "--root", "/x", "create", "--bundle", str(bundle), "cid"],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         assert done.stdout.strip() == f"runc --root /x create --bundle {bundle} cid"
     hooks = json.loads((bundle / "config.json").read_text())["hooks"]["prestart"]
     assert hooks == [{"path": str(bin_dir / fake_toolkit.HOOK), "args": [fake_toolkit.HOOK, "prestart"]}]
 
 
 def test_the_cdi_spec_names_each_gpu_by_index_and_uuid(tmp_path: Path) -> None:
-    spec = json.loads(fake_toolkit.write_cdi_spec(tmp_path / "cdi", EIGHT, tmp_path / "lib.so", tmp_path / "parts")
-                      .read_text())  # fmt: skip
+    spec = json.loads(
+        fake_toolkit.write_cdi_spec(tmp_path / "cdi", EIGHT, tmp_path / "lib.so", tmp_path / "parts").read_text()
+    )
     assert spec["kind"] == "nvidia.com/gpu"
     names = [d["name"] for d in spec["devices"]]
     assert names == [n for g in EIGHT.gpus for n in (str(g.index), g.uuid)] + ["all"]

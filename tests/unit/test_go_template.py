@@ -9,9 +9,21 @@ import pytest
 from pp_launch.cli.go_template import Template, TemplateError, human
 from pp_launch.cli.housekeeping_cmd import PS_FIELDS
 
-ROW = {"run": "3f2a9c1d0e4b", "stage": 1, "role": "stage", "container": "pp-3f2a9c1d0e4b-1", "id": "0123456789ab",
-       "image": "pp-launch/stub-worker:latest", "gpus": ["GPU-a", "GPU-b"], "owner": "h:1:2", "owner_status": "alive",
-       "state": "running", "age_s": 7300, "uptime_s": 125, "address": None}  # fmt: skip
+ROW = {
+    "run": "3f2a9c1d0e4b",
+    "stage": 1,
+    "role": "stage",
+    "container": "pp-3f2a9c1d0e4b-1",
+    "id": "0123456789ab",
+    "image": "pp-launch/stub-worker:latest",
+    "gpus": ["GPU-a", "GPU-b"],
+    "owner": "h:1:2",
+    "owner_status": "alive",
+    "state": "running",
+    "age_s": 7300,
+    "uptime_s": 125,
+    "address": None,
+}
 
 
 def show(template: str, rows: list[dict[str, object]] | None = None) -> list[str]:
@@ -68,4 +80,11 @@ def test_what_cannot_run_is_an_error_never_printed_as_is(template: str, said: st
 
 def test_durations_in_dockers_words() -> None:
     assert [human(s) for s in (0, 1, 59, 120, 7199, 7200, 172800)] == [
-        "0 seconds", "1 second", "59 seconds", "2 minutes", "119 minutes", "2 hours", "2 days"]  # fmt: skip
+        "0 seconds",
+        "1 second",
+        "59 seconds",
+        "2 minutes",
+        "119 minutes",
+        "2 hours",
+        "2 days",
+    ]

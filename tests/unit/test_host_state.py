@@ -63,7 +63,10 @@ def test_a_corrupt_record_is_moved_aside_said_once_and_blocks_nothing(tmp_path: 
     assert record.every() == ("h1", "h2")
     assert len(said) == 2 and all("moved aside as" in s for s in said)
     assert sorted(p.name for p in (tmp_path / "s" / "hosts").iterdir()) == [
-        "aaaaaaaaaaaa.json", "bbbbbbbbbbbb.json.corrupt", "cccccccccccc.json.corrupt"]  # fmt: skip
+        "aaaaaaaaaaaa.json",
+        "bbbbbbbbbbbb.json.corrupt",
+        "cccccccccccc.json.corrupt",
+    ]
     assert record.every() == ("h1", "h2") and len(said) == 2  # said once
 
 

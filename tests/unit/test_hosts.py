@@ -33,8 +33,11 @@ EIGHT = inventory_file.load(DATA / "nvlink-8gpu.json")
 # ---------------------------------------------------------------------------------------------------- names
 def test_hosts_come_repeated_or_as_comma_lists_in_order() -> None:
     assert hosts.parse_hosts(["gpu1", "gpu2,ssh://root@10.0.0.3:22", " tcp://h:2376 "]) == (
-        "gpu1", "gpu2", "ssh://root@10.0.0.3:22", "tcp://h:2376",
-    )  # fmt: skip
+        "gpu1",
+        "gpu2",
+        "ssh://root@10.0.0.3:22",
+        "tcp://h:2376",
+    )
     assert hosts.parse_hosts([]) == ()
 
 
@@ -117,8 +120,9 @@ def test_gpus_held_on_a_host_by_labels_are_never_given_again() -> None:
     assert first_where == ["a"] * 3 + ["b"] * 2
     # the first launch's stages now exist: their labels hold its GPUs
     on_a = [{labels.RUN: "aaaaaaaaaaaa", labels.STAGE: str(k), labels.GPUS: first.stage_gpus[k][0]} for k in range(3)]
-    on_b = taken + [{labels.RUN: "aaaaaaaaaaaa", labels.STAGE: str(k), labels.GPUS: first.stage_gpus[k][0]}
-                    for k in (3, 4)]  # fmt: skip
+    on_b = taken + [
+        {labels.RUN: "aaaaaaaaaaaa", labels.STAGE: str(k), labels.GPUS: first.stage_gpus[k][0]} for k in (3, 4)
+    ]
     where, second = select([host("a", FOUR, on_a), host("b", EIGHT, on_b)], 5)
     assert where == ["b"] * 5  # a is full: its 3 free GPUs are held by the first launch
     assert not mine & {g[0] for g in second.stage_gpus}
@@ -144,8 +148,17 @@ def test_a_gpu_list_over_several_hosts_is_refused() -> None:
 
 def test_the_dry_run_shows_each_stage_host_and_host_hops() -> None:
     where, sel = select([host("a", FOUR), host("b", EIGHT)], 4, stages_per_host=2)
-    plan = build_plan(ChainRequest(stages=4), {}, "h:1:2", sel.stage_gpus, sel.device_requests, "aaaaaaaaaaaa",
-                      sel.hop_levels, sel.cost, tuple(where))  # fmt: skip
+    plan = build_plan(
+        ChainRequest(stages=4),
+        {},
+        "h:1:2",
+        sel.stage_gpus,
+        sel.device_requests,
+        "aaaaaaaaaaaa",
+        sel.hop_levels,
+        sel.cost,
+        tuple(where),
+    )
     doc = plan.to_json()
     assert doc["hosts"] == ["a", "b"]
     assert [s["host"] for s in doc["stages"]] == ["a", "a", "b", "b"]
@@ -159,8 +172,15 @@ def test_the_dry_run_shows_each_stage_host_and_host_hops() -> None:
 # ---------------------------------------------------------------------------------------------------- backend
 def across(n: int, check: Any = lambda host: None) -> tuple[ChainScope, dict[str, FakeHandoffBackend], Any]:
     where = ["a"] * (n // 2) + ["b"] * (n - n // 2)
-    plan = build_plan(ChainRequest(stages=n, addr_timeout=5.0, grace=2.0), {}, "h:1:2", [()] * n, [()] * n,
-                      "abcdef012345", stage_hosts=tuple(where))  # fmt: skip
+    plan = build_plan(
+        ChainRequest(stages=n, addr_timeout=5.0, grace=2.0),
+        {},
+        "h:1:2",
+        [()] * n,
+        [()] * n,
+        "abcdef012345",
+        stage_hosts=tuple(where),
+    )
     clock = FakeClock()
     inbox = FakeInbox(clock)
     fakes = {"a": FakeHandoffBackend(inbox=inbox), "b": FakeHandoffBackend(inbox=inbox)}

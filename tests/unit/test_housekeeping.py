@@ -21,8 +21,9 @@ GUARD_IMAGE_ID = "sha256:" + "9" * 64
 class FakeEngine:
     """The engine's answers at the I/O boundary: containers by label, inspect, a container's log lines, image ids."""
 
-    def __init__(self, *containers: ContainerInfo, logs: dict[str, list[str]] | None = None,
-                 images: dict[str, str] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, *containers: ContainerInfo, logs: dict[str, list[str]] | None = None, images: dict[str, str] | None = None
+    ) -> None:
         self.items = list(containers)
         self.logs = logs or {}
         self.images = images or {}  # container id -> its image id (a guard's is GUARD_IMAGE_ID)

@@ -20,8 +20,12 @@ import pytest
 PKG = Path(__file__).resolve().parents[2] / "launcher" / "pp_launch"
 FLOORS = {"core": 0, "adapters": 1, "app": 2, "testing": 2, "cli": 3}
 FOREIGN = {"docker", "requests", "pynvml", "click", "rich", "ray"}
-ONLY = {"docker": {"adapters.docker_engine"}, "requests": {"adapters.docker_engine"}, "pynvml": {"adapters.nvml"},
-        "ray": {"adapters.ray_cluster"}}  # fmt: skip
+ONLY = {
+    "docker": {"adapters.docker_engine"},
+    "requests": {"adapters.docker_engine"},
+    "pynvml": {"adapters.nvml"},
+    "ray": {"adapters.ray_cluster"},
+}
 
 
 # What the core may not import: I/O, clocks, threads, randomness.

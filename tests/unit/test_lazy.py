@@ -57,10 +57,12 @@ def test_a_submodule_is_deferred_with_its_package_and_runs_on_first_use() -> Non
 
 
 def test_the_docker_adapter_leaves_docker_py_and_requests_unloaded_until_needed() -> None:
-    code = ("import sys, pp_launch.adapters.docker_engine as d\n"
-            "print(sorted(type(sys.modules[m]).__name__ for m in ('docker', 'docker.errors', 'requests')))\n"
-            "print(d.REFUSED.NotFound)\n"
-            "print(d.docker.errors.NotFound in d.REFUSED.NotFound)")  # fmt: skip
+    code = (
+        "import sys, pp_launch.adapters.docker_engine as d\n"
+        "print(sorted(type(sys.modules[m]).__name__ for m in ('docker', 'docker.errors', 'requests')))\n"
+        "print(d.REFUSED.NotFound)\n"
+        "print(d.docker.errors.NotFound in d.REFUSED.NotFound)"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     deferred, before, after = done.stdout.strip().splitlines()
     assert deferred == "['Deferred', 'Deferred', 'Deferred']"

@@ -49,8 +49,12 @@ class FakeLockEngine:
 
 def lock(status: str, ours: bool = True, created: str = "2026-12-03T11:00:00Z") -> dict[str, Any]:
     lab = {labels.RUN: "ffffffffffff", labels.STAGE: "lock", labels.OWNER: "otherbox:1:1"} if ours else {}
-    return {"Id": "held" * 16, "Created": created, "State": {"Running": status == "running", "Status": status},
-            "Config": {"Labels": lab}}  # fmt: skip
+    return {
+        "Id": "held" * 16,
+        "Created": created,
+        "State": {"Running": status == "running", "Status": status},
+        "Config": {"Labels": lab},
+    }
 
 
 def take(engine: FakeLockEngine, timeout: float = 0.5, stop: Any = lambda: None) -> tuple[locks.GpuLocks, list[str]]:

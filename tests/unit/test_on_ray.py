@@ -37,12 +37,18 @@ def test_pack_fills_the_node_with_the_most_free_gpus_first() -> None:
 
 def test_spread_shares_the_stages_over_every_node_in_name_order() -> None:
     assert blocks(request(5, placement="spread"), [node("a", 4), node("b", 4), node("c", 4)]) == [
-        ("a", 2), ("b", 2), ("c", 1)]  # fmt: skip
+        ("a", 2),
+        ("b", 2),
+        ("c", 1),
+    ]
 
 
 def test_stages_per_host() -> None:
     assert blocks(request(5, stages_per_host=2), [node("a", 4), node("b", 4), node("c", 4)]) == [
-        ("a", 2), ("b", 2), ("c", 1)]  # fmt: skip
+        ("a", 2),
+        ("b", 2),
+        ("c", 1),
+    ]
 
 
 def test_nodes_without_gpus_take_no_gpu_stage_and_cpu_stages_go_anywhere_with_cpus() -> None:

@@ -18,8 +18,11 @@ def test_lines_are_kept_per_stage_and_read_back_in_stage_order(tmp_path: Path) -
     log.line(1, "stdout", "two ünïcode")
     log.close()
     kept = run_logs.read("r1", tmp_path)
-    assert [(k.stage, k.stream, k.text) for k in kept] == [(0, "stderr", "zero"), (1, "stdout", "one"),
-                                                           (1, "stdout", "two ünïcode")]  # fmt: skip
+    assert [(k.stage, k.stream, k.text) for k in kept] == [
+        (0, "stderr", "zero"),
+        (1, "stdout", "one"),
+        (1, "stdout", "two ünïcode"),
+    ]
     assert all(k.time.endswith("Z") for k in kept)
     assert run_logs.kept_runs(tmp_path) == ["r1"]
     assert os.stat(tmp_path / "logs" / "r1" / "stage-0.log").st_mode & 0o777 == 0o600

@@ -484,8 +484,11 @@ SAMPLE_INPUTS: dict[type, c.Input] = {
 }
 
 
-@pytest.mark.parametrize(("state", "kind"), sorted(c.TRANSITIONS, key=lambda k: (k[0].value, k[1].__name__)),
-                         ids=lambda v: getattr(v, "value", getattr(v, "__name__", str(v))))  # fmt: skip
+@pytest.mark.parametrize(
+    ("state", "kind"),
+    sorted(c.TRANSITIONS, key=lambda k: (k[0].value, k[1].__name__)),
+    ids=lambda v: getattr(v, "value", getattr(v, "__name__", str(v))),
+)
 def test_every_row_moves_only_where_the_table_says_or_leaves_the_state_as_it_was(state: c.State, kind: type) -> None:
     x = in_state(state)
     before = dataclasses.replace(x, rings=set(x.rings))

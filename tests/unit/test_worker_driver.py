@@ -137,8 +137,15 @@ def test_a_dead_worker_ends_the_step_at_once_with_its_status_and_last_stderr_lin
 def test_the_json_report_is_one_document() -> None:
     fake = FakeWorkerEngine()
     out: list[str] = []
-    assert not worker_check.check(fake, "stub", {"STUB_WORKER_MISBEHAVE": "payload-bytes"}, out.append,  # type: ignore[arg-type]
-                                  backend=fake, timeout=2.0, as_json=True)  # fmt: skip
+    assert not worker_check.check(
+        fake,
+        "stub",
+        {"STUB_WORKER_MISBEHAVE": "payload-bytes"},
+        out.append,  # type: ignore[arg-type]
+        backend=fake,
+        timeout=2.0,
+        as_json=True,
+    )
     assert len(out) == 1
     doc = json.loads(out[0])
     assert (doc["conformant"], doc["passed"], doc["total"]) == (False, 6, 12)
@@ -177,8 +184,15 @@ def test_the_golden_exchange_in_the_wire_doc_is_what_the_check_prints() -> None:
     block = DOCS.read_text().split("<!-- golden: worker check --trace -->\n```text\n", 1)[1].split("\n```", 1)[0]
     fake = FakeWorkerEngine()
     trace: list[str] = []
-    ok = worker_check.check(fake, SWACTOR_LIKE, {}, lambda line: None, backend=fake, timeout=2.0,  # type: ignore[arg-type]
-                            trace=trace.append)  # fmt: skip
+    ok = worker_check.check(
+        fake,
+        SWACTOR_LIKE,
+        {},
+        lambda line: None,
+        backend=fake,
+        timeout=2.0,  # type: ignore[arg-type]
+        trace=trace.append,
+    )
     assert ok
     assert golden("\n".join(trace)) == golden(block)
     assert any('> {"type":"ExecuteStep"' in line and '"port_id":"output","extent":4' in line for line in trace)

@@ -44,9 +44,11 @@ def test_an_earlier_wire_48_byte_header_is_named_as_such() -> None:
 
 @pytest.mark.parametrize(
     ("mangle", "reason"),
-    [(lambda d: d.__setitem__(slice(0, 4), b"XXXX"), "InvalidObjectHeader"),
-     (lambda d: struct.pack_into("<Q", d, 24, 10_000), "ObjectExtentInvalid")],
-)  # fmt: skip
+    [
+        (lambda d: d.__setitem__(slice(0, 4), b"XXXX"), "InvalidObjectHeader"),
+        (lambda d: struct.pack_into("<Q", d, 24, 10_000), "ObjectExtentInvalid"),
+    ],
+)
 def test_a_broken_record_is_refused_with_a_reason(mangle, reason: str) -> None:  # type: ignore[no-untyped-def]
     data = bytearray(record.ObjectRecord.of_words(1, 0, [5]).encode())
     mangle(data)
@@ -57,8 +59,14 @@ def test_a_broken_record_is_refused_with_a_reason(mangle, reason: str) -> None: 
 
 def test_rings_are_a_128_byte_header_then_4096_bytes_aligned_as_swactor_lays_them_out() -> None:
     ingress, egress = record.ring_layouts([1, 2])
-    assert ingress.to_wire() == {"ring_id": 1, "arena_offset": 0, "header_offset": 0, "data_offset": 128,
-                                 "data_capacity": 4096, "alignment": 64}  # fmt: skip
+    assert ingress.to_wire() == {
+        "ring_id": 1,
+        "arena_offset": 0,
+        "header_offset": 0,
+        "data_offset": 128,
+        "data_capacity": 4096,
+        "alignment": 64,
+    }
     assert (egress.arena_offset, egress.data_offset) == (4224, 4352) and egress.end <= record.ARENA_BYTES
     odd = record.ring_layouts([5, 6], data_bytes=100, base=3)
     assert [r.arena_offset for r in odd] == [64, 320] and all(r.arena_offset % 64 == 0 for r in odd)

@@ -74,8 +74,9 @@ def removal_wait(api: Any, ref: str) -> Any:
     own = getattr(api, "wait_for_removal", None)  # SocketApi's; docker-py has no public call for it
     if own is not None:
         return own(ref)
-    response = api.post(api._url("/containers/{0}/wait", ref), params={"condition": "removed"}, stream=True,
-                        timeout=None)  # fmt: skip
+    response = api.post(
+        api._url("/containers/{0}/wait", ref), params={"condition": "removed"}, stream=True, timeout=None
+    )
     api._raise_for_status(response)
     return response
 
@@ -354,9 +355,13 @@ class Engine:
     """Thin, typed wrapper over docker-py's low-level API (or SocketApi, which answers as it does)."""
 
     def __init__(
-        self, api: Any, close: Callable[[], None], timeout: float = 30.0, host: str | None = None,
+        self,
+        api: Any,
+        close: Callable[[], None],
+        timeout: float = 30.0,
+        host: str | None = None,
         url: str | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self._close = close
         self.timeout = timeout
         self.host = host  # as the user named it (--host); None: DOCKER_HOST or the default socket
@@ -483,10 +488,16 @@ class Engine:
             raise errors.EngineError(f"the engine at {self.address} refused {name}: {_reason(exc)}") from None
 
     def hold(
-        self, name: str | None, image: str, labels: Mapping[str, str], entrypoint: Sequence[str] = ("cat",),
-        binds: Mapping[str, str] | None = None, env: Mapping[str, str] | None = None, ready: bool = False,
+        self,
+        name: str | None,
+        image: str,
+        labels: Mapping[str, str],
+        entrypoint: Sequence[str] = ("cat",),
+        binds: Mapping[str, str] | None = None,
+        env: Mapping[str, str] | None = None,
+        ready: bool = False,
         created: Callable[[str], None] | None = None,
-    ) -> Held | None:  # fmt: skip
+    ) -> Held | None:
         """A running container held by this process alone (a GPU lock, a run's guard): tini as init, auto-remove,
         no network, its stdin ours alone. When this process ends, however it ends, the kernel closes the attach and
         the engine closes the container's stdin: the container sees it end. It counts as held only once the
@@ -495,13 +506,20 @@ class Engine:
         line); it writes nothing more there. created: told the engine's id before the container starts (a record
         that outlives this process: until it starts, nothing ends the container when this process dies)."""
         host_config = engine_api.host_config(
-            init=True, auto_remove=True, network_mode="none",
+            init=True,
+            auto_remove=True,
+            network_mode="none",
             binds={h: {"bind": c, "mode": "rw"} for h, c in (binds or {}).items()} or None,
-        )  # fmt: skip
+        )
         config = engine_api.container_config(
-            image=image, command=None, entrypoint=list(entrypoint), labels=dict(labels), host_config=host_config,
-            stdin_open=True, environment=dict(env or {}),
-        )  # fmt: skip
+            image=image,
+            command=None,
+            entrypoint=list(entrypoint),
+            labels=dict(labels),
+            host_config=host_config,
+            stdin_open=True,
+            environment=dict(env or {}),
+        )
         config["StdinOnce"] = True
         try:
             ref = str(self.api.create_container_from_config(config, name)["Id"])
@@ -525,8 +543,9 @@ class Engine:
     def _start_held(self, ref: str, name: str | None, image: str, ready: bool) -> Held:
         """Attach (stdin; stdout too when it says `ready`), start, and hold only what the engine says runs."""
         try:
-            sock = self.api.attach_socket(ref, params={"stdin": 1, "stdout": 1, "stream": 1} if ready else
-                                          {"stdin": 1, "stream": 1})  # fmt: skip
+            sock = self.api.attach_socket(
+                ref, params={"stdin": 1, "stdout": 1, "stream": 1} if ready else {"stdin": 1, "stream": 1}
+            )
             raw = raw_socket(sock)
             self.api.start(ref)
             said = _first_line(raw, READY_PATIENCE) if ready else b"ready"
@@ -569,15 +588,27 @@ class Engine:
             return None
 
     def log_lines(
-        self, ref: str, follow: bool = False, since: int | None = None, tail: int | None = None,
+        self,
+        ref: str,
+        follow: bool = False,
+        since: int | None = None,
+        tail: int | None = None,
         timestamps: bool = False,
-    ) -> Iterator[bytes]:  # fmt: skip
+    ) -> Iterator[bytes]:
         """The container's output (stdout and stderr, as the engine kept it), line by line; with follow, until
         the container is gone. Nothing when it is gone already. tail: only the last lines; timestamps: each line
         starts with the engine's time (RFC 3339) and a space, as docker logs -t."""
         try:
-            stream = self.api.logs(ref, stream=True, follow=follow, since=since, stdout=True, stderr=True,
-                                   tail="all" if tail is None else tail, timestamps=timestamps)  # fmt: skip
+            stream = self.api.logs(
+                ref,
+                stream=True,
+                follow=follow,
+                since=since,
+                stdout=True,
+                stderr=True,
+                tail="all" if tail is None else tail,
+                timestamps=timestamps,
+            )
         except REFUSED.NotFound:
             return
         except REFUSED.APIError as exc:
@@ -627,9 +658,13 @@ class Engine:
         if device_requests:
             host_config["DeviceRequests"] = [dict(r) for r in device_requests]
         config = engine_api.container_config(
-            image=image, command=None, entrypoint=argv, environment=dict(env), labels=dict(labels),
+            image=image,
+            command=None,
+            entrypoint=argv,
+            environment=dict(env),
+            labels=dict(labels),
             host_config=host_config,
-        )  # fmt: skip
+        )
         try:
             return str(self.api.create_container_from_config(config, None)["Id"])
         except REFUSED.ImageNotFound:

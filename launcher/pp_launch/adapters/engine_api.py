@@ -26,8 +26,12 @@ from urllib.parse import quote, urlencode
 
 MAX_HEAD = 64 * 1024  # an attach answer's status line and headers
 # docker-py's test for an ImageNotFound among the 404s (docker/errors.py)
-_IMAGE_NOT_FOUND = ("no such image", "not found: does not exist or no pull access", "repository does not exist",
-                    "was found but does not match the specified platform")  # fmt: skip
+_IMAGE_NOT_FOUND = (
+    "no such image",
+    "not found: does not exist or no pull access",
+    "repository does not exist",
+    "was found but does not match the specified platform",
+)
 
 
 class APIError(Exception):
@@ -201,8 +205,9 @@ class SocketApi:
         that what answers is a Docker engine."""
         version = _shaped(self._json("GET", "/version", versioned=False), dict, "/version").get("ApiVersion")
         if not isinstance(version, str) or not version.replace(".", "").isdigit():
-            raise NotAnEngine(f"the socket at {self.path} answered /version without an API version: not a Docker "
-                              "engine")  # fmt: skip
+            raise NotAnEngine(
+                f"the socket at {self.path} answered /version without an API version: not a Docker engine"
+            )
         self.api_version = version
         self._prefix = f"/v{self.api_version}"
 
@@ -225,23 +230,27 @@ class SocketApi:
             raise
         return connection, response
 
-    def _call(self, method: str, path: str, params: Mapping[str, Any] | None = None, body: Any = None,
-              versioned: bool = True) -> bytes:  # fmt: skip
+    def _call(
+        self, method: str, path: str, params: Mapping[str, Any] | None = None, body: Any = None, versioned: bool = True
+    ) -> bytes:
         connection, response = self._send(method, self._url(path, params, versioned), body, self.timeout)
         try:
             return bytes(response.read())
         finally:
             connection.close()
 
-    def _json(self, method: str, path: str, params: Mapping[str, Any] | None = None, body: Any = None,
-              versioned: bool = True) -> Any:  # fmt: skip
+    def _json(
+        self, method: str, path: str, params: Mapping[str, Any] | None = None, body: Any = None, versioned: bool = True
+    ) -> Any:
         data = self._call(method, path, params, body, versioned)
         try:
             return json.loads(data) if data.strip() else None
         except ValueError:
             shown = data[:60].decode("utf-8", "replace").replace("\n", " ")
-            raise NotAnEngine(f"the socket at {self.path} answered {path} with something that is not JSON "
-                              f"({shown!r}): not a Docker engine") from None  # fmt: skip
+            raise NotAnEngine(
+                f"the socket at {self.path} answered {path} with something that is not JSON "
+                f"({shown!r}): not a Docker engine"
+            ) from None
 
     def __getattr__(self, name: str) -> Any:
         """What this client does not do: docker-py's APIClient does it, made on first use."""
@@ -303,8 +312,10 @@ class SocketApi:
         url = self._url(f"/containers/{_q(container)}/attach", params)
         sock = _unix_socket(self.path, self.timeout)
         try:
-            sock.sendall(f"POST {url} HTTP/1.1\r\nHost: docker\r\nConnection: Upgrade\r\nUpgrade: tcp\r\n"
-                         "Content-Length: 0\r\n\r\n".encode())  # fmt: skip
+            sock.sendall(
+                f"POST {url} HTTP/1.1\r\nHost: docker\r\nConnection: Upgrade\r\nUpgrade: tcp\r\n"
+                "Content-Length: 0\r\n\r\n".encode()
+            )
             status, reason, length = _head(sock)
             if status >= 400:
                 raise refusal(status, reason, url, _body(sock, length))
@@ -329,8 +340,10 @@ def _shaped(value: Any, kind: type, what: str) -> Any:
     """An answer of the shape the call has (an object, a list), else NotAnEngine naming the call."""
     if not isinstance(value, kind):
         shape = "an object" if kind is dict else "a list"
-        raise NotAnEngine(f"the engine answered {what} with {type(value).__name__} where {shape} belongs: not a Docker "
-                          "engine, or one that is broken")  # fmt: skip
+        raise NotAnEngine(
+            f"the engine answered {what} with {type(value).__name__} where {shape} belongs: not a Docker "
+            "engine, or one that is broken"
+        )
     return value
 
 

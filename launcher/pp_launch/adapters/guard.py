@@ -68,9 +68,13 @@ class RunGuard:
     """The launcher's end of one engine's guard, and of the local watchdog that keeps the same record."""
 
     def __init__(
-        self, engine: Engine, held: Held, keeper: subprocess.Popen[bytes] | None, run_id: str = "",
+        self,
+        engine: Engine,
+        held: Held,
+        keeper: subprocess.Popen[bytes] | None,
+        run_id: str = "",
         ids: host_state.RunIds | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.engine, self.held, self.keeper, self.run_id, self.ids = engine, held, keeper, run_id, ids
         self._lock = threading.Lock()  # creates run on several threads at once: one line at a time
         self.owned: list[str] = []
@@ -121,11 +125,19 @@ class RunGuard:
 
         try:
             held = engine.hold(
-                name, GUARD_IMAGE, guard_labels(run_id, owner), ENTRY, binds={socket_path(engine): INSIDE},
-                env={"PP_GUARD_GRACE": f"{grace:g}", "PP_GUARD_HEARTBEAT": f"{beat:g}",
-                     "PP_GUARD_ENGINE": engine.identity()[0]},
-                ready=True, created=created,
-            )  # fmt: skip
+                name,
+                GUARD_IMAGE,
+                guard_labels(run_id, owner),
+                ENTRY,
+                binds={socket_path(engine): INSIDE},
+                env={
+                    "PP_GUARD_GRACE": f"{grace:g}",
+                    "PP_GUARD_HEARTBEAT": f"{beat:g}",
+                    "PP_GUARD_ENGINE": engine.identity()[0],
+                },
+                ready=True,
+                created=created,
+            )
         except BaseException:
             _close(keeper)
             raise
@@ -264,9 +276,10 @@ def records(engine: Engine, run: str | None = None) -> list[GuardRecord]:
     if ours is None:
         return []
     found = [
-        c for c in engine.containers([*labels.run_selector(run), f"{labels.STAGE}={labels.STAGE_GUARD}"])
+        c
+        for c in engine.containers([*labels.run_selector(run), f"{labels.STAGE}={labels.STAGE_GUARD}"])
         if c.state == "running"
-    ]  # fmt: skip
+    ]
     out = []
     for c in found:
         info = engine.inspect(c.id) or {}

@@ -46,8 +46,10 @@ def _fault(path: Path, exc: OSError, doing: str) -> errors.PpLaunchError:
     if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         return errors.StateUnsafe(f"cannot {doing} {path}: {exc.strerror}; {_fix(path)}")
     if exc.errno == errno.ENOSPC:
-        return errors.StateFault(f"cannot {doing} {path}: no space left on its file system; free some, or set "
-                                 f"{STATE_ENV} to a directory elsewhere")  # fmt: skip
+        return errors.StateFault(
+            f"cannot {doing} {path}: no space left on its file system; free some, or set "
+            f"{STATE_ENV} to a directory elsewhere"
+        )
     return errors.StateFault(f"cannot {doing} {path}: {exc.strerror or exc}")
 
 

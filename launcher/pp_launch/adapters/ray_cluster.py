@@ -116,8 +116,13 @@ def _init(address: str) -> None:
 
     for attempt in range(1, CLIENT_TRIES + 1):
         try:
-            ray.init(address=address, namespace=NAMESPACE, logging_level="ERROR", log_to_driver=False,
-                     configure_logging=False)  # fmt: skip
+            ray.init(
+                address=address,
+                namespace=NAMESPACE,
+                logging_level="ERROR",
+                log_to_driver=False,
+                configure_logging=False,
+            )
             return
         except ConnectionError:
             if not address.startswith("ray://") or attempt == CLIENT_TRIES:
@@ -202,15 +207,19 @@ class Cluster:
             out.append(RayNode(node_id, name, gpus, left, float(res.get("CPU", 0)), lab.get(ENGINE_LABEL, "")))
         return sorted(out, key=lambda n: n.name)
 
-    def reserve(self, run_id: str, blocks: Sequence[tuple[RayNode, int]], per_stage: int, detached: bool,
-                timeout: float) -> PlacementGroup:  # fmt: skip
+    def reserve(
+        self, run_id: str, blocks: Sequence[tuple[RayNode, int]], per_stage: int, detached: bool, timeout: float
+    ) -> PlacementGroup:
         """One placement group for the run: a bundle per block, pinned to its node. NotEnoughGpus (exit 2) when
         Ray cannot grant it within `timeout` seconds (others hold the GPUs, or a node left)."""
         bundles = [{"GPU": float(per_stage * k)} if per_stage else {"CPU": CPU_SHARE * k} for _, k in blocks]
         pg = placement_group(
-            bundles, strategy="PACK", name=f"pp-launch-{run_id}", lifetime="detached" if detached else None,
+            bundles,
+            strategy="PACK",
+            name=f"pp-launch-{run_id}",
+            lifetime="detached" if detached else None,
             bundle_label_selector=[{NODE_ID: node.node_id} for node, _ in blocks],
-        )  # fmt: skip
+        )
         if pg.wait(timeout_seconds=max(timeout, 0.1)):
             return pg
         remove_placement_group(pg)
@@ -223,8 +232,16 @@ class Cluster:
             else f"the Ray cluster did not place this run's stages within {timeout:g} s (--ray-timeout); nodes: {have}"
         )
 
-    def node_agents(self, pg: PlacementGroup, blocks: Sequence[tuple[RayNode, int]], per_stage: int, run_id: str,
-                    grace: float, image: str, detached: bool) -> list[list[StageHandle]]:  # fmt: skip
+    def node_agents(
+        self,
+        pg: PlacementGroup,
+        blocks: Sequence[tuple[RayNode, int]],
+        per_stage: int,
+        run_id: str,
+        grace: float,
+        image: str,
+        detached: bool,
+    ) -> list[list[StageHandle]]:
         """One agent per block (per node), placed in its bundle with the block's GPUs; each stage of the block gets
         its share of what Ray granted the agent, the closest ring over the node's topology (our allocator).
         ConfigError names the node when its engine does not answer, lacks the image, or the guard cannot start."""
@@ -379,8 +396,10 @@ class NodeAgent:
         if self.problem:
             return {"problem": f"its Docker engine: {self.problem}"}
         if self.engine.image_config(image) is None:
-            return {"problem": f"image {image} is not on its Docker engine ({self.engine.address}); pp-launch "
-                               "never pulls: load it there ('docker load -i FILE')"}  # fmt: skip
+            return {
+                "problem": f"image {image} is not on its Docker engine ({self.engine.address}); pp-launch "
+                "never pulls: load it there ('docker load -i FILE')"
+            }
         granted = [str(g) for g in ray.get_gpu_ids()]
         inventory = inventory_file.this_host() if granted else GpuInventory()  # the node's file, else its NVML
         uuids = []
@@ -391,8 +410,13 @@ class NodeAgent:
                 return {"problem": f"Ray granted GPU {g}, which its NVML does not list ({why})"}
             uuids.append(match[0])
         node_id = ray.get_runtime_context().get_node_id()
-        return {"gpus": uuids, "inventory": inventory.to_json(), "node_id": node_id, "engine": self.engine.address,
-                "pid": os.getpid()}  # fmt: skip
+        return {
+            "gpus": uuids,
+            "inventory": inventory.to_json(),
+            "node_id": node_id,
+            "engine": self.engine.address,
+            "pid": os.getpid(),
+        }
 
     def _labelled(self, spec: StageSpec) -> StageSpec:
         extra = {labels.OWNER: self.owner, RAY_NODE: self.node, RAY_JOB: ray.get_runtime_context().get_job_id()}
@@ -506,8 +530,11 @@ class NodeAgent:
         """For `ps --ray`: this node's containers of the run, asked by the ids its guard recorded."""
         owned = set(self.guard.owned) if self.guard is not None else set()
         found = [c for c in self.engine.containers(labels.run_selector(self.run_id)) if c.id in owned]
-        return {"node": self.node, "containers": [(c.id, c.name, c.state, dict(c.labels)) for c in found],
-                "exits": {k: (self.names.get(k, "?"), code) for k, code in self.exits.items()}}  # fmt: skip
+        return {
+            "node": self.node,
+            "containers": [(c.id, c.name, c.state, dict(c.labels)) for c in found],
+            "exits": {k: (self.names.get(k, "?"), code) for k, code in self.exits.items()},
+        }
 
     def sweep(self, grace: float) -> list[str]:
         """`down --ray`: the run's containers on this node (the ids its guard recorded) stopped (TERM, grace,
@@ -638,8 +665,14 @@ class RayStageBackend:
                 with contextlib.suppress(Exception):
                     ray.kill(h.actor, no_restart=True)  # its end closes its stages' lifelines and its guard's
                 self._gone.add(ref)
-                sink(StageGone(stage, None, f"the agent of Ray node {h.node.name} did not answer for {SILENCE:g} s "
-                                            "(frozen, or its node cut off); it was ended"))  # fmt: skip
+                sink(
+                    StageGone(
+                        stage,
+                        None,
+                        f"the agent of Ray node {h.node.name} did not answer for {SILENCE:g} s "
+                        "(frozen, or its node cut off); it was ended",
+                    )
+                )
                 return
             except Exception as exc:  # the actor died (killed, its worker or node gone): its container ends with it
                 why = _why(exc)

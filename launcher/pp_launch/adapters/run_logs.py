@@ -66,8 +66,9 @@ class RunLog:
             fd, size = self._files.get(stage) or self._open(stage)
             if size + len(data) > self.limit and size > 0:
                 os.close(fd)
-                os.replace(f"stage-{stage}.log", f"stage-{stage}.log.1", src_dir_fd=self._dir.fd,
-                           dst_dir_fd=self._dir.fd)  # fmt: skip
+                os.replace(
+                    f"stage-{stage}.log", f"stage-{stage}.log.1", src_dir_fd=self._dir.fd, dst_dir_fd=self._dir.fd
+                )
                 fd, size = self._open(stage)
             os.write(fd, data)
             self._files[stage] = (fd, size + len(data))

@@ -116,9 +116,10 @@ class WorkerDriver:
         self.inbox = QueueInbox()
         self.guard: RunGuard | None = None  # on a real engine: started with the first generation
         self.docker = (
-            self.stage_backend if self.stage_backend is not None
+            self.stage_backend
+            if self.stage_backend is not None
             else DockerStageBackend(self.engine, record=self._record, expect=self._expect)
-        )  # fmt: skip
+        )
         self.created: list[str] = []  # every generation's container id: what close() tears down
         self.ref: str | None = None
         self.arena: Arena | None = None

@@ -238,9 +238,11 @@ def _combine(blocks: list[tuple[list[int], Placement]], stages: int, attach: str
     cost = None
     if costs:
         cost = PlacementCost(
-            sum(c.within for c in costs), sum(c.hops for c in costs), all(c.exact for c in costs),
+            sum(c.within for c in costs),
+            sum(c.hops for c in costs),
+            all(c.exact for c in costs),
             sum(c.candidates for c in costs),
-        )  # fmt: skip
+        )
     shown = tuple(hops) if stages > 1 and not whole else ()
     return GpuSelection(stage_gpus, requests, shown, cost=cost)
 

@@ -233,8 +233,13 @@ def _started(info: dict[str, Any] | None) -> float | None:
     return calendar.timegm(time.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S"))
 
 
-def list_stages(engine: Engine, run: str | None = None, details: bool = False,
-                gpus: GpuInventory | None = None, host: str | None = None) -> list[dict[str, Any]]:  # fmt: skip
+def list_stages(
+    engine: Engine,
+    run: str | None = None,
+    details: bool = False,
+    gpus: GpuInventory | None = None,
+    host: str | None = None,
+) -> list[dict[str, Any]]:
     """Every stage container of every run (or of `run`). details: also each running stage's announced address
     and uptime (a look at each container); gpus: each GPU's index, memory and utilisation from that inventory."""
     now = time.time()
@@ -300,8 +305,20 @@ def render(rows: list[dict[str, Any]]) -> str:
         return "no pp-launch containers"
     hosts = any(r.get("host") for r in rows)
     restarted = any((r.get("attempt") or 1) > 1 for r in rows)  # the column shows once a run was restarted
-    header = ("run", "stage", *(("attempt",) if restarted else ()), *(("host",) if hosts else ()), "container",
-              "image", "gpus", "address", "owner", "owner is", "state", "up")  # fmt: skip
+    header = (
+        "run",
+        "stage",
+        *(("attempt",) if restarted else ()),
+        *(("host",) if hosts else ()),
+        "container",
+        "image",
+        "gpus",
+        "address",
+        "owner",
+        "owner is",
+        "state",
+        "up",
+    )
     table = [header] + [
         (
             r["run"],

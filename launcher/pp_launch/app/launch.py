@@ -347,9 +347,17 @@ def _plan(
     )
     launcher = identity.current_owner().label() if owner == labels.OWNER_DETACHED else ""
     plan = build_plan(
-        request.chain, environ, owner, selection.stage_gpus, selection.device_requests, run_id,
-        selection.hop_levels, selection.cost, tuple(stage_hosts) if request.hosts else (), launcher,
-    )  # fmt: skip
+        request.chain,
+        environ,
+        owner,
+        selection.stage_gpus,
+        selection.device_requests,
+        run_id,
+        selection.hop_levels,
+        selection.cost,
+        tuple(stage_hosts) if request.hosts else (),
+        launcher,
+    )
     return plan, selection.note
 
 
@@ -368,8 +376,7 @@ def _host_gpus(
         return [gpu_select.HostGpus("", gpu_select.load_inventory(path), held)]
     reached = _hosts(sites)
     every = gpu.inventory_path or environ.get(gpu_select.INVENTORY_ENV) or None
-    return across.host_gpus(reached, request.chain.image, gpu.attach, run_id, owner, dict(gpu.host_inventories),
-                            every)  # fmt: skip
+    return across.host_gpus(reached, request.chain.image, gpu.attach, run_id, owner, dict(gpu.host_inventories), every)
 
 
 @contextlib.contextmanager
@@ -412,11 +419,20 @@ def _backend(
     backend records every id it creates with that engine's guard."""
     if request.gpu_node is not None:
         engine = _engine(sites[0])
-        return ProcessStageBackend(request.gpu_node, plan.run_id, plan.grace,
-                                   lambda run: [c.id for c in engine.containers(labels.run_selector(run))])  # fmt: skip
+        return ProcessStageBackend(
+            request.gpu_node,
+            plan.run_id,
+            plan.grace,
+            lambda run: [c.id for c in engine.containers(labels.run_selector(run))],
+        )
     if not request.hosts:
-        return DockerStageBackend(_engine(sites[0]), expected=len(plan.stages), on_all_created=release,
-                                  record=guards[""].own, expect=guards[""].expect)  # fmt: skip
+        return DockerStageBackend(
+            _engine(sites[0]),
+            expected=len(plan.stages),
+            on_all_created=release,
+            record=guards[""].own,
+            expect=guards[""].expect,
+        )
     backends = {
         s.name: DockerStageBackend(_engine(s), record=guards[s.name].own, expect=guards[s.name].expect) for s in sites
     }

@@ -117,8 +117,10 @@ class GpuLocks:
                 continue
             who = holder(info)
             if who != said:
-                self.say(f"waiting for the GPU lock on {site.name}, held by {who} (up to {self.timeout:g} s, "
-                         f"{TIMEOUT_ENV}; Ctrl-C stops waiting)")  # fmt: skip
+                self.say(
+                    f"waiting for the GPU lock on {site.name}, held by {who} (up to {self.timeout:g} s, "
+                    f"{TIMEOUT_ENV}; Ctrl-C stops waiting)"
+                )
                 said = who
             if time.monotonic() > deadline:
                 raise errors.LockTimeout(

@@ -39,9 +39,12 @@ from pp_launch.core.stage_env import FORWARD_ENV, NODE_FORWARDED, RUN_ENV
 
 
 def run_node(
-    environ: Mapping[str, str], args: tuple[str, ...], inbox: QueueInbox, say: Callable[[str], None],
+    environ: Mapping[str, str],
+    args: tuple[str, ...],
+    inbox: QueueInbox,
+    say: Callable[[str], None],
     extra_env: tuple[tuple[str, str], ...] = (),
-) -> int:  # fmt: skip
+) -> int:
     """pp-gpu-node: one stage container in the foreground; `args` become its command, `extra_env` is set in it
     (--env-file) before what pp-gpu-node sets itself. Stop signals must already be arriving in `inbox`."""
     config = dataclasses.replace(NodeConfig.from_env(environ, args), extra_env=extra_env)
@@ -108,9 +111,13 @@ def _run_locked(
     local.ensure_dirs([m.host for m in spec.mounts])
     guard = RunGuard.start(engine, run_id, owner, config.grace)  # before the container exists: no moment uncovered
     backend = DockerStageBackend(
-        engine, split_lines=False, expected=1, on_all_created=locks.check_and_release,
-        toolkit_hint=NODE_TOOLKIT_HINT, record=guard.own,
-    )  # fmt: skip
+        engine,
+        split_lines=False,
+        expected=1,
+        on_all_created=locks.check_and_release,
+        toolkit_hint=NODE_TOOLKIT_HINT,
+        record=guard.own,
+    )
     try:
         ref = backend.create(spec, spec.env)
         streams = {"stdout": 1, "stderr": 2}
@@ -337,11 +344,16 @@ class NodeSupervisor:
                     ended.append(event)
 
         name = f"the stage container {ref[:12]}"
-        left = teardown.stop([ref], ref=lambda r: r, gone=lambda r: bool(ended), wait=wait, signum=signum,
-                             name=lambda r: name)  # fmt: skip
+        left = teardown.stop(
+            [ref], ref=lambda r: r, gone=lambda r: bool(ended), wait=wait, signum=signum, name=lambda r: name
+        )
         if left:
-            raise TeardownFailed(f"{name} was not confirmed gone within the grace and {self.kill_wait:g} s more; "
-                                 "its guard on the engine removes it", left, teardown.errors)  # fmt: skip
+            raise TeardownFailed(
+                f"{name} was not confirmed gone within the grace and {self.kill_wait:g} s more; "
+                "its guard on the engine removes it",
+                left,
+                teardown.errors,
+            )
         _exit_code(ended[0])
         return errors.exit_code_for_signal(signum)
 

@@ -73,18 +73,26 @@ def plan(request: LaunchRequest, environ: Mapping[str, str]) -> Launched:
             hops += [None] * (k - 1) + ([HOST_LEVEL] if len(blocks) > 1 else [None])
         stages = sum(k for _, k in blocks)
         built = build_plan(
-            request.chain, environ, owner, [()] * stages, [device_requests((), request.gpu.attach)] * stages, run_id,
-            tuple(hops) if per_stage and stages > 1 else (), None, tuple(n.name for n, k in blocks for _ in range(k)),
+            request.chain,
+            environ,
+            owner,
+            [()] * stages,
+            [device_requests((), request.gpu.attach)] * stages,
+            run_id,
+            tuple(hops) if per_stage and stages > 1 else (),
+            None,
+            tuple(n.name for n, k in blocks for _ in range(k)),
             identity.current_owner().label() if owner == labels.OWNER_DETACHED else "",
-        )  # fmt: skip
+        )
         free = "; ".join(f"{n.name}: {n.free_gpus} of {count(n.gpus, 'GPU')} free" for n in nodes)
         wanted = "; ".join(f"{n.name}: {count(k * per_stage, 'GPU')}" for n, k in blocks) if per_stage else ""
         fits = all(n.free_gpus >= k * per_stage for n, k in blocks)
         note = (
             f"nothing reserved: Ray grants the GPUs at launch ({wanted}), which ones is its choice; the cluster now: "
             f"{free}" + ("" if fits else f"; not free now: a launch would wait up to {request.ray_timeout:g} s")
-            if per_stage else "nothing reserved: CPU stages"
-        )  # fmt: skip
+            if per_stage
+            else "nothing reserved: CPU stages"
+        )
         return Launched(built, note)
     finally:
         cluster.close()
@@ -106,27 +114,41 @@ class _Placed:
         per_stage = 0 if mode == "none" else per_stage
         blocks = _blocks(request, self.cluster.nodes(), per_stage)
         asked = [count(k * per_stage, "GPU") if per_stage else count(k, "CPU stage") for _, k in blocks]
-        say(f"run {run_id}: asking the Ray cluster at {request.ray} for "
-            + "; ".join(f"{node.name}: {a}" for (node, _), a in zip(blocks, asked, strict=True)))  # fmt: skip
+        say(
+            f"run {run_id}: asking the Ray cluster at {request.ray} for "
+            + "; ".join(f"{node.name}: {a}" for (node, _), a in zip(blocks, asked, strict=True))
+        )
         self.pg = self.cluster.reserve(run_id, blocks, per_stage, request.detach, request.ray_timeout)
-        rows = self.cluster.node_agents(self.pg, blocks, per_stage, run_id, request.chain.grace,
-                                        request.chain.image, request.detach)  # fmt: skip
+        rows = self.cluster.node_agents(
+            self.pg, blocks, per_stage, run_id, request.chain.grace, request.chain.image, request.detach
+        )
         self.handles, hops = _order(rows, per_stage)
         stage_gpus = [h.gpus for h in self.handles]
         launcher = identity.current_owner().label() if owner == labels.OWNER_DETACHED else ""
         return build_plan(
-            request.chain, environ, owner, stage_gpus, [device_requests(g, request.gpu.attach) for g in stage_gpus],
-            run_id, hops, None, tuple(h.node.name for h in self.handles), launcher,
-        )  # fmt: skip
+            request.chain,
+            environ,
+            owner,
+            stage_gpus,
+            [device_requests(g, request.gpu.attach) for g in stage_gpus],
+            run_id,
+            hops,
+            None,
+            tuple(h.node.name for h in self.handles),
+            launcher,
+        )
 
     def release(self) -> None:
         self.cluster.release(self.pg, self.handles, self.run_id)
 
 
 def _run(
-    request: LaunchRequest, plan: ChainPlan, handles: Sequence[ray_cluster.StageHandle], hooks: Hooks,
+    request: LaunchRequest,
+    plan: ChainPlan,
+    handles: Sequence[ray_cluster.StageHandle],
+    hooks: Hooks,
     cluster: ray_cluster.Cluster,
-) -> tuple[ChainOutcome, Mapping[str, str], str]:  # fmt: skip
+) -> tuple[ChainOutcome, Mapping[str, str], str]:
     """The scope over the node agents, with our own watch on the head: when it is lost the chain is stopped (and
     torn down through the agents, which answer without it) before Ray ends this process. (outcome, nodes lost,
     why the head was lost or "")."""
@@ -156,8 +178,10 @@ def _blocks(
     usable = [n for n in nodes if (n.gpus if per_stage else n.cpus) > 0]
     if not usable:
         what = "GPUs" if per_stage else "CPUs"
-        raise errors.NotEnoughGpus(f"the Ray cluster at {request.ray} has no live node with {what} "
-                                   f"(nodes: {', '.join(n.name for n in nodes) or 'none'})")  # fmt: skip
+        raise errors.NotEnoughGpus(
+            f"the Ray cluster at {request.ray} has no live node with {what} "
+            f"(nodes: {', '.join(n.name for n in nodes) or 'none'})"
+        )
     if request.placement == "pack":
         usable = sorted(usable, key=lambda n: (-n.free_gpus, n.name))
     names = [n.name for n in usable]
@@ -209,8 +233,10 @@ def _with_lost_nodes(outcome: ChainOutcome, run: str, lost: Mapping[str, str]) -
     if not lost:
         return outcome
     said = "; ".join(f"Ray node {node} was lost ({why})" for node, why in lost.items())
-    message = (f"{outcome.message}; {said}: its stages' lifelines ended with their actors; if that node comes back "
-               f"with containers of run {run}, 'pp-launch gc' there removes them")  # fmt: skip
+    message = (
+        f"{outcome.message}; {said}: its stages' lifelines ended with their actors; if that node comes back "
+        f"with containers of run {run}, 'pp-launch gc' there removes them"
+    )
     return dataclasses.replace(outcome, exit_code=errors.EXIT_FAILURE, message=message)
 
 
@@ -219,8 +245,10 @@ def _with_lost_head(outcome: ChainOutcome, why: str) -> ChainOutcome:
     if not why or outcome.reason != "signal":
         return outcome
     left = f" ({outcome.message})" if outcome.orphans else ""
-    message = (f"{why}: the chain was stopped and torn down through its node agents{left}; if the head comes back, "
-               "'pp-launch gc --ray' releases what Ray still holds for the run")  # fmt: skip
+    message = (
+        f"{why}: the chain was stopped and torn down through its node agents{left}; if the head comes back, "
+        "'pp-launch gc --ray' releases what Ray still holds for the run"
+    )
     return dataclasses.replace(outcome, exit_code=errors.EXIT_FAILURE, message=message)
 
 
@@ -237,11 +265,19 @@ def runs(address: str, run: str | None = None) -> list[dict[str, Any]]:
             for answer in ray_cluster.run_status(found[run_id]):
                 for ref, name, state, tags in answer["containers"]:
                     gpus = [g for g in tags.get(labels.GPUS, "").split(",") if g]
-                    rows.append({
-                        "run": run_id, "stage": labels.ascii_int(tags.get(labels.STAGE, "")), "role": "stage",
-                        "container": name, "id": ref[:12], "gpus": gpus, "owner": tags.get(labels.OWNER, ""),
-                        "state": state, "host": answer["node"],
-                    })  # fmt: skip
+                    rows.append(
+                        {
+                            "run": run_id,
+                            "stage": labels.ascii_int(tags.get(labels.STAGE, "")),
+                            "role": "stage",
+                            "container": name,
+                            "id": ref[:12],
+                            "gpus": gpus,
+                            "owner": tags.get(labels.OWNER, ""),
+                            "state": state,
+                            "host": answer["node"],
+                        }
+                    )
         return rows
     finally:
         cluster.close()
@@ -260,9 +296,12 @@ def down(address: str, run: str, grace: float) -> tuple[str, list[str]]:
 
 
 def logs(
-    address: str, run: str, lines: int, follow: Callable[[list[tuple[int, str, str]]], None] | None = None,
+    address: str,
+    run: str,
+    lines: int,
+    follow: Callable[[list[tuple[int, str, str]]], None] | None = None,
     every: float = 0.5,
-) -> tuple[str, list[tuple[int, str, str]]]:  # fmt: skip
+) -> tuple[str, list[tuple[int, str, str]]]:
     """`logs --ray RUN`: each stage's last lines as its node's agent kept them (stage, stream, text), in stage
     order. follow: given those, then every new line as it comes (every `every` s), until every stage of the run
     is gone (`logs -f`); the agents number their lines, so nothing is shown twice."""
@@ -315,7 +354,7 @@ def gc(address: str, dry_run: bool = False) -> list[str]:
 
 def wait_gone(
     address: str, run: str, timeout: float | None, every: float = 1.0
-) -> tuple[str, int, dict[int, tuple[str, int | None]]]:  # fmt: skip
+) -> tuple[str, int, dict[int, tuple[str, int | None]]]:
     """`wait --ray RUN`: until no container of the run is left on any node, or `timeout` seconds passed;
     (run id, how many are left, each ended stage's container name and exit code as its node's agent saw it)."""
     import time

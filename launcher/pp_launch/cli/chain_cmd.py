@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from pp_launch.app import gpus as gpu_select
-from pp_launch.app.launch import GpuOptions, Hooks, Launched, LaunchRequest, launch, plan_launch
+from pp_launch.app.launch import Hooks, Launched, LaunchRequest, launch, plan_launch
 from pp_launch.cli import signals, streams
 from pp_launch.cli.main import main
 from pp_launch.cli.options import Seconds, gpu_options, host_options, restart_options, stage_options, swactor_options
@@ -67,8 +67,9 @@ def load_chain_file(ctx: click.Context, param: click.Parameter, value: str | Non
         key = keys.get(raw_key.replace("_", "-"))
         where = f"chain file {value}, line {_line_of(text, raw_key)}: {raw_key}"
         if key is None:
-            raise errors.ConfigError(f"{where}: unknown key{_did_you_mean(raw_key, keys)}; "
-                                     f"keys: {', '.join(sorted(keys))}")  # fmt: skip
+            raise errors.ConfigError(
+                f"{where}: unknown key{_did_you_mean(raw_key, keys)}; keys: {', '.join(sorted(keys))}"
+            )
         defaults[key] = (
             _env_value(item, where) if key in ("env", "stage_env") else _checked(ctx, options[key], item, where)
         )
@@ -250,34 +251,7 @@ def _checked(ctx: click.Context, option: click.Option, item: object, where: str)
     "creating its container directly.",
 )
 @click.pass_context
-def chain(
-    ctx: click.Context,
-    stages: int,
-    image: str,
-    gpu: GpuOptions,
-    seed: tuple[tuple[str, str], ...],
-    entrypoint: str | None,
-    network: str,
-    name_prefix: str | None,
-    env: tuple[tuple[str, str], ...],
-    stage_env: tuple[tuple[int, str, str], ...],
-    addr_timeout: float,
-    grace: float,
-    handoff: str,
-    bring_up: str,
-    restarts: dict[str, Any],
-    host_names: tuple[str, ...],
-    placement: str,
-    stages_per_host: int | None,
-    ray_address: str | None,
-    ray_timeout: float,
-    as_json: bool,
-    dry_run: bool,
-    detach: bool,
-    sweep: bool,
-    log_dir: str | None,
-    gpu_node: str | None,
-) -> None:
+def chain(ctx: click.Context, /, **options: Any) -> None:
     """Start STAGES stages at once and supervise them until they end.
 
     Each stage is a container with tini as init and daemon-side auto-remove; all are created and started
@@ -294,22 +268,45 @@ def chain(
       pp-launch chain --stages 8 --ray 10.0.0.1:6379 --gpus-per-stage 2      (a Ray cluster)
       pp-launch chain --stages 4 --max-restarts 3 --restart-backoff 2       (recover from failures)
     """
-    verbosity = ctx.obj["verbosity"]
-    chain_request = ChainRequest(
-        stages=stages, image=image, network=network, name_prefix=name_prefix, env=seed + env, stage_env=stage_env,
-        addr_timeout=addr_timeout, grace=grace, entrypoint=(entrypoint,) if entrypoint else None, handoff=handoff,
-        parallel=bring_up == "parallel",
-        lifeline=True,  # a detached run is its launcher's until it is up, then its guards' (adapters/guard.py)
-    )  # fmt: skip
-    del sweep  # no effect (its help says why)
-    request = LaunchRequest(chain_request, gpu, host_names, placement, stages_per_host, detach, gpu_node,
-                            log_dir=log_dir, ray=ray_address, ray_timeout=ray_timeout, **restarts)  # fmt: skip
-    if ray_address is not None:
+    verbosity, o = ctx.obj["verbosity"], options
+    request = _request(o)
+    if o["ray_address"] is not None:
         streams.set_aside_ray_output(verbosity)  # Ray's own lines only with -v
-    if dry_run:
-        _print_plan(plan_launch(request), as_json, gpu.inventory_path)
+    if o["dry_run"]:
+        _print_plan(plan_launch(request), o["as_json"], request.gpu.inventory_path)
         return
-    _run(request, verbosity, as_json)
+    _run(request, verbosity, o["as_json"])
+
+
+def _request(o: dict[str, Any]) -> LaunchRequest:
+    """The launch the options ask for (each option's name as Click gives it; `sweep` has no effect, see its help)."""
+    chain_request = ChainRequest(
+        stages=o["stages"],
+        image=o["image"],
+        network=o["network"],
+        name_prefix=o["name_prefix"],
+        env=o["seed"] + o["env"],
+        stage_env=o["stage_env"],
+        addr_timeout=o["addr_timeout"],
+        grace=o["grace"],
+        entrypoint=(o["entrypoint"],) if o["entrypoint"] else None,
+        handoff=o["handoff"],
+        parallel=o["bring_up"] == "parallel",
+        lifeline=True,  # a detached run is its launcher's until it is up, then its guards' (adapters/guard.py)
+    )
+    return LaunchRequest(
+        chain_request,
+        o["gpu"],
+        o["host_names"],
+        o["placement"],
+        o["stages_per_host"],
+        o["detach"],
+        o["gpu_node"],
+        log_dir=o["log_dir"],
+        ray=o["ray_address"],
+        ray_timeout=o["ray_timeout"],
+        **o["restarts"],
+    )
 
 
 def _run(request: LaunchRequest, verbosity: int, as_json: bool) -> None:

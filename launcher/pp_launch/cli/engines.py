@@ -20,9 +20,11 @@ def host_choice(f: Any) -> Any:
 
 
 RAY_OPTION = click.option(
-    "--ray", "ray_address", metavar="ADDRESS",
+    "--ray",
+    "ray_address",
+    metavar="ADDRESS",
     help="Look at the detached runs on this Ray cluster (HOST:PORT, ray://HOST:PORT, or auto) instead.",
-)  # fmt: skip
+)
 
 ALL_HOSTS = click.option(
     "--all-hosts",

@@ -98,8 +98,9 @@ class Template:
             func, name = term.group(1), term.group(2)
             if name is None:
                 if func != "json":
-                    raise TemplateError(f"--format {self.source!r}: {{{{{m.group(1)}}}}}: the whole row prints "
-                                        "only as {{json .}}")  # fmt: skip
+                    raise TemplateError(
+                        f"--format {self.source!r}: {{{{{m.group(1)}}}}}: the whole row prints only as {{{{json .}}}}"
+                    )
                 pieces.append(_Piece(key="", func="json", header="JSON"))
             else:
                 key, header = self._field(name)

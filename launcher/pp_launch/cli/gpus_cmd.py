@@ -29,10 +29,20 @@ from pp_launch.core.gpu.inventory import GpuInventory
 )
 @click.option("--record", type=click.Path(dir_okay=False), metavar="FILE", help="Write the inventory to FILE.")
 @click.option("--topo", is_flag=True, help="Also the topology matrix, as nvidia-smi topo -m shows it.")
-@click.option("-w", "--watch", is_flag=True, help="A live view, refreshed every --interval: memory and use as bars, "
-              "and who holds each GPU (Ctrl-C ends it).")  # fmt: skip
-@click.option("--interval", type=click.FloatRange(min=0.1), default=1.0, show_default=True, metavar="S",
-              help="With --watch: seconds between frames.")  # fmt: skip
+@click.option(
+    "-w",
+    "--watch",
+    is_flag=True,
+    help="A live view, refreshed every --interval: memory and use as bars, and who holds each GPU (Ctrl-C ends it).",
+)
+@click.option(
+    "--interval",
+    type=click.FloatRange(min=0.1),
+    default=1.0,
+    show_default=True,
+    metavar="S",
+    help="With --watch: seconds between frames.",
+)
 @click.option("--frames", type=click.IntRange(min=0), default=0, hidden=True, help="With --watch: stop after N.")
 @click.option(
     "--host",
@@ -54,9 +64,17 @@ from pp_launch.core.gpu.inventory import GpuInventory
     help="With --host: how the probe is given the GPUs (as the chain's stages would be).",
 )
 def gpus(
-    as_json: bool, gpu_inventory: str | None, record: str | None, topo: bool, watch: bool, interval: float,
-    frames: int, host: str | None, image: str, gpu_attach: str,
-) -> None:  # fmt: skip
+    as_json: bool,
+    gpu_inventory: str | None,
+    record: str | None,
+    topo: bool,
+    watch: bool,
+    interval: float,
+    frames: int,
+    host: str | None,
+    image: str,
+    gpu_attach: str,
+) -> None:
     """Show the GPUs NVML sees, MIG slices as rows of their own: memory, utilization, processes, and which
     pp-launch run holds each; --topo adds how they are connected.
 

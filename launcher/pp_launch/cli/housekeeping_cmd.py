@@ -42,17 +42,34 @@ from pp_launch.core.lines import count
     "{{upper .X}}; 'table ...' adds a header and aligns \\t columns; 'json' prints one object per row. An "
     "unknown field is an error (exit 1).",
 )
-@click.option("--run", "run_id", metavar="RUN", shell_complete=runs_cmd.complete_runs,
-              help="Only this run (a unique prefix is enough).")  # fmt: skip
-@click.option("-a", "--all", "ended_too", is_flag=True,
-              help="Also the runs started here that ended and whose output is still kept (as docker ps -a): state "
-              "'ended', one row per stage; 'pp-launch logs RUN' shows their output.")  # fmt: skip
+@click.option(
+    "--run",
+    "run_id",
+    metavar="RUN",
+    shell_complete=runs_cmd.complete_runs,
+    help="Only this run (a unique prefix is enough).",
+)
+@click.option(
+    "-a",
+    "--all",
+    "ended_too",
+    is_flag=True,
+    help="Also the runs started here that ended and whose output is still kept (as docker ps -a): state "
+    "'ended', one row per stage; 'pp-launch logs RUN' shows their output.",
+)
 @host_choice
 @RAY_OPTION
 def ps(
-    as_json: bool, ids_only: bool, filters: tuple[str, ...], template: str | None, run_id: str | None,
-    ended_too: bool, host_names: tuple[str, ...], all_hosts: bool, ray_address: str | None,
-) -> None:  # fmt: skip
+    as_json: bool,
+    ids_only: bool,
+    filters: tuple[str, ...],
+    template: str | None,
+    run_id: str | None,
+    ended_too: bool,
+    host_names: tuple[str, ...],
+    all_hosts: bool,
+    ray_address: str | None,
+) -> None:
     """List pp-launch runs and their stages: run, stage, container, image, GPUs (index, memory, utilisation
     where NVML answers), announced address, owner, alive or gone, uptime.
 
@@ -106,10 +123,23 @@ def _ended_rows(present: set[str], run_id: str | None) -> list[dict[str, Any]]:
         if run in present or (run_id is not None and not run.startswith(run_id)):
             continue
         for k in stages:
-            rows.append({"run": run, "stage": k, "role": "stage", "container": "-", "id": "", "image": "-",
-                         "gpus": [], "owner": "-", "owner_status": "ended: output kept ('pp-launch logs RUN')",
-                         "state": "ended", "age_s": max(0, int(now - last)), "address": None,
-                         "uptime_s": None})  # fmt: skip
+            rows.append(
+                {
+                    "run": run,
+                    "stage": k,
+                    "role": "stage",
+                    "container": "-",
+                    "id": "",
+                    "image": "-",
+                    "gpus": [],
+                    "owner": "-",
+                    "owner_status": "ended: output kept ('pp-launch logs RUN')",
+                    "state": "ended",
+                    "age_s": max(0, int(now - last)),
+                    "address": None,
+                    "uptime_s": None,
+                }
+            )
     return rows
 
 
@@ -130,8 +160,23 @@ def _show(rows: list[dict[str, Any]], ids_only: bool, as_json: bool, template: s
         click.echo(housekeeping.render(rows))
 
 
-PS_FIELDS = ("run", "stage", "role", "container", "id", "image", "gpus", "owner", "owner_status", "state", "age_s",
-             "host", "address", "uptime_s", "attempt")  # fmt: skip
+PS_FIELDS = (
+    "run",
+    "stage",
+    "role",
+    "container",
+    "id",
+    "image",
+    "gpus",
+    "owner",
+    "owner_status",
+    "state",
+    "age_s",
+    "host",
+    "address",
+    "uptime_s",
+    "attempt",
+)
 
 
 def _filters(values: tuple[str, ...]) -> list[tuple[str, str]]:
@@ -139,8 +184,9 @@ def _filters(values: tuple[str, ...]) -> list[tuple[str, str]]:
     for value in values:
         key, sep, wanted = value.partition("=")
         if not sep or key not in PS_FIELDS:
-            raise click.BadParameter(f"{value!r}: use KEY=VALUE with KEY one of {', '.join(PS_FIELDS)}",
-                                     param_hint="--filter")  # fmt: skip
+            raise click.BadParameter(
+                f"{value!r}: use KEY=VALUE with KEY one of {', '.join(PS_FIELDS)}", param_hint="--filter"
+            )
         out.append((key, wanted))
     return out
 
@@ -222,8 +268,11 @@ def _down_ray(address: str, run_ids: tuple[str, ...], all_runs: bool, grace: flo
         raise click.UsageError("--all and --ray do not go together: name the runs ('pp-launch ps --ray ADDRESS -q')")
     for run in run_ids:
         run_id, removed = on_ray.down(address, run, grace)
-        click.echo(f"pp-launch: run {run_id} on the Ray cluster: {count(len(removed), 'container')} removed, its "
-                   "actors and GPUs released", err=True)  # fmt: skip
+        click.echo(
+            f"pp-launch: run {run_id} on the Ray cluster: {count(len(removed), 'container')} removed, its "
+            "actors and GPUs released",
+            err=True,
+        )
 
 
 def _down(
@@ -267,8 +316,11 @@ def _down_on(engine: Engine, run_id: str | None, all_runs: bool, grace: float, y
             raise errors.ConfigError(f"--all would {question[:-1]}: add --yes to confirm")
         click.confirm(f"pp-launch: {question}", abort=True, err=True)
     for c in vouched.unrecorded:
-        click.echo(f"pp-launch: not touched{on}: {housekeeping.describe(c)} carries the run's labels, but no guard "
-                   "of the run recorded it (not made by that run, or its guard was removed)", err=True)  # fmt: skip
+        click.echo(
+            f"pp-launch: not touched{on}: {housekeeping.describe(c)} carries the run's labels, but no guard "
+            "of the run recorded it (not made by that run, or its guard was removed)",
+            err=True,
+        )
     if not targets and not vouched.guards:
         click.echo(f"pp-launch: nothing to stop{on} (no pp-launch run that a guard vouches for)", err=True)
         return False
@@ -330,8 +382,10 @@ def gc(dry_run: bool, host_names: tuple[str, ...], all_hosts: bool, ray_address:
         on = f" on host {name or 'local'}" if engines.several else ""
         dead = housekeeping.left_by_the_dead(engine)
         for c in dead:
-            click.echo(f"{'would remove' if dry_run else 'removing'} {housekeeping.describe(c)}{on}: its run's "
-                       "guard and launcher are gone")  # fmt: skip
+            click.echo(
+                f"{'would remove' if dry_run else 'removing'} {housekeeping.describe(c)}{on}: its run's "
+                "guard and launcher are gone"
+            )
         if dead and not dry_run:
             outcomes = housekeeping.stop_runs(engine, dead, 1.0, reason="launcher gone")
             for ref in (r for o in outcomes for r in o.orphans):

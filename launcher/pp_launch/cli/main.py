@@ -130,8 +130,12 @@ class Commands(click.Group):
     metavar="URL",
     help="The Docker engine, as docker -H (unix://, tcp://, ssh://): DOCKER_HOST for this command.",
 )
-@click.option("--context", "docker_context", metavar="NAME",
-              help="The Docker context, as docker --context: DOCKER_CONTEXT for this command.")  # fmt: skip
+@click.option(
+    "--context",
+    "docker_context",
+    metavar="NAME",
+    help="The Docker context, as docker --context: DOCKER_CONTEXT for this command.",
+)
 @click.pass_context
 def main(ctx: click.Context, verbose: int, quiet: bool, docker_host: str | None, docker_context: str | None) -> None:
     """Launch pipeline-parallel inference stages as GPU containers, and never leave one behind.

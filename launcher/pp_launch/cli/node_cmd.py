@@ -107,8 +107,13 @@ def as_docker_run() -> Iterator[None]:
     """The drop-in for `exec docker run` exits as `docker run` does when the engine refuses: 125 for a missing
     image, a name in use, an engine that does not answer or refuses, GPUs it cannot attach. Configuration that
     pp-gpu-node itself reads (STAGE, PP_GPUS...) stays exit 2."""
-    refused = (errors.ImageMissing, errors.NameInUse, errors.EngineError, errors.EngineUnavailable,
-               errors.GpuAttachUnavailable)  # fmt: skip
+    refused = (
+        errors.ImageMissing,
+        errors.NameInUse,
+        errors.EngineError,
+        errors.EngineUnavailable,
+        errors.GpuAttachUnavailable,
+    )
     try:
         yield
     except refused as exc:

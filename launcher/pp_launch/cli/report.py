@@ -194,9 +194,14 @@ class LiveReporter(PlainReporter):
                 if address and detail.startswith(address):  # its column shows it: the detail says the rest
                     detail = detail[len(address) :].strip()
                 # styled Text, never markup: a stage's address or a state is shown as it is
-                table.add_row(Text(str(k)), Text(state, style=self.STYLES.get(state, "white")),
-                              Text(self._waiting_for(k)), Text(self._elapsed(k)), Text(address),
-                              Text(detail))  # fmt: skip
+                table.add_row(
+                    Text(str(k)),
+                    Text(state, style=self.STYLES.get(state, "white")),
+                    Text(self._waiting_for(k)),
+                    Text(self._elapsed(k)),
+                    Text(address),
+                    Text(detail),
+                )
             done = len(self.addresses)
         return Group(table, Text(f"{done}/{len(rows)} stages announced"))
 

@@ -55,9 +55,17 @@ def _since(value: str | None) -> int | None:
 @host_choice
 @RAY_OPTION
 def logs(
-    run_id: str, follow: bool, stages: tuple[int, ...], since: str | None, tail: int | None, timestamps: bool,
-    log_dir: str | None, host_names: tuple[str, ...], all_hosts: bool, ray_address: str | None,
-) -> None:  # fmt: skip
+    run_id: str,
+    follow: bool,
+    stages: tuple[int, ...],
+    since: str | None,
+    tail: int | None,
+    timestamps: bool,
+    log_dir: str | None,
+    host_names: tuple[str, ...],
+    all_hosts: bool,
+    ray_address: str | None,
+) -> None:
     """Print a run's output, each line prefixed with its stage, as `docker compose logs` does.
 
     Works for any run the engine has (foreground, detached, compose), and after a run ended: every chain keeps
@@ -208,9 +216,13 @@ def _print_kept(prefix: str, stages: tuple[int, ...], tail: int | None, timestam
 @host_choice
 @RAY_OPTION
 def wait(
-    run_id: str, until: str, timeout: float | None, host_names: tuple[str, ...], all_hosts: bool,
+    run_id: str,
+    until: str,
+    timeout: float | None,
+    host_names: tuple[str, ...],
+    all_hosts: bool,
     ray_address: str | None,
-) -> None:  # fmt: skip
+) -> None:
     """Wait for a run: until every stage announced, or until every stage ended.
 
     Exit 0 when the condition is met (for --until exit: when every stage exited 0), 1 when a stage failed,

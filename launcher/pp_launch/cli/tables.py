@@ -98,8 +98,19 @@ def render_table(inventory: GpuInventory, held: Mapping[str, str]) -> str:
         name = g.name + (" [MIG]" if g.mig_enabled else "")
         memory = f"{_mib(g.memory_used_mib)}/{_mib(g.memory_total_mib)}"
         procs = _procs(g.processes)
-        rows.append((str(g.index), g.uuid, name, memory, _mib(g.utilization_gpu_pct), _heat(g), procs,
-                     held.get(g.uuid, "-"), health_cell(g)))  # fmt: skip
+        rows.append(
+            (
+                str(g.index),
+                g.uuid,
+                name,
+                memory,
+                _mib(g.utilization_gpu_pct),
+                _heat(g),
+                procs,
+                held.get(g.uuid, "-"),
+                health_cell(g),
+            )
+        )
         for k, m in enumerate(g.mig_devices):  # each slice its own row: its memory, its processes, its holder
             memory = f"{_mib(m.memory_used_mib)}/{_mib(m.memory_total_mib)}"
             slice_row = (f"{g.index}/{k}", m.uuid, "  MIG slice", memory, "-", "-", _procs(m.processes))
@@ -174,10 +185,23 @@ def render_watch(inventory: GpuInventory, held: Mapping[str, str]) -> Any:
     for g in inventory.gpus:
         util = None if g.utilization_gpu_pct is None else g.utilization_gpu_pct / 100
         pct = "?" if g.utilization_gpu_pct is None else f"{g.utilization_gpu_pct}%"
-        table.add_row(Text(str(g.index)), Text(g.name), memory(g.memory_used_mib, g.memory_total_mib),
-                      Text(f"{_bar(util, 10)} {pct}"), Text(_heat(g)), Text(_procs(g.processes)),
-                      Text(held.get(g.uuid, "-"), style="bold" if g.uuid in held else ""))  # fmt: skip
+        table.add_row(
+            Text(str(g.index)),
+            Text(g.name),
+            memory(g.memory_used_mib, g.memory_total_mib),
+            Text(f"{_bar(util, 10)} {pct}"),
+            Text(_heat(g)),
+            Text(_procs(g.processes)),
+            Text(held.get(g.uuid, "-"), style="bold" if g.uuid in held else ""),
+        )
         for k, m in enumerate(g.mig_devices):
-            table.add_row(Text(f"{g.index}/{k}"), Text("  MIG slice"), memory(m.memory_used_mib, m.memory_total_mib),
-                          Text("-"), Text("-"), Text(_procs(m.processes)), Text(held.get(m.uuid, "-")))  # fmt: skip
+            table.add_row(
+                Text(f"{g.index}/{k}"),
+                Text("  MIG slice"),
+                memory(m.memory_used_mib, m.memory_total_mib),
+                Text("-"),
+                Text("-"),
+                Text(_procs(m.processes)),
+                Text(held.get(m.uuid, "-")),
+            )
     return table

@@ -47,8 +47,21 @@ def build(dest: str | Path) -> Path:
         raise BuildError("building the fake NVML library needs gcc (apt-get install gcc)")
     with tempfile.TemporaryDirectory(dir=dest) as tmp:
         part = Path(tmp) / LIBRARY
-        cmd = [gcc, "-std=gnu11", "-O2", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC",
-               "-fvisibility=hidden", f"-Wl,-soname,{LIBRARY}", "-o", str(part), str(SOURCE)]  # fmt: skip
+        cmd = [
+            gcc,
+            "-std=gnu11",
+            "-O2",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-shared",
+            "-fPIC",
+            "-fvisibility=hidden",
+            f"-Wl,-soname,{LIBRARY}",
+            "-o",
+            str(part),
+            str(SOURCE),
+        ]
         done = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if done.returncode != 0:
             raise BuildError(f"gcc failed on {SOURCE}:\n{done.stderr}")
@@ -57,8 +70,13 @@ def build(dest: str | Path) -> Path:
     return out
 
 
-def environ(library_dir: str | Path, config: str | Path, fail: str = "", base: Mapping[str, str] | None = None,
-            events: str | Path | None = None) -> dict[str, str]:  # fmt: skip
+def environ(
+    library_dir: str | Path,
+    config: str | Path,
+    fail: str = "",
+    base: Mapping[str, str] | None = None,
+    events: str | Path | None = None,
+) -> dict[str, str]:
     """An environment in which `CDLL("libnvidia-ml.so.1")` finds the fake, serving `config` (and the Xid events
     appended to `events`: `inject_xid`)."""
     env = dict(os.environ if base is None else base)
@@ -146,8 +164,11 @@ def gpu_text(inv: GpuInventory, position: int) -> str:
         lines += [f"topo {peer.uuid} {inv.topology[position][j]}" for j, peer in enumerate(inv.gpus) if j != position]
     if inv.nvlink is not None:
         lines.append(f"nvlinks {NVLINKS}")
-        lines += [f"link {peer.pci_bus_id} {inv.nvlink[position][j]}"
-                  for j, peer in enumerate(inv.gpus) if j != position and inv.nvlink[position][j]]  # fmt: skip
+        lines += [
+            f"link {peer.pci_bus_id} {inv.nvlink[position][j]}"
+            for j, peer in enumerate(inv.gpus)
+            if j != position and inv.nvlink[position][j]
+        ]
     for m in g.mig_devices:
         lines.append(f"migdev {m.uuid}")
         if m.memory_total_mib is not None and m.memory_used_mib is not None:

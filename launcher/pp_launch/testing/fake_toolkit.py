@@ -175,9 +175,11 @@ def install(bin_dir: str | Path, inventory: str | Path, library: str | Path, del
     """Write the two executables (and their settings) into bin_dir; returns bin_dir."""
     where = Path(bin_dir)
     where.mkdir(parents=True, exist_ok=True)
-    (where / SETTINGS).write_text(json.dumps(
-        {"inventory": str(Path(inventory).resolve()), "library": str(Path(library).resolve()), "delay": delay}
-    ))  # fmt: skip
+    (where / SETTINGS).write_text(
+        json.dumps(
+            {"inventory": str(Path(inventory).resolve()), "library": str(Path(library).resolve()), "delay": delay}
+        )
+    )
     # The engine runs these with an environment of its own: the interpreter and the package path are fixed here.
     pkg = str(Path(__file__).resolve().parents[2])
     for name, fn in ((HOOK, "hook_main"), (RUNTIME, "runtime_main")):
@@ -205,8 +207,7 @@ def hook_log(bin_dir: str | Path) -> list[dict[str, Any]]:
 
 
 # ---------------------------------------------------------------------------------------------------- CDI
-def write_cdi_spec(spec_dir: str | Path, inventory: GpuInventory, library: str | Path,
-                   config_dir: str | Path) -> Path:  # fmt: skip
+def write_cdi_spec(spec_dir: str | Path, inventory: GpuInventory, library: str | Path, config_dir: str | Path) -> Path:
     """`nvidia.com/gpu` devices by index and by UUID (as `nvidia-ctk cdi generate` names them): each mounts its
     GPU's own part of the fake's config into /etc/pp-fake-nvml; all mount the library and the system part."""
     parts = fake_nvml.write_config_dir(inventory, config_dir)

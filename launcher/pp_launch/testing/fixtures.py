@@ -141,7 +141,9 @@ class LeakGuard:
             self._remove(left)
             raise pytest.fail.Exception(
                 f"pp-launch leak guard: fixture {fixturedef.argname} ({fixturedef.scope} scope) left "
-                + "; ".join(self._describe(cid, c) for cid, c in left.items()), pytrace=False)  # fmt: skip
+                + "; ".join(self._describe(cid, c) for cid, c in left.items()),
+                pytrace=False,
+            )
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_teardown(self, item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
@@ -155,7 +157,9 @@ class LeakGuard:
                 return result  # no engine before nor after: the test could make nothing (it was skipped or failed)
             raise pytest.fail.Exception(
                 f"pp-launch leak guard: could not list the engine's containers before {item.nodeid} "
-                f"({self.baseline_error}): nothing was checked and nothing removed", pytrace=False)  # fmt: skip
+                f"({self.baseline_error}): nothing was checked and nothing removed",
+                pytrace=False,
+            )
         problems = self._check(item, self.before)
         if problems:
             raise pytest.fail.Exception("pp-launch leak guard:\n  " + "\n  ".join(problems), pytrace=False)
@@ -251,8 +255,9 @@ def pp_gpu_inventory(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from pp_launch.testing.inventories import random_inventory
 
     inv = random_inventory(random.Random(8), 8, unknowns=False, mig=False)
-    inv = dataclasses.replace(inv, gpus=tuple(dataclasses.replace(g, processes=(), memory_used_mib=512)
-                                              for g in inv.gpus))  # fmt: skip
+    inv = dataclasses.replace(
+        inv, gpus=tuple(dataclasses.replace(g, processes=(), memory_used_mib=512) for g in inv.gpus)
+    )
     path = tmp_path_factory.mktemp("pp-gpus") / "inventory.json"
     inventory_file.save(inv, path)
     return path

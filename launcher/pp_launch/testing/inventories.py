@@ -24,8 +24,10 @@ def _procs(rng: random.Random, busy: bool) -> tuple[GpuProcess, ...] | None:
         return None  # NVML could not say
     if not busy:
         return ()
-    return tuple(GpuProcess(rng.randrange(2, 4_000_000), rng.choice([None, rng.randrange(1, 60_000)]))
-                 for _ in range(rng.randrange(1, 4)))  # fmt: skip
+    return tuple(
+        GpuProcess(rng.randrange(2, 4_000_000), rng.choice([None, rng.randrange(1, 60_000)]))
+        for _ in range(rng.randrange(1, 4))
+    )
 
 
 def topology_levels(n: int, sockets: int, rng: random.Random) -> tuple[tuple[int, ...], ...]:
@@ -57,8 +59,9 @@ def nvlink_counts(n: int, shape: str) -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(0 for _ in range(n)) for _ in range(n))
 
 
-def random_inventory(rng: random.Random, n: int | None = None, *, unknowns: bool = True,
-                     mig: bool = True) -> GpuInventory:  # fmt: skip
+def random_inventory(
+    rng: random.Random, n: int | None = None, *, unknowns: bool = True, mig: bool = True
+) -> GpuInventory:
     """One random machine. `unknowns`: some fields NVML could not read; `mig`: some MIG-enabled GPUs."""
     n = rng.randrange(1, 13) if n is None else n
     sockets = rng.choice([1, 2]) if n > 1 else 1

@@ -126,8 +126,14 @@ class StageContainer:
         engine = docker_engine.connect()
         request = ChainRequest(stages=self.num_stages, image=self.image, env=tuple(self.stage_env.items()))
         gpus = [self.gpus if k == self.stage else () for k in range(self.num_stages)]
-        plan = build_plan(request, {}, identity.current_owner().label(), gpus,
-                          [device_requests(g, self.gpu_attach) for g in gpus], identity.new_run_id())  # fmt: skip
+        plan = build_plan(
+            request,
+            {},
+            identity.current_owner().label(),
+            gpus,
+            [device_requests(g, self.gpu_attach) for g in gpus],
+            identity.new_run_id(),
+        )
         spec = plan.stages[self.stage]
         if self.stage_command:
             spec = dataclasses.replace(spec, command=self.stage_command)
@@ -214,12 +220,18 @@ class StageContainer:
                         return line
                 who = f"stage {self.stage} ({self.name}, image {self.image})"
                 if self._gone.is_set():
-                    raise StageExited(f"{who} exited with code {self._exit} before printing {what}; its last "
-                                      f"lines:{self._last()}", self._exit, self._lines[-20:])  # fmt: skip
+                    raise StageExited(
+                        f"{who} exited with code {self._exit} before printing {what}; its last lines:{self._last()}",
+                        self._exit,
+                        self._lines[-20:],
+                    )
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise StageTimeout(f"{who} printed no {what} within {timeout:g} s ({len(self._lines)} lines; "
-                                       f"still running); its last lines:{self._last()}", self._lines[-20:])  # fmt: skip
+                    raise StageTimeout(
+                        f"{who} printed no {what} within {timeout:g} s ({len(self._lines)} lines; "
+                        f"still running); its last lines:{self._last()}",
+                        self._lines[-20:],
+                    )
                 self._cond.wait(min(left, 0.2))
 
     def wait_for_announcement(self, timeout: float = 60.0) -> StageAnnouncement:
@@ -291,13 +303,20 @@ class RunningChain:
                 last = "".join(f"\n  | {line}" for line in seen[-20:]) or " (it printed nothing)"
                 if self._ended():
                     code = self._outcome[0].outcome.exit_code if self._outcome else None
-                    raise StageExited(f"chain {self.run_id} ended (exit {code}) before stage {stage} printed {what}; "
-                                      f"its last lines:{last}", code, seen[-20:])  # fmt: skip
+                    raise StageExited(
+                        f"chain {self.run_id} ended (exit {code}) before stage {stage} printed {what}; "
+                        f"its last lines:{last}",
+                        code,
+                        seen[-20:],
+                    )
                 left = deadline - time.monotonic()
                 if left <= 0:
                     who = f"stage {stage} of chain {self.run_id}"
-                    raise StageTimeout(f"{who} printed no {what} within {timeout:g} s ({len(seen)} lines; still "
-                                       f"running); its last lines:{last}", seen[-20:])  # fmt: skip
+                    raise StageTimeout(
+                        f"{who} printed no {what} within {timeout:g} s ({len(seen)} lines; still "
+                        f"running); its last lines:{last}",
+                        seen[-20:],
+                    )
                 self._collect.cond.wait(min(left, 0.2))
 
     def wait(self, timeout: float | None = None) -> int:
@@ -332,12 +351,19 @@ def Chain(
     """A chain for the length of a `with` block: yields once every stage announced; torn down at the end."""
     run_id = identity.new_run_id()
     request = launch.LaunchRequest(
-        ChainRequest(stages=stages, image=image, env=tuple((env or {}).items()), grace=grace,
-                     addr_timeout=addr_timeout, handoff=handoff, parallel=bring_up == "parallel"),
+        ChainRequest(
+            stages=stages,
+            image=image,
+            env=tuple((env or {}).items()),
+            grace=grace,
+            addr_timeout=addr_timeout,
+            handoff=handoff,
+            parallel=bring_up == "parallel",
+        ),
         launch.GpuOptions(mode=gpus, per_stage=gpus_per_stage, attach=gpu_attach, inventory_path=gpu_inventory),
         run_id=run_id,
         keep_logs=False,  # a suite's chains leave nothing in the user's state
-    )  # fmt: skip  # every rule between the options holds here as on the command line
+    )  # every rule between the options holds here as on the command line
     collect = _Collect()
     scopes: list[Any] = []
     outcome: list[Any] = []
@@ -384,8 +410,9 @@ class WorkerUnderTest:
     STEPS = tuple(method for _name, method in worker_check.Conformance.STEPS)
 
     def __init__(self, image: str, env: Mapping[str, str] | None = None, timeout: float = worker_check.STEP_TIMEOUT):
-        self.conformance = worker_check.Conformance(docker_engine.connect(), image, dict(env or {}),
-                                                    lambda text: None, timeout=timeout)  # fmt: skip
+        self.conformance = worker_check.Conformance(
+            docker_engine.connect(), image, dict(env or {}), lambda text: None, timeout=timeout
+        )
 
     def __getattr__(self, name: str) -> Any:
         if name in self.STEPS:
@@ -418,8 +445,11 @@ def leftovers_of_this_process(owner: str | None = None) -> list[dict[str, Any]]:
     """pp-launch containers on the engine whose owner label is this process (or `owner`)."""
     engine = docker_engine.connect()
     mine = owner or identity.current_owner().label()
-    return [{"id": c.id, "name": c.name, "image": c.image, "labels": dict(c.labels)}
-            for c in engine.containers([labels.RUN]) if c.labels.get(labels.OWNER) == mine]  # fmt: skip
+    return [
+        {"id": c.id, "name": c.name, "image": c.image, "labels": dict(c.labels)}
+        for c in engine.containers([labels.RUN])
+        if c.labels.get(labels.OWNER) == mine
+    ]
 
 
 def remove(container_id: str) -> None:

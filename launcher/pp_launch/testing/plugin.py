@@ -30,8 +30,12 @@ EXTRA_HINT = "pip install 'pp-launch[testing]'"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addini("pp_launch", "enable pp-launch's fixtures and leak guard (pp_engine, pp_stage, pp_chain, ...)",
-                  type="bool", default=False)  # fmt: skip
+    parser.addini(
+        "pp_launch",
+        "enable pp-launch's fixtures and leak guard (pp_engine, pp_stage, pp_chain, ...)",
+        type="bool",
+        default=False,
+    )
 
 
 def enabled(config: pytest.Config) -> bool:

@@ -148,37 +148,23 @@ def build_plan(
 ) -> ChainPlan:
     """stage_hosts: each stage's host (a chain across hosts), () for the one engine. launcher: for a detached
     run (owner `detached`), the launcher that owns it until the hand-over (labels.LAUNCHER)."""
-    prefix = request.name_prefix or f"pp-{run_id}"
-    base = stage_env.forwarded(environ)
-    base.update(request.env)
-    if request.lifeline:
-        base[stage_env.LIFELINE] = "stdin"
-    if request.handoff == "stdin":
-        base[handoff.MODE_ENV] = "stdin"
+    base = _base_env(request, environ)
+    every_host = tuple(dict.fromkeys(stage_hosts))
     specs = []
     for k in range(request.stages):
-        env = dict(base)
-        env.update({name: value for (stage, name, value) in request.stage_env if stage == k})
-        gpus = stage_gpus[k]
-        env[stage_env.STAGE] = str(k)
-        env[stage_env.NUM_STAGES] = str(request.stages)
-        env[stage_env.ATTEMPT] = str(request.attempt)
-        env[stage_env.NVIDIA_VISIBLE_DEVICES] = ",".join(gpus) if gpus else stage_env.NO_GPU
+        gpus, host = stage_gpus[k], stage_hosts[k] if stage_hosts else ""
         specs.append(
             StageSpec(
                 index=k,
-                name=f"{prefix}-{k}",
+                name=f"{request.name_prefix or f'pp-{run_id}'}-{k}",
                 image=request.image,
-                env=env,
-                labels=labels.stage_labels(
-                    run_id, k, owner, gpus, stage_hosts[k] if stage_hosts else "", tuple(dict.fromkeys(stage_hosts)),
-                    launcher, request.attempt,
-                ),
+                env=_stage_env(request, base, k, gpus),
+                labels=labels.stage_labels(run_id, k, owner, gpus, host, every_host, launcher, request.attempt),
                 gpus=gpus,
                 device_requests=device_requests[k],
                 network=request.network,
                 entrypoint=request.entrypoint,
-                host=stage_hosts[k] if stage_hosts else "",
+                host=host,
             )
         )
     return ChainPlan(
@@ -190,6 +176,28 @@ def build_plan(
         cost=cost,
         handoff=request.handoff,
         parallel=request.parallel,
-        hosts=tuple(dict.fromkeys(stage_hosts)),
+        hosts=every_host,
         attempt=request.attempt,
     )
+
+
+def _base_env(request: ChainRequest, environ: Mapping[str, str]) -> dict[str, str]:
+    """What every stage's environment starts from: the forwarded variables, --env, the lifeline and hand-off modes."""
+    base = stage_env.forwarded(environ)
+    base.update(request.env)
+    if request.lifeline:
+        base[stage_env.LIFELINE] = "stdin"
+    if request.handoff == "stdin":
+        base[handoff.MODE_ENV] = "stdin"
+    return base
+
+
+def _stage_env(request: ChainRequest, base: Mapping[str, str], k: int, gpus: tuple[str, ...]) -> dict[str, str]:
+    """Stage k's environment: the base, its --stage-env, and what the launcher alone sets (docs/formats.md)."""
+    env = dict(base)
+    env.update({name: value for (stage, name, value) in request.stage_env if stage == k})
+    env[stage_env.STAGE] = str(k)
+    env[stage_env.NUM_STAGES] = str(request.stages)
+    env[stage_env.ATTEMPT] = str(request.attempt)
+    env[stage_env.NVIDIA_VISIBLE_DEVICES] = ",".join(gpus) if gpus else stage_env.NO_GPU
+    return env

@@ -325,8 +325,9 @@ class ChainScope:
         if done is events.StageInput.START:
             for st in (s for s in self.stages if s.started):
                 spec = st.spec
-                self.reporter.event(events.StageStarted(stage=spec.index, container=spec.name, image=spec.image,
-                                                        gpus=spec.gpus))  # fmt: skip
+                self.reporter.event(
+                    events.StageStarted(stage=spec.index, container=spec.name, image=spec.image, gpus=spec.gpus)
+                )
         if failed is None:
             return None
         bad, why = failed
@@ -534,8 +535,10 @@ class ChainScope:
         lines, size = self.inbox.dropped_lines, self.inbox.dropped_bytes
         if not lines:
             return ""
-        return (f"{lines} line{'s' if lines != 1 else ''} ({size} bytes) of stage output dropped while stopping "
-                f"(each stage's last {KEPT_WHILE_STOPPING} lines kept)")  # fmt: skip
+        return (
+            f"{lines} line{'s' if lines != 1 else ''} ({size} bytes) of stage output dropped while stopping "
+            f"(each stage's last {KEPT_WHILE_STOPPING} lines kept)"
+        )
 
     def _leftovers(self) -> list[str]:
         """What the engine still holds of the run (by label, as ids); when the engine is lost, every stage we

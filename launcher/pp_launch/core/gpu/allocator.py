@@ -316,8 +316,10 @@ def order_groups(inventory: GpuInventory, groups: Sequence[Sequence[str]]) -> tu
     by_uuid = {u.uuid: u for u in units(inventory)}
     known = [[by_uuid[g] for g in group if g in by_uuid] for group in groups]
     n = len(known)
-    h = [[_hop(inventory, a, b) if a and b and i != j else UNKNOWN for j, b in enumerate(known)]
-         for i, a in enumerate(known)]  # fmt: skip
+    h = [
+        [_hop(inventory, a, b) if a and b and i != j else UNKNOWN for j, b in enumerate(known)]
+        for i, a in enumerate(known)
+    ]
     order = _ring_order(h)[1] if n > 1 else list(range(n))
     return order, [h[order[i]][order[(i + 1) % n]] for i in range(n)] if n > 1 else []
 

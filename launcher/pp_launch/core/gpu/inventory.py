@@ -116,8 +116,9 @@ class GpuInventory:
     @classmethod
     def from_json(cls, doc: Any, source: str = "inventory") -> GpuInventory:
         if not isinstance(doc, dict) or not isinstance(doc.get("gpus", []), list):
-            raise errors.ConfigError(f"{source} is not a GPU inventory: expected an object with a list 'gpus' "
-                                     "(docs/formats.md)")  # fmt: skip
+            raise errors.ConfigError(
+                f"{source} is not a GPU inventory: expected an object with a list 'gpus' (docs/formats.md)"
+            )
         gpus = []
         for i, g in enumerate(doc.get("gpus", [])):
             try:
