@@ -85,6 +85,35 @@ def test_the_demo_runs_over_two_hosts_one_reached_over_ssh(clean: ThreeHosts) ->
     assert "nothing left behind" in done.stderr
 
 
+def test_a_stage_that_fails_once_across_hosts_is_restarted_on_every_host(clean: ThreeHosts) -> None:
+    """--max-restarts across --host engines: the first attempt torn down on both hosts, the second completes."""
+    bed = clean
+    done = pp(
+        bed,
+        "chain",
+        "--stages",
+        "4",
+        "--host",
+        f"{bed.a},{bed.b}",
+        "--stages-per-host",
+        "2",
+        "--max-restarts",
+        "1",
+        "--restart-backoff",
+        "0",
+        "--stage-env",
+        "2:STUB_EXIT_AFTER=0",
+        "--stage-env",
+        "2:STUB_EXIT_CODE=3",
+        "--stage-env",
+        "2:STUB_EXIT_ATTEMPTS=1",
+    )
+    assert done.returncode == 0, done.stderr
+    assert re.search(r"\[stage 0\] PP_DEMO_RESULT tokens=\[.*\] match=true", done.stdout + done.stderr)
+    assert "completed on attempt 2 of at most 2; before it: attempt 1: stage 2 (" in done.stderr
+    assert gone_everywhere(bed)
+
+
 def test_the_dry_run_places_consecutive_blocks_and_marks_hops_between_hosts(clean: ThreeHosts) -> None:
     bed = clean
     hosts = f"{bed.local},{bed.a},{bed.b}"
