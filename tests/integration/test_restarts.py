@@ -115,6 +115,11 @@ def test_the_launcher_killed_between_or_during_attempts_leaves_nothing(
         assert wait_until(lambda: attempts_of(engine, run) == {"2"} and len(run_containers(engine, run)) == 3, 60)
     else:
         assert run_containers(engine, run) == [] and len(guard_of(engine, run)) == 1  # only the guard, holding
+    every = {
+        c.labels.get("pp-launch.stage"): c.labels.get("pp-launch.attempt")
+        for c in engine.containers([f"pp-launch.run={run}"])
+    }
+    assert every.get("guard") == "1" and all(every.values()), every  # every container says its attempt
     chain.signal(signal.SIGKILL)
     assert chain.wait(30) == -signal.SIGKILL
     assert wait_until(lambda: nothing_left(engine, run), 15 + BUSY_SLACK), run_containers(engine, run)

@@ -61,7 +61,14 @@ def heartbeat(engine: Engine) -> float:
 
 
 def guard_labels(run_id: str, owner: str) -> dict[str, str]:
-    return {labels.RUN: run_id, labels.STAGE: labels.STAGE_GUARD, labels.OWNER: owner, labels.GPUS: ""}
+    """A guard is made before its run's first attempt and stays to its last: its attempt is the first."""
+    return {
+        labels.RUN: run_id,
+        labels.STAGE: labels.STAGE_GUARD,
+        labels.OWNER: owner,
+        labels.GPUS: "",
+        labels.ATTEMPT: "1",
+    }
 
 
 class RunGuard:

@@ -122,11 +122,12 @@ def probe_requests(attach: str) -> tuple[list[Mapping[str, Any]], dict[str, str]
     return [request], env
 
 
-def probe_inventory(host: Host, image: str, attach: str, run_id: str, owner: str) -> GpuInventory:
+def probe_inventory(host: Host, image: str, attach: str, run_id: str, owner: str, attempt: int = 1) -> GpuInventory:
     """The host's GPUs as NVML shows them inside a container given all of them. A host without the NVIDIA
     toolkit, or without GPUs, gives an empty inventory with the reason in `note` (its stages run on CPU)."""
     requests, env = probe_requests(attach)
     probe_labels = {labels.RUN: run_id, labels.STAGE: "probe", labels.OWNER: owner, labels.GPUS: ""}
+    probe_labels[labels.ATTEMPT] = str(attempt)
     try:
         code, out, err = host.engine.run_helper(
             image, ["python3", "-c", PROBE_BOOT], probe_files(), probe_labels, env, requests
@@ -168,12 +169,13 @@ def host_gpus(
     owner: str,
     overrides: Mapping[str, str],
     every: str | None = None,
+    attempt: int = 1,
 ) -> list[gpu_select.HostGpus]:
     """Each host's inventory (a file where one is given, else its probe; all probes at once) and holdings."""
 
     def one(h: Host) -> gpu_select.HostGpus:
         path = overrides.get(h.name) or every
-        inventory = inventory_file.load(path) if path else probe_inventory(h, image, attach, run_id, owner)
+        inventory = inventory_file.load(path) if path else probe_inventory(h, image, attach, run_id, owner, attempt)
         engine = h.engine
         return gpu_select.HostGpus(h.name, inventory, lambda: live_gpu_labels(engine))
 

@@ -224,7 +224,8 @@ def _attempt(
     """One attempt of the run: the GPUs picked under the engines' locks, the plan, the chain to its end."""
     run_id = request.run_id or ""
     lock_sites = [LockSite(s.lock_name, s.engine, s.engine_id) for s in sites if s.engine is not None]
-    with reserve(lock_sites, run_id, identity.current_owner().label(), hooks.say, hooks.stop_pending) as locks:
+    owner_now, attempt = identity.current_owner().label(), request.chain.attempt
+    with reserve(lock_sites, run_id, owner_now, hooks.say, hooks.stop_pending, attempt) as locks:
         plan, note = _plan(request, sites, environ, owner, run_id, locks)
         if request.chain.attempt == 1:
             _say_plan(plan, note, hooks.say)
@@ -376,7 +377,10 @@ def _host_gpus(
         return [gpu_select.HostGpus("", gpu_select.load_inventory(path), held)]
     reached = _hosts(sites)
     every = gpu.inventory_path or environ.get(gpu_select.INVENTORY_ENV) or None
-    return across.host_gpus(reached, request.chain.image, gpu.attach, run_id, owner, dict(gpu.host_inventories), every)
+    overrides = dict(gpu.host_inventories)
+    return across.host_gpus(
+        reached, request.chain.image, gpu.attach, run_id, owner, overrides, every, request.chain.attempt
+    )
 
 
 @contextlib.contextmanager

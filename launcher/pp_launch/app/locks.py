@@ -83,11 +83,18 @@ class GpuLocks:
         say: Callable[[str], None] = lambda text: None,
         stop_requested: Callable[[], int | None] = lambda: None,
         timeout: float | None = None,
+        attempt: int = 1,
     ) -> None:
         self.sites = sorted(sites, key=lambda s: s.engine_id)
         self.image = GUARD_IMAGE  # the lock's body is ours, whatever the stages run
         self.run_id = run_id
-        self.labels = {labels.RUN: run_id, labels.STAGE: LOCK_STAGE, labels.OWNER: owner, labels.GPUS: ""}
+        self.labels = {
+            labels.RUN: run_id,
+            labels.STAGE: LOCK_STAGE,
+            labels.OWNER: owner,
+            labels.GPUS: "",
+            labels.ATTEMPT: str(attempt),
+        }
         self.say = say
         self.stop_requested = stop_requested
         self.timeout = float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT)) if timeout is None else timeout
@@ -173,11 +180,12 @@ def reserve(
     owner: str,
     say: Callable[[str], None] = lambda text: None,
     stop_requested: Callable[[], int | None] = lambda: None,
+    attempt: int = 1,
 ) -> Iterator[GpuLocks]:
     """The one reservation scope of a launch (the chain and pp-gpu-node): inside it the engines' GPU locks are
     taken when GPUs are picked (`acquire`), released early once every stage exists (`release`, idempotent: the
     stages' labels then hold the GPUs), and always when the block ends, however it ends."""
-    locks = GpuLocks(sites, run_id, owner, say, stop_requested)
+    locks = GpuLocks(sites, run_id, owner, say, stop_requested, attempt=attempt)
     try:
         yield locks
     finally:
