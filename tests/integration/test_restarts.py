@@ -5,6 +5,7 @@ attempt's bring-up (nothing left); `down` and SIGTERM during the backoff (no fur
 from __future__ import annotations
 
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from pp_launch.adapters.docker_engine import Engine
 from pp_launch.core.gpu.inventory import GpuInventory
 from pp_launch.testing import fake_nvml
 
-from ..helpers import BUSY_SLACK, Launcher, guard_of, run_containers, wait_until
+from ..helpers import BUSY_SLACK, Launcher, guard_of, run_containers, unique, wait_until
 
 pytestmark = pytest.mark.docker
 JSON = ["--json", "--gpus", "none", "--grace", "1"]
@@ -202,3 +203,54 @@ def test_an_xid_on_a_stages_gpu_fails_it_and_the_next_attempt_never_uses_that_gp
     second = [e for e in chain.events_named("stage_started")][2:]
     assert len(second) == 2 and all(bad not in e["gpus"] for e in second)
     assert chain.events[-1]["event"] == "chain_stopped" and chain.events[-1]["exit_code"] == 0
+
+
+def test_a_neighbour_pruning_and_forging_labels_during_the_backoff_changes_nothing(
+    engine: Engine, stub_image: str
+) -> None:
+    """Another client of the engine acts while nothing of the run's stages exists: `docker container prune -f`
+    (the guard runs, so it stays) and a container of its own carrying the run's labels. The next attempt comes up
+    and completes; the neighbour's container is never touched."""
+    chain = Launcher("chain", "--stages", "2", "--max-restarts", "1", "--restart-backoff", "3", *JSON, *FAIL_ONCE)
+    run = chain.wait_event("chain_restarting", timeout=90)["run"]
+    pruned = subprocess.run(["docker", "container", "prune", "-f"], capture_output=True, text=True, check=False)
+    assert pruned.returncode == 0, pruned.stderr
+    forged = subprocess.run(
+        [
+            "docker",
+            "run",
+            "-d",
+            "--name",
+            unique("neighbour"),
+            "--network",
+            "none",
+            "--label",
+            f"pp-launch.run={run}",
+            "--label",
+            "pp-launch.stage=1",
+            "--label",
+            "pp-launch.owner=detached",
+            "--label",
+            "pp-launch.gpus=",
+            "-e",
+            "STUB_MODE=hold",
+            "-e",
+            "STUB_IGNORE_LIFELINE=1",
+            stub_image,
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert forged.returncode == 0, forged.stderr
+    theirs = forged.stdout.strip()
+    try:
+        assert chain.wait(120) == 0, chain.stderr_text()
+        assert [e["reason"] for e in chain.events_named("chain_stopped")] == ["stage_failed", "completed"]
+        state = subprocess.run(
+            ["docker", "inspect", "-f", "{{.State.Running}}", theirs], capture_output=True, text=True, check=False
+        ).stdout.strip()
+        assert state == "true"  # never ours: neither attempt's teardown nor the guard touched it
+        assert theirs[:12] not in " ".join(chain.events_named("chain_stopped")[-1]["removed"])
+    finally:
+        subprocess.run(["docker", "rm", "-f", theirs], capture_output=True, check=False)
