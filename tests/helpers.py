@@ -185,3 +185,33 @@ def wait_until(predicate: Any, timeout: float, interval: float = 0.1) -> bool:
 
 # What the launcher says on the suite's own host, whose NVML (the fake, without config) has no driver loaded.
 NO_DRIVER = "NVML found, but the NVIDIA kernel driver is not loaded (check 'nvidia-smi' and 'lsmod | grep nvidia')"
+
+
+def docker(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["docker", *argv], capture_output=True, text=True, check=False)
+
+
+def forged(run: str, name: str, stage: int = 0) -> str:
+    """A neighbour's container carrying run `run`'s labels (run ids are public through `ps`): never ours."""
+    labels = {"pp-launch.run": run, "pp-launch.stage": str(stage), "pp-launch.owner": "detached", "pp-launch.gpus": ""}
+    flags = [part for key, value in labels.items() for part in ("--label", f"{key}={value}")]
+    out = docker(
+        "run",
+        "-d",
+        "--name",
+        name,
+        "--network",
+        "none",
+        *flags,
+        "-e",
+        "STUB_MODE=hold",
+        "-e",
+        "STUB_IGNORE_LIFELINE=1",
+        "pp-launch/stub-worker:latest",
+    )
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+def running(ref: str) -> bool:
+    return docker("inspect", "-f", "{{.State.Running}}", ref).stdout.strip() == "true"

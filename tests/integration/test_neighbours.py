@@ -15,45 +15,10 @@ from pp_launch.adapters.docker_engine import Engine
 from pp_launch.core import errors, labels
 from pp_launch.core.chain.plan import GUARD_IMAGE
 
-from ..helpers import Launcher, guard_of, remember_run, run_containers, unique, wait_until
+from ..helpers import Launcher, docker, forged, guard_of, remember_run, run_containers, running, unique, wait_until
 
 pytestmark = pytest.mark.docker
 HOLD = ["--json", "--gpus", "none", "--env", "STUB_MODE=hold", "--grace", "1"]
-
-
-def docker(*argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["docker", *argv], capture_output=True, text=True, check=False)
-
-
-def forged(run: str, name: str) -> str:
-    """A neighbour's container carrying run `run`'s labels (run ids are public through `ps`)."""
-    out = docker(
-        "run",
-        "-d",
-        "--name",
-        name,
-        "--network",
-        "none",
-        "--label",
-        f"{labels.RUN}={run}",
-        "--label",
-        f"{labels.STAGE}=0",
-        "--label",
-        f"{labels.OWNER}=detached",
-        "--label",
-        f"{labels.GPUS}=",
-        "-e",
-        "STUB_MODE=hold",
-        "-e",
-        "STUB_IGNORE_LIFELINE=1",
-        "pp-launch/stub-worker:latest",
-    )
-    assert out.returncode == 0, out.stderr
-    return out.stdout.strip()
-
-
-def running(ref: str) -> bool:
-    return docker("inspect", "-f", "{{.State.Running}}", ref).stdout.strip() == "true"
 
 
 def test_a_container_forging_a_live_runs_labels_survives_its_teardown_down_and_gc(engine, stub_image) -> None:

@@ -15,7 +15,7 @@ from pp_launch.adapters.docker_engine import Engine
 from pp_launch.core.gpu.inventory import GpuInventory
 from pp_launch.testing import fake_nvml
 
-from ..helpers import BUSY_SLACK, Launcher, guard_of, run_containers, unique, wait_until
+from ..helpers import BUSY_SLACK, Launcher, docker, forged, guard_of, run_containers, running, unique, wait_until
 
 pytestmark = pytest.mark.docker
 JSON = ["--json", "--gpus", "none", "--grace", "1"]
@@ -215,42 +215,11 @@ def test_a_neighbour_pruning_and_forging_labels_during_the_backoff_changes_nothi
     run = chain.wait_event("chain_restarting", timeout=90)["run"]
     pruned = subprocess.run(["docker", "container", "prune", "-f"], capture_output=True, text=True, check=False)
     assert pruned.returncode == 0, pruned.stderr
-    forged = subprocess.run(
-        [
-            "docker",
-            "run",
-            "-d",
-            "--name",
-            unique("neighbour"),
-            "--network",
-            "none",
-            "--label",
-            f"pp-launch.run={run}",
-            "--label",
-            "pp-launch.stage=1",
-            "--label",
-            "pp-launch.owner=detached",
-            "--label",
-            "pp-launch.gpus=",
-            "-e",
-            "STUB_MODE=hold",
-            "-e",
-            "STUB_IGNORE_LIFELINE=1",
-            stub_image,
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert forged.returncode == 0, forged.stderr
-    theirs = forged.stdout.strip()
+    theirs = forged(run, unique("neighbour"), stage=1)
     try:
         assert chain.wait(120) == 0, chain.stderr_text()
         assert [e["reason"] for e in chain.events_named("chain_stopped")] == ["stage_failed", "completed"]
-        state = subprocess.run(
-            ["docker", "inspect", "-f", "{{.State.Running}}", theirs], capture_output=True, text=True, check=False
-        ).stdout.strip()
-        assert state == "true"  # never ours: neither attempt's teardown nor the guard touched it
+        assert running(theirs)  # never ours: neither attempt's teardown nor the guard touched it
         assert theirs[:12] not in " ".join(chain.events_named("chain_stopped")[-1]["removed"])
     finally:
-        subprocess.run(["docker", "rm", "-f", theirs], capture_output=True, check=False)
+        docker("rm", "-f", theirs)

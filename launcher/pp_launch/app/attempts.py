@@ -36,7 +36,7 @@ def run(request: LaunchRequest, hooks: Hooks, once: Once, guards: Mapping[str, R
     output = _RunOutput(request, hooks)
     if policy.max_restarts == 0:  # one attempt: the caller's hooks as they are
         try:
-            return once(dataclasses.replace(request, keep_logs=False), _one(hooks, output))
+            return once(request, _one(hooks, output))
         finally:
             output.close()
     between = StopLatch()
@@ -49,7 +49,7 @@ def run(request: LaunchRequest, hooks: Hooks, once: Once, guards: Mapping[str, R
         attempt = 1
         while True:
             this = dataclasses.replace(
-                request, keep_logs=False, avoid_gpus=avoid, chain=dataclasses.replace(request.chain, attempt=attempt)
+                request, avoid_gpus=avoid, chain=dataclasses.replace(request.chain, attempt=attempt)
             )
             try:
                 done = once(this, _hooks_for(hooks, output, relay))
@@ -179,9 +179,9 @@ class _RunOutput:
 
     def reporter(self, plan: ChainPlan) -> Reporter:
         if self._reporter is None:
-            self.kept = keep_logs(self.request, plan, self.hooks.say)
+            self.kept = _keep_logs(self.request, plan, self.hooks.say)
             inner = self.hooks.reporter(plan)
-            self._reporter = inner if self.kept is None else Kept(inner, self.kept)
+            self._reporter = inner if self.kept is None else _Kept(inner, self.kept)
         return self._reporter
 
     def event(self, event: events.Event) -> None:
@@ -195,7 +195,7 @@ class _RunOutput:
                 self.hooks.say(f"warning: {self.kept.problem}")
 
 
-def keep_logs(request: LaunchRequest, plan: ChainPlan, say: Callable[[str], None]) -> run_logs.RunLog | None:
+def _keep_logs(request: LaunchRequest, plan: ChainPlan, say: Callable[[str], None]) -> run_logs.RunLog | None:
     """Where the run's output is kept; a state directory that cannot be used is said, and the chain runs on."""
     if not request.keep_logs:
         return None
@@ -209,7 +209,7 @@ def keep_logs(request: LaunchRequest, plan: ChainPlan, say: Callable[[str], None
         return None
 
 
-class Kept:
+class _Kept:
     """The caller's reporter, and every stage line kept beside it."""
 
     def __init__(self, inner: Reporter, kept: run_logs.RunLog) -> None:

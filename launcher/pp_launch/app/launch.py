@@ -9,13 +9,12 @@ differs (one engine, several engines, or `pp-gpu-node` children).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import os
 import signal
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -232,10 +231,10 @@ def _attempt(
         if (held := hooks.stop_pending()) is not None:
             raise errors.Interrupted(held)  # stopped while planning: nothing was started
         locks.check()  # the lock still runs: no one else can be placing on these GPUs
-        with reporting(request, plan, hooks) as reporter:
-            outcome, restartable, faults = _run(
-                request, plan, sites, reporter, hooks.on_scope, locks.check_and_release, guarding, hooks.say
-            )
+        reporter = hooks.reporter(plan)  # the run's one reporter, its output kept beside it (app/attempts.py)
+        outcome, restartable, faults = _run(
+            request, plan, sites, reporter, hooks.on_scope, locks.check_and_release, guarding, hooks.say
+        )
     return Launched(plan, note, outcome, restartable=restartable, faults=faults)
 
 
@@ -381,20 +380,6 @@ def _host_gpus(
     return across.host_gpus(
         reached, request.chain.image, gpu.attach, run_id, owner, overrides, every, request.chain.attempt
     )
-
-
-@contextlib.contextmanager
-def reporting(request: LaunchRequest, plan: ChainPlan, hooks: Hooks) -> Iterator[Reporter]:
-    """The caller's reporter for the run, every stage line kept beside it (for `pp-launch logs`) until the end
-    (the attempts of a run share one: app/attempts.py asks with keep_logs off)."""
-    kept = attempts.keep_logs(request, plan, hooks.say)
-    try:
-        yield hooks.reporter(plan) if kept is None else attempts.Kept(hooks.reporter(plan), kept)
-    finally:
-        if kept is not None:
-            kept.close()
-            if kept.problem:
-                hooks.say(f"warning: {kept.problem}")
 
 
 def _locks_needed(mode: str, inventories: list[GpuInventory]) -> bool:

@@ -22,7 +22,7 @@ from pp_launch.adapters.inbox import QueueInbox
 from pp_launch.adapters.runtime import ThreadRuntime
 from pp_launch.app import gpus as gpu_select
 from pp_launch.app import housekeeping
-from pp_launch.app.launch import Hooks, Launched, LaunchRequest, _me, _say_plan, reporting
+from pp_launch.app.launch import Hooks, Launched, LaunchRequest, _me, _say_plan
 from pp_launch.core import errors, hosts, labels
 from pp_launch.core.chain.plan import ChainPlan, build_plan
 from pp_launch.core.chain.scope import ChainOutcome, ChainScope
@@ -154,20 +154,19 @@ def _run(
     why the head was lost or "")."""
     backend = ray_cluster.RayStageBackend(handles, detached=request.detach)
     head: list[str] = []
-    with reporting(request, plan, hooks) as reporter:
-        scope = ChainScope(plan, backend, QueueInbox(), reporter, ThreadRuntime(), detach=request.detach)
-        hooks.on_scope(scope)
+    scope = ChainScope(plan, backend, QueueInbox(), hooks.reporter(plan), ThreadRuntime(), detach=request.detach)
+    hooks.on_scope(scope)
 
-        def lost(why: str) -> None:
-            head.append(why)
-            scope.request_stop(signal.SIGTERM, why)
+    def lost(why: str) -> None:
+        head.append(why)
+        scope.request_stop(signal.SIGTERM, why)
 
-        watch = cluster.watch_head(lost)
-        try:
-            outcome = scope.run()
-        finally:
-            watch.close()
-        return outcome, backend.lost, head[0] if head else ""
+    watch = cluster.watch_head(lost)
+    try:
+        outcome = scope.run()
+    finally:
+        watch.close()
+    return outcome, backend.lost, head[0] if head else ""
 
 
 def _blocks(
