@@ -333,6 +333,7 @@ def test_randomized_adversarial_mixes_on_a_breakable_engine(broken_engine, stub_
     side = broken_engine
     seed = int(os.environ.get("PP_CHAOS_SEED", random.randrange(1 << 30)))
     rng = random.Random(seed)
+    print(f"PP_CHAOS_SEED={seed} reproduces this mix")  # shown with a failure, its teardown's included
     gpu_node = os.path.join(os.path.dirname(sys.executable), "pp-gpu-node")
     decoy = side.docker(
         "run",
