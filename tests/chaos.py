@@ -208,10 +208,17 @@ def adversarial(side: Any, rng: random.Random, gpu_node: str, decoy: str) -> tup
     launcher = Launcher(*args, env=env)
 
     def left(status: str | None = None) -> list[str]:
+        """The run's containers still on the engine: its stages (by name, before the run id is known) and, once it
+        is, everything labelled with it (its guards, locks and probes too)."""
         extra = ["--filter", f"status={status}"] if status else []
-        return side.docker(
+        found = side.docker(
             "ps", "-aq", "--filter", f"name={prefix}-", "--filter", "label=pp-launch.run", *extra, check=False
         ).stdout.split()
+        if run:
+            found += side.docker(
+                "ps", "-aq", "--filter", f"label=pp-launch.run={run}", *extra, check=False
+            ).stdout.split()
+        return sorted(set(found))
 
     expected: set[int]
     run = ""
@@ -219,6 +226,7 @@ def adversarial(side: Any, rng: random.Random, gpu_node: str, decoy: str) -> tup
         if mix.fault == "collision":
             expected = {2}
             rc = launcher.wait(60)
+            run = next((str(e["run"]) for e in launcher.events if e.get("run")), "")
         else:
             launcher.wait_event("pp_stage_roster", timeout=90)
             run = launcher.run_id
@@ -264,7 +272,7 @@ def adversarial(side: Any, rng: random.Random, gpu_node: str, decoy: str) -> tup
             gc = Launcher("gc", env=env)
             gc.wait(60)
         if not wait_until(lambda: set(left()) <= set(left("dead")), 60):  # nothing left but what the engine killed
-            problems.append(f"left behind: {left()}")
+            problems.append(f"left behind: {_describe(side, left())}")
         if left("dead") and mix.fault != "collision":  # the crashed engine's own failed removal: down removes it
             down = Launcher("down", run, "--grace", "1", env=env)
             if down.wait(60) != 0 or left():
@@ -288,6 +296,12 @@ def adversarial(side: Any, rng: random.Random, gpu_node: str, decoy: str) -> tup
         for cid in left():
             side.docker("rm", "-f", cid, check=False)
     return mix, problems
+
+
+def _describe(side: Any, ids: list[str]) -> str:
+    from .helpers import DESCRIBE
+
+    return side.docker("inspect", "-f", DESCRIBE, *ids, check=False).stdout.strip() if ids else "nothing"
 
 
 def _watchdogs_of(run: str) -> list[str]:

@@ -161,5 +161,8 @@ def broken_engine(side_engine):  # type: ignore[no-untyped-def]
     side_engine.ensure_running()
     ids = side_engine.docker("ps", "-aq", "--filter", "label=pp-launch.run", check=False).stdout.split()
     if ids:
+        from .helpers import DESCRIBE
+
+        what = side_engine.docker("inspect", "-f", DESCRIBE, *ids, check=False).stdout.strip()
         side_engine.docker("rm", "-f", *ids, check=False)
-        pytest.fail(f"containers of ours were left on the side engine: {ids}", pytrace=False)
+        pytest.fail(f"containers of ours were left on the side engine: {ids}\n{what}", pytrace=False)

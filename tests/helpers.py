@@ -215,3 +215,10 @@ def forged(run: str, name: str, stage: int = 0) -> str:
 
 def running(ref: str) -> bool:
     return docker("inspect", "-f", "{{.State.Running}}", ref).stdout.strip() == "true"
+
+
+DESCRIBE = (  # one line per container: enough to say which part of which run was left, and in what state
+    '{{.Name}} {{.State.Status}} stage={{index .Config.Labels "pp-launch.stage"}} '
+    'run={{index .Config.Labels "pp-launch.run"}} created={{.Created}} finished={{.State.FinishedAt}} '
+    "error={{.State.Error}}"
+)
