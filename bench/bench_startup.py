@@ -1,4 +1,4 @@
-"""Start-up: `pp-launch --version` and `pp-launch --help` against `python3 -c 'import click'`.
+"""Start-up: `pp-launch --version`, `--help` and `chain --help` against `python3 -c 'import click'`.
 
 Each command is run REPEATS times, interleaved (one of each in turn, so the machine's drift falls on all three
 alike); medians and the ratio to the yardstick. The goal: both at most 2x the yardstick. `--chain-import` adds
@@ -23,7 +23,12 @@ CASES = {
     "python3 -c 'import click' (yardstick)": [sys.executable, "-c", "import click"],
     "pp-launch --version": [*PP_LAUNCH, "--version"],
     "pp-launch --help": [*PP_LAUNCH, "--help"],
-    "import pp_launch.cli.chain_cmd (what chain loads)": [sys.executable, "-c", "import pp_launch.cli.chain_cmd"],
+    "pp-launch chain --help": [*PP_LAUNCH, "chain", "--help"],
+    "import pp_launch.app.launch (what a chain run loads: docker-py too)": [
+        sys.executable,
+        "-c",
+        "import pp_launch.app.launch",
+    ],
 }
 
 

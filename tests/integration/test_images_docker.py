@@ -32,7 +32,7 @@ def test_a_rebuild_removes_the_image_it_replaced(engine, stub_image, tmp_path: P
 def test_attach_socket_on_a_real_engine_unwraps_to_a_plain_socket(engine, stub_image) -> None:  # type: ignore[no-untyped-def]
     """docker-py's private `_sock` under attach_socket: raw_socket() must reach a socket.socket
     that shuts down and takes timeouts, or the stdin lifeline cannot be held. docker-py's own client: a local
-    engine is spoken to through SocketApi (its attach is a plain socket), docker-py's path serves tcp:// and ssh://."""
+    engine is spoken to through docker-py too (adapters/docker_client.py)."""
     import socket
 
     import docker
@@ -52,7 +52,7 @@ def test_attach_socket_on_a_real_engine_unwraps_to_a_plain_socket(engine, stub_i
         attached = api.attach_socket(ref, params={"stdin": 1, "stream": 1})
         raw = raw_socket(attached)
         assert isinstance(raw, socket.socket)
-        gone = removal_wait(api, ref)  # answers once the container is removed
+        gone = removal_wait(api, ref, 30)  # answers once the container is removed
         api.start(ref)
         raw.settimeout(None)
         raw.shutdown(socket.SHUT_WR)  # cat sees the end of stdin and exits; auto-remove takes it

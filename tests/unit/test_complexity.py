@@ -31,7 +31,7 @@ CHAIN_PATH = [
     "adapters/multi_host.py",
     "adapters/ray_cluster.py",
     "adapters/docker_engine.py",
-    "adapters/engine_api.py",
+    "adapters/docker_client.py",
     "adapters/process_backend.py",
     "adapters/inbox.py",
     "adapters/runtime.py",

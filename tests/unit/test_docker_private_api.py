@@ -24,7 +24,7 @@ def api() -> docker.APIClient:
 
 
 def test_the_installed_docker_is_inside_the_pinned_range() -> None:
-    pinned = re.search(r'"docker\[ssh\]>=([0-9.]+),<([0-9]+)"', (ROOT / "pyproject.toml").read_text())
+    pinned = re.search(r'"docker>=([0-9.]+),<([0-9]+)"', (ROOT / "pyproject.toml").read_text())
     assert pinned is not None, "pyproject.toml must pin docker to a range"
     low, high = tuple(int(p) for p in pinned.group(1).split(".")), int(pinned.group(2))
     installed = tuple(int(p) for p in importlib.metadata.version("docker").split(".")[:2])
@@ -71,7 +71,51 @@ def test_removal_wait_posts_to_the_wait_endpoint_with_condition_removed() -> Non
             response.status_code = 200
             return response
 
-    Recording(base_url="unix:///nonexistent/docker.sock", version="1.41")
-    docker_engine.removal_wait(Recording(base_url="unix:///nonexistent/docker.sock", version="1.41"), "c1")
+    docker_engine.removal_wait(Recording(base_url="unix:///nonexistent/docker.sock", version="1.41"), "c1", 5.0)
     assert seen["url"].endswith("/v1.41/containers/c1/wait")
     assert seen["params"] == {"condition": "removed"} and seen["stream"] is True and seen["timeout"] is None
+
+
+def test_the_unix_adapter_is_replaced_where_docker_py_keeps_it() -> None:
+    """docker_client.api_client swaps APIClient._custom_adapter (a UnixHTTPAdapter with .socket_path, mounted on
+    http+docker://) for its bounded one, and sets ._version (what version="auto" sets) once it asked the engine."""
+    from docker.transport.unixconn import UnixHTTPAdapter
+
+    client = api()
+    assert isinstance(client._custom_adapter, UnixHTTPAdapter)
+    assert client._custom_adapter.socket_path == "/nonexistent/docker.sock"
+    assert client.get_adapter("http+docker://localhost/v1.41/info") is client._custom_adapter
+    assert client._version == "1.41" and client.api_version == "1.41"
+    connection = client._custom_adapter.get_connection("http+docker://localhost")._new_conn()
+    assert connection.unix_socket == "/nonexistent/docker.sock" and hasattr(connection, "timeout")
+
+
+def test_a_plain_install_leaves_paramiko_to_the_ssh_extra() -> None:
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert not any("paramiko" in d or "[ssh]" in d for d in project["dependencies"]), project["dependencies"]
+    assert any(d.startswith("paramiko") for d in project["optional-dependencies"]["ssh"])
+
+
+def test_after_importing_every_module_find_spec_still_works() -> None:
+    """No stand-in is left in sys.modules: a user's own session can still ask for any module's spec."""
+    import importlib
+    import importlib.util
+    import pkgutil
+    import subprocess
+    import sys
+
+    import pp_launch
+
+    names = [m.name for m in pkgutil.walk_packages(pp_launch.__path__, "pp_launch.") if "__main__" not in m.name]
+    code = (
+        "import importlib, importlib.util, sys\n"
+        f"for name in {names!r}:\n"
+        "    importlib.import_module(name)\n"
+        "for name in ('requests', 'docker', 'docker.errors', 'urllib3', 'charset_normalizer', 'click', 'pynvml'):\n"
+        "    assert importlib.util.find_spec(name) is not None, name\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert importlib.util.find_spec("requests") is not None

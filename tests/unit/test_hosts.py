@@ -274,8 +274,8 @@ def test_contexts_are_read_where_the_docker_cli_writes_them(tmp_path: Path, monk
     monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path))
     write_context(tmp_path, "gpu2", {"Host": "ssh://ops@gpu2:2222", "SkipTLSVerify": False})
     write_context(tmp_path, "gpu3", {"Host": "tcp://gpu3:2376", "SkipTLSVerify": False}, tls=True)
-    assert docker_engine.host_url("gpu2") == "ssh://ops@gpu2:2222"
-    assert docker_engine.host_url("gpu3") == "https://gpu3:2376"
-    assert docker_engine.host_url("unix:///run/x.sock") == "unix:///run/x.sock"
+    assert docker_engine._context("gpu2").url == "ssh://ops@gpu2:2222"
+    assert docker_engine._context("gpu3").url == "https://gpu3:2376"
+    assert docker_engine._context("unix:///run/x.sock").url == "unix:///run/x.sock"
     with pytest.raises(errors.EngineUnavailable, match=r"no Docker context of that name.*docker context ls"):
-        docker_engine.host_url("nosuch")
+        docker_engine._context("nosuch")

@@ -88,7 +88,7 @@ def test_the_cli_parses_calls_launch_once_and_reports(monkeypatch: pytest.Monkey
         seen.append(request)
         raise errors.NotEnoughGpus("stand-in: nothing was started")
 
-    monkeypatch.setattr("pp_launch.cli.chain_cmd.launch", fake_launch)
+    monkeypatch.setattr("pp_launch.app.launch.launch", fake_launch)  # what the chain command calls when it runs
     result = CliRunner().invoke(
         main, ["chain", "--stages", "3", "--handoff", "stdin", "--gpus", "none", "--no-sweep", "-d"], env=NO_ENGINE
     )

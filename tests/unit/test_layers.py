@@ -21,8 +21,8 @@ PKG = Path(__file__).resolve().parents[2] / "launcher" / "pp_launch"
 FLOORS = {"core": 0, "adapters": 1, "app": 2, "testing": 2, "cli": 3}
 FOREIGN = {"docker", "requests", "pynvml", "click", "rich", "ray"}
 ONLY = {
-    "docker": {"adapters.docker_engine"},
-    "requests": {"adapters.docker_engine"},
+    "docker": {"adapters.docker_engine", "adapters.docker_client"},
+    "requests": {"adapters.docker_engine", "adapters.docker_client"},
     "pynvml": {"adapters.nvml"},
     "ray": {"adapters.ray_cluster"},
 }

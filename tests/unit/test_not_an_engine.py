@@ -14,9 +14,12 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import docker
 import pytest
+import requests
 
-from pp_launch.adapters import engine_api
+from pp_launch.adapters import docker_client, docker_engine
+from pp_launch.core import errors
 
 PP_LAUNCH = str(Path(sys.executable).with_name("pp-launch"))
 
@@ -97,10 +100,9 @@ def test_a_socket_that_is_not_docker_is_one_line_exit_2(tmp_path: Path, what: st
 
 def test_a_trickling_answer_is_bounded_as_a_whole_call(tmp_path: Path) -> None:
     with fake_socket(tmp_path, trickle) as path:
-        api = engine_api.SocketApi(path, timeout=1.0, fallback=lambda version: None)
         began = time.monotonic()
-        with pytest.raises(TimeoutError):
-            api.negotiate()
+        with pytest.raises((TimeoutError, requests.exceptions.ConnectionError), match="timed out"):
+            docker_client.api_client(f"unix://{path}", timeout=1.0)
         assert time.monotonic() - began < 2.0  # 1 s for the whole call, not 1 s per byte
         env = {**os.environ, "DOCKER_HOST": f"unix://{path}", "PP_ENGINE_TIMEOUT": "1"}
         began = time.monotonic()
@@ -109,14 +111,47 @@ def test_a_trickling_answer_is_bounded_as_a_whole_call(tmp_path: Path) -> None:
         assert time.monotonic() - began < 10 and "Traceback" not in done.stderr
 
 
+def test_a_call_after_the_first_is_bounded_too(tmp_path: Path) -> None:
+    """The engine answered its version, then trickles: a later call ends at the timeout as EngineLost, in words."""
+    answers = iter([b'{"ApiVersion": "1.41"}'])
+
+    def first_then_trickle(conn: socket.socket, stop: threading.Event) -> None:
+        body = next(answers, None)
+        if body is None:
+            trickle(conn, stop)
+        else:
+            answer(body)(conn, stop)
+
+    with fake_socket(tmp_path, first_then_trickle) as path:
+        engine = docker_engine.Engine(docker_client.api_client(f"unix://{path}", 1.0), lambda: None, 1.0)
+        began = time.monotonic()
+        with pytest.raises(errors.EngineLost, match=r"stopped answering \(no reply before the timeout"):
+            engine.inspect("x")
+        assert time.monotonic() - began < 2.0
+        engine.api.close()
+
+
+def engine_on(path: str) -> docker_engine.Engine:
+    """An engine that said its version; what it answers next is the test's."""
+    api = docker.APIClient(base_url=f"unix://{path}", version="1.41", timeout=5)
+    return docker_engine.Engine(api, api.close, 5.0)
+
+
 def test_odd_shapes_of_a_real_call_are_named_not_raised_as_key_errors(tmp_path: Path) -> None:
     with fake_socket(tmp_path, answer(b'"just a string"')) as path:
-        api = engine_api.SocketApi(path, timeout=5.0, fallback=lambda version: None)
-        with pytest.raises(engine_api.NotAnEngine, match="the container list with str where a list belongs"):
-            api.containers()
-        with pytest.raises(engine_api.NotAnEngine, match="a container's inspect with str where an object belongs"):
-            api.inspect_container("x")
+        engine = engine_on(path)
+        with pytest.raises(errors.EngineLost, match="the container list with str where a list belongs"):
+            engine.containers(["pp-launch.run"])
+        with pytest.raises(errors.EngineLost, match="a container's inspect with str where an object belongs"):
+            engine.inspect("x")
+        engine.close()
     with fake_socket(tmp_path, answer(b'{"Warnings": []}')) as path:
-        api = engine_api.SocketApi(path, timeout=5.0, fallback=lambda version: None)
-        with pytest.raises(engine_api.NotAnEngine, match="no container id"):
-            api.create_container_from_config({"Image": "x"}, name="y")
+        engine = engine_on(path)
+        with pytest.raises(errors.EngineLost, match="no container id"):
+            engine.api.create_container_from_config({"Image": "x"}, "y")
+        engine.close()
+    with fake_socket(tmp_path, answer(b"<html>hello</html>", "text/html")) as path:
+        engine = engine_on(path)
+        with pytest.raises(errors.EngineLost, match="answered /info with something that is not JSON"):
+            engine.identity()
+        engine.close()

@@ -1,9 +1,5 @@
-"""The Docker adapter: the only module that imports `docker`.
-
-A local engine (`unix://`) is spoken to by `engine_api.SocketApi`, docker-py's calls for a chain over the socket
-without docker-py's import cost; docker-py itself (and `requests` under it) is imported when first needed:
-another kind of engine (tcp://, ssh://, TLS), a call SocketApi leaves to it (build, logs...), or an engine's refusal
-(docker-py's own error types).
+"""The Docker adapter: every engine is spoken to through docker-py's APIClient (made by adapters/docker_client.py,
+which bounds each call as a whole and checks the shape of each answer); no other module speaks to an engine.
 
 Order that loses nothing (as docker/cli's `run` does): create; attach (the engine has registered the
 attach when the upgrade answers); register the wait for "removed" (the engine has registered it when the
@@ -16,12 +12,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import http.client
+import importlib.util
 import json
 import os
 import signal as _signal
 import socket
 import struct
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -29,8 +25,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pp_launch.adapters import engine_api
-from pp_launch.adapters.lazy import Deferred, defer
+import docker
+import docker.errors
+import docker.utils
+import requests
+
+from pp_launch.adapters import docker_client
 from pp_launch.adapters.runtime import Threads
 from pp_launch.core import errors, labels
 from pp_launch.core.chain import handoff
@@ -38,13 +38,6 @@ from pp_launch.core.chain.plan import StageSpec
 from pp_launch.core.chain.ports import HANDED_OVER, Sink, StageGone, StageOutput
 from pp_launch.core.lines import LineSplitter
 from pp_launch.core.stage_env import LIFELINE
-
-defer("paramiko")  # docker imports it for ssh:// engines; everyone else should not pay ~0.1 s for it
-for _name in ("docker", "docker.errors", "requests"):
-    defer(_name)  # ~0.2 s, paid by what needs them (see above), not by every chain on a local engine
-import docker  # noqa: E402
-import docker.errors  # noqa: E402
-import requests  # noqa: E402
 
 _STREAMS = {1: "stdout", 2: "stderr"}
 
@@ -68,15 +61,13 @@ def _tar(files: Mapping[str, bytes]) -> bytes:
     return buf.getvalue()
 
 
-def removal_wait(api: Any, ref: str) -> Any:
+def removal_wait(api: Any, ref: str, timeout: float) -> Any:
     """Register a wait for the container's removal; returns once the engine has registered it (the response
-    headers arrived), the body (`.content`) comes when the container is gone."""
-    own = getattr(api, "wait_for_removal", None)  # SocketApi's; docker-py has no public call for it
-    if own is not None:
-        return own(ref)
-    response = api.post(
-        api._url("/containers/{0}/wait", ref), params={"condition": "removed"}, stream=True, timeout=None
-    )
+    headers arrived, within `timeout`), the body (`.content`) comes when the container is gone (no clock on it)."""
+    with docker_client.within(timeout):  # docker-py has no public call for it
+        response = api.post(
+            api._url("/containers/{0}/wait", ref), params={"condition": "removed"}, stream=True, timeout=None
+        )
     api._raise_for_status(response)
     return response
 
@@ -98,9 +89,6 @@ NVIDIA_TOOLKIT_HINT = f"{TOOLKIT_MISSING}, or use --gpu-attach env on hosts whos
 NODE_TOOLKIT_HINT = f"{TOOLKIT_MISSING}, or leave PP_GPUS unset to run this stage on CPU"
 
 
-CLIENT_ENV = "PP_LAUNCH_ENGINE_CLIENT"  # "docker-py": a local engine through docker-py too (SocketApi's way out)
-
-
 def engine_address() -> str:
     return os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
 
@@ -109,11 +97,7 @@ def lost(exc: BaseException, address: str | None = None) -> errors.EngineLost:
     """One typed error for every way an engine can go away under us."""
     address = address or engine_address()
     text = str(exc)
-    if (
-        "timed out" in text
-        or isinstance(exc, TimeoutError)
-        or (_from(exc, "requests", "docker") and isinstance(exc, requests.exceptions.Timeout))
-    ):
+    if "timed out" in text or isinstance(exc, (TimeoutError, requests.exceptions.Timeout)):
         what = "stopped answering (no reply before the timeout: frozen or overloaded)"
     elif "Connection refused" in text or "No such file" in text or "FileNotFoundError" in text:
         what = "stopped (its socket refuses connections)"
@@ -123,22 +107,31 @@ def lost(exc: BaseException, address: str | None = None) -> errors.EngineLost:
 
 
 class _Guarded:
-    """docker-py's APIClient with every call guarded: a connection error or a timeout becomes EngineLost, so no
-    `requests` traceback reaches a user. The engine's own refusals (APIError) pass through unchanged."""
+    """docker-py's APIClient with every call guarded: the calls that answer at once bounded as a whole and their
+    answers' shapes checked (docker_client.BOUNDED); a connection error, a timeout or an answer no engine gives
+    becomes EngineLost, so no `requests` traceback reaches a user. The engine's own refusals (APIError) pass through
+    unchanged."""
 
-    def __init__(self, api: Any, address: str) -> None:
+    def __init__(self, api: Any, address: str, timeout: float) -> None:
         self._api = api
         self._address = address
+        self._timeout = timeout
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._api, name)
         if not callable(attr):
             return attr
+        bounded = name in docker_client.BOUNDED
 
         def call(*args: Any, **kwargs: Any) -> Any:
             try:
-                return attr(*args, **kwargs)
+                if not bounded:
+                    return attr(*args, **kwargs)
+                with docker_client.within(self._timeout):
+                    return docker_client.checked(name, attr(*args, **kwargs))
             except Exception as exc:
+                if bounded and isinstance(exc, ValueError) and not _refusal(exc):
+                    exc = docker_client.not_json(name, exc)
                 if _transport_error(exc):  # the engine's own refusals (APIError) pass through unchanged
                     raise lost(exc, self._address) from None
                 raise
@@ -146,27 +139,9 @@ class _Guarded:
         return call
 
 
-def _from(exc: BaseException, *packages: str) -> bool:
-    """Raised by one of these packages (so it is imported: asking isinstance of its types costs nothing)."""
-    return type(exc).__module__.split(".")[0] in packages
-
-
-class _Refusals:
-    """The engine's refusals as an `except` matches them: `except REFUSED.NotFound` catches SocketApi's NotFound,
-    and docker-py's once docker-py is imported (before that, no error of docker-py's can exist)."""
-
-    def __getattr__(self, kind: str) -> tuple[type[BaseException], ...]:
-        own: type[BaseException] = getattr(engine_api, kind)
-        theirs = sys.modules.get("docker.errors")
-        return (own,) if theirs is None or isinstance(theirs, Deferred) else (own, getattr(theirs, kind))
-
-
-REFUSED: Any = _Refusals()
-
-
 def _refusal(exc: BaseException) -> bool:
-    """The engine's own answer to a call (an APIError, SocketApi's or docker-py's), not a lost connection."""
-    return isinstance(exc, REFUSED.APIError)
+    """The engine's own answer to a call (docker-py's APIError), not a lost connection."""
+    return isinstance(exc, docker.errors.APIError)
 
 
 def _transport_error(exc: BaseException) -> bool:
@@ -175,9 +150,9 @@ def _transport_error(exc: BaseException) -> bool:
         return False
     if isinstance(exc, (OSError, EOFError, http.client.HTTPException)):
         return True
-    if _from(exc, "requests", "urllib3", "docker"):
-        return isinstance(exc, (requests.exceptions.RequestException, docker.errors.DockerException))
-    return _from(exc, "paramiko")
+    if isinstance(exc, (requests.exceptions.RequestException, docker.errors.DockerException)):
+        return True
+    return type(exc).__module__.split(".")[0] == "paramiko"
 
 
 def connect(timeout: float | None = None, host: str | None = None) -> Engine:
@@ -196,13 +171,9 @@ def connect(timeout: float | None = None, host: str | None = None) -> Engine:
         api, close = _host_api(host, context, timeout)
         return Engine(api, close, timeout, host, context.url)
     address = engine_address()
-    try:
-        if _over_socket(address):
-            api, close = _socket_api(address, timeout)
-        else:  # tcp:// (DOCKER_TLS_VERIFY, DOCKER_CERT_PATH as docker-py reads them), ssh://
-            client = docker.from_env(timeout=max(1, int(timeout)))
-            client.ping()
-            api, close = client.api, client.close
+    try:  # DOCKER_HOST, DOCKER_TLS_VERIFY and DOCKER_CERT_PATH as docker-py reads them
+        found = docker.utils.kwargs_from_env()
+        api = docker_client.api_client(found.get("base_url") or address, timeout, found.get("tls", False))
     except Exception as exc:
         if not (_transport_error(exc) or _refusal(exc)):
             raise
@@ -216,23 +187,7 @@ def connect(timeout: float | None = None, host: str | None = None) -> Engine:
             else "Start it (or set DOCKER_HOST to the engine you mean) and check that 'docker info' works."
         )
         raise errors.EngineUnavailable(f"cannot reach the Docker engine at {address}: {why}. {fix}") from None
-    return Engine(api, close, timeout)
-
-
-def _over_socket(url: str, tls: Any = False) -> bool:
-    """A local engine without TLS, and docker-py not asked for (PP_LAUNCH_ENGINE_CLIENT): SocketApi speaks to it."""
-    return url.startswith("unix://") and not tls and os.environ.get(CLIENT_ENV, "") != "docker-py"
-
-
-def _socket_api(url: str, timeout: float) -> tuple[engine_api.SocketApi, Callable[[], None]]:
-    """A unix-socket engine without docker-py: SocketApi, which asks its API version (and so whether it answers)."""
-
-    def fallback(version: str) -> Any:  # what SocketApi leaves to docker-py, on first use
-        return docker.APIClient(base_url=url, version=version or None, timeout=max(1, int(timeout)))
-
-    api = engine_api.SocketApi(url.removeprefix("unix://"), timeout, fallback)
-    api.negotiate()
-    return api, api.close
+    return Engine(api, api.close, timeout)
 
 
 def chosen_context() -> tuple[str, str] | None:
@@ -294,20 +249,16 @@ def _context(host: str) -> _Context:
     return _Context(url, tls)
 
 
-def host_url(host: str) -> str:
-    """The engine URL of a --host value: a URL as given, a context's endpoint as the docker CLI resolves it
-    (DOCKER_CONFIG, else ~/.docker). EngineUnavailable for a context that does not exist."""
-    return _context(host).url
-
-
 def _host_api(host: str, context: _Context, timeout: float) -> tuple[Any, Callable[[], None]]:
     url, tls = context.url, context.tls
     where = host if url == host else f"{host} ({url})"
+    if url.startswith("ssh://") and importlib.util.find_spec("paramiko") is None:
+        raise errors.EngineUnavailable(
+            f"host {where}: ssh:// engines need paramiko, which a plain install leaves out: "
+            "pip install 'pp-launch[ssh]'"
+        )
     try:
-        if _over_socket(url, tls):
-            return _socket_api(url, timeout)
-        client = docker.DockerClient(base_url=url, tls=tls, timeout=max(1, int(timeout)), use_ssh_client=False)
-        client.ping()
+        api = docker_client.api_client(url, timeout, tls)
     except Exception as exc:  # docker-py, requests, paramiko (ssh://) and socket errors alike: say why, in words
         hint = ""
         if url.startswith("ssh://"):
@@ -318,7 +269,7 @@ def _host_api(host: str, context: _Context, timeout: float) -> tuple[Any, Callab
         raise errors.EngineUnavailable(
             f"cannot reach the Docker engine of host {where}: {_unreachable(exc)}.{hint}"
         ) from None
-    return client.api, client.close
+    return api, api.close
 
 
 def _unreachable(exc: BaseException) -> str:
@@ -352,7 +303,7 @@ class ContainerInfo:
 
 
 class Engine:
-    """Thin, typed wrapper over docker-py's low-level API (or SocketApi, which answers as it does)."""
+    """Thin, typed wrapper over docker-py's low-level API."""
 
     def __init__(
         self,
@@ -367,7 +318,7 @@ class Engine:
         self.host = host  # as the user named it (--host); None: DOCKER_HOST or the default socket
         self.address = engine_address() if host is None else f"{url or host} (host {host})"
         self.url = engine_address() if host is None else (url or host)  # where the engine listens
-        self.api: Any = _Guarded(api, self.address)
+        self.api: Any = _Guarded(api, self.address, timeout)
 
     def identity(self) -> tuple[str, str]:
         """(identity, API version). The identity tells two names of one engine from two engines: the engine's
@@ -375,7 +326,7 @@ class Engine:
         try:
             info = self.api.info()
             version = self.api.version()
-        except REFUSED.APIError as exc:
+        except docker.errors.APIError as exc:
             raise errors.EngineError(f"the engine at {self.address} does not say what it is: {_reason(exc)}") from None
         identity = "|".join(str(info.get(k, "")) for k in ("ID", "Name", "DockerRootDir"))
         return identity, str(version.get("ApiVersion", ""))
@@ -389,9 +340,9 @@ class Engine:
         """The image's Config (Entrypoint, Cmd, Labels...); None when the image is not present locally."""
         try:
             info = self.api.inspect_image(name)
-        except REFUSED.ImageNotFound:
+        except docker.errors.ImageNotFound:
             return None
-        except REFUSED.APIError as exc:
+        except docker.errors.APIError as exc:
             raise errors.EngineError(f"cannot inspect image {name}: {_reason(exc)}") from None
         return dict(info.get("Config") or {})
 
@@ -403,7 +354,7 @@ class Engine:
     def import_rootfs(self, tar_path: str, repository: str, tag: str, changes: list[str]) -> None:
         try:
             self.api.import_image_from_file(tar_path, repository=repository, tag=tag, changes=changes)
-        except REFUSED.APIError as exc:
+        except docker.errors.APIError as exc:
             raise errors.EngineError(f"docker import of {repository}:{tag} failed: {_reason(exc)}") from None
 
     def build(
@@ -430,36 +381,31 @@ class Engine:
                     raise errors.EngineError(f"building {tag} failed: {chunk['error'].strip()}")
                 if text := chunk.get("stream", "").strip():
                     progress(text)
-        except REFUSED.APIError as exc:
+        except docker.errors.APIError as exc:
             raise errors.EngineError(f"building {tag} failed: {_reason(exc)}") from None
 
     def remove_image(self, name: str) -> None:
-        # not contextlib.suppress: its match is taken before the call, which imports docker-py (and its NotFound)
-        try:  # noqa: SIM105
+        with contextlib.suppress(docker.errors.NotFound):
             self.api.remove_image(name, force=True)
-        except REFUSED.NotFound:
-            pass
 
     def image_id(self, name: str) -> str | None:
         try:
             return str(self.api.inspect_image(name).get("Id", "")) or None
-        except REFUSED.ImageNotFound:
+        except docker.errors.ImageNotFound:
             return None
 
     def drop_replaced_image(self, old_id: str | None, tag: str) -> None:
         """After a rebuild under `tag`: the image it replaced, now untagged, goes too (unless something uses it)."""
         if old_id is None or old_id == self.image_id(tag):
             return
-        try:  # noqa: SIM105  (as in remove_image)
+        with contextlib.suppress(docker.errors.APIError):  # in use by a container (404 and 409 alike): keep it
             self.api.remove_image(old_id, force=False)
-        except REFUSED.APIError:  # in use by a container (404 and 409 alike): keep it
-            pass
 
     # ------------------------------------------------------------------------------ containers
     def containers(self, label_filters: list[str]) -> list[ContainerInfo]:
         try:
             rows = self.api.containers(all=True, filters={"label": label_filters})
-        except REFUSED.APIError as exc:
+        except docker.errors.APIError as exc:
             raise errors.EngineError(f"cannot list containers: {_reason(exc)}") from None
         return [
             ContainerInfo(
@@ -476,13 +422,13 @@ class Engine:
     def create_placeholder(self, name: str | None, image: str, labels: Mapping[str, str]) -> str | None:
         """A container that is never started: a durable mark on the engine (a detached run's hand-over). Its id,
         or None when the name is taken."""
-        host_config = engine_api.host_config(network_mode="none")
-        config = engine_api.container_config(
+        host_config = self.api.create_host_config(network_mode="none")
+        config = self.api.create_container_config(
             image=image, command=None, entrypoint=["true"], labels=dict(labels), host_config=host_config
         )
         try:
             return str(self.api.create_container_from_config(config, name)["Id"])
-        except REFUSED.APIError as exc:
+        except docker.errors.APIError as exc:
             if exc.status_code == 409:
                 return None
             raise errors.EngineError(f"the engine at {self.address} refused {name}: {_reason(exc)}") from None
@@ -505,13 +451,13 @@ class Engine:
         container says on stdout, in its first line, that it is ready (`ready`), or why not (EngineError with that
         line); it writes nothing more there. created: told the engine's id before the container starts (a record
         that outlives this process: until it starts, nothing ends the container when this process dies)."""
-        host_config = engine_api.host_config(
+        host_config = self.api.create_host_config(
             init=True,
             auto_remove=True,
             network_mode="none",
             binds={h: {"bind": c, "mode": "rw"} for h, c in (binds or {}).items()} or None,
         )
-        config = engine_api.container_config(
+        config = self.api.create_container_config(
             image=image,
             command=None,
             entrypoint=list(entrypoint),
@@ -523,12 +469,12 @@ class Engine:
         config["StdinOnce"] = True
         try:
             ref = str(self.api.create_container_from_config(config, name)["Id"])
-        except REFUSED.ImageNotFound:
+        except docker.errors.ImageNotFound:
             raise errors.ImageMissing(
                 f"image {image} is not present on the engine at {self.address}: run 'pp-launch images build' "
                 f"there, or load it (docker save {image} | docker -H ENGINE load)"
             ) from None
-        except REFUSED.APIError as exc:
+        except docker.errors.APIError as exc:
             if exc.status_code == 409:
                 return None
             raise errors.EngineError(f"the engine at {self.address} refused {name}: {_reason(exc)}") from None
@@ -577,14 +523,14 @@ class Engine:
         """The owner label of the container with this exact name, '' if it has none, None if absent."""
         try:
             info = self.api.inspect_container(name)
-        except REFUSED.NotFound:
+        except docker.errors.NotFound:
             return None
         return str((info.get("Config", {}).get("Labels") or {}).get(labels.OWNER, ""))
 
     def inspect(self, ref: str) -> dict[str, Any] | None:
         try:
             return dict(self.api.inspect_container(ref))
-        except REFUSED.NotFound:
+        except docker.errors.NotFound:
             return None
 
     def log_lines(
@@ -609,9 +555,9 @@ class Engine:
                 tail="all" if tail is None else tail,
                 timestamps=timestamps,
             )
-        except REFUSED.NotFound:
+        except docker.errors.NotFound:
             return
-        except REFUSED.APIError as exc:
+        except docker.errors.APIError as exc:
             raise errors.EngineError(f"cannot read the logs of {ref[:12]}: {_reason(exc)}") from None
         pending = b""
         try:
@@ -619,7 +565,7 @@ class Engine:
                 pending += chunk
                 *lines, pending = pending.split(b"\n")
                 yield from lines
-        except (*REFUSED.NotFound, requests.exceptions.RequestException):  # docker-py's logs: both imported
+        except (docker.errors.NotFound, requests.exceptions.RequestException):  # docker-py's logs: both imported
             pass  # removed while we read: what came is what there is
         if pending:
             yield pending
@@ -630,7 +576,7 @@ class Engine:
         Compose keeps its services')."""
         try:
             resp = self.api.wait(ref, timeout=timeout, condition=condition)
-        except REFUSED.NotFound:
+        except docker.errors.NotFound:
             return None
         except requests.exceptions.ReadTimeout:
             raise errors.EngineError(f"container {ref[:12]} still runs after {timeout:g} s") from None
@@ -640,9 +586,9 @@ class Engine:
     def signal(self, ref: str, signum: int) -> None:
         try:
             self.api.kill(ref, signal=int(signum))
-        except REFUSED.NotFound:
+        except docker.errors.NotFound:
             pass  # already removed
-        except REFUSED.APIError as exc:
+        except docker.errors.APIError as exc:
             if exc.status_code != 409:  # 409: not running (exited, or never started)
                 raise errors.EngineError(f"cannot signal container {ref}: {_reason(exc)}") from None
 
@@ -654,10 +600,10 @@ class Engine:
         env: Mapping[str, str],
         device_requests: list[Mapping[str, Any]],
     ) -> str:
-        host_config = engine_api.host_config(auto_remove=True, network_mode="none")
+        host_config = self.api.create_host_config(auto_remove=True, network_mode="none")
         if device_requests:
             host_config["DeviceRequests"] = [dict(r) for r in device_requests]
-        config = engine_api.container_config(
+        config = self.api.create_container_config(
             image=image,
             command=None,
             entrypoint=argv,
@@ -667,9 +613,9 @@ class Engine:
         )
         try:
             return str(self.api.create_container_from_config(config, None)["Id"])
-        except REFUSED.ImageNotFound:
+        except docker.errors.ImageNotFound:
             raise errors.ImageMissing(f"image {image} is not present on the engine at {self.address}") from None
-        except REFUSED.APIError as exc:
+        except docker.errors.APIError as exc:
             raise errors.EngineError(f"the engine at {self.address} refused the helper: {_reason(exc)}") from None
 
     def run_helper(
@@ -690,9 +636,9 @@ class Engine:
         try:
             self.api.put_archive(ref, "/tmp", _tar(files))
             stream = self.api.attach(ref, stdout=True, stderr=True, stream=True, demux=True)
-            wait = removal_wait(self.api, ref)
+            wait = removal_wait(self.api, ref, self.timeout)
             self.api.start(ref)
-        except REFUSED.APIError as exc:
+        except docker.errors.APIError as exc:
             self.remove(ref)
             raise errors.EngineError(f"the helper did not start: {_reason(exc)}") from None
         except BaseException:
@@ -721,9 +667,9 @@ class Engine:
     def remove(self, ref: str) -> None:
         try:
             self.api.remove_container(ref, force=True)
-        except REFUSED.NotFound:
+        except docker.errors.NotFound:
             pass
-        except REFUSED.APIError as exc:
+        except docker.errors.APIError as exc:
             if exc.status_code != 409:  # 409: removal already in progress (auto-remove got there first)
                 raise errors.EngineError(f"cannot remove container {ref}: {_reason(exc)}") from None
 
@@ -834,7 +780,7 @@ class DockerStageBackend:
 
     def create(self, spec: StageSpec, env: Mapping[str, str]) -> str:
         lifeline = env.get(LIFELINE) == "stdin"
-        host_config = engine_api.host_config(
+        host_config = self.api.create_host_config(
             init=True,
             auto_remove=True,
             network_mode=spec.network,
@@ -843,7 +789,7 @@ class DockerStageBackend:
         if spec.device_requests:
             # The engine's own JSON, as the docker CLI sends it (docker-py's DeviceRequest turns null into []).
             host_config["DeviceRequests"] = [dict(r) for r in spec.device_requests]
-        config = engine_api.container_config(
+        config = self.api.create_container_config(
             image=spec.image,
             command=list(spec.command) if spec.command else None,
             environment=dict(env),
@@ -857,12 +803,12 @@ class DockerStageBackend:
         self._expect(spec.name)
         try:
             created = self.api.create_container_from_config(config, spec.name)
-        except REFUSED.ImageNotFound:
+        except docker.errors.ImageNotFound:
             raise errors.ImageMissing(
                 f"image {spec.image} is not present on this engine, and pp-launch never pulls. Build it "
                 "('pp-launch images build' for the built-in image) or load it ('docker load -i FILE')."
             ) from None
-        except REFUSED.APIError as exc:
+        except docker.errors.APIError as exc:
             if exc.status_code == 409:
                 raise errors.NameInUse(
                     f"container name {spec.name} is already in use; pick another --name, or remove the old "
@@ -895,14 +841,14 @@ class DockerStageBackend:
             raw = raw_socket(sock)
             raw.settimeout(None)  # a quiet stage must not time the stream out
             self._stdin[ref] = raw
-            wait = removal_wait(self.api, ref)
-        except REFUSED.APIError as exc:
+            wait = removal_wait(self.api, ref, self.engine.timeout)
+        except docker.errors.APIError as exc:
             raise errors.EngineError(f"cannot attach to {ref[:12]}: {_reason(exc)}") from None
         reader = self._threads.start(self._pump_output, sock, raw, stage, sink, name=f"stage-{stage}-output")
         self._threads.start(self._wait_removed, wait, reader, stage, sink, name=f"stage-{stage}-wait")
         try:
             self.api.start(ref)
-        except REFUSED.APIError as exc:
+        except docker.errors.APIError as exc:
             reason = _reason(exc)
             if "could not select device driver" in reason:
                 raise errors.GpuAttachUnavailable(f"{reason}: {self._toolkit_hint}") from None
@@ -910,11 +856,11 @@ class DockerStageBackend:
 
     def watch(self, ref: str, stage: int, sink: Sink) -> None:
         try:
-            wait = removal_wait(self.api, ref)
-        except REFUSED.NotFound:
+            wait = removal_wait(self.api, ref, self.engine.timeout)
+        except docker.errors.NotFound:
             sink(StageGone(stage, None, "already gone"))
             return
-        except REFUSED.APIError as exc:
+        except docker.errors.APIError as exc:
             raise errors.EngineError(f"cannot wait for {ref[:12]}: {_reason(exc)}") from None
         done = self._threads.start(lambda: None)  # no output to wait for: the stage's lines are not ours to read
         self._threads.start(self._wait_removed, wait, done, stage, sink, name=f"stage-{stage}-wait")

@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from pp_launch.core import errors
+from pp_launch.core.gpu import requests as gpu_requests
 from pp_launch.core.gpu.inventory import GpuInventory
 
-INVENTORY_ENV = "PP_LAUNCH_GPU_INVENTORY"  # an inventory file instead of this host's NVML
+INVENTORY_ENV = gpu_requests.INVENTORY_ENV
 
 
 def this_host(path: str | None = None) -> GpuInventory:

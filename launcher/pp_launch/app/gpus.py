@@ -13,6 +13,7 @@ from typing import Any
 
 from pp_launch.adapters import inventory_file
 from pp_launch.core import errors, hosts, labels
+from pp_launch.core.gpu import requests as gpu_requests
 from pp_launch.core.gpu.allocator import (
     HOST_LEVEL,
     AllocationRequest,
@@ -26,7 +27,7 @@ from pp_launch.core.gpu.allocator import (
 from pp_launch.core.gpu.inventory import GpuInventory
 from pp_launch.core.gpu.requests import device_requests, read_gpus
 
-ATTACH_MODES = ("request", "cdi", "env")
+ATTACH_MODES = gpu_requests.ATTACH_MODES
 
 
 INVENTORY_ENV = inventory_file.INVENTORY_ENV

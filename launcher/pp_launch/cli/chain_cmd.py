@@ -5,21 +5,20 @@ from __future__ import annotations
 import json
 import math
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from pp_launch.app import gpus as gpu_select
-from pp_launch.app.launch import Hooks, Launched, LaunchRequest, launch, plan_launch
 from pp_launch.cli import signals, streams
 from pp_launch.cli.main import main
 from pp_launch.cli.options import Seconds, gpu_options, host_options, restart_options, stage_options, swactor_options
-from pp_launch.cli.report import JsonReporter, LiveReporter, PlainReporter
-from pp_launch.cli.tables import gpu_names, render_ring
 from pp_launch.core import errors, hosts
 from pp_launch.core.chain.plan import ChainPlan, ChainRequest
-from pp_launch.core.chain.scope import ChainOutcome
 from pp_launch.core.lines import count
+
+if TYPE_CHECKING:  # the use case (and the engine client under it) is imported when a chain runs, not for --help
+    from pp_launch.app.launch import Launched, LaunchRequest
+    from pp_launch.core.chain.scope import ChainOutcome
 
 FILE_SKIPS = {"file", "as_json", "dry_run", "detach", "help", "verbose", "quiet"}  # not settable from a chain file
 
@@ -273,6 +272,8 @@ def chain(ctx: click.Context, /, **options: Any) -> None:
     if o["ray_address"] is not None:
         streams.set_aside_ray_output(verbosity)  # Ray's own lines only with -v
     if o["dry_run"]:
+        from pp_launch.app.launch import plan_launch
+
         _print_plan(plan_launch(request), o["as_json"], request.gpu.inventory_path)
         return
     _run(request, verbosity, o["as_json"])
@@ -280,6 +281,8 @@ def chain(ctx: click.Context, /, **options: Any) -> None:
 
 def _request(o: dict[str, Any]) -> LaunchRequest:
     """The launch the options ask for (each option's name as Click gives it; `sweep` has no effect, see its help)."""
+    from pp_launch.app.launch import LaunchRequest
+
     chain_request = ChainRequest(
         stages=o["stages"],
         image=o["image"],
@@ -312,6 +315,8 @@ def _request(o: dict[str, Any]) -> LaunchRequest:
 def _run(request: LaunchRequest, verbosity: int, as_json: bool) -> None:
     """Launch, with the CLI's hooks: words on stderr, a reporter once the run id exists, stop signals routed to
     the chain (and held while planning); then the result line, last."""
+    from pp_launch.app.launch import Hooks, launch
+
     say = (lambda t: click.echo(f"pp-launch: {t}", err=True)) if verbosity >= 0 or as_json else (lambda t: None)
     reporters: list[Any] = []
 
@@ -334,6 +339,8 @@ def _run(request: LaunchRequest, verbosity: int, as_json: bool) -> None:
 def _reporter(plan: ChainPlan, verbosity: int, as_json: bool, detach: bool) -> Any:
     """--json: events on stdout; --detach: stdout is the run id alone (RUN=$(pp-launch chain --detach)), so
     everything else goes to stderr; a terminal: the live table; else plain lines."""
+    from pp_launch.cli.report import JsonReporter, LiveReporter, PlainReporter
+
     run_id, stages = plan.run_id, len(plan.stages)
     if detach and verbosity >= 0:
         click.echo(
@@ -367,6 +374,9 @@ def _finish(outcome: ChainOutcome, run_id: str, as_json: bool, said: str = "", q
 
 
 def _print_plan(done: Launched, as_json: bool, inventory_path: str | None) -> None:
+    from pp_launch.app import gpus as gpu_select
+    from pp_launch.cli.tables import gpu_names, render_ring
+
     plan, note, warning = done.plan, done.note, done.warning
     local = any(s.gpus for s in plan.stages) and not plan.hosts
     names = gpu_names(gpu_select.load_inventory(inventory_path)) if local else {}

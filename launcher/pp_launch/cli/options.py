@@ -10,11 +10,10 @@ from typing import Any, TypeVar
 
 import click
 
-from pp_launch.app import gpus as gpu_select
-from pp_launch.app import launch
 from pp_launch.core import hosts
 from pp_launch.core import stage_env as stage_env_names
 from pp_launch.core.chain.plan import BUILTIN_IMAGE
+from pp_launch.core.gpu.requests import ATTACH_MODES, INVENTORY_ENV
 from pp_launch.core.stage_env import parse_assignment
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -95,13 +94,13 @@ def gpu_options(f: F) -> F:
             "--gpu-inventory",
             multiple=True,
             metavar="[HOST=]FILE",
-            envvar=gpu_select.INVENTORY_ENV,
+            envvar=INVENTORY_ENV,
             help="Read the GPU inventory from this file (the format of 'pp-launch gpus --record'; "
             "docs/formats.md) instead of NVML. HOST=FILE: for that --host only (repeatable), instead of its probe.",
         ),
         click.option(
             "--gpu-attach",
-            type=click.Choice(gpu_select.ATTACH_MODES),
+            type=click.Choice(ATTACH_MODES),
             default="request",
             show_default=True,
             help="request: engine device requests; cdi: CDI device names; env: only "
@@ -124,6 +123,8 @@ def gpu_options(f: F) -> F:
 
     @functools.wraps(f)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from pp_launch.app import launch  # when a command runs: its --help needs no engine client
+
         plain, per_host = split_inventories(kwargs.pop("gpu_inventory"))
         kwargs["gpu"] = launch.GpuOptions(
             kwargs.pop("gpus"),

@@ -8,7 +8,6 @@ for good; the hang-up itself (SIGHUP) ends the chain with 129 like any stop sign
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 from typing import Any, TextIO
@@ -91,6 +90,8 @@ def set_aside_ray_output(verbosity: int | None = None) -> str:
         sys.stderr.retarget(ours)
     else:
         sys.stderr = Quiet(ours)
+    import logging  # only when Ray runs: not a cost of every command
+
     ray_logger = logging.getLogger("ray")
     ray_logger.addHandler(logging.StreamHandler(kept))
     ray_logger.propagate = False  # never to the root logger's last resort, which writes to our stderr

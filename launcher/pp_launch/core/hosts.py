@@ -14,11 +14,11 @@ import re
 from collections.abc import Iterable, Sequence
 
 from pp_launch.core import errors
-from pp_launch.core.gpu.allocator import HOST_LEVEL
 from pp_launch.core.lines import count as counted
 
 __all__ = ["HOSTS_ENV", "HOST_LEVEL", "PLACEMENTS", "assign", "blocks", "parse_hosts"]
 
+HOST_LEVEL = 1000  # the topology level of a hop between two hosts: farther than any link inside one
 HOSTS_ENV = "PP_LAUNCH_HOSTS"
 PLACEMENTS = ("pack", "spread")
 

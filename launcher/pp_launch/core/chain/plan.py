@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pp_launch.core import labels, stage_env
 from pp_launch.core.announce import StageAnnouncement
 from pp_launch.core.chain import handoff
-from pp_launch.core.gpu.allocator import HOST_LEVEL, PlacementCost, describe_level
+from pp_launch.core.hosts import HOST_LEVEL
+
+if TYPE_CHECKING:  # the allocator is loaded by what places GPUs, not by every import of a plan (chain --help)
+    from pp_launch.core.gpu.allocator import PlacementCost
 
 BUILTIN_IMAGE = "pp-launch/stub-worker:latest"
 GUARD_IMAGE = "pp-launch/guard:latest"  # every run's guard and every engine's GPU lock (images/guard)
@@ -66,6 +69,8 @@ class ChainPlan:
 
     def to_json(self) -> dict[str, Any]:
         """The dry-run document (docs/getting-started.md)."""
+        from pp_launch.core.gpu.allocator import describe_level  # see the imports above
+
         stages = []
         for s in self.stages:
             env = dict(s.env)

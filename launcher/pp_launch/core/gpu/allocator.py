@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 from pp_launch.core import errors
 from pp_launch.core.gpu.inventory import GpuInventory, GpuProcess
+from pp_launch.core.hosts import HOST_LEVEL as HOST_LEVEL  # a hop between two hosts: farther than any link inside one
 
 SAME = 0
-HOST_LEVEL = 1000  # a hop between two hosts (core/hosts.py): farther than any link inside one
 UNKNOWN = 0  # no topology: every pair is as close as any other, bus id decides
 
 

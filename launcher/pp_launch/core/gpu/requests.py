@@ -6,6 +6,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+ATTACH_MODES = ("request", "cdi", "env")  # how a stage gets its GPUs (docs/gpus.md)
+INVENTORY_ENV = "PP_LAUNCH_GPU_INVENTORY"  # an inventory file instead of this host's NVML (adapters/inventory_file.py)
+
 GPU_CAPABILITIES = [["gpu"]]
 
 

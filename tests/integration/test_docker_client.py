@@ -1,0 +1,92 @@
+"""adapters/docker_client on the real engine: docker-py is the one client, its attach loses no byte of a stage's
+output, its removal wait gives the exit code; and a chain on a local engine runs without paramiko (a plain install
+leaves it out: only `pp-launch[ssh]` brings it)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import docker.errors
+import pytest
+
+from pp_launch.adapters import docker_client, docker_engine
+
+from ..helpers import run_containers, unique
+
+pytestmark = pytest.mark.docker
+
+
+def test_a_local_chain_runs_through_docker_py_without_paramiko(engine, stub_image, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Every call of a chain's life goes through docker-py's APIClient; paramiko is barred from the launcher (as a
+    plain install has none) and the chain runs the same."""
+    (tmp_path / "sitecustomize.py").write_text("import sys\nsys.modules['paramiko'] = None  # as if not installed\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    r = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "pp_launch", "chain", "--stages", "3", "--gpus", "none"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "match=true" in r.stdout + r.stderr
+    imported = {line.rsplit("|", 1)[1].strip() for line in r.stderr.splitlines() if line.startswith("import time:")}
+    assert {"docker.api.client", "pp_launch.adapters.docker_client"} <= imported
+    assert not any(m.startswith("paramiko.") for m in imported)  # ("paramiko" alone: the barred name, asked for)
+
+
+def test_the_local_engine_is_spoken_to_through_the_bounded_adapter(engine) -> None:  # type: ignore[no-untyped-def]
+    api = engine.api._api
+    assert isinstance(api, docker.APIClient)
+    assert isinstance(api.get_adapter("http+docker://localhost/v1.41/info"), docker_client._UnixAdapter)
+    assert api.api_version == engine.api.version()["ApiVersion"]  # asked, as version="auto" does
+
+
+def test_attach_start_and_removal_wait_through_docker_py(engine, stub_image) -> None:  # type: ignore[no-untyped-def]
+    """The stage's first line comes right behind the attach answer: none of it may be taken with the headers."""
+    api = engine.api
+    run = unique("attach")
+    script = "echo first; read x; echo got $x >&2; exit 3"
+    config = api.create_container_config(
+        image=stub_image,
+        command=None,
+        entrypoint=["/bin/sh", "-c", script],
+        labels={"pp-launch.run": run},
+        stdin_open=True,
+        host_config=api.create_host_config(init=True, auto_remove=True, network_mode="none"),
+    )
+    ref = api.create_container_from_config(config, None)["Id"]
+    try:
+        sock = docker_engine.raw_socket(api.attach_socket(ref, {"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}))
+        waiting = docker_engine.removal_wait(engine.api, ref, 30)
+        api.start(ref)
+        sock.settimeout(30)
+        frames = docker_engine._frames(sock)
+        assert next(frames) == (1, b"first\n")
+        sock.sendall(b"hello\n")
+        assert next(frames) == (2, b"got hello\n")
+        assert b'"StatusCode":3' in waiting.content.replace(b" ", b"")
+        sock.close()
+    finally:
+        with contextlib.suppress(docker.errors.APIError):
+            api.remove_container(ref, force=True)
+    deadline = time.monotonic() + 30
+    while run_containers(engine, run) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert run_containers(engine, run) == []  # auto-remove: the wait answered once it was gone
+    with pytest.raises(docker.errors.NotFound):
+        api.attach_socket(ref, {"stdout": 1, "stream": 1})
+
+
+def test_an_absent_socket_is_said_in_words(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    env = {**os.environ, "DOCKER_HOST": f"unix://{tmp_path}/absent.sock"}
+    code = "from pp_launch.adapters import docker_engine as d; d.connect(timeout=5)"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode != 0
+    assert re.search(r"cannot reach the Docker engine at unix://.*absent\.sock: no engine socket there", r.stderr)
