@@ -540,10 +540,12 @@ class Engine:
         since: int | None = None,
         tail: int | None = None,
         timestamps: bool = False,
+        opened: Callable[[Callable[[], None]], None] | None = None,
     ) -> Iterator[bytes]:
         """The container's output (stdout and stderr, as the engine kept it), line by line; with follow, until
         the container is gone. Nothing when it is gone already. tail: only the last lines; timestamps: each line
-        starts with the engine's time (RFC 3339) and a space, as docker logs -t."""
+        starts with the engine's time (RFC 3339) and a space, as docker logs -t. opened: told, once the stream is
+        open, how to end it from another thread (its socket closed: the reading ends as if the container had)."""
         try:
             stream = self.api.logs(
                 ref,
@@ -559,14 +561,16 @@ class Engine:
             return
         except docker.errors.APIError as exc:
             raise errors.EngineError(f"cannot read the logs of {ref[:12]}: {_reason(exc)}") from None
+        if opened is not None:
+            opened(stream.close)  # docker-py's CancellableStream: shuts its socket down, from any thread
         pending = b""
         try:
             for chunk in stream:
                 pending += chunk
                 *lines, pending = pending.split(b"\n")
                 yield from lines
-        except (docker.errors.NotFound, requests.exceptions.RequestException):  # docker-py's logs: both imported
-            pass  # removed while we read: what came is what there is
+        except (docker.errors.NotFound, requests.exceptions.RequestException, OSError, ValueError):
+            pass  # removed while we read, or the stream was closed: what came is what there is
         if pending:
             yield pending
 
@@ -770,6 +774,7 @@ class DockerStageBackend:
         self.max_line = max_line
         self.split_lines = split_lines
         self._stdin: dict[str, socket.socket] = {}
+        self._reading: dict[str, tuple[socket.socket, Any, list[threading.Thread]]] = {}  # attach, wait, threads
         self._toolkit_hint = toolkit_hint or NVIDIA_TOOLKIT_HINT
         self._tearing_down = threading.Event()
         self._threads = Threads()  # every reader and wait of this backend, joined by close()
@@ -845,7 +850,8 @@ class DockerStageBackend:
         except docker.errors.APIError as exc:
             raise errors.EngineError(f"cannot attach to {ref[:12]}: {_reason(exc)}") from None
         reader = self._threads.start(self._pump_output, sock, raw, stage, sink, name=f"stage-{stage}-output")
-        self._threads.start(self._wait_removed, wait, reader, stage, sink, name=f"stage-{stage}-wait")
+        waiter = self._threads.start(self._wait_removed, wait, reader, stage, sink, name=f"stage-{stage}-wait")
+        self._reading[ref] = (raw, wait, [reader, waiter])
         try:
             self.api.start(ref)
         except docker.errors.APIError as exc:
@@ -946,8 +952,23 @@ class DockerStageBackend:
         self._threads.join(timeout)
 
     def hand_over(self, ref: str) -> None:
+        """The stage's stdin stops being the lifeline (HANDED_OVER), and this process lets the stage go: its attach
+        and its removal wait are closed (as this process's exit would close them) and the two threads that read
+        them are joined; the run's guard owns the stage from now on."""
         with contextlib.suppress(OSError, KeyError):
             self._stdin[ref].sendall(HANDED_OVER)
+        reading = self._reading.pop(ref, None)
+        if reading is None:
+            return
+        raw, wait, threads = reading
+        sockets = [raw]
+        with contextlib.suppress(Exception):  # the wait's socket, as docker-py finds a streamed answer's socket
+            sockets.append(raw_socket(self.api._get_raw_response_socket(wait)))
+        for sock in sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)  # wakes the thread blocked reading it (close alone does not)
+        for thread in threads:
+            thread.join(READY_PATIENCE)
 
     def leftovers(self, run_id: str) -> list[str]:
         """The containers this backend created that the engine still has, by id: a container that only carries

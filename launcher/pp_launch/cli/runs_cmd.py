@@ -115,10 +115,13 @@ def logs(
         engines.finish()
         return
     lines: queue.Queue[tuple[str, bytes] | None] = queue.Queue(maxsize=10000)
+    closers: list[Any] = []  # each stream's close, once open: an interrupted follow ends every pump by them
 
     def pump(engine: Engine, c: Any) -> None:
         try:
-            for line in engine.log_lines(c.id, follow=True, since=when, tail=tail, timestamps=timestamps):
+            for line in engine.log_lines(
+                c.id, follow=True, since=when, tail=tail, timestamps=timestamps, opened=closers.append
+            ):
                 lines.put((prefix(c), line))
         finally:
             lines.put(None)
@@ -126,17 +129,32 @@ def logs(
     pumps = [threading.Thread(target=pump, args=(e, c), daemon=True, name=f"logs-{c.name}") for e, c in found]
     for t in pumps:
         t.start()
-    running = len(found)
-    while running:
-        item = lines.get()
-        if item is None:
-            running -= 1
-            continue
-        out.write(item[0] + display(item[1]) + "\n")
-        out.flush()
-    for t in pumps:  # each said it ended (its None): joined, not left behind
-        t.join()
+    try:
+        running = len(found)
+        while running:
+            item = lines.get()
+            if item is None:
+                running -= 1
+                continue
+            out.write(item[0] + display(item[1]) + "\n")
+            out.flush()
+    finally:  # every stage ended, or Ctrl-C: each stream closed, the queue drained until each pump ended, joined
+        _end_pumps(pumps, closers, lines)
     engines.finish()
+
+
+def _end_pumps(pumps: list[threading.Thread], closers: list[Any], lines: queue.Queue[Any]) -> None:
+    """Close every log stream (a pump still opening one closes it as soon as it is open) and take what the pumps
+    still put, until each has ended; then join them: none is left behind, interrupted or not."""
+    deadline = time.monotonic() + 30
+    while any(t.is_alive() for t in pumps) and time.monotonic() < deadline:
+        for close in list(closers):
+            with contextlib.suppress(Exception):
+                close()
+        with contextlib.suppress(queue.Empty):
+            lines.get(timeout=0.05)
+    for t in pumps:
+        t.join(max(0.0, deadline - time.monotonic()))
 
 
 def _ray_logs(address: str, run_id: str, stages: tuple[int, ...], tail: int | None, follow: bool) -> None:
