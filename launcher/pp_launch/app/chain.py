@@ -4,17 +4,19 @@ The use case that puts them together is app/launch.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from pp_launch.adapters import images
+from pp_launch.adapters import identity, images
 from pp_launch.adapters.docker_engine import Engine
 from pp_launch.core import errors, labels
 from pp_launch.core.announce import escape
 from pp_launch.core.chain.plan import BUILTIN_IMAGE, GUARD_IMAGE, ChainPlan, ChainRequest
 from pp_launch.core.chain.ports import Runtime
+from pp_launch.core.chain.scope import ChainOutcome
 
 # docker's reference grammar, simplified: [host[:port]/]path[:tag][@sha256:digest], lowercase path
 _IMAGE_REF = re.compile(
@@ -87,3 +89,27 @@ def _held(name: str, info: dict[str, Any], host: str | None) -> str:
         f"container name {name}{on} is held by {holder}, id {str(info.get('Id', ''))[:12]}; it was left "
         f"untouched. Choose another --name{fix}"
     )
+
+
+def owner_label(detach: bool) -> str:
+    """Whose the run's containers are: this launcher's user and process, or no process's once it is detached."""
+    return labels.OWNER_DETACHED if detach else identity.current_owner().label()
+
+
+def say_plan(plan: ChainPlan, note: str, say: Callable[[str], None]) -> None:
+    """What the plan is, in words, before anything starts: its note, and which stages run on which host."""
+    if note:
+        say(note)
+    if plan.hosts:
+        where = "; ".join(
+            f"{h}: stages {', '.join(str(s.index) for s in plan.stages if s.host == h)}" for h in plan.hosts
+        )
+        say(f"run {plan.run_id} across {len(plan.hosts)} hosts: {where}")
+
+
+def with_places_lost(outcome: ChainOutcome, said: Sequence[str]) -> ChainOutcome:
+    """A chain that lost a place on the way (a host's engine, a Ray node) failed whatever its stages did: exit 1,
+    each place said (what may be left there, what to run when it is back)."""
+    if not said:
+        return outcome
+    return dataclasses.replace(outcome, exit_code=errors.EXIT_FAILURE, message=f"{outcome.message}; {'; '.join(said)}")

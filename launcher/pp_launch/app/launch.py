@@ -199,7 +199,7 @@ def launch(request: LaunchRequest, hooks: Hooks | None = None, environ: Mapping[
     final: Launched | None = None
     try:
         _prepare(request, sites, hooks.say)
-        owner = request.owner or _me(request)
+        owner = request.owner or steps.owner_label(request.detach)
         if request.gpu_node is None:  # the guards come up while the launch plans: each costs a container's start
             guarding = _Guarding(sites, request.run_id or "", owner, request.chain.grace)
         once = functools.partial(_attempt, sites=sites, environ=environ, owner=owner, guarding=guarding)
@@ -227,7 +227,7 @@ def _attempt(
     with reserve(lock_sites, run_id, owner_now, hooks.say, hooks.stop_pending, attempt) as locks:
         plan, note = _plan(request, sites, environ, owner, run_id, locks)
         if request.chain.attempt == 1:
-            _say_plan(plan, note, hooks.say)
+            steps.say_plan(plan, note, hooks.say)
         if (held := hooks.stop_pending()) is not None:
             raise errors.Interrupted(held)  # stopped while planning: nothing was started
         locks.check()  # the lock still runs: no one else can be placing on these GPUs
@@ -259,7 +259,7 @@ def plan_launch(request: LaunchRequest, environ: Mapping[str, str] | None = None
                     f"image {image} is not present on the engine at {engine.address}, and pp-launch never pulls: a "
                     "launch would stop here. Build it or load it ('docker load -i FILE') first."
                 )
-        run_id, owner = request.run_id or identity.new_run_id(), request.owner or _me(request)
+        run_id, owner = request.run_id or identity.new_run_id(), request.owner or steps.owner_label(request.detach)
         plan, note = _plan(request, sites, environ, owner, run_id, None)
     finally:
         _close(sites)
@@ -294,10 +294,6 @@ def _close(sites: Sequence[_Site]) -> None:
     for s in sites:
         if s.engine is not None:
             s.engine.close()
-
-
-def _me(request: LaunchRequest) -> str:
-    return labels.OWNER_DETACHED if request.detach else identity.current_owner().label()
 
 
 def _prepare(request: LaunchRequest, sites: Sequence[_Site], say: Callable[[str], None]) -> None:
@@ -387,16 +383,6 @@ def _locks_needed(mode: str, inventories: list[GpuInventory]) -> bool:
     return mode.strip() not in ("none", "all") and any(inv.gpus for inv in inventories)
 
 
-def _say_plan(plan: ChainPlan, note: str, say: Callable[[str], None]) -> None:
-    if note:
-        say(note)
-    if plan.hosts:
-        where = "; ".join(
-            f"{h}: stages {', '.join(str(s.index) for s in plan.stages if s.host == h)}" for h in plan.hosts
-        )
-        say(f"run {plan.run_id} across {len(plan.hosts)} hosts: {where}")
-
-
 def _backend(
     request: LaunchRequest,
     plan: ChainPlan,
@@ -472,7 +458,7 @@ def _run(
     finally:
         faults.stop()
         release()
-        lost = getattr(backend, "lost", {})
+        lost = isinstance(backend, MultiHostBackend) and bool(backend.lost)
         clean = outcome is not None and not (outcome.orphans or lost) and outcome.reason != "detached"
         if record is not None and clean:
             record.forget(plan.run_id)
@@ -572,16 +558,14 @@ def _stopped_by_down(outcome: ChainOutcome, guards: Mapping[str, RunGuard]) -> C
 
 def _with_lost_hosts(outcome: ChainOutcome, run: str, backend: StageBackend) -> ChainOutcome:
     """A host lost on the way is named, with what may be left there and the command to run when it is back."""
-    lost: Mapping[str, str] = getattr(backend, "lost", {})
-    if not lost:
-        return outcome
+    if not isinstance(backend, MultiHostBackend):
+        return outcome  # one engine: a lost engine is the scope's to say
     said = []
-    for host, why in lost.items():
-        left = [ref[:12] for ref in outcome.orphans if backend.where(ref) == host]  # type: ignore[attr-defined]
+    for host, why in backend.lost.items():
+        left = [ref[:12] for ref in outcome.orphans if backend.where(ref) == host]
         maybe = f"containers {', '.join(left)} of run {run} may still be there" if left else "none known left"
         said.append(
             f"host {host} could not be reached ({why}): {maybe}; this run's watchdog for that host removes them "
             f"if it comes back soon, else run 'pp-launch down {run} --host {host}' when it is back"
         )
-    message = f"{outcome.message}; {'; '.join(said)}"
-    return dataclasses.replace(outcome, exit_code=errors.EXIT_FAILURE, message=message)
+    return steps.with_places_lost(outcome, said)

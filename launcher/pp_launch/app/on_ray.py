@@ -20,9 +20,10 @@ from typing import Any
 from pp_launch.adapters import identity, ray_cluster
 from pp_launch.adapters.inbox import QueueInbox
 from pp_launch.adapters.runtime import ThreadRuntime
+from pp_launch.app import chain as steps
 from pp_launch.app import gpus as gpu_select
 from pp_launch.app import housekeeping
-from pp_launch.app.launch import Hooks, Launched, LaunchRequest, _me, _say_plan
+from pp_launch.app.launch import Hooks, Launched, LaunchRequest
 from pp_launch.core import errors, hosts, labels
 from pp_launch.core.chain.plan import ChainPlan, build_plan
 from pp_launch.core.chain.scope import ChainOutcome, ChainScope
@@ -39,7 +40,7 @@ def launch(request: LaunchRequest, hooks: Hooks, environ: Mapping[str, str]) -> 
     try:
         plan = placed.plan(request, environ, hooks.say)
         if request.chain.attempt == 1:
-            _say_plan(plan, "", hooks.say)
+            steps.say_plan(plan, "", hooks.say)
         if (held := hooks.stop_pending()) is not None:
             raise errors.Interrupted(held)  # stopped while planning: nothing was started
         outcome, lost, head = _run(request, plan, placed.handles, hooks, cluster)
@@ -63,7 +64,7 @@ def plan(request: LaunchRequest, environ: Mapping[str, str]) -> Launched:
     assert request.ray is not None
     cluster = ray_cluster.connect(request.ray)
     try:
-        run_id, owner = request.run_id or identity.new_run_id(), request.owner or _me(request)
+        run_id, owner = request.run_id or identity.new_run_id(), request.owner or steps.owner_label(request.detach)
         mode, per_stage = gpu_select.parse_gpus_flag(request.gpu.mode, request.gpu.per_stage)
         per_stage = 0 if mode == "none" else per_stage
         nodes = cluster.nodes()
@@ -108,7 +109,7 @@ class _Placed:
         self.run_id = ""
 
     def plan(self, request: LaunchRequest, environ: Mapping[str, str], say: Callable[[str], None]) -> ChainPlan:
-        run_id, owner = request.run_id or identity.new_run_id(), request.owner or _me(request)
+        run_id, owner = request.run_id or identity.new_run_id(), request.owner or steps.owner_label(request.detach)
         self.run_id = run_id
         mode, per_stage = gpu_select.parse_gpus_flag(request.gpu.mode, request.gpu.per_stage)
         per_stage = 0 if mode == "none" else per_stage
@@ -229,14 +230,13 @@ def _order(
 
 def _with_lost_nodes(outcome: ChainOutcome, run: str, lost: Mapping[str, str]) -> ChainOutcome:
     """A node lost on the way is named, with what to run there when it is back."""
-    if not lost:
-        return outcome
-    said = "; ".join(f"Ray node {node} was lost ({why})" for node, why in lost.items())
-    message = (
-        f"{outcome.message}; {said}: its stages' lifelines ended with their actors; if that node comes back "
-        f"with containers of run {run}, 'pp-launch gc' there removes them"
-    )
-    return dataclasses.replace(outcome, exit_code=errors.EXIT_FAILURE, message=message)
+    said = [f"Ray node {node} was lost ({why})" for node, why in lost.items()]
+    if said:
+        said[-1] += (
+            f": its stages' lifelines ended with their actors; if that node comes back with containers of run {run}, "
+            "'pp-launch gc' there removes them"
+        )
+    return steps.with_places_lost(outcome, said)
 
 
 def _with_lost_head(outcome: ChainOutcome, why: str) -> ChainOutcome:
