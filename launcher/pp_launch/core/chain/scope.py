@@ -19,6 +19,8 @@ from typing import Any, Protocol
 from pp_launch.core import errors, events, stage_env
 from pp_launch.core.announce import PREFIX, AnnouncementError, StageAnnouncement, parse_line
 from pp_launch.core.chain import handoff
+from pp_launch.core.chain.phases import Happening, Phase, Row, decide
+from pp_launch.core.chain.phases import exit_code as concrete
 from pp_launch.core.chain.plan import ChainPlan, StageSpec
 from pp_launch.core.chain.ports import TAIL_LINES as KEPT_WHILE_STOPPING
 from pp_launch.core.chain.ports import (
@@ -175,8 +177,7 @@ class ChainScope:
         self.detach = detach
         self.kill_wait = kill_wait
         self.stages = [_Stage(spec) for spec in plan.stages]
-        self._tearing_down = False
-        self._escalated = False
+        self._phase = Phase.STARTING  # changed only by the table (core/chain/phases.py)
         self._roster: list[RosterEntry] = []
         self._td = Teardown(backend, runtime, plan.grace, kill_wait)  # its errors gathered, typed
 
@@ -206,7 +207,8 @@ class ChainScope:
 
     def stop(self, reason: str = "down") -> ChainOutcome:
         """Tear down what the scope holds (the adopted containers), exactly as a chain's end does."""
-        removed, orphans, exit_code = self._teardown(reason, errors.EXIT_OK)
+        row = self._row(Happening.TAKEN_DOWN)
+        removed, orphans, exit_code = self._teardown(reason, errors.EXIT_OK if row.exit_code is None else row.exit_code)
         message = f"{len(removed)} containers stopped and removed"
         if self._td.errors:
             message += "; teardown errors: " + "; ".join(map(str, self._td.errors))
@@ -225,7 +227,9 @@ class ChainScope:
         try:
             end = self._bring_up() or self._supervise()
         except BaseException:
-            self._teardown("error", errors.EXIT_FAILURE)
+            bug = self._row(Happening.BUG)
+            code = errors.EXIT_FAILURE if bug.exit_code is None else concrete(bug.exit_code)  # a bug while stopping
+            self._teardown(bug.ends or "error", code)
             raise
         if end.reason == "detached":
             return ChainOutcome(0, "detached", end.message, roster=tuple(self._roster))
@@ -254,17 +258,18 @@ class ChainScope:
         try:
             self._roster = resolve_roster({s.spec.index: s.announcement for s in self.stages}, len(self.stages))
         except DuplicateNodeId as exc:
-            return _End(errors.EXIT_FAILURE, "stage_failed", str(exc), exc.stages[1])
+            return self._end(Happening.BAD_ANNOUNCEMENT, str(exc), exc.stages[1])
         self.reporter.event(events.StageRoster(drive_seq=1, stages=tuple(self._roster)))
         for st in self.stages:
             if not st.gone:
                 self._move(st, events.StageInput.ROSTER)
-        if self.detach:
-            for st in self.stages:
-                if st.ref is not None and not st.gone:
-                    self.backend.hand_over(st.ref)
-            return _End(0, "detached", f"run {self.plan.run_id} is up with {count(len(self.stages), 'stage')}")
-        return None
+        if not self.detach:
+            return self._end(Happening.ALL_ANNOUNCED)
+        for st in self.stages:
+            if st.ref is not None and not st.gone:
+                self.backend.hand_over(st.ref)
+        up = f"run {self.plan.run_id} is up with {count(len(self.stages), 'stage')}"
+        return self._end(Happening.ALL_ANNOUNCED_DETACH, up)
 
     def _parallel(self) -> bool:
         """Every container at once where the backend can hand off later and stdin is the lifeline."""
@@ -331,9 +336,7 @@ class ChainScope:
         if failed is None:
             return None
         bad, why = failed
-        k = bad.spec.index
-        code = why.exit_code if not any(s.started for s in self.stages) else errors.EXIT_FAILURE
-        return _End(code, "stage_failed", f"stage {k} ({bad.spec.where()}) could not start: {why}", k)
+        return self._not_started(bad, why)
 
     def _hand_off_as_they_announce(self, waiting: bool) -> _End | None:
         """Stage by stage: wait for its announcement (its own --addr-timeout), hand it to the next stage."""
@@ -371,8 +374,7 @@ class ChainScope:
             backend.deliver(st.ref, data)
         except (OSError, errors.PpLaunchError) as exc:
             k = st.spec.index
-            msg = f"stage {k} ({st.spec.where()}): hand-off failed: {exc}"
-            return _End(errors.EXIT_FAILURE, "stage_failed", msg, k)
+            return self._end(Happening.NOT_STARTED, f"stage {k} ({st.spec.where()}): hand-off failed: {exc}", k)
         if restart_clock:  # its worker starts now: --addr-timeout counts from here
             st.started_at = self.clock()
         return None
@@ -380,13 +382,14 @@ class ChainScope:
     def _not_announced(self, st: _Stage) -> _End:
         k = st.spec.index
         missing = ", ".join(str(s.spec.index) for s in self.stages if s.announcement is None)
-        return _End(
-            errors.EXIT_FAILURE,
-            "stage_failed",
+        end = self._end(
+            Happening.NOT_ANNOUNCED,
             f"stage {k} ({st.spec.where()}) did not announce its address within {self.plan.addr_timeout:g} s "
             f"(--addr-timeout); stages not announced: {missing}" + self._tail(st),
             k,
         )
+        assert end is not None  # the table ends a chain that is coming up here
+        return end
 
     def _start_stage(self, st: _Stage, prev: StageAnnouncement | None, first: StageAnnouncement | None) -> _End | None:
         spec, k = st.spec, st.spec.index
@@ -399,9 +402,7 @@ class ChainScope:
             self.backend.start(st.ref, k, self.inbox.put)
             self._move(st, events.StageInput.START)
         except errors.PpLaunchError as exc:
-            # Before any container of ours started, a configuration error (a name held by someone) is exit 2.
-            code = exc.exit_code if not any(s.started for s in self.stages) else errors.EXIT_FAILURE
-            return _End(code, "stage_failed", f"stage {k} ({spec.where()}) could not start: {exc}", k)
+            return self._not_started(st, exc)
         self.reporter.event(events.StageStarted(stage=k, container=spec.name, image=spec.image, gpus=spec.gpus))
         deadline = st.started_at + self.plan.addr_timeout
         end = self._pump(lambda: st.announcement is not None, deadline)
@@ -415,7 +416,40 @@ class ChainScope:
         end = self._pump(lambda: all(s.gone for s in self.stages), None)
         if end is not None:
             return end
-        return _End(errors.EXIT_OK, "completed", "every stage exited 0")
+        end = self._end(Happening.ALL_EXITED, "every stage exited 0")
+        assert end is not None  # the table ends a running chain here
+        return end
+
+    # -------------------------------------------------------------------------------- the table
+    def _row(self, happening: Happening) -> Row:
+        """The table's row for what happened in the current phase; the phase is the row's from now on."""
+        row = decide(self._phase, happening)
+        self._phase = row.then
+        return row
+
+    def _end(
+        self, happening: Happening, message: str = "", stage: int | None = None, signum: int | None = None
+    ) -> _End | None:
+        """The chain's end when the table's row for `happening` ends it (its reason and exit code), else None."""
+        row = self._row(happening)
+        if row.ends is None or row.exit_code is None:
+            return None
+        return _End(concrete(row.exit_code, signum), row.ends, message, stage)
+
+    def _not_started(self, st: _Stage, why: errors.PpLaunchError) -> _End | None:
+        """A stage that could not be created or started. Before any stage of the chain started, the error's own
+        exit code stands (a name held by someone else is a configuration error: exit 2)."""
+        first = not any(s.started for s in self.stages)
+        row = self._row(Happening.NOT_STARTED_FIRST if first else Happening.NOT_STARTED)
+        if row.ends is None or row.exit_code is None:
+            return None
+        k = st.spec.index
+        message = f"stage {k} ({st.spec.where()}) could not start: {why}"
+        return _End(concrete(row.exit_code, own=why.exit_code), row.ends, message, k)
+
+    @property
+    def _stopping(self) -> bool:
+        return self._phase in (Phase.STOPPING, Phase.HURRYING)
 
     # -------------------------------------------------------------------------------- events
     def _pump(self, done: Callable[[], bool], deadline: float | None) -> _End | None:
@@ -437,38 +471,34 @@ class ChainScope:
         if isinstance(event, StopRequested):
             return self._on_stop(event.signum, event.by)
         if isinstance(event, StageFault):  # the stage failed by its GPU: the chain ends as when a stage fails
-            if self._tearing_down:
-                return None
-            return _End(errors.EXIT_FAILURE, "stage_failed", event.message, event.stage)
+            return self._end(Happening.GPU_FAULT, event.message, event.stage)
         st = self.stages[event.stage]
         if isinstance(event, StageOutput):
             return self._on_output(st, event)
         return self._on_gone(st, event)
 
     def _on_stop(self, signum: int, by: str = "") -> _End | None:
-        if self._tearing_down:
-            self._escalated = True  # a second signal: stop waiting for graceful exits
-            return None
+        """The first stop ends the chain; one while stopping hurries the teardown (the table's HURRYING)."""
         name = by or (signal.Signals(signum).name if signum in signal.valid_signals() else str(signum))
-        return _End(errors.exit_code_for_signal(signum), "signal", f"stopped by {name}")
+        return self._end(Happening.STOP, f"stopped by {name}", signum=signum)
 
     def _on_output(self, st: _Stage, event: StageOutput) -> _End | None:
         text = display(event.data)
         st.tail.append(text)
         self.reporter.stage_line(st.spec.index, event.stream, text)
-        if event.stream != "stdout" or event.continued or st.announcement is not None or self._tearing_down:
+        if event.stream != "stdout" or event.continued or st.announcement is not None or self._stopping:
             return None
         if event.partial:  # longer than the line limit: never handed on, even cut to its first piece
             if event.data.lstrip(b" \t").startswith(PREFIX.encode()):
                 k = st.spec.index
                 msg = f"stage {k} ({st.spec.where()}): an announcement longer than the line limit was rejected"
-                return _End(errors.EXIT_FAILURE, "stage_failed", msg, k)
+                return self._end(Happening.BAD_ANNOUNCEMENT, msg, k)
             return None
         try:
             announcement = parse_line(event.data.decode("utf-8", errors="backslashreplace"))
         except AnnouncementError as exc:
             k = st.spec.index
-            return _End(errors.EXIT_FAILURE, "stage_failed", f"stage {k} ({st.spec.where()}): {exc}", k)
+            return self._end(Happening.BAD_ANNOUNCEMENT, f"stage {k} ({st.spec.where()}): {exc}", k)
         if announcement is not None:
             st.announcement = announcement
             elapsed = round(self.clock() - st.started_at, 3)
@@ -488,28 +518,23 @@ class ChainScope:
             return None
         st.exit_code = event.exit_code
         k = st.spec.index
-        why = events.ExitReason
-        if self._tearing_down:
-            reason = why.STOPPED
-        elif event.exit_code != 0:
-            reason = why.FAILED
+        if event.exit_code != 0:
+            happening = Happening.EXIT_FAILED
+            code = "unknown" if event.exit_code is None else str(event.exit_code)
+            detail = f" ({event.detail})" if event.detail else ""
+            message = f"stage {k} ({st.spec.where()}) exited with code {code}{detail}" + self._tail(st)
         elif st.announcement is None:
-            reason = why.DIED_EARLY
+            happening = Happening.EXIT_EARLY
+            message = f"stage {k} ({st.spec.where()}) exited with code 0 before announcing its address" + self._tail(st)
         else:
-            reason = why.EXITED
+            happening, message = Happening.EXIT_DONE, ""
+        row = decide(self._phase, happening)  # what the exit is called; _end below takes the row
+        reason = row.stage or events.ExitReason.STOPPED
         self.reporter.event(
             events.StageExited(stage=k, exit_code=event.exit_code, reason=reason, detail=event.detail or None)
         )
         self._move(st, events.StageInput.GONE, f"exit {event.exit_code}")
-        if reason is why.FAILED:
-            code = "unknown" if event.exit_code is None else str(event.exit_code)
-            detail = f" ({event.detail})" if event.detail else ""
-            msg = f"stage {k} ({st.spec.where()}) exited with code {code}{detail}" + self._tail(st)
-            return _End(errors.EXIT_FAILURE, "stage_failed", msg, k)
-        if reason is why.DIED_EARLY:
-            msg = f"stage {k} ({st.spec.where()}) exited with code 0 before announcing its address" + self._tail(st)
-            return _End(errors.EXIT_FAILURE, "stage_failed", msg, k)
-        return None
+        return self._end(happening, message, k)
 
     def _move(self, st: _Stage, inp: events.StageInput, detail: str = "") -> None:
         """Every change of a stage's state goes through the table (events.STAGE_TRANSITIONS)."""
@@ -550,8 +575,8 @@ class ChainScope:
 
     def _teardown(self, reason: str, exit_code: int, message: str = "") -> tuple[tuple[str, ...], tuple[str, ...], int]:
         """The one teardown (core/chain/teardown.py) over every started stage, events flowing meanwhile; then
-        the stages that never started are removed by force, and the engine confirms that nothing is left."""
-        self._tearing_down = True
+        the stages that never started are removed by force, and the engine confirms that nothing is left. The
+        exit code is the one the table gave the chain's end; how the teardown ends is the table's too."""
         self.inbox.stop_holding_back()  # stopping never waits behind output
         self.backend.tearing_down()
         self._stop_started(reason)
@@ -562,8 +587,9 @@ class ChainScope:
         if orphans:
             orphans = self._leftovers()
         removed = tuple(s.spec.name for s in self.stages if s.ref is not None and s.ref not in orphans)
-        if orphans or self._td.errors:
-            exit_code = errors.EXIT_FAILURE  # not a clean teardown: never 0 and never 128+N
+        row = self._row(Happening.TORN_DOWN_UNCLEAN if orphans or self._td.errors else Happening.TORN_DOWN)
+        if row.exit_code is not None:
+            exit_code = concrete(row.exit_code)  # not a clean teardown: never 0 and never 128+N
         self._drain_output()
         # every thread it started for this run has ended (bounded); a lost engine's reads and waits never end by
         # themselves: they are not waited for (daemons, they end with the process)
@@ -597,7 +623,7 @@ class ChainScope:
             gone=lambda st: st.gone,
             wait=self._wait,
             on_kill=lambda st: self._move(st, events.StageInput.KILL, "grace over: SIGKILL"),
-            hurry=lambda: self._escalated,
+            hurry=lambda: self._phase is Phase.HURRYING,
             name=lambda st: f"stage {st.spec.index}",
         )
 
