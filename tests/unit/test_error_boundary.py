@@ -7,8 +7,9 @@ import pytest
 from click.testing import CliRunner
 
 from pp_launch.adapters.nvml import NvmlUnavailable
+from pp_launch.app import housekeeping
 from pp_launch.app.worker_check import StepFailure
-from pp_launch.cli import engines, node_cmd
+from pp_launch.cli import node_cmd
 from pp_launch.cli.go_template import TemplateError
 from pp_launch.cli.main import main
 from pp_launch.core import errors, events
@@ -72,7 +73,7 @@ def test_every_error_type_through_a_command_is_one_plain_line_and_its_exit_code(
     def boom() -> None:
         raise error
 
-    monkeypatch.setattr(engines, "connect", boom)  # what `pp-launch ps` calls first (cli/engines.py)
+    monkeypatch.setattr(housekeeping, "connect", boom)  # what `pp-launch ps` calls first (app/housekeeping.py)
     result = CliRunner().invoke(main, ["ps"], catch_exceptions=False)
     assert result.exit_code == error.exit_code
     hint = "pp-launch: hint: 'pp-launch ps --help' lists its options\n" if isinstance(error, errors.UsageError) else ""

@@ -152,3 +152,27 @@ def test_each_io_added_to_a_use_case_on_purpose_fails(added: str) -> None:
 
 def test_os_environ_stays_allowed_in_the_use_cases() -> None:
     assert violations("app.chain", "import os\nx = os.environ.get('A')\ny = os.path.join('a', 'b')\n") == []
+
+
+CLI_MODULES = [(m, p) for m, p in modules() if m.startswith("cli.")]
+
+
+@pytest.mark.parametrize(("module", "path"), CLI_MODULES, ids=[m for m, _ in CLI_MODULES])
+def test_no_cli_module_connects_to_an_engine(module: str, path: Path) -> None:
+    """The CLI parses and renders: reaching an engine is a use case's (app/), never a command's own."""
+    for target in imports(path):
+        assert target != "pp_launch.adapters.docker_engine.connect", f"{module} imports docker_engine.connect"
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Attribute) and node.attr == "connect" and isinstance(node.value, ast.Name):
+            assert node.value.id not in ("docker_engine", "docker"), f"{module} calls {node.value.id}.connect"
+
+
+def test_the_cli_rule_sees_a_connect() -> None:
+    """The rule above, on a command that connects by itself: it fails."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        bad = Path(tmp) / "bad_cmd.py"
+        bad.write_text("from pp_launch.adapters.docker_engine import connect\n")
+        with pytest.raises(AssertionError, match=r"imports docker_engine\.connect"):
+            test_no_cli_module_connects_to_an_engine("cli.bad_cmd", bad)

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from pp_launch.adapters import identity, images
-from pp_launch.adapters.docker_engine import Engine
+from pp_launch.adapters.docker_engine import Engine, connect
 from pp_launch.core import errors, labels
 from pp_launch.core.announce import escape
 from pp_launch.core.chain.plan import BUILTIN_IMAGE, GUARD_IMAGE, ChainPlan, ChainRequest
@@ -56,6 +56,16 @@ def ensure_image(engine: Engine, image: str, say: Callable[[str], None]) -> None
         )
     say("pp-launch's images are missing: building them now (once; 'pp-launch images build' does the same)")
     images.build_all(engine, say)
+
+
+def build_images(progress: Callable[[str], None], base: str | None = None) -> list[images.BuildResult]:
+    """`pp-launch images build`: pp-launch's images on DOCKER_HOST's engine, each rebuilt only when its inputs
+    changed."""
+    engine = connect()
+    try:
+        return images.build_all(engine, progress, base)
+    finally:
+        engine.close()
 
 
 def check_names_free(engine: Engine, plan: ChainPlan, host: str | None, runtime: Runtime) -> None:

@@ -152,8 +152,15 @@ def probe_inventory(host: Host, image: str, attach: str, run_id: str, owner: str
     return GpuInventory(note=f"host {host.name}: {doc.get('note', 'no GPU')}")
 
 
-def live_gpu_labels(engine: Engine) -> list[Mapping[str, str]]:
-    """Labels of every existing pp-launch container that holds GPUs (exited ones hold nothing)."""
+def live_gpu_labels(engine: Engine | None = None, timeout: float = 5.0) -> list[Mapping[str, str]]:
+    """Labels of every existing pp-launch container that holds GPUs (exited ones hold nothing); on DOCKER_HOST's
+    engine when none is given (EngineUnavailable when it does not answer within `timeout`)."""
+    if engine is None:
+        here = connect(timeout=timeout)
+        try:
+            return live_gpu_labels(here)
+        finally:
+            here.close()
     return [
         c.labels
         for c in engine.containers([labels.GPUS])

@@ -7,15 +7,16 @@ import contextlib
 import re
 import signal
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from pp_launch.adapters import guard, host_state, identity
-from pp_launch.adapters.docker_engine import ContainerInfo, DockerStageBackend, Engine
+from pp_launch.adapters.docker_engine import ContainerInfo, DockerStageBackend, Engine, connect
 from pp_launch.adapters.inbox import QueueInbox
 from pp_launch.adapters.runtime import ThreadRuntime
-from pp_launch.core import errors, labels
+from pp_launch.core import errors, hosts, labels
 from pp_launch.core.announce import AnnouncementError, parse_line
 from pp_launch.core.chain.scope import ChainOutcome, ChainScope, Found, QuietReporter
 from pp_launch.core.gpu.inventory import GpuInventory
@@ -339,3 +340,72 @@ def render(rows: list[dict[str, Any]]) -> str:
     table = [tuple(display(cell.encode("utf-8", "surrogateescape")) for cell in row) for row in table]
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in table)
+
+
+class Engines:
+    """The engines a housekeeping command looks at: the one engine (no --host), the named hosts, or with
+    --all-hosts the hosts recorded for the runs started here (and RUN's own, from its labels). A host that does
+    not answer is told to `say` ("error: ..."), `failed` is set, and the command goes on with the others."""
+
+    def __init__(
+        self, names: tuple[str, ...], all_hosts: bool, run: str | None = None, say: Callable[[str], None] = print
+    ) -> None:
+        wanted = list(hosts.parse_hosts(names))
+        self.failed = False
+        self.reached: list[tuple[str | None, Engine]] = []
+        if all_hosts:
+            record = host_state.RunHosts(warn=lambda text: say(f"warning: {text}"))
+            self.reached.append((None, connect()))
+            recorded = record.of_prefix(run) if run else record.every()
+            labelled = self._labelled_hosts(run) if run else ()
+            wanted += [h for h in (*recorded, *labelled) if h not in wanted]
+        elif not wanted:
+            self.reached.append((None, connect()))
+        for name in wanted:
+            try:
+                self.reached.append((name, connect(host=name)))
+            except errors.PpLaunchError as exc:
+                self.failed = True
+                say(f"error: {exc}")
+        self.several = len(self.reached) > 1 or any(name for name, _ in self.reached)
+
+    def _labelled_hosts(self, run: str) -> tuple[str, ...]:
+        found: dict[str, None] = {}
+        for _, engine in self.reached:
+            for c in engine.containers(labels.run_selector()):
+                if c.labels.get(labels.RUN, "").startswith(run):
+                    found.update(dict.fromkeys(h for h in c.labels.get(labels.HOSTS, "").split(",") if h))
+        return tuple(found)
+
+    def close(self) -> bool:
+        """Every connection closed; whether a host failed on the way (the command then exits 1)."""
+        for _, engine in self.reached:
+            engine.close()
+        return self.failed
+
+    def find_run(self, run_id: str) -> tuple[str, list[tuple[Engine, ContainerInfo]]]:
+        """The run (id or unique prefix) on every engine looked at, each container with its engine, in stage
+        order. ConfigError when no engine has it, as on one engine."""
+        if not self.several:
+            engine = self.reached[0][1]
+            run, found = find_run(engine, run_id)
+            return run, [(engine, c) for c in found]
+        runs: set[str] = set()
+        every: list[tuple[Engine, ContainerInfo]] = []
+        for _, engine in self.reached:
+            for c in engine.containers(labels.run_selector()):
+                runs.add(c.labels.get(labels.RUN, ""))
+                every.append((engine, c))
+        run = resolve_run(run_id, runs)
+        mine = [(e, c) for e, c in every if c.labels.get(labels.RUN) == run]
+        mine.sort(key=lambda item: labels.ascii_int(item[1].labels.get(labels.STAGE, "")) or 0)
+        return run, mine
+
+
+def run_ids(timeout: float) -> set[str]:
+    """The run ids the engine's labels name (shell completion); EngineUnavailable when it does not answer."""
+    engine = connect(timeout=timeout)
+    try:
+        return {c.labels.get(labels.RUN, "") for c in engine.containers(labels.run_selector())} - {""}
+    finally:
+        engine.close()

@@ -524,6 +524,20 @@ def report(image: str, results: list[StepResult]) -> dict[str, Any]:
     }
 
 
+def check_here(image: str, env: Mapping[str, str], say: Callable[[str], None], **options: Any) -> bool:
+    """`pp-launch worker check`: on DOCKER_HOST's engine, the image there (the built-in one built if missing), then
+    every step (`check`'s options: log, timeout, init_timeout, trace, as_json); `say` hears the image's build too."""
+    from pp_launch.adapters.docker_engine import connect
+    from pp_launch.app import chain as steps
+
+    engine = connect()
+    try:
+        steps.ensure_image(engine, image, options.pop("building", say))
+        return check(engine, image, env, say, **options)
+    finally:
+        engine.close()
+
+
 def check(
     engine: Engine,
     image: str,

@@ -9,7 +9,6 @@ from typing import Any
 import click
 
 from pp_launch.adapters import identity, inventory_file
-from pp_launch.adapters.docker_engine import connect
 from pp_launch.app import gpus as gpu_select
 from pp_launch.app import hosts as across
 from pp_launch.app.hosts import live_gpu_labels
@@ -136,7 +135,7 @@ def gpus(
 def _live_labels() -> list[Mapping[str, str]] | str:
     """The labels of DOCKER_HOST's containers that hold GPUs; why not, when the engine does not answer."""
     try:
-        return live_gpu_labels(connect(timeout=5))
+        return live_gpu_labels(timeout=5)
     except errors.EngineUnavailable as exc:
         return str(exc)
 

@@ -7,8 +7,7 @@ from collections.abc import Callable
 
 import click
 
-from pp_launch.adapters import images
-from pp_launch.adapters.docker_engine import connect
+from pp_launch.app import chain as steps
 from pp_launch.cli.main import main
 
 
@@ -35,8 +34,7 @@ def images_build(ctx: click.Context, base: str | None) -> None:
       pp-launch images build
     """
     quiet = ctx.obj["verbosity"] < 0
-    engine = connect()
-    results = images.build_all(engine, (lambda t: None) if quiet else _progress_printer(), base)
+    results = steps.build_images((lambda t: None) if quiet else _progress_printer(), base)
     for r in results:
         click.echo(f"{r.image}: {'built' if r.built else 'up to date'}")
 

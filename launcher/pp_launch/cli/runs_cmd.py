@@ -14,7 +14,7 @@ import click
 from click.shell_completion import CompletionItem
 
 from pp_launch.adapters import run_logs
-from pp_launch.adapters.docker_engine import Engine, connect
+from pp_launch.adapters.docker_engine import Engine
 from pp_launch.app import housekeeping
 from pp_launch.cli import streams
 from pp_launch.cli.engines import RAY_OPTION, Engines, host_choice
@@ -27,7 +27,7 @@ from pp_launch.core.lines import count, display
 def complete_runs(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
     """Shell completion of run ids, from the engine's labels (nothing when no engine answers)."""
     try:
-        runs = {c.labels.get(labels.RUN, "") for c in connect(timeout=3).containers(labels.run_selector())}
+        runs = housekeeping.run_ids(timeout=3)
     except Exception:
         return []
     return [CompletionItem(r) for r in sorted(runs) if r and r.startswith(incomplete)]

@@ -6,7 +6,6 @@ import sys
 
 import click
 
-from pp_launch.adapters.docker_engine import connect
 from pp_launch.app import chain as steps
 from pp_launch.cli.main import main
 from pp_launch.cli.options import parse_env
@@ -70,18 +69,16 @@ def worker_check(
       pp-launch worker check pp-launch/stub-worker:latest --trace
       pp-launch worker check my-worker:latest --env DEV=CUDA --json
     """
-    from pp_launch.app.worker_check import check
+    from pp_launch.app.worker_check import check_here
 
     verbose = ctx.obj["verbosity"] > 0
     steps.check_image_name(image, "IMAGE")
-    engine = connect()
-    steps.ensure_image(engine, image, lambda text: click.echo(f"pp-launch: {text}", err=True))
-    ok = check(
-        engine,
+    ok = check_here(
         image,
         dict(parse_env(env)),
         click.echo,
-        (lambda text: click.echo(text, err=True)) if verbose else (lambda text: None),
+        building=lambda text: click.echo(f"pp-launch: {text}", err=True),
+        log=(lambda text: click.echo(text, err=True)) if verbose else (lambda text: None),
         timeout=step_timeout,
         init_timeout=init_timeout,
         trace=(lambda text: click.echo(text, err=as_json)) if trace else None,
