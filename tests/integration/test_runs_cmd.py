@@ -237,3 +237,39 @@ def test_ps_all_lists_an_ended_run_whose_output_is_kept_and_plain_ps_does_not(en
     assert "pp-launch logs RUN" in rows[0]["owner_status"]
     shown = cli("logs", run, "--stage", "1")
     assert shown.returncode == 0 and "[stage 1]" in shown.stdout
+
+
+HEARD = b"detached: stdin is no longer a lifeline"
+
+
+def test_every_stage_of_a_detached_run_hears_the_hand_over_before_its_stdin_ends(engine, stub_image) -> None:  # type: ignore[no-untyped-def]
+    """The launcher's end of each stage's stdin ends right behind HANDED_OVER, in order: no stage may take the end
+    of its stdin for the launcher's death. Under load, closing the whole attach at once lost the race about once in
+    fifteen 3-stage runs (a stage ended; found by the full tier): here, eight runs beside two busy CPUs."""
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    LOUD = ("--env", "STUB_LOG_RATE=1000")  # output flowing as the attach closes: the engine's side of the race
+    runs: list[str] = []
+    try:
+        for _ in range(8):
+            up = cli("chain", "--stages", "3", "--gpus", "none", "--detach", "-q", "--env", "STUB_MODE=hold", *LOUD)
+            assert up.returncode == 0, up.stderr
+            runs.append(up.stdout.strip())
+            remember_run(runs[-1])
+        for run in runs:  # each stage says it heard the hand-over (the stub's line, early in its log), and runs on
+
+            def heard(run: str = run) -> bool:
+                found = engine.containers([f"pp-launch.run={run}"])
+                stages = [c for c in found if c.labels["pp-launch.stage"] != "guard"]
+                said = [any(HEARD in line for line in engine.log_lines(c.id)) for c in stages]  # stops at the line
+                return len(stages) == 3 and all(said)
+
+            assert wait_until(heard, 30), f"run {run}: a stage did not hear the hand-over"
+            running = [c for c in engine.containers([f"pp-launch.run={run}"]) if c.state == "running"]
+            assert len(running) == 4, [c.name for c in running]  # 3 stages and the guard
+    finally:
+        for p in busy:
+            p.kill()
+            p.wait()
+        for run in runs:
+            cli("down", run, "--grace", "1")
+    assert all(run_containers(engine, run) == [] for run in runs)

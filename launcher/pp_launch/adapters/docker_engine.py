@@ -774,7 +774,8 @@ class DockerStageBackend:
         self.max_line = max_line
         self.split_lines = split_lines
         self._stdin: dict[str, socket.socket] = {}
-        self._reading: dict[str, tuple[socket.socket, Any, list[threading.Thread]]] = {}  # attach, wait, threads
+        self._reading: dict[str, tuple[socket.socket, Any]] = {}  # each started stage's attach and removal wait
+        self._handed: list[str] = []  # stages handed over (a detached run): let go at close()
         self._toolkit_hint = toolkit_hint or NVIDIA_TOOLKIT_HINT
         self._tearing_down = threading.Event()
         self._threads = Threads()  # every reader and wait of this backend, joined by close()
@@ -850,8 +851,8 @@ class DockerStageBackend:
         except docker.errors.APIError as exc:
             raise errors.EngineError(f"cannot attach to {ref[:12]}: {_reason(exc)}") from None
         reader = self._threads.start(self._pump_output, sock, raw, stage, sink, name=f"stage-{stage}-output")
-        waiter = self._threads.start(self._wait_removed, wait, reader, stage, sink, name=f"stage-{stage}-wait")
-        self._reading[ref] = (raw, wait, [reader, waiter])
+        self._threads.start(self._wait_removed, wait, reader, stage, sink, name=f"stage-{stage}-wait")
+        self._reading[ref] = (raw, wait)
         try:
             self.api.start(ref)
         except docker.errors.APIError as exc:
@@ -949,26 +950,35 @@ class DockerStageBackend:
             self._all_created()
 
     def close(self, timeout: float = 5.0) -> None:
+        """Every thread of this backend ended: the handed-over stages let go first (a detached run's), then each
+        joined, at most `timeout` seconds in all."""
+        for ref in self._handed:
+            self._let_go(ref)
         self._threads.join(timeout)
 
     def hand_over(self, ref: str) -> None:
-        """The stage's stdin stops being the lifeline (HANDED_OVER), and this process lets the stage go: its attach
-        and its removal wait are closed (as this process's exit would close them) and the two threads that read
-        them are joined; the run's guard owns the stage from now on."""
+        """The stage's stdin stops being the lifeline: HANDED_OVER, then the end of stdin right behind it (a
+        half-close: the engine copies both, in order, while the stage's output still comes back). Closing the
+        whole attach here could end the engine's copy of stdin before HANDED_OVER reached the stage, which would
+        then take the end of its stdin for the launcher's death; `close()` lets the stage go, later."""
         with contextlib.suppress(OSError, KeyError):
             self._stdin[ref].sendall(HANDED_OVER)
+            self._stdin[ref].shutdown(socket.SHUT_WR)
+            self._handed.append(ref)
+
+    def _let_go(self, ref: str) -> None:
+        """A handed-over stage is its guard's: its attach and its removal wait are closed (as this process's exit
+        would close them), which ends the two threads that read them; close() joins them."""
         reading = self._reading.pop(ref, None)
         if reading is None:
             return
-        raw, wait, threads = reading
+        raw, wait = reading
         sockets = [raw]
         with contextlib.suppress(Exception):  # the wait's socket, as docker-py finds a streamed answer's socket
             sockets.append(raw_socket(self.api._get_raw_response_socket(wait)))
         for sock in sockets:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)  # wakes the thread blocked reading it (close alone does not)
-        for thread in threads:
-            thread.join(READY_PATIENCE)
 
     def leftovers(self, run_id: str) -> list[str]:
         """The containers this backend created that the engine still has, by id: a container that only carries

@@ -455,6 +455,7 @@ def _run(
         if outcome.reason == "detached":
             for g in guards.values():
                 g.detach()  # from here on the run is its guards' (and `down`'s)
+            backend.close()  # this process lets the stages go: their readers and waits end and are joined
     finally:
         faults.stop()
         release()
