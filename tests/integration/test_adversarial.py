@@ -203,7 +203,7 @@ def test_a_detached_run_deaf_to_all_killed_while_coming_up_goes_with_its_guard(e
     assert wait_until(lambda: run_containers(engine, run) == [] and guard_of(engine, run) == [], 20)
     stateless = {"PP_LAUNCH_STATE_DIR": str(tmp_path / "never-made")}
     ps = Launcher("ps", "--json", env=stateless)
-    assert ps.wait(30) == 0
+    assert ps.wait(30) == 0, ps.stderr_text()
     assert [r for r in ps.events if r["run"] == run] == []
     gc = Launcher("gc", env=stateless)
     assert gc.wait(30) == 0, gc.stderr_text()

@@ -213,7 +213,17 @@ ANNOUNCE_SCAN_LINES = 2000  # an announcement comes early; a stage that floods w
 
 
 def announced(engine: Engine, ref: str) -> str | None:
-    """The addresses a running stage announced (its first valid PP_GPU_NODE_ADDR line), from its logs."""
+    """The addresses a running stage announced (its first valid PP_GPU_NODE_ADDR line), from its logs; None when
+    there is none, or its logs cannot be read (a container the engine is removing: listed a moment ago)."""
+    try:
+        return _announced(engine, ref)
+    except errors.EngineLost:
+        raise
+    except errors.EngineError:
+        return None
+
+
+def _announced(engine: Engine, ref: str) -> str | None:
     for n, line in enumerate(engine.log_lines(ref)):
         if n >= ANNOUNCE_SCAN_LINES:
             return None
