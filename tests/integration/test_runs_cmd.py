@@ -13,7 +13,7 @@ import pytest
 
 from pp_launch.cli.runs_cmd import _instant
 
-from ..helpers import Launcher, remember_run, run_containers, wait_until
+from ..helpers import Launcher, guard_of, remember_run, run_containers, wait_until
 
 pytestmark = pytest.mark.docker
 
@@ -33,6 +33,7 @@ def detached(engine, stub_image):  # type: ignore[no-untyped-def]
     yield run
     cli("down", run, "--grace", "1")
     assert run_containers(engine, run) == []
+    assert wait_until(lambda: guard_of(engine, run) == [], 30)  # its guard goes a moment after, by itself
 
 
 def test_logs_prints_every_stage_prefixed_and_takes_a_prefix_of_the_run(detached: str) -> None:
@@ -92,6 +93,7 @@ def test_wait_until_announced_prints_each_address_and_until_exit_each_code(engin
     assert ended.returncode == 1
     assert "stage 0" in ended.stdout and "exited 0" in ended.stdout and "exited 3" in ended.stdout
     assert run_containers(engine, run) == []
+    assert wait_until(lambda: guard_of(engine, run) == [], 30)  # its guard ends once the run's last stage is gone
 
 
 def test_wait_gives_up_after_its_timeout_and_names_no_such_run(detached: str) -> None:

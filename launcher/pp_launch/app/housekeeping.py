@@ -357,9 +357,7 @@ class Engines:
     --all-hosts the hosts recorded for the runs started here (and RUN's own, from its labels). A host that does
     not answer is told to `say` ("error: ..."), `failed` is set, and the command goes on with the others."""
 
-    def __init__(
-        self, names: tuple[str, ...], all_hosts: bool, run: str | None = None, say: Callable[[str], None] = print
-    ) -> None:
+    def __init__(self, names: tuple[str, ...], all_hosts: bool, run: str | None, say: Callable[[str], None]) -> None:
         wanted = list(hosts.parse_hosts(names))
         self.failed = False
         self.reached: list[tuple[str | None, Engine]] = []
