@@ -244,19 +244,36 @@ def test_ps_all_lists_an_ended_run_whose_output_is_kept_and_plain_ps_does_not(en
 HEARD = b"detached: stdin is no longer a lifeline"
 
 
+def _hand_over_story(engine, run: str, launcher_said: str) -> str:  # type: ignore[no-untyped-def]
+    """What each stage of a run that failed the hand-over check said (its chatter left out), its state, and what
+    the launcher and `pp-launch logs` say: enough to tell a stage that ended from a line the engine has not logged."""
+    told = [f"run {run}: a stage did not hear the hand-over", f"launcher's stderr: {launcher_said!r}"]
+    for c in engine.containers([f"pp-launch.run={run}"]):
+        said = [line for line in engine.log_lines(c.id) if b"log line" not in line]
+        told.append(f"{c.name} {c.state} stage={c.labels.get('pp-launch.stage')}: {said[-12:]!r}")
+    kept = cli("logs", run)
+    told.append("pp-launch logs: " + repr([line for line in kept.stdout.splitlines() if "log line" not in line][-30:]))
+    told.append(f"pp-launch logs stderr: {kept.stderr!r}")
+    return "\n".join(told)
+
+
 def test_every_stage_of_a_detached_run_hears_the_hand_over_before_its_stdin_ends(engine, stub_image) -> None:  # type: ignore[no-untyped-def]
     """The launcher's end of each stage's stdin ends right behind HANDED_OVER, in order: no stage may take the end
-    of its stdin for the launcher's death. Under load, closing the whole attach at once lost the race about once in
-    fifteen 3-stage runs (a stage ended; found by the full tier): here, eight runs beside two busy CPUs."""
+    of its stdin for the launcher's death. Under load, with stdin and output on one attach, the engine dropped the
+    line about once in fifteen 3-stage runs when the whole attach closed at once, about once in thirty when its stdin
+    was half-closed first (every stage ended, exit 137, no kill; found by the full tier): here, eight runs beside two
+    busy CPUs, every stage's stdin on an attach of its own."""
     busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
     LOUD = ("--env", "STUB_LOG_RATE=1000")  # output flowing as the attach closes: the engine's side of the race
     runs: list[str] = []
+    launched: dict[str, str] = {}
     try:
         for _ in range(8):
             up = cli("chain", "--stages", "3", "--gpus", "none", "--detach", "-q", "--env", "STUB_MODE=hold", *LOUD)
             assert up.returncode == 0, up.stderr
             runs.append(up.stdout.strip())
             remember_run(runs[-1])
+            launched[runs[-1]] = up.stderr
         for run in runs:  # each stage says it heard the hand-over (the stub's line, early in its log), and runs on
 
             def heard(run: str = run) -> bool:
@@ -265,7 +282,7 @@ def test_every_stage_of_a_detached_run_hears_the_hand_over_before_its_stdin_ends
                 said = [any(HEARD in line for line in engine.log_lines(c.id)) for c in stages]  # stops at the line
                 return len(stages) == 3 and all(said)
 
-            assert wait_until(heard, 30), f"run {run}: a stage did not hear the hand-over"
+            assert wait_until(heard, 30), _hand_over_story(engine, run, launched[run])
             running = [c for c in engine.containers([f"pp-launch.run={run}"]) if c.state == "running"]
             assert len(running) == 4, [c.name for c in running]  # 3 stages and the guard
     finally:

@@ -773,7 +773,8 @@ class DockerStageBackend:
         self.api = engine.api
         self.max_line = max_line
         self.split_lines = split_lines
-        self._stdin: dict[str, socket.socket] = {}
+        self._stdin: dict[str, tuple[Any, socket.socket]] = {}  # each stage's stdin attach (an open stdin only)
+        self._open_stdin: set[str] = set()  # created with an open stdin (PP_LIFELINE=stdin)
         self._reading: dict[str, tuple[socket.socket, Any]] = {}  # each started stage's attach and removal wait
         self._handed: list[str] = []  # stages handed over (a detached run): let go at close()
         self._toolkit_hint = toolkit_hint or NVIDIA_TOOLKIT_HINT
@@ -823,6 +824,8 @@ class DockerStageBackend:
             raise errors.EngineError(f"the engine refused to create {spec.name}: {_reason(exc)}") from None
         ref = str(created["Id"])
         self.created.append(ref)
+        if lifeline:
+            self._open_stdin.add(ref)
         try:
             self._record(ref)
             self._made += 1
@@ -840,17 +843,26 @@ class DockerStageBackend:
             call()
 
     def start(self, ref: str, stage: int, sink: Sink) -> None:
+        sock: Any = None
         try:
-            # One hijacked connection: stdout/stderr come back on it; stdin is held open and never written,
-            # so the engine closes the stage's stdin (PP_LIFELINE=stdin) when this process dies.
-            sock = self.api.attach_socket(ref, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
+            # Two hijacked connections. The output comes back on one. The stage's open stdin (PP_LIFELINE=stdin)
+            # is the other, alone: the engine closes the stage's stdin when it ends, i.e. when this process dies
+            # or hands the run over. Apart, because the engine drops whatever it has not yet copied from an
+            # attach's stdin as soon as the output on that same attach fails: a detached run's launcher, exiting
+            # right behind HANDED_OVER, would race its own line (docs/chain.md, "The guard").
+            sock = self.api.attach_socket(ref, params={"stdout": 1, "stderr": 1, "stream": 1})
             raw = raw_socket(sock)
             raw.settimeout(None)  # a quiet stage must not time the stream out
-            self._stdin[ref] = raw
+            if ref in self._open_stdin:
+                feed = self.api.attach_socket(ref, params={"stdin": 1, "stream": 1})
+                self._stdin[ref] = (feed, raw_socket(feed))
             wait = removal_wait(self.api, ref, self.engine.timeout)
         except docker.errors.APIError as exc:
+            if sock is not None:
+                sock.close()
+            self._end_stdin(ref)
             raise errors.EngineError(f"cannot attach to {ref[:12]}: {_reason(exc)}") from None
-        reader = self._threads.start(self._pump_output, sock, raw, stage, sink, name=f"stage-{stage}-output")
+        reader = self._threads.start(self._pump_output, ref, sock, raw, stage, sink, name=f"stage-{stage}-output")
         self._threads.start(self._wait_removed, wait, reader, stage, sink, name=f"stage-{stage}-wait")
         self._reading[ref] = (raw, wait)
         try:
@@ -872,7 +884,7 @@ class DockerStageBackend:
         done = self._threads.start(lambda: None)  # no output to wait for: the stage's lines are not ours to read
         self._threads.start(self._wait_removed, wait, done, stage, sink, name=f"stage-{stage}-wait")
 
-    def _pump_output(self, sock: Any, raw: socket.socket, stage: int, sink: Sink) -> None:
+    def _pump_output(self, ref: str, sock: Any, raw: socket.socket, stage: int, sink: Sink) -> None:
         splitters = {1: LineSplitter(self.max_line), 2: LineSplitter(self.max_line)}
         try:
             for stream, data in _frames(raw):
@@ -890,6 +902,20 @@ class DockerStageBackend:
                 for line in splitter.close():
                     sink(StageOutput.of(stage, _STREAMS[stream], line))  # type: ignore[arg-type]
             sock.close()
+            self._end_stdin(ref)
+
+    def _end_stdin(self, ref: str) -> None:
+        """The stage's output ended (it ended, or was let go): so does our end of its stdin, as the engine ends
+        a shared attach's stdin with its output. A write after it is an OSError, never a wait on a stage that
+        is gone; what was sent before is still copied to the stage, in order, then the end of its stdin."""
+        feed = self._stdin.get(ref)
+        if feed is None:
+            return
+        with contextlib.suppress(OSError):
+            feed[1].shutdown(socket.SHUT_RDWR)  # wakes a writer blocked on it
+        for part in feed:
+            with contextlib.suppress(Exception):
+                part.close()
 
     def _wait_removed(self, response: Any, reader: threading.Thread, stage: int, sink: Sink) -> None:
         try:
@@ -922,18 +948,23 @@ class DockerStageBackend:
         return self.create(dataclasses.replace(spec, entrypoint=handoff.ENTRYPOINT, command=argv), env)
 
     def deliver(self, ref: str, data: bytes) -> None:
-        try:
-            self.write_stdin(ref, data)
-        except KeyError:
-            raise errors.EngineError(f"stage {ref[:12]} has no open stdin to hand off on") from None
+        if ref not in self._stdin:
+            raise errors.EngineError(f"stage {ref[:12]} has no open stdin to hand off on")
+        self.write_stdin(ref, data)
+
+    def _feed(self, ref: str) -> socket.socket:
+        feed = self._stdin.get(ref)
+        if feed is None:
+            raise BrokenPipeError(f"container {ref[:12]} has no open stdin (it was created without one)")
+        return feed[1]
 
     def write_stdin(self, ref: str, data: bytes) -> None:
         """To a stage created with an open stdin (PP_LIFELINE=stdin). OSError once it is gone."""
-        self._stdin[ref].sendall(data)
+        self._feed(ref).sendall(data)
 
     def close_stdin(self, ref: str) -> None:
         """End of stdin for the stage; its output still comes back."""
-        self._stdin[ref].shutdown(socket.SHUT_WR)
+        self._feed(ref).shutdown(socket.SHUT_WR)
 
     def signal(self, ref: str, signum: int) -> None:
         self.engine.signal(ref, signum)
@@ -957,13 +988,13 @@ class DockerStageBackend:
         self._threads.join(timeout)
 
     def hand_over(self, ref: str) -> None:
-        """The stage's stdin stops being the lifeline: HANDED_OVER, then the end of stdin right behind it (a
-        half-close: the engine copies both, in order, while the stage's output still comes back). Closing the
-        whole attach here could end the engine's copy of stdin before HANDED_OVER reached the stage, which would
-        then take the end of its stdin for the launcher's death; `close()` lets the stage go, later."""
-        with contextlib.suppress(OSError, KeyError):
-            self._stdin[ref].sendall(HANDED_OVER)
-            self._stdin[ref].shutdown(socket.SHUT_WR)
+        """The stage's stdin stops being the lifeline: HANDED_OVER, then the end of stdin right behind it, on the
+        stage's stdin attach (a connection of its own: the engine copies both to the stage, in order, however soon
+        this process exits after). `close()` lets the stage's output go, later."""
+        with contextlib.suppress(OSError):
+            feed = self._feed(ref)
+            feed.sendall(HANDED_OVER)
+            feed.shutdown(socket.SHUT_WR)
             self._handed.append(ref)
 
     def _let_go(self, ref: str) -> None:
