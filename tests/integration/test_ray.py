@@ -202,6 +202,11 @@ def test_two_runs_get_disjoint_gpus_a_third_is_refused_and_local_chains_see_them
         assert len(held) == len(set(held)) == 8  # disjoint: every GPU of the cluster once
         assert {row["host"] for row in rows if row["run"] == runs[0]} == {"a"}  # pack: one node each
         assert {row["host"] for row in rows if row["run"] == runs[1]} == {"b"}
+        table = cluster.run(PP, "ps", "--ray", "auto")  # the table shows what the rows say, as for engines
+        assert table.returncode == 0, table.stderr
+        body = table.stdout.splitlines()[1:]
+        assert len(body) == 8 and {line.split()[0] for line in body} == set(runs), table.stdout
+        assert all(" detached " in line for line in body), table.stdout
 
         t0 = time.monotonic()
         third = cluster.run(PP, "chain", "--ray", "auto", "--stages", "1", "--ray-timeout", "3")

@@ -122,6 +122,6 @@ def test_the_cdi_spec_names_each_gpu_by_index_and_uuid(tmp_path: Path) -> None:
     ],
 )
 def test_the_leak_guard_knows_a_launcher_from_a_path_with_pp_launch_in_it(argv: list[str], launcher: bool) -> None:
-    from pp_launch.testing.plugin import is_launcher
+    from pp_launch.testing.fixtures import is_launcher
 
     assert is_launcher(argv) is launcher

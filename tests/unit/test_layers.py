@@ -176,3 +176,69 @@ def test_the_cli_rule_sees_a_connect() -> None:
         bad.write_text("from pp_launch.adapters.docker_engine import connect\n")
         with pytest.raises(AssertionError, match=r"imports docker_engine\.connect"):
             test_no_cli_module_connects_to_an_engine("cli.bad_cmd", bad)
+
+
+HOUSEKEEPING_COMMANDS = ("cli.housekeeping_cmd", "cli.runs_cmd", "cli.engines")
+
+
+def site_blind(module: str, path: Path) -> list[str]:
+    """What a housekeeping command imports that belongs to one kind of site: an adapter, or Ray's use cases."""
+    return [t for t in imports(path) if t.startswith("pp_launch.adapters") or t.startswith("pp_launch.app.on_ray")]
+
+
+@pytest.mark.parametrize("module", HOUSEKEEPING_COMMANDS)
+def test_the_housekeeping_commands_ask_a_site_and_never_a_kind_of_site(module: str) -> None:
+    """ps, down, gc, logs and wait parse, ask app/runs.py, and render: what a Docker engine or a Ray cluster is
+    stays below them."""
+    path = PKG / (module.replace(".", "/") + ".py")
+    assert site_blind(module, path) == []
+
+
+def test_the_site_rule_sees_an_adapter(tmp_path: Path) -> None:
+    bad = tmp_path / "ps_cmd.py"
+    bad.write_text("from pp_launch.adapters.docker_engine import Engine\nfrom pp_launch.app import on_ray\n")
+    assert site_blind("cli.ps_cmd", bad) == ["pp_launch.adapters.docker_engine.Engine", "pp_launch.app.on_ray"]
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Each module and the modules of ours it imports, at its top or inside a function."""
+    known = dict(modules())
+    graph: dict[str, set[str]] = {}
+    for module, path in known.items():
+        found = set()
+        for target in imports(path):
+            name = target.removeprefix("pp_launch.")
+            while name and name not in known:  # pp_launch.app.launch.Hooks -> app.launch
+                name = name.rpartition(".")[0]
+            if name and name != module:
+                found.add(name)
+        graph[module] = found
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Each import circle, as the path that closes it (a depth-first walk)."""
+    found, done = [], set()
+
+    def walk(node: str, path: list[str]) -> None:
+        for nxt in sorted(graph.get(node, ())):
+            if nxt in path:
+                found.append([*path[path.index(nxt) :], nxt])
+            elif nxt not in done:
+                walk(nxt, [*path, nxt])
+        done.add(node)
+
+    for start in sorted(graph):
+        if start not in done:
+            walk(start, [start])
+    return found
+
+
+def test_no_module_imports_one_that_imports_it_back() -> None:
+    """No import circle between modules, even through an import inside a function: each module can be read, and
+    tested, from the ones it needs."""
+    assert cycles(import_graph()) == []
+
+
+def test_the_circle_rule_sees_a_circle() -> None:
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]

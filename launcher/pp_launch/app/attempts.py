@@ -24,7 +24,7 @@ from pp_launch.core.chain.scope import ChainOutcome, Reporter
 
 if TYPE_CHECKING:
     from pp_launch.adapters.guard import RunGuard
-    from pp_launch.app.launch import Hooks, Launched, LaunchRequest, Stoppable
+    from pp_launch.app.request import Hooks, Launched, LaunchRequest, Stoppable
 
 Once = Callable[["LaunchRequest", "Hooks"], "Launched"]
 DOWN = "'pp-launch down' (told to the run's guard)"

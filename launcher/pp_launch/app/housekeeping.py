@@ -196,6 +196,16 @@ def _stop_runs(
         return list(pool.map(lambda item: stop(*item), runs.items()))
 
 
+def local_inventory() -> GpuInventory | None:
+    """This machine's GPUs as NVML tells them (`ps` shows their memory and use); None without NVML."""
+    from pp_launch.adapters.nvml import NvmlUnavailable, read_inventory
+
+    try:
+        return read_inventory()
+    except NvmlUnavailable:
+        return None
+
+
 def owner_status(owner: str) -> str:
     if owner == labels.OWNER_DETACHED:
         return "detached"
@@ -343,7 +353,11 @@ def render(rows: list[dict[str, Any]]) -> str:
             r["owner"],
             r["owner_status"],
             r["state"],
-            f"{r['uptime_s']}s" if r.get("uptime_s") is not None else f"{r['age_s']}s old",
+            f"{r['uptime_s']}s"
+            if r.get("uptime_s") is not None
+            else "-"
+            if r.get("age_s") is None
+            else f"{r['age_s']}s old",
         )
         for r in rows
     ]

@@ -15,8 +15,7 @@ import os
 import signal
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Protocol
+from dataclasses import dataclass
 
 from pp_launch.adapters import host_state, identity
 from pp_launch.adapters.docker_engine import DockerStageBackend, Engine, connect
@@ -32,143 +31,17 @@ from pp_launch.app import chain as steps
 from pp_launch.app import gpus as gpu_select
 from pp_launch.app import hosts as across
 from pp_launch.app.locks import GpuLocks, LockSite, reserve
-from pp_launch.core import errors, hosts, labels
-from pp_launch.core.chain.plan import BUILTIN_IMAGE, ChainPlan, ChainRequest, build_plan
+from pp_launch.app.request import GpuOptions as GpuOptions
+from pp_launch.app.request import Hooks as Hooks
+from pp_launch.app.request import Launched as Launched
+from pp_launch.app.request import LaunchRequest as LaunchRequest
+from pp_launch.app.request import Stoppable as Stoppable
+from pp_launch.core import errors, labels
+from pp_launch.core.chain.plan import BUILTIN_IMAGE, ChainPlan, build_plan
 from pp_launch.core.chain.ports import StageBackend
-from pp_launch.core.chain.scope import ChainOutcome, ChainScope, QuietReporter, Reporter
+from pp_launch.core.chain.scope import ChainOutcome, ChainScope, Reporter
 from pp_launch.core.gpu import xid
 from pp_launch.core.gpu.inventory import GpuInventory
-
-
-@dataclass(frozen=True)
-class GpuOptions:
-    """--gpus and its companions: which GPUs, how many per stage, how the engine attaches them."""
-
-    mode: str = "auto"
-    per_stage: int = 1
-    attach: str = "request"
-    inventory_path: str | None = None
-    allow_shared: bool = False
-    min_free_mib: int | None = None
-    host_inventories: tuple[tuple[str, str], ...] = ()  # --gpu-inventory HOST=FILE (chains across hosts)
-    allow_unhealthy: bool = False  # also GPUs NVML says are unhealthy (never one that faulted in the run)
-
-
-@dataclass(frozen=True)
-class LaunchRequest:
-    """Everything a launch needs, checked when it is made: UsageError (exit 2) names the first rule broken."""
-
-    chain: ChainRequest
-    gpu: GpuOptions = field(default_factory=GpuOptions)
-    hosts: tuple[str, ...] = ()  # --host: Docker contexts or engine URLs in ring order; () for DOCKER_HOST
-    placement: str = "pack"
-    stages_per_host: int | None = None
-    detach: bool = False
-    gpu_node: str | None = None  # run each stage as this child process (pp-gpu-node) instead
-    owner: str | None = None  # the containers' owner label; None: this process
-    run_id: str | None = None  # None: a new one
-    keep_logs: bool = True  # each stage's output kept after the run (adapters/run_logs.py) for `pp-launch logs`
-    log_dir: str | None = None  # where: None for this user's state directory
-    ray: str | None = None  # --ray ADDRESS: the stages run on that Ray cluster (app/on_ray.py)
-    ray_timeout: float = 60.0  # how long Ray may take to grant the run's GPUs before it is refused (exit 2)
-    max_restarts: int = 0  # further attempts of the run after a stage fails (core/chain/restarts.py)
-    restart_backoff: float = 1.0  # seconds before the first restart, doubling after each, capped at 30 s
-    avoid_gpus: tuple[tuple[str, str], ...] = ()  # (UUID, why): GPUs this attempt must not use (a fault seen)
-
-    def __post_init__(self) -> None:
-        try:
-            object.__setattr__(self, "hosts", hosts.parse_hosts(self.hosts))
-            problem = next((p for p in _problems(self) if p), None)
-        except errors.UsageError:
-            raise
-        except errors.ConfigError as exc:  # a value no option takes (--gpus foo, --host 'a b'): a usage error too
-            raise errors.UsageError(str(exc)) from None
-        if problem is not None:
-            raise errors.UsageError(problem)
-
-
-def _problems(r: LaunchRequest) -> list[str]:
-    """Every rule between the options, one message each ("" when kept)."""
-    stdin, gpu = r.chain.handoff == "stdin", r.gpu
-    steps.check_request(r.chain)
-    gpu_select.parse_gpus_flag(gpu.mode, gpu.per_stage)  # ConfigError for a --gpus it cannot read
-    unknown = sorted({h for h, _ in gpu.host_inventories} - set(r.hosts))
-    mode = gpu_select.parse_gpus_flag(gpu.mode, gpu.per_stage)[0]
-    return [
-        *_ray_problems(r, mode),
-        "--handoff stdin needs --bring-up parallel: it starts every worker at once" if stdin and not r.chain.parallel
-        else "",
-        "--handoff stdin and --gpu-node do not go together: pp-gpu-node children take their peers from the "
-        "environment" if stdin and r.gpu_node else "",
-        "--detach and --gpu-node do not go together: child processes end with the launcher"
-        if r.detach and r.gpu_node else "",
-        "--stages-per-host needs --host or --ray (a chain across hosts)"
-        if r.stages_per_host is not None and not (r.hosts or r.ray) else "",
-        "--host and --gpu-node do not go together: child processes run on this machine" if r.hosts and r.gpu_node
-        else "",
-        f"--placement {r.placement!r}: use one of {', '.join(hosts.PLACEMENTS)}" if r.placement not in hosts.PLACEMENTS
-        else "",
-        f"--gpu-attach {gpu.attach!r}: use one of {', '.join(gpu_select.ATTACH_MODES)}"
-        if gpu.attach not in gpu_select.ATTACH_MODES else "",
-        f"--gpu-inventory {unknown[0]}=FILE: {unknown[0]} is not one of the hosts ({', '.join(r.hosts)})"
-        if unknown and r.hosts else "",
-        f"--gpu-inventory {unknown[0]}=FILE names a host, but this chain has no --host" if unknown and not r.hosts
-        else "",
-        *_restart_problems(r),
-    ]  # fmt: skip
-
-
-def _restart_problems(r: LaunchRequest) -> list[str]:
-    return [
-        f"--max-restarts {r.max_restarts}: use 0 (no restart) or more" if r.max_restarts < 0 else "",
-        f"--restart-backoff {r.restart_backoff:g}: use 0 seconds or more" if not r.restart_backoff >= 0 else "",
-    ]
-
-
-def _ray_problems(r: LaunchRequest, mode: str) -> list[str]:
-    if r.ray is None:
-        return []
-    return [
-        "--ray ADDRESS is empty: name the cluster (HOST:PORT, ray://HOST:PORT, or auto)" if not r.ray.strip() else "",
-        "--ray and --host do not go together: the Ray cluster's nodes are the hosts" if r.hosts else "",
-        "--ray and --gpu-node do not go together: stages run as containers on the cluster's nodes"
-        if r.gpu_node
-        else "",
-        f"--gpus {r.gpu.mode} and --ray do not go together: Ray grants the GPUs; use --gpus auto (with "
-        "--gpus-per-stage N) or none"
-        if mode not in ("auto", "none")
-        else "",
-        "--gpu-inventory HOST=FILE and --ray do not go together: each node reads its own GPUs"
-        if r.gpu.host_inventories
-        else "",
-        "--ray-timeout must be positive" if r.ray_timeout <= 0 else "",
-    ]
-
-
-class Stoppable(Protocol):
-    """What a stop signal is routed to: an attempt's chain scope, or the backoff between two attempts."""
-
-    def request_stop(self, signum: int, by: str = "") -> None: ...
-
-
-@dataclass(frozen=True)
-class Hooks:
-    """How a caller watches and steers a launch; every hook is optional."""
-
-    say: Callable[[str], None] = lambda text: None  # progress in words ("pp-launch: ..." on the CLI)
-    reporter: Callable[[ChainPlan], Reporter] = lambda plan: QuietReporter()  # once the plan exists
-    on_scope: Callable[[Stoppable], None] = lambda scope: None  # what a stop goes to from now on (signal routing)
-    stop_pending: Callable[[], int | None] = lambda: None  # a stop signal that arrived while planning
-
-
-@dataclass(frozen=True)
-class Launched:
-    plan: ChainPlan
-    note: str = ""  # said plainly to the user (e.g. why stages run on CPU)
-    outcome: ChainOutcome | None = None  # None: a dry run (plan_launch)
-    warning: str = ""  # what a dry run could not check
-    restartable: bool = False  # a stage failed and nothing forbids another attempt (no down, no lost engine)
-    faults: tuple[tuple[str, str], ...] = ()  # (GPU UUID, why): GPUs that faulted under the run's stages
 
 
 @dataclass(frozen=True)

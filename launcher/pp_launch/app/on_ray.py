@@ -23,7 +23,7 @@ from pp_launch.adapters.runtime import ThreadRuntime
 from pp_launch.app import chain as steps
 from pp_launch.app import gpus as gpu_select
 from pp_launch.app import housekeeping
-from pp_launch.app.launch import Hooks, Launched, LaunchRequest
+from pp_launch.app.request import Hooks, Launched, LaunchRequest
 from pp_launch.core import errors, hosts, labels
 from pp_launch.core.chain.plan import ChainPlan, build_plan
 from pp_launch.core.chain.scope import ChainOutcome, ChainScope
@@ -271,10 +271,15 @@ def runs(address: str, run: str | None = None) -> list[dict[str, Any]]:
                             "role": "stage",
                             "container": name,
                             "id": ref[:12],
+                            "image": "-",
                             "gpus": gpus,
                             "owner": tags.get(labels.OWNER, ""),
+                            "owner_status": "detached",
                             "state": state,
+                            "age_s": None,
                             "host": answer["node"],
+                            "address": None,
+                            "uptime_s": None,
                         }
                     )
         return rows

@@ -1,4 +1,4 @@
-"""Which engines a housekeeping command (ps, down, gc, logs, wait) looks at: --host and --all-hosts."""
+"""Where a housekeeping command (ps, down, gc, logs, wait) looks: --host, --all-hosts, --ray; and how it speaks."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from typing import Any
 
 import click
 
-from pp_launch.app import housekeeping
+from pp_launch.app import runs
+from pp_launch.cli import streams
 from pp_launch.cli.options import host_option
-from pp_launch.core import errors
 
 
 def host_choice(f: Any) -> Any:
@@ -31,13 +31,18 @@ ALL_HOSTS = click.option(
 )
 
 
-class Engines(housekeeping.Engines):
-    """app/housekeeping.Engines as a command uses it: what it says on stderr, and exit 1 at the end when a host did
-    not answer (the command went on with the others)."""
+def where(names: tuple[str, ...], all_hosts: bool, ray_address: str | None) -> runs.Where:
+    """Where a housekeeping command looks, as its options say (Ray's own output set aside unless -v)."""
+    return runs.Where(names, all_hosts, ray_address, quiet_ray=lambda: streams.set_aside_ray_output())
 
-    def __init__(self, names: tuple[str, ...], all_hosts: bool, run: str | None = None) -> None:
-        super().__init__(names, all_hosts, run, say=lambda text: click.echo(f"pp-launch: {text}", err=True))
 
-    def finish(self) -> None:
-        if self.close():
-            sys.exit(errors.EXIT_FAILURE)
+def voice() -> runs.Voice:
+    """A use case's answer on stdout (each as it comes: `wait` and `logs -f` are read as they go), its notes and
+    errors on stderr."""
+    out = sys.stdout
+
+    def answer(text: str) -> None:
+        out.write(text + "\n")
+        out.flush()
+
+    return runs.Voice(answer=answer, note=lambda text: click.echo(text, err=True))

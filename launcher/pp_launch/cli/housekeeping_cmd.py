@@ -8,17 +8,12 @@ from typing import Any
 
 import click
 
-from pp_launch.adapters import host_state, run_logs
-from pp_launch.adapters.docker_engine import Engine
-from pp_launch.adapters.nvml import NvmlUnavailable, read_inventory
-from pp_launch.app import housekeeping
-from pp_launch.cli import go_template, runs_cmd, streams
-from pp_launch.cli.engines import RAY_OPTION, Engines, host_choice
+from pp_launch.app import housekeeping, runs
+from pp_launch.cli import go_template, runs_cmd
+from pp_launch.cli.engines import RAY_OPTION, host_choice, voice, where
 from pp_launch.cli.main import main
 from pp_launch.cli.options import Seconds
-from pp_launch.core import errors, labels
-from pp_launch.core.gpu.inventory import GpuInventory
-from pp_launch.core.lines import count
+from pp_launch.core import errors
 
 
 @main.command()
@@ -86,61 +81,11 @@ def ps(
     wanted = _filters(filters)
     if template is not None:
         go_template.Template(template, PS_FIELDS)  # a template that cannot run is said before any engine is asked
-    if ray_address is not None:
-        from pp_launch.app import on_ray
-
-        streams.set_aside_ray_output()
-        _show([r for r in on_ray.runs(ray_address, run_id) if _kept(r, wanted)], ids_only, as_json, template)
-        return
-    engines = Engines(host_names, all_hosts, run_id)
-    rows = []
-    for name, engine in engines.reached:
-        try:
-            run = None if run_id is None else housekeeping.find_run(engine, run_id)[0]
-        except errors.ConfigError:
-            if engines.several:
-                continue  # not on this host
-            raise
-        gpus = _inventory() if name is None else None  # NVML of this machine: only its own engine's GPUs
-        where = (name or "local") if engines.several else None
-        rows += housekeeping.list_stages(engine, run, details=not ids_only, gpus=gpus, host=where)
-    if ended_too:
-        rows += _ended_rows({r["run"] for r in rows}, run_id)
-    if run_id is not None and not rows and engines.several:
-        raise errors.ConfigError(f"no run {housekeeping.safe(run_id)!r} on any of these hosts")
-    rows = [r for r in rows if _kept(r, wanted)]
-    _show(rows, ids_only, as_json, template)
-    engines.finish()
-
-
-def _ended_rows(present: set[str], run_id: str | None) -> list[dict[str, Any]]:
-    """A row per stage of each run whose output this user keeps, that no engine here lists and no launcher
-    keeps writing: it ended."""
-    import time
-
-    now, rows = time.time(), []
-    for run, stages, last in run_logs.ended():
-        if run in present or (run_id is not None and not run.startswith(run_id)):
-            continue
-        for k in stages:
-            rows.append(
-                {
-                    "run": run,
-                    "stage": k,
-                    "role": "stage",
-                    "container": "-",
-                    "id": "",
-                    "image": "-",
-                    "gpus": [],
-                    "owner": "-",
-                    "owner_status": "ended: output kept ('pp-launch logs RUN')",
-                    "state": "ended",
-                    "age_s": max(0, int(now - last)),
-                    "address": None,
-                    "uptime_s": None,
-                }
-            )
-    return rows
+    place = where(host_names, all_hosts, ray_address)
+    rows, answered = runs.stages(place, run_id, not ids_only, ended_too, voice())
+    _show([r for r in rows if _kept(r, wanted)], ids_only, as_json, template)
+    if not answered:
+        sys.exit(errors.EXIT_FAILURE)
 
 
 def _show(rows: list[dict[str, Any]], ids_only: bool, as_json: bool, template: str | None) -> None:
@@ -240,111 +185,18 @@ def down(
     """
     if bool(run_ids) == all_runs:
         raise click.UsageError("name a RUN (or several), or --all")
-    if ray_address is not None:
-        _down_ray(ray_address, run_ids, all_runs, grace)
-        return
-    failed = False
-    for run_id in run_ids or (None,):
-        try:
-            _down(run_id, all_runs, grace, yes, host_names, all_hosts)
-        except SystemExit as stop:
-            if stop.code not in (None, 0) and len(run_ids) <= 1:
-                raise
-            failed = failed or stop.code not in (None, 0)
-        except errors.PpLaunchError as exc:
-            if len(run_ids) <= 1:
-                raise
-            click.echo(f"pp-launch: error: {exc}", err=True)
-            failed = True
-    if failed:
-        sys.exit(errors.EXIT_FAILURE)
-
-
-def _down_ray(address: str, run_ids: tuple[str, ...], all_runs: bool, grace: float) -> None:
-    from pp_launch.app import on_ray
-
-    streams.set_aside_ray_output()
-    if all_runs:
+    if all_runs and ray_address is not None:
         raise click.UsageError("--all and --ray do not go together: name the runs ('pp-launch ps --ray ADDRESS -q')")
-    for run in run_ids:
-        run_id, removed = on_ray.down(address, run, grace)
-        click.echo(
-            f"pp-launch: run {run_id} on the Ray cluster: {count(len(removed), 'container')} removed, its "
-            "actors and GPUs released",
-            err=True,
-        )
-
-
-def _down(
-    run_id: str | None, all_runs: bool, grace: float, yes: bool, host_names: tuple[str, ...], all_hosts: bool
-) -> None:
-    engines = Engines(host_names, all_hosts, run_id)
-    if not engines.several:
-        _down_on(engines.reached[0][1], run_id, all_runs, grace, yes, None)
-        engines.finish()
-        return
-    found_any = False
-    for name, engine in engines.reached:
-        try:
-            found_any = _down_on(engine, run_id, all_runs, grace, yes, name or "local") or found_any
-        except SystemExit as stop:
-            if stop.code not in (None, 0):
-                engines.failed = True
-        except errors.ConfigError as exc:
-            if all_runs or "no run" not in str(exc):
-                raise
-    if run_id and not found_any and not engines.failed:
-        raise errors.ConfigError(f"no run {housekeeping.safe(run_id)!r} on any of these hosts")
-    if run_id and not engines.failed:
-        host_state.RunHosts().forget_prefix(run_id)
-    engines.finish()
-
-
-def _down_on(engine: Engine, run_id: str | None, all_runs: bool, grace: float, yes: bool, host: str | None) -> bool:
-    """down on one engine: only what a running guard of the run recorded (adapters/guard.py); False when it had
-    nothing to stop. Exits 1 when something stays."""
-    on = f" on host {host}" if host else ""
-    found = engine.containers(labels.run_selector()) if all_runs else housekeeping.find_run(engine, run_id or "")[1]
-    vouched = housekeeping.vouch(engine, found)
-    targets = list(vouched.ours)
-    if all_runs and (targets or vouched.guards) and not yes:
-        runs = sorted({c.labels.get(labels.RUN, "?") for c in targets} | {g.run for g in vouched.guards})
-        question = (
-            f"stop {count(len(targets), 'container')} of {len(runs)} runs ({', '.join(runs)}), whoever owns them?"
-        )
-        if not sys.stdin.isatty():
-            raise errors.ConfigError(f"--all would {question[:-1]}: add --yes to confirm")
-        click.confirm(f"pp-launch: {question}", abort=True, err=True)
-    for c in vouched.unrecorded:
-        click.echo(
-            f"pp-launch: not touched{on}: {housekeeping.describe(c)} carries the run's labels, but no guard "
-            "of the run recorded it (not made by that run, or its guard was removed)",
-            err=True,
-        )
-    if not targets and not vouched.guards:
-        click.echo(f"pp-launch: nothing to stop{on} (no pp-launch run that a guard vouches for)", err=True)
-        return False
-    names = ", ".join(sorted(c.name for c in targets)) or "none yet (still placing)"
-    click.echo(f"pp-launch: stopping {count(len(targets), 'container')}{on}: {names}", err=True)
-    outcomes = housekeeping.stop_runs(engine, targets, grace, guards=vouched.guards)
-    left = [ref for o in outcomes for ref in o.orphans]
-    problems = [o.message for o in outcomes if o.exit_code != 0]
-    if left or problems:
-        by_id = {c.id: c.name for c in targets}
-        still = ", ".join(by_id.get(ref, ref[:12]) for ref in left)
-        tail = f"; still present: {still}" if still else ""
-        click.echo(f"pp-launch: error{on}: {'; '.join(problems)}{tail}", err=True)
+    place = where(host_names, all_hosts, ray_address)
+    if not runs.down(place, run_ids, grace, None if yes else _confirm, voice()):
         sys.exit(errors.EXIT_FAILURE)
-    click.echo(f"pp-launch: stopped and removed {count(len(targets), 'container')}{on}", err=True)
-    housekeeping.forget_ended([engine])
-    return True
 
 
-def _inventory() -> GpuInventory | None:
-    try:
-        return read_inventory()
-    except NvmlUnavailable:
-        return None
+def _confirm(question: str) -> None:
+    """down --all, before it stops other people's runs: asked on a terminal, refused (exit 2) otherwise."""
+    if not sys.stdin.isatty():
+        raise errors.ConfigError(f"--all would {question[:-1]}: add --yes to confirm")
+    click.confirm(f"pp-launch: {question}", abort=True, err=True)
 
 
 @main.command()
@@ -366,37 +218,5 @@ def gc(dry_run: bool, host_names: tuple[str, ...], all_hosts: bool, ray_address:
       pp-launch gc --host gpu2
       pp-launch gc --ray 10.0.0.1:6379   (detached runs on a Ray cluster whose stages all ended: GPUs released)
     """
-    if ray_address is not None:
-        from pp_launch.app import on_ray
-
-        streams.set_aside_ray_output()
-        said = on_ray.gc(ray_address, dry_run)
-        for line in said:
-            click.echo(f"{'would release' if dry_run else 'released'} {line}")
-        if not said:
-            click.echo("nothing to collect", err=True)
-        return
-    engines = Engines(host_names, all_hosts)
-    anything = False
-    for name, engine in engines.reached:
-        on = f" on host {name or 'local'}" if engines.several else ""
-        dead = housekeeping.left_by_the_dead(engine)
-        for c in dead:
-            click.echo(
-                f"{'would remove' if dry_run else 'removing'} {housekeeping.describe(c)}{on}: its run's "
-                "guard and launcher are gone"
-            )
-        if dead and not dry_run:
-            outcomes = housekeeping.stop_runs(engine, dead, 1.0, reason="launcher gone")
-            for ref in (r for o in outcomes for r in o.orphans):
-                click.echo(f"pp-launch: error: could not remove {ref[:12]}{on}", err=True)
-                engines.failed = True
-        for c in housekeeping.unrecorded(engine):
-            why = "no guard of its run recorded it (not made by that run, or its guard was removed)"
-            click.echo(f"not touched{on}: {housekeeping.describe(c)}: {why}; remove it yourself if it is yours")
-        anything = anything or bool(dead) or bool(housekeeping.unrecorded(engine))
-    if not dry_run:
-        housekeeping.forget_ended([e for _, e in engines.reached])
-    if not anything:
-        click.echo("nothing to collect", err=True)
-    engines.finish()
+    if not runs.gc(where(host_names, all_hosts, ray_address), dry_run, voice()):
+        sys.exit(errors.EXIT_FAILURE)

@@ -4,6 +4,7 @@ or `pp_launch = true` in its ini file): see pp_launch/testing/plugin.py. Needs `
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import time
@@ -16,12 +17,24 @@ import pytest
 
 from pp_launch.adapters import inventory_file
 from pp_launch.testing import kit
-from pp_launch.testing.plugin import is_launcher
 
 TESTCONTAINERS_SESSION = "org.testcontainers.session-id"
 
 
 # ------------------------------------------------------------------------------------------------ leak guard
+LAUNCHER_PROGRAMS = {"pp-launch", "pp-gpu-node", "docker-gpu-node.sh"}
+
+
+def is_launcher(argv: list[str]) -> bool:
+    """pp-launch, pp-gpu-node or the old shim as a program or a script, or `python -m pp_launch[.…]` (the
+    launcher, its watchdog); not anything that merely has "pp-launch" in a path."""
+    if any(os.path.basename(a) in LAUNCHER_PROGRAMS for a in argv[:2]):
+        return True
+    if "pp_launch.adapters.watchdog" in argv[:6]:  # the watchdog, started isolated (python -I -c BOOT ...)
+        return True
+    return any(a == "-m" and b.split(".")[0] == "pp_launch" for a, b in itertools.pairwise(argv))
+
+
 def _session_id() -> str | None:
     try:
         from testcontainers.core.labels import SESSION_ID

@@ -21,9 +21,6 @@ container, its image and labels; what it left is then removed.
 
 from __future__ import annotations
 
-import itertools
-import os
-
 import pytest
 
 EXTRA_HINT = "pip install 'pp-launch[testing]'"
@@ -54,16 +51,3 @@ def pytest_configure(config: pytest.Config) -> None:
         ) from None
     config.pluginmanager.register(fixtures, "pp_launch_fixtures")
     config.pluginmanager.register(fixtures.LeakGuard(), "pp_launch_leak_guard")
-
-
-LAUNCHER_PROGRAMS = {"pp-launch", "pp-gpu-node", "docker-gpu-node.sh"}
-
-
-def is_launcher(argv: list[str]) -> bool:
-    """pp-launch, pp-gpu-node or the old shim as a program or a script, or `python -m pp_launch[.…]` (the
-    launcher, its watchdog); not anything that merely has "pp-launch" in a path."""
-    if any(os.path.basename(a) in LAUNCHER_PROGRAMS for a in argv[:2]):
-        return True
-    if "pp_launch.adapters.watchdog" in argv[:6]:  # the watchdog, started isolated (python -I -c BOOT ...)
-        return True
-    return any(a == "-m" and b.split(".")[0] == "pp_launch" for a, b in itertools.pairwise(argv))
