@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -222,3 +223,51 @@ DESCRIBE = (  # one line per container: enough to say which part of which run wa
     'run={{index .Config.Labels "pp-launch.run"}} created={{.Created}} finished={{.State.FinishedAt}} '
     "error={{.State.Error}}"
 )
+
+
+class Relay:
+    """A relay to the engine's unix socket `upstream`, listening on `server` (a bound, listening socket): every
+    connection's bytes passed on both ways. mute(first request bytes) -> True: from that request on, what the engine
+    answers on that connection is dropped (the engine acts, its client never hears)."""
+
+    def __init__(self, server: socket.socket, upstream: str, mute: Any = lambda data: False) -> None:
+        self.server, self.upstream, self.mute = server, upstream, mute
+        self.conns: list[socket.socket] = []
+        self.threads: list[threading.Thread] = []
+        self.accepting = threading.Thread(target=self._accept, daemon=True)
+        self.accepting.start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return
+            upstream = socket.socket(socket.AF_UNIX)
+            upstream.connect(self.upstream)
+            self.conns += [client, upstream]
+            muted = threading.Event()
+            for args in ((client, upstream, muted, True), (upstream, client, muted, False)):
+                t = threading.Thread(target=self._pipe, args=args, daemon=True)
+                t.start()
+                self.threads.append(t)
+
+    def _pipe(self, src: socket.socket, dst: socket.socket, muted: threading.Event, asking: bool) -> None:
+        try:
+            while data := src.recv(65536):
+                if asking and self.mute(data):
+                    muted.set()
+                if asking or not muted.is_set():
+                    dst.sendall(data)
+            dst.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self.server.close()
+        for c in self.conns:
+            with contextlib.suppress(OSError):
+                c.close()
+        self.accepting.join(5)
+        for t in self.threads:
+            t.join(5)

@@ -3,9 +3,9 @@ lock, and calls `down` while a run is still placing. What is ours is only what a
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
+import socket
 import subprocess
 import uuid
 
@@ -15,7 +15,18 @@ from pp_launch.adapters.docker_engine import Engine
 from pp_launch.core import errors, labels
 from pp_launch.core.chain.plan import GUARD_IMAGE
 
-from ..helpers import Launcher, docker, forged, guard_of, remember_run, run_containers, running, unique, wait_until
+from ..helpers import (
+    Launcher,
+    Relay,
+    docker,
+    forged,
+    guard_of,
+    remember_run,
+    run_containers,
+    running,
+    unique,
+    wait_until,
+)
 
 pytestmark = pytest.mark.docker
 HOLD = ["--json", "--gpus", "none", "--env", "STUB_MODE=hold", "--grace", "1"]
@@ -141,57 +152,13 @@ def test_a_launcher_frozen_with_its_link_silent_loses_its_run_within_15_s(engine
         chain.wait(10)
 
 
-class TcpToUnix:
+class TcpToUnix(Relay):
     """The suite's engine reached as over a network (tcp://127.0.0.1:PORT), by a small relay to its socket."""
 
     def __init__(self, path: str) -> None:
-        import socket
-        import threading
-
-        self.path, self.server = path, socket.create_server(("127.0.0.1", 0))
-        self.url = f"tcp://127.0.0.1:{self.server.getsockname()[1]}"
-        self.conns: list[socket.socket] = []
-        self.threads: list[threading.Thread] = []
-        self.accepting = threading.Thread(target=self._accept, daemon=True)
-        self.accepting.start()
-
-    def _accept(self) -> None:
-        import socket
-        import threading
-
-        while True:
-            try:
-                client, _ = self.server.accept()
-            except OSError:
-                return
-            upstream = socket.socket(socket.AF_UNIX)
-            upstream.connect(self.path)
-            self.conns += [client, upstream]
-            for a, b in ((client, upstream), (upstream, client)):
-                t = threading.Thread(target=self._pipe, args=(a, b), daemon=True)
-                t.start()
-                self.threads.append(t)
-
-    @staticmethod
-    def _pipe(src: object, dst: object) -> None:
-        import socket
-
-        assert isinstance(src, socket.socket) and isinstance(dst, socket.socket)
-        try:
-            while data := src.recv(65536):
-                dst.sendall(data)
-            dst.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass
-
-    def close(self) -> None:
-        self.server.close()
-        for c in self.conns:
-            with contextlib.suppress(OSError):
-                c.close()
-        self.accepting.join(5)
-        for t in self.threads:
-            t.join(5)
+        server = socket.create_server(("127.0.0.1", 0))
+        self.url = f"tcp://127.0.0.1:{server.getsockname()[1]}"
+        super().__init__(server, path)
 
 
 def test_an_engine_over_the_network_gets_a_guard_that_checks_its_socket_and_hears_a_heartbeat(

@@ -4,6 +4,7 @@ chain --gpu-node."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -19,7 +20,7 @@ from pp_launch.adapters.docker_engine import DockerStageBackend
 from pp_launch.app.node import NodeConfig
 from pp_launch.core import labels
 
-from ..helpers import Launcher, spawn, unique, wait_until
+from ..helpers import Launcher, Relay, spawn, unique, wait_until
 
 pytestmark = pytest.mark.docker
 ROOT = Path(__file__).resolve().parents[2]
@@ -279,3 +280,36 @@ def test_a_command_that_cannot_run_exits_126_or_127_as_docker_run(engine, stub_i
     node = Launcher("node", env=node_env(prefix, stub_image, PP_ENTRYPOINT=entry))
     assert node.wait(60) == code, node.stderr_text()
     assert wait_until(lambda: containers_named(engine, f"{prefix}-0") == [], 10)
+
+
+def muted_creates(engine_socket: str, path: Path, name: str) -> Relay:
+    """The suite's engine through a relay that passes everything on, except that the answer to the create of
+    container `name` never comes back: the create happens on the engine, and its client waits."""
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(path))
+    server.listen(64)
+    wanted = f"/containers/create?name={name}".encode()
+    return Relay(server, engine_socket, lambda data: data.startswith(b"POST ") and wanted in data.split(b"\r\n")[0])
+
+
+def test_pp_gpu_node_killed_before_its_create_was_answered_leaves_nothing(engine, stub_image, tmp_path: Path) -> None:
+    """The engine made the stage container, pp-gpu-node never read the answer (so never learnt its id) and was
+    killed: the watchdog was told the name before the create, and removes that container (this run's label, never
+    started) as it would a chain's."""
+    prefix = unique("unanswered")
+    name = f"{prefix}-0"
+    relay = muted_creates(engine.url.removeprefix("unix://"), tmp_path / "engine.sock", name)
+    try:
+        node = Launcher("node", env=node_env(prefix, stub_image, **HOLD, DOCKER_HOST=f"unix://{tmp_path}/engine.sock"))
+        assert wait_until(lambda: engine.inspect(name) is not None, 60), node.stderr_text()
+        made = engine.inspect(name)
+        assert made["State"]["Status"] == "created"  # made, never started: nothing would ever end it
+        run = made["Config"]["Labels"][labels.RUN]
+        node.signal(signal.SIGKILL)
+        node.wait(10)
+        assert wait_until(lambda: engine.inspect(name) is None, 30), engine.inspect(name)
+        assert wait_until(lambda: engine.containers([f"{labels.RUN}={run}"]) == [], 30)  # its guard too
+    finally:
+        relay.close()
+        with contextlib.suppress(Exception):
+            engine.remove(name)

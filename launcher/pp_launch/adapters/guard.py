@@ -27,9 +27,10 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from pp_launch.adapters import host_state, watchdog
-from pp_launch.adapters.docker_engine import Engine, Held, _first_line
+from pp_launch.adapters.docker_engine import DockerStageBackend, Engine, Held, _first_line
 from pp_launch.core import errors, labels
 from pp_launch.core.chain.plan import GUARD_IMAGE
 
@@ -175,6 +176,12 @@ class RunGuard:
                 self.held.write(line)
             except OSError:
                 raise errors.GuardLost(self.lost_message()) from None
+
+    def stage_backend(self, **options: Any) -> DockerStageBackend:
+        """The run's stages on this guard's engine: each name told (to the watchdog) before its create, each id
+        recorded right after it, before the stage starts. The one way a run's containers are made, whoever makes
+        them (a chain, a Ray node's agent, pp-gpu-node, the testing kit)."""
+        return DockerStageBackend(self.engine, record=self.own, expect=self.expect, **options)
 
     def expect(self, name: str) -> None:
         """Before a create: the watchdog learns the name, so that a create whose answer this process never read

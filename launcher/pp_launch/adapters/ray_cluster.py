@@ -365,7 +365,7 @@ class NodeAgent:
 
     def __init__(self, run_id: str, grace: float, engine: str, node: str) -> None:
         from pp_launch.adapters import identity
-        from pp_launch.adapters.docker_engine import DockerStageBackend, connect
+        from pp_launch.adapters.docker_engine import connect
         from pp_launch.adapters.guard import RunGuard
 
         self.run_id, self.node = run_id, node
@@ -387,7 +387,7 @@ class NodeAgent:
         except errors.PpLaunchError as exc:
             self.problem = str(exc)
             return
-        self.backend = DockerStageBackend(self.engine, record=self.guard.own, expect=self.guard.expect)
+        self.backend = self.guard.stage_backend()
 
     def describe(self, image: str) -> dict[str, Any]:
         """What Ray granted this agent (the block's GPUs, as UUIDs from the node's NVML), or the node's problem."""

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from pp_launch.adapters import host_state, identity
-from pp_launch.adapters.docker_engine import DockerStageBackend, Engine, connect
+from pp_launch.adapters.docker_engine import Engine, connect
 from pp_launch.adapters.gpu_watch import GpuWatch
 from pp_launch.adapters.guard import RunGuard
 from pp_launch.adapters.guard import image_check as guard_image_check
@@ -274,16 +274,8 @@ def _backend(
             lambda run: [c.id for c in engine.containers(labels.run_selector(run))],
         )
     if not request.hosts:
-        return DockerStageBackend(
-            _engine(sites[0]),
-            expected=len(plan.stages),
-            on_all_created=release,
-            record=guards[""].own,
-            expect=guards[""].expect,
-        )
-    backends = {
-        s.name: DockerStageBackend(_engine(s), record=guards[s.name].own, expect=guards[s.name].expect) for s in sites
-    }
+        return guards[""].stage_backend(expected=len(plan.stages), on_all_created=release)
+    backends = {s.name: guards[s.name].stage_backend() for s in sites}
     return MultiHostBackend(backends, expected=len(plan.stages), on_all_created=release)
 
 

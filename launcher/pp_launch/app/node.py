@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pp_launch.adapters import identity, local
-from pp_launch.adapters.docker_engine import NODE_TOOLKIT_HINT, DockerStageBackend, Engine, connect
+from pp_launch.adapters.docker_engine import NODE_TOOLKIT_HINT, Engine, connect
 from pp_launch.adapters.guard import RunGuard
 from pp_launch.adapters.inbox import QueueInbox
 from pp_launch.adapters.runtime import ThreadRuntime
@@ -110,13 +110,8 @@ def _run_locked(
     spec = dataclasses.replace(config, run_id=run_id).spec(environ, owner, gpus)
     local.ensure_dirs([m.host for m in spec.mounts])
     guard = RunGuard.start(engine, run_id, owner, config.grace)  # before the container exists: no moment uncovered
-    backend = DockerStageBackend(
-        engine,
-        split_lines=False,
-        expected=1,
-        on_all_created=locks.check_and_release,
-        toolkit_hint=NODE_TOOLKIT_HINT,
-        record=guard.own,
+    backend = guard.stage_backend(
+        split_lines=False, expected=1, on_all_created=locks.check_and_release, toolkit_hint=NODE_TOOLKIT_HINT
     )
     try:
         ref = backend.create(spec, spec.env)

@@ -142,7 +142,7 @@ class StageContainer:
         self.run_id = plan.run_id
         # the run's guard first: a test process killed at any moment leaves no stage behind (adapters/guard.py)
         self._guard = RunGuard.start(engine, plan.run_id, identity.current_owner().label(), self.grace)
-        self._backend = docker_engine.DockerStageBackend(engine, record=self._guard.own, expect=self._guard.expect)
+        self._backend = self._guard.stage_backend()
         try:
             self.ref = self._backend.create(spec, spec.env)
             self.name = spec.name
