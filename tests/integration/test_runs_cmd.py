@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from pp_launch.app.runs import instant as _instant
+from pp_launch.app.docker_site import instant as _instant
 
 from ..helpers import Launcher, guard_of, remember_run, run_containers, wait_until
 

@@ -15,6 +15,8 @@ CHAIN_PATH = [
     "cli/chain_cmd.py",
     "app/launch.py",
     "app/on_ray.py",
+    "app/docker_site.py",
+    "app/site.py",
     "app/chain.py",
     "app/gpus.py",
     "app/hosts.py",

@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from pp_launch.app import runs
+from pp_launch.app import docker_site, on_ray, runs
 from pp_launch.core import errors
 
 
@@ -151,7 +151,7 @@ def test_the_site_for_ray_is_rays_and_quiets_rays_output_first_without_connectin
     quieted: list[bool] = []
     v, _, _ = voice()
     place = runs.site(runs.Where(ray="127.0.0.1:1", quiet_ray=lambda: quieted.append(True)), None, v)
-    assert isinstance(place, runs.RaySite) and quieted == [True]
+    assert isinstance(place, on_ray.RaySite) and quieted == [True]
     assert place.close() is True
     with pytest.raises(errors.UsageError, match="name the runs"):
         place.down(None, 1.0, None)  # every run of a cluster at once is refused before anything is asked
@@ -166,4 +166,4 @@ def test_the_site_for_ray_is_rays_and_quiets_rays_output_first_without_connectin
     ],
 )
 def test_instant_pads_the_fraction_so_times_sort_as_text(stamp: str, sortable: str) -> None:
-    assert runs.instant(stamp) == sortable
+    assert docker_site.instant(stamp) == sortable

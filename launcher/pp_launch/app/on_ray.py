@@ -7,23 +7,26 @@ teardown as on Docker engines; Ray places the stages, grants their GPUs and watc
    refused (exit 2, saying what the cluster has and what is missing) before any container exists;
 3. an agent per node in its block's bundle; it reports the GPUs Ray granted it (UUIDs, from its node's NVML)
    and our allocator shares them out to the block's stages (the closest ring);
-4. the chain scope over `RayStageBackend`, exactly as over Docker engines.
+4. the chain scope over `RayStageBackend`, driven by the same pipeline as on Docker engines (app/launch.py).
+
+`RaySite` is the cluster as a site (app/site.py): that launch, and the housekeeping of the detached runs on it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import signal
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from pp_launch.adapters import identity, ray_cluster
-from pp_launch.adapters.inbox import QueueInbox
-from pp_launch.adapters.runtime import ThreadRuntime
 from pp_launch.app import chain as steps
 from pp_launch.app import gpus as gpu_select
 from pp_launch.app import housekeeping
 from pp_launch.app.request import Hooks, Launched, LaunchRequest
+from pp_launch.app.site import Confirm, Held, LogView, Voice, Where
 from pp_launch.core import errors, hosts, labels
 from pp_launch.core.chain.plan import ChainPlan, build_plan
 from pp_launch.core.chain.scope import ChainOutcome, ChainScope
@@ -31,85 +34,283 @@ from pp_launch.core.gpu.allocator import HOST_LEVEL, order_groups
 from pp_launch.core.gpu.requests import device_requests
 from pp_launch.core.lines import count
 
+if TYPE_CHECKING:
+    from pp_launch.adapters.guard import RunGuard
 
-def launch(request: LaunchRequest, hooks: Hooks, environ: Mapping[str, str]) -> Launched:
-    assert request.ray is not None
-    cluster = ray_cluster.connect(request.ray)
-    placed = _Placed(cluster)
-    keep, head, code = False, "", errors.EXIT_FAILURE
-    try:
-        plan = placed.plan(request, environ, hooks.say)
-        if request.chain.attempt == 1:
-            steps.say_plan(plan, "", hooks.say)
-        if (held := hooks.stop_pending()) is not None:
-            raise errors.Interrupted(held)  # stopped while planning: nothing was started
-        outcome, lost, head = _run(request, plan, placed.handles, hooks, cluster)
-        keep = outcome.reason == "detached"
-        restartable = outcome.reason == "stage_failed" and not lost and not head and not outcome.orphans
-        outcome = _with_lost_head(_with_lost_nodes(outcome, plan.run_id, lost), head)
-        code = outcome.exit_code
-        return Launched(plan, "", outcome, restartable=restartable)
-    finally:
-        if head:  # nothing to ask a lost head (Ray would wait for it): the run's actors and group went with it
-            cluster.abandon(code)
-        else:
-            if not keep:
+
+class RaySite:
+    """A Ray cluster as a site (app/site.py). A launch: one connection for the run; per attempt the placement group
+    (the attempt's hold on its GPUs, granted or refused before any container exists) and its node agents, the
+    scope over them with our own watch on the head, the run's places lost named. Housekeeping: the detached runs on
+    the cluster, as their node agents answer for them (a foreground chain on Ray is its launcher's alone: it is not
+    listed)."""
+
+    def __init__(self, where: Where, voice: Voice) -> None:
+        assert where.ray is not None
+        self.address, self.voice = where.ray, voice
+        where.quiet_ray()
+        self.cluster: ray_cluster.Cluster | None = None  # a launch's connection
+        self.head_lost, self.code = "", errors.EXIT_FAILURE
+
+    @classmethod
+    def to_launch(cls, request: LaunchRequest) -> RaySite:
+        assert request.ray is not None
+        place = cls(Where(ray=request.ray), Voice(lambda text: None, lambda text: None))
+        place.cluster = ray_cluster.connect(request.ray)
+        return place
+
+    def close(self) -> bool:
+        return True
+
+    # ------------------------------------------------------------------------------------------------ a launch
+    def prepare(self, request: LaunchRequest, say: Callable[[str], None]) -> None:
+        """Nothing before the first attempt: each node's agent checks the image on its node."""
+
+    def guards(self) -> Mapping[str, RunGuard]:
+        return {}  # the node agents are the run's guards, one attempt's each
+
+    @contextlib.contextmanager
+    def reserve(self, request: LaunchRequest, hooks: Hooks) -> Iterator[Held]:
+        """The attempt's placement group and node agents (made by `plan`), released when the attempt is over unless
+        the run was handed over (detached) or the head was lost (nothing to ask: they went with it)."""
+        placed = _Placed(self._cluster(), hooks.say)
+        try:
+            yield placed
+        finally:
+            if not placed.keep and not self.head_lost:
                 placed.release()
+
+    def plan(self, request: LaunchRequest, environ: Mapping[str, str], held: Held | None) -> tuple[ChainPlan, str]:
+        assert isinstance(held, _Placed)
+        return held.plan(request, environ), ""
+
+    def place_stages(self, request: LaunchRequest, plan: ChainPlan, held: Held, say: Callable[[str], None]) -> _Stages:
+        assert isinstance(held, _Placed)
+        return _Stages(self, request, plan, held)
+
+    def dry_plan(self, request: LaunchRequest, environ: Mapping[str, str], strict: bool) -> Launched:
+        return _dry_plan(self._cluster(), request, environ)
+
+    def finish(self, final: Launched | None) -> None:
+        if self.cluster is None:
+            return
+        if self.head_lost:  # nothing to ask a lost head (Ray would wait): the run's actors and group went with it
+            self.cluster.abandon(self.code)
+        else:
+            self.cluster.close()
+
+    def _cluster(self) -> ray_cluster.Cluster:
+        assert self.cluster is not None  # opened by to_launch
+        return self.cluster
+
+    # -------------------------------------------------------------------------------------------- housekeeping
+    @contextlib.contextmanager
+    def _detached(self, run: str | None) -> Iterator[tuple[str, dict[str, Any]]]:
+        """Connected for one question: (the run named, resolved from its prefix, or ""; every detached run's node
+        agents, by run)."""
+        cluster = ray_cluster.connect(self.address)
+        try:
+            found = ray_cluster.detached_runs()
+            yield (housekeeping.resolve_run(run, set(found)) if run is not None else ""), found
+        finally:
             cluster.close()
 
+    def stages(self, run: str | None, details: bool, ended_too: bool) -> list[dict[str, Any]]:
+        """`ps --ray`: a row per stage container of the detached runs (or of `run`), its node as the host; the agent
+        that owns it answers for its node."""
+        rows: list[dict[str, Any]] = []
+        with self._detached(run) as (named, found):
+            for run_id in [named] if named else sorted(found):
+                for answer in ray_cluster.run_status(found[run_id]):
+                    rows += [_row(run_id, answer["node"], *c) for c in answer["containers"]]
+        return rows
 
-def plan(request: LaunchRequest, environ: Mapping[str, str]) -> Launched:
+    def down(self, run: str | None, grace: float, confirm: Confirm | None) -> bool:
+        """The run's containers stopped and confirmed gone on every node, then its actors and placement group
+        released."""
+        if run is None:
+            raise errors.UsageError("name the runs to stop on a Ray cluster ('pp-launch ps --ray ADDRESS -q')")
+        with self._detached(run) as (run_id, found):
+            removed = ray_cluster.end_run(run_id, found[run_id], grace)
+        self.voice.note(
+            f"pp-launch: run {run_id} on the Ray cluster: {count(len(removed), 'container')} removed, its "
+            "actors and GPUs released"
+        )
+        return True
+
+    def gc(self, dry_run: bool) -> bool:
+        """The detached runs that ended by themselves (no container left on any node) have their actors and GPUs
+        released, and placement groups of ours with no actor left are removed."""
+        said = []
+        with self._detached(None) as (_, found):
+            for run_id, actors in sorted(found.items()):
+                answers = ray_cluster.run_status(actors)
+                if answers and not any(a["containers"] for a in answers):
+                    said.append(f"run {run_id}: every stage has ended; its actors and GPUs released")
+                    if not dry_run:
+                        ray_cluster.end_run(run_id, actors, 0.0)
+            for run_id in ray_cluster.stray_groups(list(found)):
+                said.append(f"run {run_id}: no node agent left; its placement group (GPUs) released")
+                if not dry_run:
+                    ray_cluster.release_group(run_id)
+        for line in said:
+            self.voice.answer(f"{'would release' if dry_run else 'released'} {line}")
+        if not said:
+            self.voice.note("nothing to collect")
+        return True
+
+    def logs(self, run: str, view: LogView, every: float = 0.5) -> None:
+        """Each stage's last lines as its node's agent kept them (up to 2000 a stage); with follow, then each new
+        line (every `every` s) until every stage is gone: the agents number their lines, so none is shown twice
+        (timestamps and since are the engines' alone)."""
+
+        def show(lines: list[tuple[int, str, str]]) -> None:
+            for stage, stream, text in lines:
+                if not view.stages or stage in view.stages:
+                    (self.voice.note if stream == "stderr" else self.voice.answer)(f"[stage {stage}] {text}")
+
+        with self._detached(run) as (run_id, found):
+            agents, shown = found[run_id], dict[str, int]()  # each agent's lines shown so far
+            show(ray_cluster.run_logs(agents, view.tail or 0, shown))
+            while view.follow:
+                left = sum(len(a["containers"]) for a in ray_cluster.run_status(agents))
+                show(ray_cluster.run_logs(agents, 0, shown))
+                if left == 0:
+                    return
+                time.sleep(every)
+
+    def wait(self, run: str, until: str, timeout: float | None, every: float = 1.0) -> int:
+        """A detached run on Ray is up once every stage announced, so "announced" holds at once; "exit" waits until
+        no container of the run is left on any node, and says each stage's exit code as its node's agent saw it."""
+        with self._detached(run) as (name, found):
+            if until == "announced":
+                self.voice.answer(f"run {name}: up (a detached run on Ray is handed over once every stage announced)")
+                return 0
+            deadline = None if timeout is None else time.monotonic() + timeout
+            while True:
+                answers = ray_cluster.run_status(found[name])
+                left = sum(len(a["containers"]) for a in answers)
+                if left == 0 or (deadline is not None and time.monotonic() >= deadline):
+                    break
+                time.sleep(every)
+        if left:
+            self.voice.note(f"pp-launch: error: run {name}: {count(left, 'container')} still there after {timeout:g} s")
+            return errors.EXIT_FAILURE
+        exits = sorted((int(k), str(v[0]), v[1]) for a in answers for k, v in a.get("exits", {}).items())
+        for stage, container, code in exits:
+            self.voice.answer(f"stage {stage} {container} exited {'with an unknown code' if code is None else code}")
+        self.voice.answer(f"run {name}: every stage is gone ('pp-launch gc --ray' releases its GPUs)")
+        return errors.EXIT_FAILURE if any(code != 0 for _, _, code in exits) else 0
+
+
+def _row(run_id: str, node: str, ref: str, name: str, state: str, tags: dict[str, str]) -> dict[str, Any]:
+    """A `ps` row for one stage container on a node."""
+    return {
+        "run": run_id,
+        "stage": labels.ascii_int(tags.get(labels.STAGE, "")),
+        "role": "stage",
+        "container": name,
+        "id": ref[:12],
+        "image": "-",
+        "gpus": [g for g in tags.get(labels.GPUS, "").split(",") if g],
+        "owner": tags.get(labels.OWNER, ""),
+        "owner_status": "detached",
+        "state": state,
+        "age_s": None,
+        "host": node,
+        "address": None,
+        "uptime_s": None,
+    }
+
+
+class _Stages:
+    """An attempt's stages on the cluster: the scope over the node agents, with our own watch on the head. When the
+    head is lost the chain is stopped (and torn down through the agents, which answer without it) before Ray ends
+    this process."""
+
+    def __init__(self, site: RaySite, request: LaunchRequest, plan: ChainPlan, placed: _Placed) -> None:
+        self.site, self.plan, self.placed = site, plan, placed
+        self.backend = ray_cluster.RayStageBackend(placed.handles, detached=request.detach)
+        self.head: list[str] = []
+        self.watching: ray_cluster.HeadWatch | None = None
+
+    def watch(self, scope: ChainScope) -> None:
+        def lost(why: str) -> None:
+            self.head.append(why)
+            scope.request_stop(signal.SIGTERM, why)
+
+        self.watching = self.site._cluster().watch_head(lost)
+
+    def end(self, outcome: ChainOutcome | None) -> tuple[ChainOutcome, bool, tuple[tuple[str, str], ...]] | None:
+        if self.watching is not None:
+            self.watching.close()
+        head = self.head[0] if self.head else ""
+        self.site.head_lost = head
+        self.placed.keep = outcome is not None and outcome.reason == "detached"
+        if outcome is None:
+            return None
+        lost = self.backend.lost
+        restartable = outcome.reason == "stage_failed" and not lost and not head and not outcome.orphans
+        outcome = _with_lost_head(_with_lost_nodes(outcome, self.plan.run_id, lost), head)
+        self.site.code = outcome.exit_code
+        return outcome, restartable, ()
+
+
+def _dry_plan(cluster: ray_cluster.Cluster, request: LaunchRequest, environ: Mapping[str, str]) -> Launched:
     """The dry run: which node takes which stages, from what the cluster says is free now; nothing is reserved or
     started (Ray says which GPUs it grants a node only with the grant)."""
-    assert request.ray is not None
-    cluster = ray_cluster.connect(request.ray)
-    try:
-        run_id, owner = request.run_id or identity.new_run_id(), request.owner or steps.owner_label(request.detach)
-        mode, per_stage = gpu_select.parse_gpus_flag(request.gpu.mode, request.gpu.per_stage)
-        per_stage = 0 if mode == "none" else per_stage
-        nodes = cluster.nodes()
-        blocks = _blocks(request, nodes, per_stage)
-        hops: list[int | None] = []
-        for _, k in blocks:
-            hops += [None] * (k - 1) + ([HOST_LEVEL] if len(blocks) > 1 else [None])
-        stages = sum(k for _, k in blocks)
-        built = build_plan(
-            request.chain,
-            environ,
-            owner,
-            [()] * stages,
-            [device_requests((), request.gpu.attach)] * stages,
-            run_id,
-            tuple(hops) if per_stage and stages > 1 else (),
-            None,
-            tuple(n.name for n, k in blocks for _ in range(k)),
-            identity.current_owner().label() if owner == labels.OWNER_DETACHED else "",
-        )
-        free = "; ".join(f"{n.name}: {n.free_gpus} of {count(n.gpus, 'GPU')} free" for n in nodes)
-        wanted = "; ".join(f"{n.name}: {count(k * per_stage, 'GPU')}" for n, k in blocks) if per_stage else ""
-        fits = all(n.free_gpus >= k * per_stage for n, k in blocks)
-        note = (
-            f"nothing reserved: Ray grants the GPUs at launch ({wanted}), which ones is its choice; the cluster now: "
-            f"{free}" + ("" if fits else f"; not free now: a launch would wait up to {request.ray_timeout:g} s")
-            if per_stage
-            else "nothing reserved: CPU stages"
-        )
-        return Launched(built, note)
-    finally:
-        cluster.close()
+    run_id, owner = request.run_id or "", request.owner or ""
+    mode, per_stage = gpu_select.parse_gpus_flag(request.gpu.mode, request.gpu.per_stage)
+    per_stage = 0 if mode == "none" else per_stage
+    nodes = cluster.nodes()
+    blocks = _blocks(request, nodes, per_stage)
+    hops: list[int | None] = []
+    for _, k in blocks:
+        hops += [None] * (k - 1) + ([HOST_LEVEL] if len(blocks) > 1 else [None])
+    stages = sum(k for _, k in blocks)
+    built = build_plan(
+        request.chain,
+        environ,
+        owner,
+        [()] * stages,
+        [device_requests((), request.gpu.attach)] * stages,
+        run_id,
+        tuple(hops) if per_stage and stages > 1 else (),
+        None,
+        tuple(n.name for n, k in blocks for _ in range(k)),
+        identity.current_owner().label() if owner == labels.OWNER_DETACHED else "",
+    )
+    free = "; ".join(f"{n.name}: {n.free_gpus} of {count(n.gpus, 'GPU')} free" for n in nodes)
+    wanted = "; ".join(f"{n.name}: {count(k * per_stage, 'GPU')}" for n, k in blocks) if per_stage else ""
+    fits = all(n.free_gpus >= k * per_stage for n, k in blocks)
+    note = (
+        f"nothing reserved: Ray grants the GPUs at launch ({wanted}), which ones is its choice; the cluster now: "
+        f"{free}" + ("" if fits else f"; not free now: a launch would wait up to {request.ray_timeout:g} s")
+        if per_stage
+        else "nothing reserved: CPU stages"
+    )
+    return Launched(built, note)
 
 
 class _Placed:
-    """The run's placement group and node agents, held until released."""
+    """An attempt's placement group and node agents (its hold on the cluster's GPUs), held until released: what a
+    `Held` is on Ray. Nothing else can take what Ray granted, so there is nothing to check."""
 
-    def __init__(self, cluster: ray_cluster.Cluster) -> None:
-        self.cluster = cluster
+    def __init__(self, cluster: ray_cluster.Cluster, say: Callable[[str], None]) -> None:
+        self.cluster, self.say = cluster, say
         self.pg: Any = None  # Ray's PlacementGroup
         self.handles: list[ray_cluster.StageHandle] = []
         self.run_id = ""
+        self.keep = False  # a detached run's: its node agents hold it now
 
-    def plan(self, request: LaunchRequest, environ: Mapping[str, str], say: Callable[[str], None]) -> ChainPlan:
-        run_id, owner = request.run_id or identity.new_run_id(), request.owner or steps.owner_label(request.detach)
+    def check(self) -> None:
+        """Ray's grant cannot be taken away by another client."""
+
+    def check_and_release(self) -> None:
+        """Nothing to let go of early: the group is the run's until it ends."""
+
+    def plan(self, request: LaunchRequest, environ: Mapping[str, str]) -> ChainPlan:
+        run_id, owner, say = request.run_id or "", request.owner or "", self.say
         self.run_id = run_id
         mode, per_stage = gpu_select.parse_gpus_flag(request.gpu.mode, request.gpu.per_stage)
         per_stage = 0 if mode == "none" else per_stage
@@ -140,34 +341,8 @@ class _Placed:
         )
 
     def release(self) -> None:
+        """The group and its agents, removed."""
         self.cluster.release(self.pg, self.handles, self.run_id)
-
-
-def _run(
-    request: LaunchRequest,
-    plan: ChainPlan,
-    handles: Sequence[ray_cluster.StageHandle],
-    hooks: Hooks,
-    cluster: ray_cluster.Cluster,
-) -> tuple[ChainOutcome, Mapping[str, str], str]:
-    """The scope over the node agents, with our own watch on the head: when it is lost the chain is stopped (and
-    torn down through the agents, which answer without it) before Ray ends this process. (outcome, nodes lost,
-    why the head was lost or "")."""
-    backend = ray_cluster.RayStageBackend(handles, detached=request.detach)
-    head: list[str] = []
-    scope = ChainScope(plan, backend, QueueInbox(), hooks.reporter(plan), ThreadRuntime(), detach=request.detach)
-    hooks.on_scope(scope)
-
-    def lost(why: str) -> None:
-        head.append(why)
-        scope.request_stop(signal.SIGTERM, why)
-
-    watch = cluster.watch_head(lost)
-    try:
-        outcome = scope.run()
-    finally:
-        watch.close()
-    return outcome, backend.lost, head[0] if head else ""
 
 
 def _blocks(
@@ -249,131 +424,3 @@ def _with_lost_head(outcome: ChainOutcome, why: str) -> ChainOutcome:
         "'pp-launch gc --ray' releases what Ray still holds for the run"
     )
     return dataclasses.replace(outcome, exit_code=errors.EXIT_FAILURE, message=message)
-
-
-# ------------------------------------------------------------------------------------------------ housekeeping
-def runs(address: str, run: str | None = None) -> list[dict[str, Any]]:
-    """`ps --ray`: every stage container of the detached runs on the cluster (or of `run`), one row each, its node
-    as the host; the actor that owns it answers for its node."""
-    cluster = ray_cluster.connect(address)
-    try:
-        found = ray_cluster.detached_runs()
-        wanted = [housekeeping.resolve_run(run, set(found))] if run is not None else sorted(found)
-        rows: list[dict[str, Any]] = []
-        for run_id in wanted:
-            for answer in ray_cluster.run_status(found[run_id]):
-                for ref, name, state, tags in answer["containers"]:
-                    gpus = [g for g in tags.get(labels.GPUS, "").split(",") if g]
-                    rows.append(
-                        {
-                            "run": run_id,
-                            "stage": labels.ascii_int(tags.get(labels.STAGE, "")),
-                            "role": "stage",
-                            "container": name,
-                            "id": ref[:12],
-                            "image": "-",
-                            "gpus": gpus,
-                            "owner": tags.get(labels.OWNER, ""),
-                            "owner_status": "detached",
-                            "state": state,
-                            "age_s": None,
-                            "host": answer["node"],
-                            "address": None,
-                            "uptime_s": None,
-                        }
-                    )
-        return rows
-    finally:
-        cluster.close()
-
-
-def down(address: str, run: str, grace: float) -> tuple[str, list[str]]:
-    """`down --ray RUN`: the run's containers stopped and confirmed gone on every node, then its actors and its
-    placement group released. (run id, container names removed); ConfigError when the cluster has no such run."""
-    cluster = ray_cluster.connect(address)
-    try:
-        found = ray_cluster.detached_runs()
-        run_id = housekeeping.resolve_run(run, set(found))
-        return run_id, ray_cluster.end_run(run_id, found[run_id], grace)
-    finally:
-        cluster.close()
-
-
-def logs(
-    address: str,
-    run: str,
-    lines: int,
-    follow: Callable[[list[tuple[int, str, str]]], None] | None = None,
-    every: float = 0.5,
-) -> tuple[str, list[tuple[int, str, str]]]:
-    """`logs --ray RUN`: each stage's last lines as its node's agent kept them (stage, stream, text), in stage
-    order. follow: given those, then every new line as it comes (every `every` s), until every stage of the run
-    is gone (`logs -f`); the agents number their lines, so nothing is shown twice."""
-    import time
-
-    cluster = ray_cluster.connect(address)
-    try:
-        found = ray_cluster.detached_runs()
-        run_id = housekeeping.resolve_run(run, set(found))
-        agents = found[run_id]
-        shown: dict[str, int] = {}
-        first = ray_cluster.run_logs(agents, lines, shown)
-        if follow is None:
-            return run_id, first
-        follow(first)
-        while True:
-            left = sum(len(a["containers"]) for a in ray_cluster.run_status(agents))
-            new = ray_cluster.run_logs(agents, 0, shown)
-            if new:
-                follow(new)
-            if left == 0:
-                return run_id, []
-            time.sleep(every)
-    finally:
-        cluster.close()
-
-
-def gc(address: str, dry_run: bool = False) -> list[str]:
-    """`gc --ray`: the detached runs that ended by themselves (no container of theirs left on any node) have their
-    actors and GPUs released, and placement groups of ours with no actor left are removed. Returns what was (or,
-    dry run, would be) released, in words."""
-    cluster = ray_cluster.connect(address)
-    try:
-        found = ray_cluster.detached_runs()
-        said = []
-        for run_id, actors in sorted(found.items()):
-            answers = ray_cluster.run_status(actors)
-            if answers and not any(a["containers"] for a in answers):
-                said.append(f"run {run_id}: every stage has ended; its actors and GPUs released")
-                if not dry_run:
-                    ray_cluster.end_run(run_id, actors, 0.0)
-        for run_id in ray_cluster.stray_groups(list(found)):
-            said.append(f"run {run_id}: no node agent left; its placement group (GPUs) released")
-            if not dry_run:
-                ray_cluster.release_group(run_id)
-        return said
-    finally:
-        cluster.close()
-
-
-def wait_gone(
-    address: str, run: str, timeout: float | None, every: float = 1.0
-) -> tuple[str, int, dict[int, tuple[str, int | None]]]:
-    """`wait --ray RUN`: until no container of the run is left on any node, or `timeout` seconds passed;
-    (run id, how many are left, each ended stage's container name and exit code as its node's agent saw it)."""
-    import time
-
-    cluster = ray_cluster.connect(address)
-    try:
-        found = ray_cluster.detached_runs()
-        run_id = housekeeping.resolve_run(run, set(found))
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            answers = ray_cluster.run_status(found[run_id])
-            left = sum(len(a["containers"]) for a in answers)
-            if left == 0 or (deadline is not None and time.monotonic() >= deadline):
-                exits = {int(k): (str(v[0]), v[1]) for a in answers for k, v in a.get("exits", {}).items()}
-                return run_id, left, dict(sorted(exits.items()))
-            time.sleep(every)
-    finally:
-        cluster.close()

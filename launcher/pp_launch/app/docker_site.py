@@ -1,0 +1,757 @@
+"""One Docker engine or several, as a site (app/site.py): a chain's whole life on them, and their housekeeping.
+
+A launch (app/launch.py drives the steps): the engines reached (DOCKER_HOST's, or every --host's, checked at once);
+the stage image on each; the run's guard on each engine (adapters/guard.py), started while the launch plans and
+kept from the first attempt to the last; per attempt the engines' GPU locks (app/locks.py), each engine's GPUs and
+holdings, the stages' backend (one engine, several, or pp-gpu-node children), the GPUs watched for faults, and
+what was lost named. Housekeeping (app/runs.py asks): only what a running guard of the run recorded is ever
+stopped (app/housekeeping.py holds the rules); a container that merely carries a run's labels is named, never
+touched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import queue
+import signal
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any
+
+from pp_launch.adapters import host_state, identity, run_logs
+from pp_launch.adapters.docker_engine import ContainerInfo, Engine, connect
+from pp_launch.adapters.gpu_watch import GpuWatch
+from pp_launch.adapters.guard import RunGuard
+from pp_launch.adapters.guard import image_check as guard_image_check
+from pp_launch.adapters.multi_host import MultiHostBackend
+from pp_launch.adapters.process_backend import ProcessStageBackend
+from pp_launch.adapters.runtime import ThreadRuntime
+from pp_launch.app import chain as steps
+from pp_launch.app import gpus as gpu_select
+from pp_launch.app import hosts as across
+from pp_launch.app import housekeeping
+from pp_launch.app.locks import GpuLocks, LockSite, reserve
+from pp_launch.app.request import Hooks, Launched, LaunchRequest
+from pp_launch.app.site import Confirm, Held, LogView, Voice, Where
+from pp_launch.core import errors, labels
+from pp_launch.core.chain.plan import BUILTIN_IMAGE, ChainPlan, build_plan
+from pp_launch.core.chain.ports import StageBackend
+from pp_launch.core.chain.scope import ChainOutcome, ChainScope
+from pp_launch.core.gpu import xid
+from pp_launch.core.gpu.inventory import GpuInventory
+from pp_launch.core.lines import count, display
+
+
+@dataclass(frozen=True)
+class _Engine:
+    """An engine a chain runs on: `name` "" is DOCKER_HOST's (no --host); `engine` None only in a dry run that
+    found no engine."""
+
+    name: str
+    engine: Engine | None
+    lock_name: str = ""
+    engine_id: str = ""
+    host: across.Host | None = None  # a --host engine, reached and checked
+
+
+class DockerSite:
+    """One Docker engine, or several: a chain's engines (DOCKER_HOST's, or every --host's) as `launch()` drives
+    them, or the engines a housekeeping command names (--host, --all-hosts), each asked in turn, a host that does
+    not answer said and skipped (the command then exits 1)."""
+
+    def __init__(self, where: Where, run: str | None, voice: Voice) -> None:
+        self.where, self.run, self.voice = where, run, voice
+        self._engines: housekeeping.Engines | None = None
+        self.places: list[_Engine] = []  # a launch's engines, reached
+        self.guarding: _Guarding | None = None
+
+    @classmethod
+    def to_launch(cls, request: LaunchRequest, dry_run: bool = False, strict: bool = False) -> DockerSite:
+        """The chain's engines: every --host reached and checked at once (exit 2 naming each that does not answer),
+        or DOCKER_HOST's (a dry run tolerates none: a plan needs no engine; strict: but one that runs and refuses
+        this user is the error a launch would meet)."""
+        place = cls(Where(), None, Voice(lambda text: None, lambda text: None))
+        place.places = _reach(request, dry_run, strict)
+        return place
+
+    @property
+    def engines(self) -> housekeeping.Engines:
+        if self._engines is None:
+            self._engines = housekeeping.Engines(
+                self.where.hosts, self.where.all_hosts, self.run, say=lambda text: self.voice.note(f"pp-launch: {text}")
+            )
+        return self._engines
+
+    @property
+    def reached(self) -> list[tuple[str | None, Engine]]:
+        return self.engines.reached
+
+    @property
+    def several(self) -> bool:
+        return self.engines.several
+
+    def close(self) -> bool:
+        for s in self.places:
+            if s.engine is not None:
+                s.engine.close()
+        return self._engines is None or not self._engines.close()
+
+    @property
+    def failed(self) -> bool:
+        return self.engines.failed
+
+    def find_run(self, run: str) -> tuple[str, list[tuple[Engine, ContainerInfo]]]:
+        return self.engines.find_run(run)
+
+    def _on(self, name: str | None) -> str:
+        return f" on host {name or 'local'}" if self.several else ""
+
+    # ------------------------------------------------------------------------------------------------ a launch
+    def prepare(self, request: LaunchRequest, say: Callable[[str], None]) -> None:
+        """The stage image and pp-launch's guard image on every engine (built on first use on DOCKER_HOST's; never
+        pulled), and the run's guards coming up while the launch plans (each costs a container's start). Nothing
+        is swept: what a launcher leaves, its guard removes (adapters/guard.py)."""
+        image = request.chain.image
+        if request.hosts:
+            across.check_image(_hosts(self.places), image)
+            for s in self.places:
+                guard_image_check(_engine(s), f"host {s.name}")
+        else:
+            steps.ensure_image(_engine(self.places[0]), image, say)
+        if request.gpu_node is None:
+            owner = request.owner or steps.owner_label(request.detach)
+            self.guarding = _Guarding(self.places, request.run_id or "", owner, request.chain.grace)
+
+    def guards(self) -> Mapping[str, RunGuard]:
+        return self.guarding.guards if self.guarding is not None else {}
+
+    def reserve(self, request: LaunchRequest, hooks: Hooks) -> AbstractContextManager[Held]:
+        """The engines' GPU locks (app/locks.py), taken when GPUs are picked (`plan`)."""
+        sites = [LockSite(s.lock_name, s.engine, s.engine_id) for s in self.places if s.engine is not None]
+        owner, attempt = identity.current_owner().label(), request.chain.attempt
+        return reserve(sites, request.run_id or "", owner, hooks.say, hooks.stop_pending, attempt)
+
+    def plan(self, request: LaunchRequest, environ: Mapping[str, str], held: Held | None) -> tuple[ChainPlan, str]:
+        assert held is None or isinstance(held, GpuLocks)
+        return _plan(request, self.places, environ, held)
+
+    def place_stages(self, request: LaunchRequest, plan: ChainPlan, held: Held, say: Callable[[str], None]) -> _Stages:
+        """The run's guards taken (started before anything of the run exists on their engine) once no name of the
+        plan is taken on any engine; the backend records every id it creates with its engine's guard."""
+        guards: dict[str, RunGuard] = {}
+        if self.guarding is not None:
+            for s in self.places:
+                steps.check_names_free(_engine(s), plan, s.name or None, ThreadRuntime())
+            guards = self.guarding.take()
+        return _Stages(request, plan, _backend(request, plan, self.places, held, guards), guards, held, say)
+
+    def dry_plan(self, request: LaunchRequest, environ: Mapping[str, str], strict: bool) -> Launched:
+        """strict (a dry run): a stage image the engine lacks is the error a launch would meet; a Compose file is
+        written for wherever it will run, so it checks none."""
+        if request.hosts:
+            across.check_image(_hosts(self.places), request.chain.image)
+        elif strict and (engine := self.places[0].engine) is not None:
+            image = request.chain.image
+            if image != BUILTIN_IMAGE and engine.image_labels(image) is None:
+                raise errors.ImageMissing(
+                    f"image {image} is not present on the engine at {engine.address}, and pp-launch never pulls: a "
+                    "launch would stop here. Build it or load it ('docker load -i FILE') first."
+                )
+        plan, note = _plan(request, self.places, environ, None)
+        asked_gpus = request.gpu.mode.strip() != "none"
+        warning = "no Docker engine answered: GPUs held by running containers were not checked"
+        return Launched(plan, note, None, warning if asked_gpus and self.places[0].engine is None else "")
+
+    def finish(self, final: Launched | None) -> None:
+        """The launcher lets go of each guard (kept from the first attempt to the last: `down` finds the run between
+        them too), then of every engine."""
+        try:
+            if self.guarding is not None:
+                self.guarding.finish(None if final is None else final.outcome)
+        finally:
+            self.close()
+
+    # ------------------------------------------------------------------------------------------------------ ps
+    def stages(self, run: str | None, details: bool, ended_too: bool) -> list[dict[str, Any]]:
+        rows: list[dict[str, Any]] = []
+        for name, engine in self.reached:
+            try:
+                found = None if run is None else housekeeping.find_run(engine, run)[0]
+            except errors.ConfigError:
+                if self.several:
+                    continue  # not on this host
+                raise
+            gpus = housekeeping.local_inventory() if name is None else None  # NVML here: only this engine's GPUs
+            where = (name or "local") if self.several else None
+            rows += housekeeping.list_stages(engine, found, details=details, gpus=gpus, host=where)
+        if ended_too:
+            rows += ended_rows({r["run"] for r in rows}, run)
+        if run is not None and not rows and self.several:
+            raise errors.ConfigError(f"no run {housekeeping.safe(run)!r} on any of these hosts")
+        return rows
+
+    # ---------------------------------------------------------------------------------------------------- down
+    def down(self, run: str | None, grace: float, confirm: Confirm | None) -> bool:
+        if not self.several:
+            return self._down_on(self.reached[0][1], run, grace, confirm, None)[1]
+        found_any, ok = False, True
+        for name, engine in self.reached:
+            try:
+                found, done = self._down_on(engine, run, grace, confirm, name or "local")
+            except errors.ConfigError as exc:
+                if run is None or "no run" not in str(exc):
+                    raise
+                continue
+            found_any, ok = found_any or found, ok and done
+        if run and not found_any and ok and not self.failed:
+            raise errors.ConfigError(f"no run {housekeeping.safe(run)!r} on any of these hosts")
+        if run and ok and not self.failed:
+            host_state.RunHosts().forget_prefix(run)
+        return ok
+
+    def _down_on(
+        self, engine: Engine, run: str | None, grace: float, confirm: Confirm | None, host: str | None
+    ) -> tuple[bool, bool]:
+        """down on one engine: only what a running guard of the run recorded (adapters/guard.py). (whether it had
+        anything to stop, whether everything went)."""
+        on, say = f" on host {host}" if host else "", self.voice.note
+        vouched = self._vouched(engine, run, confirm, on)
+        targets = list(vouched.ours)
+        if not targets and not vouched.guards:
+            say(f"pp-launch: nothing to stop{on} (no pp-launch run that a guard vouches for)")
+            return False, True
+        names = ", ".join(sorted(c.name for c in targets)) or "none yet (still placing)"
+        say(f"pp-launch: stopping {count(len(targets), 'container')}{on}: {names}")
+        outcomes = housekeeping.stop_runs(engine, targets, grace, guards=vouched.guards)
+        left = [ref for o in outcomes for ref in o.orphans]
+        problems = [o.message for o in outcomes if o.exit_code != 0]
+        if left or problems:
+            by_id = {c.id: c.name for c in targets}
+            still = ", ".join(by_id.get(ref, ref[:12]) for ref in left)
+            tail = f"; still present: {still}" if still else ""
+            say(f"pp-launch: error{on}: {'; '.join(problems)}{tail}")
+            return True, False
+        say(f"pp-launch: stopped and removed {count(len(targets), 'container')}{on}")
+        housekeeping.forget_ended([engine])
+        return True, True
+
+    def _vouched(self, engine: Engine, run: str | None, confirm: Confirm | None, on: str) -> housekeeping.Vouched:
+        """What `down` may stop on one engine (every run's, once confirmed), what it names and leaves alone said."""
+        found = engine.containers(labels.run_selector()) if run is None else housekeeping.find_run(engine, run)[1]
+        vouched = housekeeping.vouch(engine, found)
+        targets = vouched.ours
+        if run is None and (targets or vouched.guards) and confirm is not None:
+            runs = sorted({c.labels.get(labels.RUN, "?") for c in targets} | {g.run for g in vouched.guards})
+            confirm(
+                f"stop {count(len(targets), 'container')} of {len(runs)} runs ({', '.join(runs)}), whoever owns them?"
+            )
+        for c in vouched.unrecorded:
+            self.voice.note(
+                f"pp-launch: not touched{on}: {housekeeping.describe(c)} carries the run's labels, but no guard "
+                "of the run recorded it (not made by that run, or its guard was removed)"
+            )
+        return vouched
+
+    # ------------------------------------------------------------------------------------------------------ gc
+    def gc(self, dry_run: bool) -> bool:
+        anything, ok = False, True
+        for name, engine in self.reached:
+            on = self._on(name)
+            dead = housekeeping.left_by_the_dead(engine)
+            for c in dead:
+                self.voice.answer(
+                    f"{'would remove' if dry_run else 'removing'} {housekeeping.describe(c)}{on}: its run's "
+                    "guard and launcher are gone"
+                )
+            if dead and not dry_run:
+                outcomes = housekeeping.stop_runs(engine, dead, 1.0, reason="launcher gone")
+                for ref in (r for o in outcomes for r in o.orphans):
+                    self.voice.note(f"pp-launch: error: could not remove {ref[:12]}{on}")
+                    ok = False
+            loose = housekeeping.unrecorded(engine)
+            for c in loose:
+                why = "no guard of its run recorded it (not made by that run, or its guard was removed)"
+                self.voice.answer(
+                    f"not touched{on}: {housekeeping.describe(c)}: {why}; remove it yourself if it is yours"
+                )
+            anything = anything or bool(dead) or bool(loose)
+        if not dry_run:
+            housekeeping.forget_ended([e for _, e in self.reached])
+        if not anything:
+            self.voice.note("nothing to collect")
+        return ok
+
+    # ---------------------------------------------------------------------------------------------------- logs
+    def logs(self, run: str, view: LogView) -> None:
+        try:
+            name, found = self.find_run(run)
+        except errors.ConfigError:
+            if view.follow or not _print_kept(run, view, self.voice):
+                raise
+            return
+        found = [(e, c) for e, c in found if housekeeping.is_stage(c)]  # not its lock or guard
+        if view.stages:
+            found = [(e, c) for e, c in found if labels.ascii_int(c.labels.get(labels.STAGE, "")) in view.stages]
+            if not found:
+                raise errors.ConfigError(f"run {name} has no stage {', '.join(map(str, view.stages))}")
+        if view.follow:
+            _follow(found, view, self.voice)
+            return
+        rows = []  # every stage's lines (its last `tail`), merged in the order the engine timed them
+        for engine, c in found:
+            for line in engine.log_lines(c.id, since=view.since, tail=view.tail, timestamps=True):
+                stamp, _, text = line.partition(b" ")
+                rows.append((instant(stamp.decode("ascii", "replace")), _prefix(c), line if view.timestamps else text))
+        shown = [head + display(line) for _, head, line in sorted(rows, key=lambda row: row[0])]  # stable sort
+        if shown:
+            self.voice.answer("\n".join(shown))  # one answer: a long log is not written line by line
+
+    # ---------------------------------------------------------------------------------------------------- wait
+    def wait(self, run: str, until: str, timeout: float | None) -> int:
+        name, every = self.find_run(run)
+        found = [(e, c) for e, c in every if housekeeping.is_stage(c)]  # not its lock or guard
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if until == "announced":
+            _wait_announced(name, found, deadline, self.voice)
+            return 0
+        return _wait_exit(name, found, deadline, self.voice)
+
+
+def _prefix(c: ContainerInfo) -> str:
+    return f"[stage {display(c.labels.get(labels.STAGE, '?').encode())}] "
+
+
+def _follow(found: list[tuple[Engine, ContainerInfo]], view: LogView, voice: Voice) -> None:
+    """Every stage's lines as they come, until each stage is gone; interrupted (Ctrl-C), every stream is closed and
+    every pump joined before the interruption goes on."""
+    lines: queue.Queue[tuple[str, bytes] | None] = queue.Queue(maxsize=10000)
+    closers: list[Any] = []  # each stream's close, once open: an interrupted follow ends every pump by them
+
+    def pump(engine: Engine, c: ContainerInfo) -> None:
+        try:
+            for line in engine.log_lines(
+                c.id, follow=True, since=view.since, tail=view.tail, timestamps=view.timestamps, opened=closers.append
+            ):
+                lines.put((_prefix(c), line))
+        finally:
+            lines.put(None)
+
+    pumps = [threading.Thread(target=pump, args=(e, c), daemon=True, name=f"logs-{c.name}") for e, c in found]
+    for t in pumps:
+        t.start()
+    try:
+        running = len(found)
+        while running:
+            item = lines.get()
+            if item is None:
+                running -= 1
+                continue
+            voice.answer(item[0] + display(item[1]))
+    finally:  # every stage ended, or Ctrl-C: each stream closed, the queue drained until each pump ended, joined
+        end_pumps(pumps, closers, lines)
+
+
+def end_pumps(pumps: list[threading.Thread], closers: list[Any], lines: queue.Queue[Any]) -> None:
+    """Close every log stream (a pump still opening one closes it as soon as it is open) and take what the pumps
+    still put, until each has ended; then join them: none is left behind, interrupted or not."""
+    deadline = time.monotonic() + 30
+    while any(t.is_alive() for t in pumps) and time.monotonic() < deadline:
+        for close in list(closers):
+            with contextlib.suppress(Exception):
+                close()
+        with contextlib.suppress(queue.Empty):
+            lines.get(timeout=0.05)
+    for t in pumps:
+        t.join(max(0.0, deadline - time.monotonic()))
+
+
+def instant(stamp: str) -> str:
+    """An RFC 3339 time (the engine's, or ours) in a form that sorts as time does: the fraction to 9 digits (Go
+    drops trailing zeros)."""
+    whole, dot, rest = stamp.rstrip("Z").partition(".")
+    return f"{whole}.{(rest if dot else '').ljust(9, '0')[:9]}"
+
+
+def _print_kept(prefix: str, view: LogView, voice: Voice) -> bool:
+    """A run the engine no longer has, from what its launcher kept; False when nothing was kept for it."""
+    kept = run_logs.kept_runs(view.log_dir)
+    matches = [r for r in kept if r.startswith(prefix)]
+    if len(matches) != 1:
+        if len(matches) > 1:
+            raise errors.ConfigError(f"run {housekeeping.safe(prefix)!r} is ambiguous: {', '.join(matches)}")
+        return False
+    lines = [k for k in run_logs.read(matches[0], view.log_dir) if not view.stages or k.stage in view.stages]
+    by_stage: dict[int, list[run_logs.KeptLine]] = {}
+    for k in lines:
+        by_stage.setdefault(k.stage, []).append(k)
+    tail, shown = view.tail, []
+    for stage in sorted(by_stage):
+        shown += by_stage[stage] if tail is None else by_stage[stage][len(by_stage[stage]) - tail :] if tail else []
+    said = [  # in time order, as the engine's are
+        f"[stage {k.stage}] " + (f"{k.time} " if view.timestamps else "") + display(k.text.encode())
+        for k in sorted(shown, key=lambda k: instant(k.time))
+    ]
+    if said:
+        voice.answer("\n".join(said))
+    return True
+
+
+def ended_rows(present: set[str], run: str | None) -> list[dict[str, Any]]:
+    """A row per stage of each run whose output this user keeps, that no engine here lists and no launcher
+    keeps writing: it ended (`ps -a`)."""
+    now, rows = time.time(), []
+    for ended, stages, last in run_logs.ended():
+        if ended in present or (run is not None and not ended.startswith(run)):
+            continue
+        for k in stages:
+            rows.append(
+                {
+                    "run": ended,
+                    "stage": k,
+                    "role": "stage",
+                    "container": "-",
+                    "id": "",
+                    "image": "-",
+                    "gpus": [],
+                    "owner": "-",
+                    "owner_status": "ended: output kept ('pp-launch logs RUN')",
+                    "state": "ended",
+                    "age_s": max(0, int(now - last)),
+                    "address": None,
+                    "uptime_s": None,
+                }
+            )
+    return rows
+
+
+def stage_name(c: ContainerInfo) -> str:
+    """A stage as `wait` names it: its index, and its attempt once its run was restarted (--max-restarts)."""
+    attempt = labels.ascii_int(c.labels.get(labels.ATTEMPT, ""))
+    again = f" (attempt {attempt})" if attempt is not None and attempt > 1 else ""
+    return display(c.labels.get(labels.STAGE, "?").encode()) + again
+
+
+def _wait_announced(run: str, found: list[tuple[Engine, ContainerInfo]], deadline: float | None, voice: Voice) -> None:
+    addresses: dict[str, str] = {}
+    while True:
+        for engine, c in found:
+            if c.id in addresses:
+                continue
+            if engine.inspect(c.id) is None:
+                raise errors.PpLaunchError(f"run {run}: stage {stage_name(c)} ({c.name}) ended before it announced")
+            addr = housekeeping.announced(engine, c.id)
+            if addr is not None:
+                addresses[c.id] = addr
+                voice.answer(f"stage {stage_name(c)} {c.name} {addr}")
+        if len(addresses) == len(found):
+            return
+        if deadline is not None and time.monotonic() > deadline:
+            missing = ", ".join(stage_name(c) for _, c in found if c.id not in addresses)
+            raise errors.PpLaunchError(f"run {run}: stages {missing} did not announce within the timeout")
+        time.sleep(0.25)
+
+
+def _wait_exit(run: str, found: list[tuple[Engine, ContainerInfo]], deadline: float | None, voice: Voice) -> int:
+    codes: dict[str, int | None] = {}
+
+    def one(engine: Engine, c: ContainerInfo) -> None:
+        left = None if deadline is None else max(0.1, deadline - time.monotonic())
+        kept = c.labels.get(labels.OWNER, "").startswith(labels.OWNER_COMPOSE_PREFIX)  # compose keeps its stages
+        with contextlib.suppress(errors.PpLaunchError):
+            codes[c.id] = engine.wait_removed(c.id, left, "not-running" if kept else "removed")
+
+    threads = [threading.Thread(target=one, args=(e, c), daemon=True) for e, c in found]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    worst = 0
+    for _, c in found:
+        if c.id not in codes:
+            raise errors.PpLaunchError(f"run {run}: stage {stage_name(c)} ({c.name}) still runs after the timeout")
+        code = codes[c.id]
+        voice.answer(f"stage {stage_name(c)} {c.name} exited {'with an unknown code' if code is None else code}")
+        if code != 0 and worst == 0:
+            worst = errors.EXIT_FAILURE
+    return worst
+
+
+# ------------------------------------------------------------------------------------------------ a launch
+def _reach(request: LaunchRequest, dry_run: bool, strict: bool = False) -> list[_Engine]:
+    """The engines: every --host reached and checked at once (exit 2 naming each that does not answer), or
+    DOCKER_HOST's (a dry run tolerates none: a plan needs no engine; strict: but one that runs and refuses this
+    user is the error a launch would meet)."""
+    if request.hosts:
+        return [_Engine(h.name, h.engine, h.name, h.engine_id, h) for h in across.connect_all(request.hosts)]
+    if dry_run:
+        try:
+            return [_Engine("", connect(timeout=5))]
+        except errors.EngineUnavailable as exc:
+            if strict and "permission denied" in str(exc):
+                raise
+            return [_Engine("", None)]
+    engine = connect()
+    return [_Engine("", engine, engine.address)]  # one engine: no lock order to keep, no identity to ask
+
+
+def _hosts(sites: Sequence[_Engine]) -> list[across.Host]:
+    return [s.host for s in sites if s.host is not None]
+
+
+def _engine(site: _Engine) -> Engine:
+    assert site.engine is not None  # only a dry run goes without one
+    return site.engine
+
+
+def _plan(
+    request: LaunchRequest,
+    sites: Sequence[_Engine],
+    environ: Mapping[str, str],
+    locks: GpuLocks | None,
+) -> tuple[ChainPlan, str]:
+    """Each engine's GPUs and holdings, the engines' GPU locks taken before their labels are read (when GPUs are
+    picked; released once every stage exists), each stage's host and GPUs, the plan. The request's run id and
+    owner are set (app/launch.py)."""
+    gpu, run_id, owner = request.gpu, request.run_id or "", request.owner or ""
+    host_gpus = _host_gpus(request, sites, environ)
+    if locks is not None and _locks_needed(gpu.mode, [h.inventory for h in host_gpus]):
+        locks.acquire()
+    stage_hosts, selection = gpu_select.select(
+        mode=gpu.mode,
+        stages=request.chain.stages,
+        per_stage=gpu.per_stage,
+        attach=gpu.attach,
+        hosts_gpus=host_gpus,
+        environ=environ,
+        placement=request.placement,
+        stages_per_host=request.stages_per_host,
+        allow_shared=gpu.allow_shared,
+        min_free_mib=gpu.min_free_mib,
+        allow_unhealthy=gpu.allow_unhealthy,
+        avoid=request.avoid_gpus,
+    )
+    launcher = identity.current_owner().label() if owner == labels.OWNER_DETACHED else ""
+    plan = build_plan(
+        request.chain,
+        environ,
+        owner,
+        selection.stage_gpus,
+        selection.device_requests,
+        run_id,
+        selection.hop_levels,
+        selection.cost,
+        tuple(stage_hosts) if request.hosts else (),
+        launcher,
+    )
+    return plan, selection.note
+
+
+def _host_gpus(
+    request: LaunchRequest, sites: Sequence[_Engine], environ: Mapping[str, str]
+) -> list[gpu_select.HostGpus]:
+    """DOCKER_HOST's engine: this machine's NVML (or the inventory file). Each --host: its inventory file, or
+    its probe (a short-lived container on that engine; all at once)."""
+    gpu = request.gpu
+    if gpu.mode.strip() == "none":
+        return [gpu_select.HostGpus(s.name, GpuInventory(), list) for s in sites]
+    if not request.hosts:
+        engine = sites[0].engine
+        held = (lambda: across.live_gpu_labels(engine)) if engine is not None else list
+        path = gpu.inventory_path or environ.get(gpu_select.INVENTORY_ENV) or None
+        return [gpu_select.HostGpus("", gpu_select.load_inventory(path), held)]
+    reached = _hosts(sites)
+    every = gpu.inventory_path or environ.get(gpu_select.INVENTORY_ENV) or None
+    overrides = dict(gpu.host_inventories)
+    run_id, owner = request.run_id or "", request.owner or ""
+    return across.host_gpus(
+        reached, request.chain.image, gpu.attach, run_id, owner, overrides, every, request.chain.attempt
+    )
+
+
+def _locks_needed(mode: str, inventories: list[GpuInventory]) -> bool:
+    """The engines' GPU locks matter only when GPUs are picked from what others hold (not none, not all)."""
+    return mode.strip() not in ("none", "all") and any(inv.gpus for inv in inventories)
+
+
+def _backend(
+    request: LaunchRequest,
+    plan: ChainPlan,
+    sites: Sequence[_Engine],
+    held: Held,
+    guards: Mapping[str, RunGuard],
+) -> StageBackend:
+    """Where the stages run: DOCKER_HOST's engine, every --host's engine, or pp-gpu-node children. Each engine's
+    backend records every id it creates with that engine's guard."""
+    if request.gpu_node is not None:
+        engine = _engine(sites[0])
+        return ProcessStageBackend(
+            request.gpu_node,
+            plan.run_id,
+            plan.grace,
+            lambda run: [c.id for c in engine.containers(labels.run_selector(run))],
+        )
+    if not request.hosts:
+        return guards[""].stage_backend(expected=len(plan.stages), on_all_created=held.check_and_release)
+    backends = {s.name: guards[s.name].stage_backend() for s in sites}
+    return MultiHostBackend(backends, expected=len(plan.stages), on_all_created=held.check_and_release)
+
+
+GUARD_SETTLE = 10.0  # seconds a clean end waits for its guards to be gone (they find nothing left, and exit)
+
+
+class _Stages:
+    """An attempt's stages on Docker engines. Its scope watched: `pp-launch down` told to a guard stops the whole
+    chain (as SIGTERM does); the hosts of a chain across hosts recorded (ps/down/gc --all-hosts); this machine's
+    NVML watching the GPUs of the engine on it. At its end a detached run is handed to its guards (and only then),
+    and the outcome says whether another attempt may follow: a stage failed, every guard is still up (no `down`, no
+    neighbour removed one) and no engine was lost; and the GPUs that faulted (an Xid) under its stages."""
+
+    def __init__(
+        self,
+        request: LaunchRequest,
+        plan: ChainPlan,
+        backend: StageBackend,
+        guards: Mapping[str, RunGuard],
+        held: Held,
+        say: Callable[[str], None],
+    ) -> None:
+        self.request, self.plan, self.backend, self.guards, self.held = request, plan, backend, guards, held
+        self.faults = _GpuFaults(plan, say)
+        self.record = host_state.RunHosts() if request.hosts else None
+
+    def watch(self, scope: ChainScope) -> None:
+        for g in self.guards.values():
+            g.when_down(lambda: scope.request_stop(signal.SIGTERM, "'pp-launch down' (told to the run's guard)"))
+        if self.record is not None:
+            self.record.write(self.plan.run_id, self.plan.hosts)
+        if not self.request.hosts:
+            self.faults.start(scope)
+
+    def end(self, outcome: ChainOutcome | None) -> tuple[ChainOutcome, bool, tuple[tuple[str, str], ...]] | None:
+        backend, guards = self.backend, self.guards
+        try:
+            if outcome is not None:
+                outcome = _stopped_by_down(outcome, guards)
+                if outcome.reason == "detached":
+                    for g in guards.values():
+                        g.detach()  # from here on the run is its guards' (and `down`'s)
+                    backend.close()  # this process lets the stages go: their readers and waits end and are joined
+        finally:
+            self.faults.stop()
+            self.held.check_and_release()
+            lost = isinstance(backend, MultiHostBackend) and bool(backend.lost)
+            clean = outcome is not None and not (outcome.orphans or lost) and outcome.reason != "detached"
+            if self.record is not None and clean:
+                self.record.forget(self.plan.run_id)
+        if outcome is None:
+            return None
+        restartable = outcome.reason == "stage_failed" and clean and all(g.alive() for g in guards.values())
+        return _with_lost_hosts(outcome, self.plan.run_id, backend), restartable, tuple(self.faults.faults.items())
+
+
+class _GpuFaults:
+    """The run's GPUs watched for Xid errors while its stages run (adapters/gpu_watch.py): a fatal one fails every
+    stage on that GPU, naming it, and the run's next attempt passes the GPU over; any other is said."""
+
+    def __init__(self, plan: ChainPlan, say: Callable[[str], None]) -> None:
+        self.plan, self.say = plan, say
+        self.faults: dict[str, str] = {}  # UUID -> what it reported
+        self.watch: GpuWatch | None = None
+        self.scope: ChainScope | None = None
+
+    def start(self, scope: ChainScope) -> None:
+        uuids = [u for s in self.plan.stages for u in s.gpus]
+        if uuids:
+            self.scope = scope
+            self.watch = GpuWatch(uuids, self._on_xid).start()
+
+    def stop(self) -> None:
+        if self.watch is not None:
+            self.watch.stop()
+
+    def _on_xid(self, uuid: str, index: int, code: int) -> None:
+        stages = [s for s in self.plan.stages if uuid in s.gpus]
+        gpu = f"GPU {index} ({uuid})" if index >= 0 else uuid
+        which = ", ".join(f"stage {s.index} ({s.where()})" for s in stages) or "no stage of this run"
+        if not xid.fails_stage(code):
+            self.say(f"warning: {gpu}, under {which}, reported {xid.describe(code)}; the stage runs on")
+            return
+        self.faults[uuid] = f"{gpu} reported {xid.describe(code)} on attempt {self.plan.attempt}"
+        assert self.scope is not None
+        for s in stages:
+            self.scope.fail_stage(
+                s.index,
+                f"stage {s.index} ({s.where()}) failed: its {gpu} reported "
+                f"{xid.describe(code)}; that GPU is not used again in this run",
+            )
+
+
+class _Guarding:
+    """The run's guards, started on every engine on a thread of their own while the launch plans. `take()` hands
+    them over (or raises why they could not start); `finish()` lets go of them at the run's end."""
+
+    def __init__(self, sites: Sequence[_Engine], run_id: str, owner: str, grace: float) -> None:
+        self.guards: dict[str, RunGuard] = {}
+        self.error: BaseException | None = None
+        self.taken = False
+        self._thread = threading.Thread(target=self._start, args=(sites, run_id, owner, grace), name="guards")
+        self._thread.start()
+
+    def _start(self, sites: Sequence[_Engine], run_id: str, owner: str, grace: float) -> None:
+        try:
+            for s in sites:
+                self.guards[s.name] = RunGuard.start(_engine(s), run_id, owner, grace, s.name or None)
+        except BaseException as exc:  # handed to take(), on the launch's own thread
+            self.error = exc
+
+    def take(self) -> dict[str, RunGuard]:
+        self._thread.join()
+        if self.error is not None:
+            raise self.error
+        self.taken = True
+        return self.guards
+
+    def finish(self, outcome: ChainOutcome | None) -> None:
+        """The run's end, after its last attempt (idempotent): the launcher lets go of each guard. One never taken
+        (the launch stopped before its run) finds nothing to tear down and goes, waited for (bounded)."""
+        self._thread.join()
+        _let_guards_go(self.guards, outcome if self.taken else None)
+        self.guards.clear()
+
+
+def _let_guards_go(guards: Mapping[str, RunGuard], outcome: ChainOutcome | None) -> None:
+    """The launcher's end of each guard; waited for until they are gone (they find nothing left), unless the run
+    is detached (the guards own it now) or something may be left (a lost engine: they tear it down, unwaited)."""
+    settled = outcome is None or (outcome.reason != "detached" and not outcome.orphans)
+    for g in guards.values():
+        g.close(wait=GUARD_SETTLE if settled else 0.0)
+
+
+def _stopped_by_down(outcome: ChainOutcome, guards: Mapping[str, RunGuard]) -> ChainOutcome:
+    """A run that failed because its guard went (`pp-launch down` while it came up or ran, or a neighbour removed
+    it) says so first: its stages ending is not the stages' fault."""
+    if outcome.exit_code == 0 or outcome.reason == "signal":
+        return outcome
+    gone = next((g for g in guards.values() if not g.alive()), None)
+    if gone is None:
+        return outcome
+    return dataclasses.replace(outcome, message=f"{gone.lost_message()}; {outcome.message}")
+
+
+def _with_lost_hosts(outcome: ChainOutcome, run: str, backend: StageBackend) -> ChainOutcome:
+    """A host lost on the way is named, with what may be left there and the command to run when it is back."""
+    if not isinstance(backend, MultiHostBackend):
+        return outcome  # one engine: a lost engine is the scope's to say
+    said = []
+    for host, why in backend.lost.items():
+        left = [ref[:12] for ref in outcome.orphans if backend.where(ref) == host]
+        maybe = f"containers {', '.join(left)} of run {run} may still be there" if left else "none known left"
+        said.append(
+            f"host {host} could not be reached ({why}): {maybe}; this run's watchdog for that host removes them "
+            f"if it comes back soon, else run 'pp-launch down {run} --host {host}' when it is back"
+        )
+    return steps.with_places_lost(outcome, said)
