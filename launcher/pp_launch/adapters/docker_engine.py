@@ -419,20 +419,6 @@ class Engine:
             for r in rows
         ]
 
-    def create_placeholder(self, name: str | None, image: str, labels: Mapping[str, str]) -> str | None:
-        """A container that is never started: a durable mark on the engine (a detached run's hand-over). Its id,
-        or None when the name is taken."""
-        host_config = self.api.create_host_config(network_mode="none")
-        config = self.api.create_container_config(
-            image=image, command=None, entrypoint=["true"], labels=dict(labels), host_config=host_config
-        )
-        try:
-            return str(self.api.create_container_from_config(config, name)["Id"])
-        except docker.errors.APIError as exc:
-            if exc.status_code == 409:
-                return None
-            raise errors.EngineError(f"the engine at {self.address} refused {name}: {_reason(exc)}") from None
-
     def hold(
         self,
         name: str | None,

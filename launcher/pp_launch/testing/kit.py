@@ -31,7 +31,7 @@ from pp_launch.adapters.guard import RunGuard
 from pp_launch.adapters.runtime import ThreadRuntime
 from pp_launch.adapters.worker_driver import WorkerDriver
 from pp_launch.app import launch, worker_check
-from pp_launch.core import errors, events, labels
+from pp_launch.core import errors, events
 from pp_launch.core.announce import StageAnnouncement, parse_line
 from pp_launch.core.chain.plan import BUILTIN_IMAGE, ChainRequest, build_plan
 from pp_launch.core.chain.ports import ChainEvent, StageGone, StageOutput
@@ -439,21 +439,6 @@ def engine_answers() -> bool:
     except errors.PpLaunchError:
         return False
     return True
-
-
-def leftovers_of_this_process(owner: str | None = None) -> list[dict[str, Any]]:
-    """pp-launch containers on the engine whose owner label is this process (or `owner`)."""
-    engine = docker_engine.connect()
-    mine = owner or identity.current_owner().label()
-    return [
-        {"id": c.id, "name": c.name, "image": c.image, "labels": dict(c.labels)}
-        for c in engine.containers([labels.RUN])
-        if c.labels.get(labels.OWNER) == mine
-    ]
-
-
-def remove(container_id: str) -> None:
-    docker_engine.connect().remove(container_id)
 
 
 __all__ = [
