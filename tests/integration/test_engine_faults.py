@@ -14,7 +14,7 @@ import pytest
 
 from pp_launch.core import labels
 
-from ..helpers import Launcher, wait_until
+from ..helpers import Launcher, wait_until, watchdogs
 
 pytestmark = [pytest.mark.docker, pytest.mark.full]  # engines killed, frozen, stopped: the full tier
 HOLD = ["--json", "--gpus", "none", "--grace", "1", "--env", "STUB_MODE=hold"]
@@ -123,6 +123,8 @@ def test_pp_gpu_node_says_why_when_its_engine_is_killed(broken_engine, stub_imag
     assert "Traceback" not in text
     side.ensure_running()
     assert wait_until(lambda: side.docker("ps", "-aq", "--filter", "label=pp-launch.run").stdout.split() == [], 60)
+    # its watchdog, which waited for the engine, finds nothing left and goes
+    assert wait_until(lambda: watchdogs(**on(side.host)) == [], 60), watchdogs(**on(side.host))
 
 
 def _age(pid: int) -> float:

@@ -1,4 +1,5 @@
-"""pp-gpu-node's configuration (docs/pp-gpu-node.md) and its supervisor, without Docker."""
+"""pp-gpu-node's configuration (docs/pp-gpu-node.md) and its stage in the foreground under the chain's scope, without
+Docker."""
 
 from __future__ import annotations
 
@@ -7,10 +8,11 @@ import signal
 import pytest
 
 from pp_launch.adapters.runtime import ThreadRuntime
-from pp_launch.app.node import NodeConfig, NodeSupervisor, parse_gpus
+from pp_launch.app import node
+from pp_launch.app.node import NodeConfig, parse_gpus
 from pp_launch.core import errors
-from pp_launch.core.chain.plan import Mount
-from pp_launch.core.chain.ports import StopRequested
+from pp_launch.core.chain.plan import ChainPlan, Mount
+from pp_launch.core.chain.ports import StageOutput, StopRequested
 
 from .fakes import FakeBackend, FakeClock, FakeInbox, StageScript
 
@@ -111,39 +113,72 @@ def test_bad_values(env: dict[str, str], message: str) -> None:
         NodeConfig.from_env(env)
 
 
-def supervisor(scripts: dict[int, StageScript], grace: float = 10.0):  # type: ignore[no-untyped-def]
-    clock = FakeClock()
-    inbox = FakeInbox(clock)
-    backend = FakeBackend(scripts=scripts, inbox=inbox)
-    out: list[tuple[str, bytes]] = []
-    sup = NodeSupervisor(backend, inbox, lambda stream, data: out.append((stream, data)), grace, ThreadRuntime(clock))
-    return sup, backend, inbox, clock, out
+class Foreground:
+    """One stage created on a fake backend, run by `node.supervise` on a fake clock; what it wrote kept."""
 
+    def __init__(
+        self, scripts: dict[int, StageScript], grace: float = 10.0, kill_wait: float = 15.0, stage: int = 0
+    ) -> None:
+        self.clock = FakeClock()
+        self.inbox = FakeInbox(self.clock)
+        self.backend = FakeBackend(scripts=scripts, inbox=self.inbox)
+        self.out: list[tuple[str, bytes]] = []
+        _, spec = spec_for({"STAGE": str(stage)})
+        self.plan = ChainPlan(run_id="r1", stages=(spec,), grace=grace)
+        self.ref = self.backend.create(spec, spec.env)
+        self.kill_wait = kill_wait
 
-def _created(backend: FakeBackend) -> str:
-    _, spec = spec_for({"STAGE": "0"})
-    return backend.create(spec, spec.env)
+    def run(self):  # type: ignore[no-untyped-def]
+        write = lambda stream, data: self.out.append((stream, data))  # noqa: E731
+        runtime = ThreadRuntime(self.clock)
+        return node.supervise(self.plan, self.ref, self.backend, self.inbox, write, runtime, self.kill_wait)
 
 
 def test_output_passes_through_and_the_exit_code_is_the_containers() -> None:
-    sup, backend, _, _, out = supervisor({0: StageScript(exit_at=(1001.0, 3))})
-    assert sup.run(_created(backend), 0) == 3
-    assert out[0] == ("stdout", b"stage 0 booting")
+    fg = Foreground({0: StageScript(exit_at=(1001.0, 3))})
+    outcome = fg.run()
+    assert outcome.exit_code == 3 and outcome.orphans == ()
+    assert fg.out[0] == ("stdout", b"stage 0 booting")
+
+
+def test_a_stage_of_any_index_is_supervised_by_its_index() -> None:
+    """pp-gpu-node runs stage STAGE alone: its events name that index, not a position in a chain."""
+    fg = Foreground({2: StageScript(exit_at=(1001.0, 5))}, stage=2)
+    assert fg.run().exit_code == 5 and fg.out[0] == ("stdout", b"stage 2 booting")
+
+
+def test_output_is_passed_through_as_it_comes_and_never_read_as_an_announcement() -> None:
+    """A malformed announcement line ends a chain; in the foreground it is only bytes to pass on."""
+    fg = Foreground({0: StageScript(exit_at=(1002.0, 0))})
+    fg.inbox.at(1001.0, StageOutput(0, "stdout", b"PP_GPU_NODE_ADDR not-a-node-id \x01"))
+    outcome = fg.run()
+    assert outcome.exit_code == 0 and ("stdout", b"PP_GPU_NODE_ADDR not-a-node-id \x01") in fg.out
 
 
 def test_a_forwarded_signal_gives_128_plus_n_once_the_container_is_gone() -> None:
-    sup, backend, inbox, _, _ = supervisor({0: StageScript()})
-    inbox.at(1001.0, StopRequested(signal.SIGHUP))
-    assert sup.run(_created(backend), 0) == 129
-    assert ("signal", 0, signal.SIGHUP) in backend.calls and not [c for c in backend.calls if c[0] == "kill"]
+    fg = Foreground({0: StageScript()})
+    fg.inbox.at(1001.0, StopRequested(signal.SIGHUP))
+    assert fg.run().exit_code == 129
+    assert ("signal", 0, signal.SIGHUP) in fg.backend.calls and not [c for c in fg.backend.calls if c[0] == "kill"]
+
+
+def test_a_second_signal_is_passed_on_too_and_the_grace_still_runs() -> None:
+    """As `docker run` does: every signal reaches the stage; the first one's grace is not cut short."""
+    fg = Foreground({0: StageScript(ignore_sigterm=True)}, grace=4.0)
+    fg.inbox.at(1001.0, StopRequested(signal.SIGTERM))
+    fg.inbox.at(1002.0, StopRequested(signal.SIGINT))
+    assert fg.run().exit_code == 143  # the first stop's
+    sent = [c for c in fg.backend.calls if c[0] in ("signal", "kill")]
+    assert sent == [("signal", 0, signal.SIGTERM), ("signal", 0, signal.SIGINT), ("kill", 0)]
+    assert 1005.0 <= fg.clock.now < 1006.5  # killed after the whole grace, not at the second signal
 
 
 def test_a_stage_ignoring_the_signal_is_killed_after_the_grace() -> None:
-    sup, backend, inbox, clock, _ = supervisor({0: StageScript(ignore_sigterm=True)}, grace=2.0)
-    inbox.at(1001.0, StopRequested(signal.SIGTERM))
-    assert sup.run(_created(backend), 0) == 143
-    assert ("kill", 0) in backend.calls
-    assert 1003.0 <= clock.now < 1004.5
+    fg = Foreground({0: StageScript(ignore_sigterm=True)}, grace=2.0)
+    fg.inbox.at(1001.0, StopRequested(signal.SIGTERM))
+    assert fg.run().exit_code == 143
+    assert ("kill", 0) in fg.backend.calls
+    assert 1003.0 <= fg.clock.now < 1004.5
 
 
 @pytest.mark.parametrize("flag", ["--help", "-h"])
@@ -165,40 +200,54 @@ def test_with_stage_set_help_is_the_containers_command(monkeypatch: pytest.Monke
     assert NodeConfig.from_env({"STAGE": "0"}, ("--help",)).command == ("--help",)
 
 
-def test_a_stage_the_engine_never_confirms_gone_after_sigkill_ends_the_wait_bounded() -> None:
+def test_a_stage_the_engine_never_confirms_gone_after_sigkill_is_removed_by_force() -> None:
     """The old supervisor waited without end after its SIGKILL; the one teardown gives up after kill_wait and
-    says what may be left."""
-    from pp_launch.core.chain.teardown import TeardownFailed
-
-    sup, backend, inbox, clock, _ = supervisor({0: StageScript(ignore_sigterm=True)}, grace=2.0)
-    sup.kill_wait = 5.0
-    backend.kill = lambda ref: backend.calls.append(("kill (no effect)", ref))  # type: ignore[method-assign]
-    inbox.at(1001.0, StopRequested(signal.SIGTERM))
-    ref = _created(backend)
-    with pytest.raises(TeardownFailed, match=f"the stage container {ref[:12]} was not confirmed gone") as caught:
-        sup.run(ref, 0)
-    assert caught.value.left == (ref,)
-    assert 1008.0 <= clock.now < 1010.0  # signal at 1001, grace 2, kill_wait 5: bounded
-    assert ("close",) in backend.calls  # its threads are joined on every way out
+    removes the container by its id."""
+    fg = Foreground({0: StageScript(ignore_sigterm=True)}, grace=2.0, kill_wait=5.0)
+    fg.backend.kill = lambda ref: fg.backend.calls.append(("kill (no effect)", ref))  # type: ignore[method-assign]
+    fg.inbox.at(1001.0, StopRequested(signal.SIGTERM))
+    outcome = fg.run()
+    assert outcome.exit_code == 143 and outcome.orphans == () and ("remove", fg.ref) in fg.backend.calls
+    assert 1008.0 <= fg.clock.now < 1010.0  # signal at 1001, grace 2, kill_wait 5: bounded
+    assert ("close",) in fg.backend.calls  # its threads are joined on every way out
 
 
-def test_a_lost_engine_during_the_stop_is_a_typed_teardown_error_not_a_hang() -> None:
-    sup, backend, inbox, _, _ = supervisor({0: StageScript()})
-    inbox.at(1001.0, StopRequested(signal.SIGTERM))
-    ref = _created(backend)
-    original = backend.signal
+def test_a_stage_the_engine_can_neither_stop_nor_remove_is_exit_1_naming_it() -> None:
+    fg = Foreground({0: StageScript(ignore_sigterm=True)}, grace=2.0, kill_wait=5.0)
+    fg.backend.kill = lambda ref: fg.backend.calls.append(("kill (no effect)", ref))  # type: ignore[method-assign]
+    fg.backend.stuck.add(fg.ref)
+    fg.inbox.at(1001.0, StopRequested(signal.SIGTERM))
+    outcome = fg.run()
+    assert outcome.exit_code == errors.EXIT_FAILURE and outcome.orphans == (fg.ref,), outcome
+    assert 1008.0 <= fg.clock.now < 1010.0  # signal at 1001, grace 2, kill_wait 5: bounded
+    assert ("close",) in fg.backend.calls  # its threads are joined on every way out
+
+
+def test_a_lost_engine_during_the_stop_is_exit_1_saying_so_not_a_hang() -> None:
+    fg = Foreground({0: StageScript()})
+    fg.inbox.at(1001.0, StopRequested(signal.SIGTERM))
+    original = fg.backend.signal
 
     def lose(r: str, signum: int) -> None:
-        backend.lost = True
+        fg.backend.lost = True
         original(r, signum)
 
-    backend.signal = lose  # type: ignore[method-assign]
-    from pp_launch.core.chain.teardown import TeardownFailed
+    fg.backend.signal = lose  # type: ignore[method-assign]
+    outcome = fg.run()
+    assert outcome.exit_code == errors.EXIT_FAILURE and "may still be there" in outcome.message, outcome.message
 
-    with pytest.raises(TeardownFailed) as caught:
-        sup.run(ref, 0)
-    (failure,) = caught.value.failures
-    assert isinstance(failure.error, errors.EngineLost) and failure.what.startswith("SIGTERM to the stage container")
+
+def test_what_went_wrong_besides_the_stages_own_exit_is_said() -> None:
+    said: list[str] = []
+    from pp_launch.core.chain.scope import ChainOutcome
+
+    assert node._exit_code(ChainOutcome(3, "completed"), said.append) == 3
+    assert node._exit_code(ChainOutcome(143, "signal", "stopped by SIGTERM"), said.append) == 143
+    assert said == []
+    assert node._exit_code(ChainOutcome(1, "signal", "stopped by SIGTERM; teardown errors: x"), said.append) == 1
+    assert said == ["error: stopped by SIGTERM; teardown errors: x"]
+    with pytest.raises(errors.EngineLost, match="lost track"):  # exit 125, as docker run whose engine went away
+        node._exit_code(ChainOutcome(1, "stage_failed", "lost track"), said.append)
 
 
 @pytest.mark.parametrize("value", ["auto", "all", "2", "device=0,2", "device=GPU-abc", "0,3", "none", "x"])

@@ -36,12 +36,16 @@ UP_OR_RUNNING = {
     H.BUG: (P.STOPPING, "error", FAIL, None),
     H.TORN_DOWN: (P.ENDED, None, None, None),
     H.TORN_DOWN_UNCLEAN: (P.ENDED, None, FAIL, None),
+    H.STARTED_FOREGROUND: (P.RUNNING, None, None, None),
+    H.EXIT_FOREGROUND: (P.STOPPING, "completed", OWN, X.EXITED),  # the foreground stage's own code
+    H.STOP_FOREGROUND: (P.STOPPING, "signal", SIGNAL, None),
 }
 STOPPING = {
     H.STOP: (P.HURRYING, None, None, None),
     H.EXIT_FAILED: (None, None, None, X.STOPPED),
     H.EXIT_EARLY: (None, None, None, X.STOPPED),
     H.EXIT_DONE: (None, None, None, X.STOPPED),
+    H.EXIT_FOREGROUND: (None, None, None, X.STOPPED),
     H.TORN_DOWN: (P.ENDED, None, None, None),
     H.TORN_DOWN_UNCLEAN: (P.ENDED, None, FAIL, None),
 }
@@ -53,12 +57,14 @@ EXPECTED: dict[tuple[Phase, Happening], tuple[Phase | None, str | None, int | No
     **{(P.STOPPING, h): row for h, row in STOPPING.items()},
     **{(P.HURRYING, h): row for h, row in STOPPING.items()},
 }
+# a later stop while stopping is passed on to a foreground stage (as docker run does), and hurries nothing
+FORWARDED = {(P.STOPPING, H.STOP_FOREGROUND), (P.HURRYING, H.STOP_FOREGROUND)}
 ROWS = list(itertools.product(Phase, Happening))
 
 
 def expected(phase: Phase, happening: Happening) -> Row:
     then, ends, code, stage = EXPECTED.get((phase, happening), (None, None, None, None))
-    return Row(then or phase, ends, code, stage)
+    return Row(then or phase, ends, code, stage, forward=(phase, happening) in FORWARDED)
 
 
 @pytest.mark.parametrize(("phase", "happening"), ROWS, ids=[f"{p.value}:{h.name}" for p, h in ROWS])
@@ -76,15 +82,24 @@ def test_the_rules_across_rows(phase: Phase, happening: Happening) -> None:
     if row.ends is not None:
         StopReason(row.ends)  # a reason chain_stopped can carry
         assert row.exit_code is not None, "a row that ends the chain says its exit code"
-        assert (row.exit_code == OK) == (row.ends in ("completed", "detached")), "0 only for a chain that did its work"
-        assert (row.exit_code == SIGNAL) == (happening is H.STOP), "128+N only for a stop"
+        if row.exit_code == OWN:
+            assert happening in (H.NOT_STARTED_FIRST, H.EXIT_FOREGROUND), "an error's own code, or the stage's own"
+        else:
+            assert (row.exit_code == OK) == (row.ends in ("completed", "detached")), (
+                "0 only for a chain that did its work"
+            )
+        assert (row.exit_code == SIGNAL) == (happening in (H.STOP, H.STOP_FOREGROUND)), "128+N only for a stop"
         assert phase in (P.STARTING, P.RUNNING), "only a chain that is up or coming up can end"
     if phase in (P.ENDED, P.DETACHED):
         assert row == Row(phase), "nothing leaves an ended or detached chain, nothing changes there"
     if phase in (P.STOPPING, P.HURRYING):
         assert row.ends is None and row.then in (P.STOPPING, P.HURRYING, P.ENDED)
         assert row.exit_code in (None, FAIL), "stopping only ever makes the exit code 1 (something was left)"
-    if happening in (H.EXIT_FAILED, H.EXIT_EARLY, H.EXIT_DONE) and phase not in (P.ENDED, P.DETACHED):
+    assert row.forward == (happening is H.STOP_FOREGROUND and phase in (P.STOPPING, P.HURRYING))
+    if happening in (H.EXIT_FAILED, H.EXIT_EARLY, H.EXIT_DONE, H.EXIT_FOREGROUND) and phase not in (
+        P.ENDED,
+        P.DETACHED,
+    ):
         assert row.stage is not None, "a stage's exit is always named"
     else:
         assert row.stage is None
@@ -113,10 +128,11 @@ def rendered() -> str:
     """The table as docs/chain.md shows it: starting/running and stopping/hurrying merged where their rows agree."""
 
     def code(c: int | None) -> str:
-        return {SIGNAL: "128+N", OWN: "the error's own", None: "unchanged"}.get(c, str(c))  # type: ignore[call-overload]
+        return {SIGNAL: "128+N", OWN: "the error's (or stage's) own", None: "unchanged"}.get(c, str(c))  # type: ignore[call-overload]
 
     def cells(phase: Phase, row: Row) -> tuple[str, ...]:
         then = "(stays)" if row.then is phase else row.then.value
+        then += "; the signal passed on to the stage" if row.forward else ""
         return then, row.ends or "-", code(row.exit_code), row.stage.value if row.stage else "-"
 
     out = [

@@ -9,7 +9,7 @@ Unlike `exec docker run`, it cannot orphan its container:
   lifeline also closes, which the built-in stage turns into its exit;
 - left over from a dead owner: a same-named container is removed before we start (a live owner's never is).
 
-`NodeConfig.from_env` is pure; `NodeSupervisor` is pure over the backend port, with an injected clock."""
+`NodeConfig.from_env` is pure; the stage is supervised by the chain's own scope, in the foreground (`supervise`)."""
 
 from __future__ import annotations
 
@@ -31,9 +31,9 @@ from pp_launch.app.chain import ensure_image
 from pp_launch.app.hosts import live_gpu_labels
 from pp_launch.app.locks import GpuLocks, LockSite, reserve
 from pp_launch.core import errors, labels, stage_env
-from pp_launch.core.chain.plan import BUILTIN_IMAGE, Mount, StageSpec
-from pp_launch.core.chain.ports import Inbox, Runtime, StageBackend, StageGone, StageOutput, StopRequested
-from pp_launch.core.chain.teardown import Teardown, TeardownFailed
+from pp_launch.core.chain.plan import BUILTIN_IMAGE, ChainPlan, Mount, StageSpec
+from pp_launch.core.chain.ports import Inbox, Runtime, StageBackend, StopRequested
+from pp_launch.core.chain.scope import ChainOutcome, ChainScope
 from pp_launch.core.gpu.requests import gpu_request, read_gpus
 from pp_launch.core.stage_env import FORWARD_ENV, NODE_FORWARDED, RUN_ENV
 
@@ -116,10 +116,9 @@ def _run_locked(
     try:
         ref = backend.create(spec, spec.env)
         streams = {"stdout": 1, "stderr": 2}
-        supervisor = NodeSupervisor(
-            backend, inbox, lambda stream, data: local.write_all(streams[stream], data), config.grace
-        )
-        return supervisor.run(ref, config.stage)
+        plan = ChainPlan(run_id=run_id, stages=(spec,), grace=config.grace)
+        outcome = supervise(plan, ref, backend, inbox, lambda stream, data: local.write_all(streams[stream], data))
+        return _exit_code(outcome, say)
     finally:
         locks.release()
         guard.close(wait=10.0)
@@ -283,80 +282,32 @@ class NodeConfig:
         )
 
 
-class NodeSupervisor:
-    """Pass output through; on a stop signal, the one teardown (core/chain/teardown.py: the signal forwarded,
-    the grace, SIGKILL, the engine's word that it is gone, bounded by grace + kill_wait), later signals forwarded
-    meanwhile; report the exit code (docs/getting-started.md)."""
-
-    def __init__(
-        self,
-        backend: StageBackend,
-        inbox: Inbox,
-        write: Callable[[str, bytes], None],
-        grace: float,
-        runtime: Runtime | None = None,
-        kill_wait: float = 15.0,
-    ) -> None:
-        self.backend = backend
-        self.inbox = inbox
-        self.write = write
-        self.grace = grace
-        self.runtime = runtime or ThreadRuntime()
-        self.kill_wait = kill_wait
-
-    def run(self, ref: str, stage: int) -> int:
-        self.backend.start(ref, stage, self.inbox.put)
-        try:
-            code = self._supervise(ref)
-        except BaseException:
-            self.backend.close(0.0)  # a lost engine's reads and waits never end by themselves: not waited for
-            raise
-        self.backend.close()
-        return code
-
-    def _supervise(self, ref: str) -> int:
-        while True:
-            event = self.inbox.get(1.0)
-            if isinstance(event, StageOutput):
-                self.write(event.stream, event.data)
-            elif isinstance(event, StopRequested):
-                return self._stop(ref, event.signum)
-            elif isinstance(event, StageGone):
-                return _exit_code(event)
-
-    def _stop(self, ref: str, signum: int) -> int:
-        ended: list[StageGone] = []
-        teardown = Teardown(self.backend, self.runtime, self.grace, self.kill_wait)
-
-        def wait(done: Callable[[], bool], deadline: float) -> None:
-            while not done() and (left := deadline - self.runtime.now()) > 0:
-                event = self.inbox.get(min(1.0, left))
-                if isinstance(event, StageOutput):
-                    self.write(event.stream, event.data)
-                elif isinstance(event, StopRequested):  # forwarded too, as docker run --sig-proxy does
-                    teardown.call(f"signal {event.signum} to the stage", self.backend.signal, ref, event.signum)
-                elif isinstance(event, StageGone):
-                    ended.append(event)
-
-        name = f"the stage container {ref[:12]}"
-        left = teardown.stop(
-            [ref], ref=lambda r: r, gone=lambda r: bool(ended), wait=wait, signum=signum, name=lambda r: name
-        )
-        if left:
-            raise TeardownFailed(
-                f"{name} was not confirmed gone within the grace and {self.kill_wait:g} s more; "
-                "its guard on the engine removes it",
-                left,
-                teardown.errors,
-            )
-        _exit_code(ended[0])
-        return errors.exit_code_for_signal(signum)
+def supervise(
+    plan: ChainPlan,
+    ref: str,
+    backend: StageBackend,
+    inbox: Inbox,
+    write: Callable[[str, bytes], None],
+    runtime: Runtime | None = None,
+    kill_wait: float = 15.0,
+) -> ChainOutcome:
+    """The created stage started, then supervised by the chain's own scope in the foreground
+    (`ChainScope.foreground`, core/chain/phases.py): output passed through, the exit code the container's; a stop
+    signal passed on, the grace, SIGKILL, the engine's word that it is gone (bounded by grace + kill_wait), later
+    signals passed on meanwhile, then 128+N."""
+    backend.start(ref, plan.stages[0].index, inbox.put)
+    return ChainScope.foreground(plan, ref, backend, inbox, write, runtime or ThreadRuntime(), kill_wait).run()
 
 
-def _exit_code(event: StageGone) -> int:
-    if event.exit_code is None:  # the engine's wait broke: we do not know what became of it
-        raise errors.EngineLost(
-            f"lost track of the stage container ({event.detail or 'the engine gave no exit status'}); "
-            "its guard removes it when the engine answers again"
-        )
-    return event.exit_code
+def _exit_code(outcome: ChainOutcome, say: Callable[[str], None]) -> int:
+    """The container's exit code (or 128+N). A foreground stage fails only when the engine could not say how it
+    ended: EngineLost (125, as `docker run` whose engine goes away). What else went wrong is said, with exit 1."""
+    if outcome.reason == "stage_failed":
+        raise errors.EngineLost(outcome.message)
+    if (
+        outcome.orphans
+        or outcome.reason == "error"
+        or (outcome.reason == "signal" and outcome.exit_code == errors.EXIT_FAILURE)
+    ):
+        say(f"error: {outcome.message}")
+    return outcome.exit_code

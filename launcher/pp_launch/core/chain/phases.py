@@ -41,10 +41,14 @@ class Happening(Enum):
     BUG = "an exception in pp-launch itself"
     TORN_DOWN = "the teardown ended and the engine has nothing of the run left"
     TORN_DOWN_UNCLEAN = "the teardown ended with containers left or errors"
+    # one stage in the foreground (pp-gpu-node, as `docker run` is): no address awaited, output passed through
+    STARTED_FOREGROUND = "the foreground stage started: nothing to await"
+    EXIT_FOREGROUND = "the foreground stage exited (its exit code known)"
+    STOP_FOREGROUND = "a stop was asked of a foreground stage"
 
 
 SIGNAL = -1  # the exit code is 128 + the number of the signal that asked to stop
-OWN = -2  # the exit code is the error's own (2 for a configuration error, else 1)
+OWN = -2  # the exit code is the error's own (2 for a configuration error, else 1), or a foreground stage's
 
 
 @dataclass(frozen=True)
@@ -53,11 +57,12 @@ class Row:
     ends: str | None = None  # the chain ends, for this reason (events.StopReason); None: it goes on
     exit_code: int | None = None  # the exit code from here on (SIGNAL, OWN); None: as it was
     stage: ExitReason | None = None  # what a stage's exit is called (for the EXIT_* happenings)
+    forward: bool = False  # the stop's signal is passed on to every running stage at once (as docker run does)
 
 
 H, P = Happening, Phase
 _FAIL = errors.EXIT_FAILURE
-_EXITS = (H.EXIT_FAILED, H.EXIT_EARLY, H.EXIT_DONE)
+_EXITS = (H.EXIT_FAILED, H.EXIT_EARLY, H.EXIT_DONE, H.EXIT_FOREGROUND)
 
 
 def _bringing_up_or_running(phase: Phase) -> dict[Happening, Row]:
@@ -77,15 +82,20 @@ def _bringing_up_or_running(phase: Phase) -> dict[Happening, Row]:
         H.ALL_EXITED: Row(P.STOPPING, "completed", errors.EXIT_OK),
         H.TAKEN_DOWN: Row(P.STOPPING, exit_code=errors.EXIT_OK),  # the reason is the caller's: down, launcher gone
         H.BUG: Row(P.STOPPING, "error", _FAIL),
+        H.STARTED_FOREGROUND: Row(P.RUNNING),
+        H.EXIT_FOREGROUND: Row(P.STOPPING, "completed", OWN, ExitReason.EXITED),
+        H.STOP_FOREGROUND: Row(P.STOPPING, "signal", SIGNAL),
     }
 
 
 def _stopping(phase: Phase) -> dict[Happening, Row]:
     """While the teardown runs, nothing changes the chain's end: exits are the stops it asked for, a second stop
-    hurries it, and how it ends only makes the exit code 1 when something is left (never 0, never 128+N)."""
+    hurries it (a foreground stage's is passed on to it instead), and how it ends only makes the exit code 1 when
+    something is left (never 0, never 128+N)."""
     rows = {h: Row(phase) for h in Happening}
     rows |= {h: Row(phase, stage=ExitReason.STOPPED) for h in _EXITS}
     rows[H.STOP] = Row(P.HURRYING)
+    rows[H.STOP_FOREGROUND] = Row(phase, forward=True)
     rows[H.TORN_DOWN] = Row(P.ENDED)
     rows[H.TORN_DOWN_UNCLEAN] = Row(P.ENDED, exit_code=_FAIL)
     return rows

@@ -177,9 +177,12 @@ class ChainScope:
         self.detach = detach
         self.kill_wait = kill_wait
         self.stages = [_Stage(spec) for spec in plan.stages]
+        self._by_index = {st.spec.index: st for st in self.stages}  # events name a stage by its index
         self._phase = Phase.STARTING  # changed only by the table (core/chain/phases.py)
         self._roster: list[RosterEntry] = []
         self._td = Teardown(backend, runtime, plan.grace, kill_wait)  # its errors gathered, typed
+        self.passthrough: Callable[[str, bytes], None] | None = None  # set: one stage in the foreground
+        self._signum: int = signal.SIGTERM  # what the teardown sends: a foreground stage gets the stop's own signal
 
     @classmethod
     def adopt(
@@ -205,6 +208,29 @@ class ChainScope:
                 backend.watch(f.ref, st.spec.index, inbox.put)
         return scope
 
+    @classmethod
+    def foreground(
+        cls,
+        plan: ChainPlan,
+        ref: str,
+        backend: StageBackend,
+        inbox: Inbox,
+        passthrough: Callable[[str, bytes], None],
+        runtime: Runtime,
+        kill_wait: float = 15.0,
+    ) -> ChainScope:
+        """A scope over one stage already created and started (by `ref`), in the foreground as `docker run` is
+        (`pp-gpu-node`): its output passed through as it comes, no address awaited, its exit code the run's, a
+        stop's signal passed on to it (each later one too) and the one teardown after the grace."""
+        scope = cls(plan, backend, inbox, QuietReporter(), runtime, kill_wait=kill_wait)
+        scope.passthrough = passthrough
+        st = scope.stages[0]
+        st.ref = ref
+        for step in (events.StageInput.CREATE, events.StageInput.CREATED, events.StageInput.START):
+            scope._move(st, step)
+        scope._row(Happening.STARTED_FOREGROUND)
+        return scope
+
     def stop(self, reason: str = "down") -> ChainOutcome:
         """Tear down what the scope holds (the adopted containers), exactly as a chain's end does."""
         row = self._row(Happening.TAKEN_DOWN)
@@ -225,7 +251,7 @@ class ChainScope:
 
     def run(self) -> ChainOutcome:
         try:
-            end = self._bring_up() or self._supervise()
+            end = (self._bring_up() if self._phase is Phase.STARTING else None) or self._supervise()
         except BaseException:
             bug = self._row(Happening.BUG)
             code = errors.EXIT_FAILURE if bug.exit_code is None else concrete(bug.exit_code)  # a bug while stopping
@@ -428,13 +454,21 @@ class ChainScope:
         return row
 
     def _end(
-        self, happening: Happening, message: str = "", stage: int | None = None, signum: int | None = None
+        self,
+        happening: Happening,
+        message: str = "",
+        stage: int | None = None,
+        signum: int | None = None,
+        own: int | None = None,
     ) -> _End | None:
         """The chain's end when the table's row for `happening` ends it (its reason and exit code), else None."""
         row = self._row(happening)
+        if row.forward and signum is not None:
+            for st in (s for s in self.stages if s.running):
+                self._td.call(f"signal {signum} to stage {st.spec.index}", self.backend.signal, st.ref, signum)
         if row.ends is None or row.exit_code is None:
             return None
-        return _End(concrete(row.exit_code, signum), row.ends, message, stage)
+        return _End(concrete(row.exit_code, signum, own), row.ends, message, stage)
 
     def _not_started(self, st: _Stage, why: errors.PpLaunchError) -> _End | None:
         """A stage that could not be created or started. Before any stage of the chain started, the error's own
@@ -472,7 +506,7 @@ class ChainScope:
             return self._on_stop(event.signum, event.by)
         if isinstance(event, StageFault):  # the stage failed by its GPU: the chain ends as when a stage fails
             return self._end(Happening.GPU_FAULT, event.message, event.stage)
-        st = self.stages[event.stage]
+        st = self._by_index[event.stage]
         if isinstance(event, StageOutput):
             return self._on_output(st, event)
         return self._on_gone(st, event)
@@ -480,9 +514,16 @@ class ChainScope:
     def _on_stop(self, signum: int, by: str = "") -> _End | None:
         """The first stop ends the chain; one while stopping hurries the teardown (the table's HURRYING)."""
         name = by or (signal.Signals(signum).name if signum in signal.valid_signals() else str(signum))
-        return self._end(Happening.STOP, f"stopped by {name}", signum=signum)
+        if self.passthrough is None:
+            return self._end(Happening.STOP, f"stopped by {name}", signum=signum)
+        if not self._stopping:
+            self._signum = signum
+        return self._end(Happening.STOP_FOREGROUND, f"stopped by {name}", signum=signum)
 
     def _on_output(self, st: _Stage, event: StageOutput) -> _End | None:
+        if self.passthrough is not None:  # the foreground stage's bytes as they come; nothing is read in them
+            self.passthrough(event.stream, event.data)
+            return None
         text = display(event.data)
         st.tail.append(text)
         self.reporter.stage_line(st.spec.index, event.stream, text)
@@ -518,7 +559,16 @@ class ChainScope:
             return None
         st.exit_code = event.exit_code
         k = st.spec.index
-        if event.exit_code != 0:
+        if self.passthrough is not None and event.exit_code is not None:
+            happening, message = Happening.EXIT_FOREGROUND, ""
+        elif self.passthrough is not None:
+            happening = Happening.EXIT_FAILED
+            why = event.detail or "the engine gave no exit status"
+            message = (
+                f"lost track of the stage container {(st.ref or '')[:12]} ({why}); its guard removes it when the "
+                "engine answers again"
+            )
+        elif event.exit_code != 0:
             happening = Happening.EXIT_FAILED
             code = "unknown" if event.exit_code is None else str(event.exit_code)
             detail = f" ({event.detail})" if event.detail else ""
@@ -534,7 +584,7 @@ class ChainScope:
             events.StageExited(stage=k, exit_code=event.exit_code, reason=reason, detail=event.detail or None)
         )
         self._move(st, events.StageInput.GONE, f"exit {event.exit_code}")
-        return self._end(happening, message, k)
+        return self._end(happening, message, k, own=event.exit_code)
 
     def _move(self, st: _Stage, inp: events.StageInput, detail: str = "") -> None:
         """Every change of a stage's state goes through the table (events.STAGE_TRANSITIONS)."""
@@ -553,7 +603,7 @@ class ChainScope:
         stopped: a stage's result is never lost behind a flood."""
         while (event := self.inbox.get(0)) is not None:
             if isinstance(event, StageOutput):
-                self._on_output(self.stages[event.stage], event)
+                self._on_output(self._by_index[event.stage], event)
 
     def dropped_note(self) -> str:
         """What the bound on waiting output dropped while stopping, in words ('' when nothing was)."""
@@ -619,6 +669,7 @@ class ChainScope:
             self._move(st, events.StageInput.STOP)
         self._td.stop(
             live,
+            signum=self._signum,
             ref=lambda st: st.ref or "",
             gone=lambda st: st.gone,
             wait=self._wait,
