@@ -1,0 +1,156 @@
+"""app/launch.py: one pipeline drives any site (app/site.py). A fake site stands where Docker engines or a Ray
+cluster would; its stages run on the fake backend. What is checked: the steps come in one order, whatever the
+site; every step that was begun is ended, however the attempt ends; restarts reserve again on the same site."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import pytest
+
+from pp_launch.app import launch
+from pp_launch.app.launch import Hooks, Launched, LaunchRequest
+from pp_launch.core import errors
+from pp_launch.core.chain.plan import ChainPlan, ChainRequest, build_plan
+from pp_launch.core.chain.scope import ChainOutcome, ChainScope
+
+from .fakes import FakeBackend, StageScript
+
+
+class Held:
+    def __init__(self, steps: list[str], lost: bool = False) -> None:
+        self.steps, self.lost = steps, lost
+
+    def check(self) -> None:
+        self.steps.append("check")
+        if self.lost:
+            raise errors.LockLost("the GPU lock was removed by another client")
+
+    def check_and_release(self) -> None:
+        self.steps.append("release")
+
+
+class Staged:
+    def __init__(self, site: FakeSite, backend: FakeBackend) -> None:
+        self.site, self.backend = site, backend
+
+    def watch(self, scope: ChainScope) -> None:
+        self.site.steps.append("watch")
+
+    def end(self, outcome: ChainOutcome | None) -> tuple[ChainOutcome, bool, tuple[tuple[str, str], ...]] | None:
+        self.site.steps.append(f"end:{outcome.reason if outcome else None}")
+        if outcome is None:
+            return None
+        told = ChainOutcome(outcome.exit_code, outcome.reason, outcome.message + " (as the site tells it)")
+        return told, self.site.restartable.pop(0) if self.site.restartable else False, ()
+
+
+class FakeSite:
+    """Every step recorded, in order; scripts for each attempt's stages."""
+
+    def __init__(self, scripts: dict[int, StageScript], lost: bool = False, restartable: list[bool] | None = None):
+        self.steps: list[str] = []
+        self.scripts, self.lost = scripts, lost
+        self.restartable = list(restartable or [])
+        self.finished: list[Launched | None] = []
+
+    def prepare(self, request: LaunchRequest, say: Callable[[str], None]) -> None:
+        self.steps.append("prepare")
+
+    def guards(self) -> Mapping[str, Any]:
+        return {}
+
+    @contextlib.contextmanager
+    def reserve(self, request: LaunchRequest, hooks: Hooks) -> Iterator[Held]:
+        self.steps.append(f"reserve:{request.chain.attempt}")
+        try:
+            yield Held(self.steps, self.lost)
+        finally:
+            self.steps.append("unreserve")
+
+    def plan(self, request: LaunchRequest, environ: Mapping[str, str], held: Any) -> tuple[ChainPlan, str]:
+        self.steps.append("plan")
+        n = request.chain.stages
+        assert request.run_id and request.owner  # named before any step
+        plan = build_plan(request.chain, environ, request.owner, [()] * n, [()] * n, request.run_id)
+        return plan, "a note"
+
+    def place_stages(self, request: LaunchRequest, plan: ChainPlan, held: Any, say: Callable[[str], None]) -> Staged:
+        self.steps.append("place")
+        return Staged(self, FakeBackend(scripts=self.scripts))
+
+    def dry_plan(self, request: LaunchRequest, environ: Mapping[str, str], strict: bool) -> Launched:
+        self.steps.append("dry_plan")
+        return Launched(self.plan(request, environ, None)[0])
+
+    def finish(self, final: Launched | None) -> None:
+        self.steps.append("finish")
+        self.finished.append(final)
+
+
+def request(stages: int = 2, **options: Any) -> LaunchRequest:
+    return LaunchRequest(chain=ChainRequest(stages=stages, addr_timeout=5.0, grace=1.0), **options)
+
+
+def on(site: FakeSite, monkeypatch: pytest.MonkeyPatch) -> FakeSite:
+    monkeypatch.setattr(launch, "_site", lambda request, dry_run, strict=False: site)
+    return site
+
+
+DONE = {k: StageScript(exit_code_on_start=0) for k in range(2)}  # every stage announces, then exits 0
+
+
+def test_a_launch_takes_the_steps_in_one_order_and_the_outcome_is_the_sites(monkeypatch: pytest.MonkeyPatch) -> None:
+    site = on(FakeSite(DONE), monkeypatch)
+    said: list[str] = []
+    done = launch.launch(request(), Hooks(say=said.append), environ={})
+    assert site.steps == ["prepare", "reserve:1", "plan", "check", "place", "watch", "end:completed", "unreserve",
+                          "finish"]  # fmt: skip
+    assert done.outcome is not None and done.outcome.exit_code == 0
+    assert done.outcome.message.endswith("(as the site tells it)") and done.note == "a note"
+    assert site.finished == [done] and any("a note" in line for line in said)
+
+
+def test_a_scope_that_raises_still_ends_its_stages_unreserves_and_finishes(monkeypatch: pytest.MonkeyPatch) -> None:
+    site = on(FakeSite(DONE), monkeypatch)
+
+    def boom(self: ChainScope) -> ChainOutcome:
+        raise RuntimeError("a bug in the scope")
+
+    monkeypatch.setattr(ChainScope, "run", boom)
+    with pytest.raises(RuntimeError, match="a bug"):
+        launch.launch(request(), environ={})
+    assert site.steps[-4:] == ["watch", "end:None", "unreserve", "finish"] and site.finished == [None]
+
+
+def test_a_stop_while_planning_starts_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    site = on(FakeSite(DONE), monkeypatch)
+    with pytest.raises(errors.Interrupted):
+        launch.launch(request(), Hooks(stop_pending=lambda: signal.SIGTERM), environ={})
+    assert "place" not in site.steps and site.steps[-2:] == ["unreserve", "finish"]
+
+
+def test_what_is_held_taken_away_before_placing_starts_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    site = on(FakeSite(DONE, lost=True), monkeypatch)
+    with pytest.raises(errors.LockLost):
+        launch.launch(request(), environ={})
+    assert site.steps == ["prepare", "reserve:1", "plan", "check", "unreserve", "finish"]
+
+
+def test_a_restart_reserves_and_plans_again_on_the_same_site(monkeypatch: pytest.MonkeyPatch) -> None:
+    failing = {0: StageScript(exit_code_on_start=3), 1: StageScript(exit_code_on_start=0)}
+    site = on(FakeSite(failing, restartable=[True, False]), monkeypatch)
+    done = launch.launch(request(max_restarts=1, restart_backoff=0.0), environ={})
+    assert done.outcome is not None and done.outcome.exit_code == errors.EXIT_FAILURE
+    assert [s for s in site.steps if s.startswith(("prepare", "reserve", "finish"))] == [
+        "prepare", "reserve:1", "reserve:2", "finish"
+    ]  # fmt: skip
+
+
+def test_a_dry_run_plans_on_the_site_and_finishes_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    site = on(FakeSite(DONE), monkeypatch)
+    planned = launch.plan_launch(request(3), environ={})
+    assert len(planned.plan.stages) == 3 and site.steps == ["dry_plan", "plan", "finish"]
