@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -96,6 +97,7 @@ def test_the_docs_example_runs_as_written(pytester: pytest.Pytester) -> None:
 
 
 def test_stage_container_stop_on_a_sigterm_ignoring_stage_takes_about_one_grace(engine) -> None:
+    before = set(threading.enumerate())
     stage = StageContainer(BUILTIN_IMAGE, env={"STUB_MODE": "hold", "STUB_IGNORE_SIGTERM": "1"}, grace=2.0).start()
     try:
         stage.wait_for_announcement(30)
@@ -107,6 +109,20 @@ def test_stage_container_stop_on_a_sigterm_ignoring_stage_takes_about_one_grace(
     assert 1.9 <= took <= 2 + BUSY_SLACK, took  # the grace honoured, then a kill (not testcontainers' bare kill)
     assert stage.exit_code() is not None
     assert engine.inspect(stage.ref or "") is None  # auto-removed
+    left = [t.name for t in threading.enumerate() if t not in before]
+    assert left == [], f"threads the stage started and stop() did not join: {left}"
+
+
+def test_a_stage_container_that_exits_by_itself_says_how_and_leaves_no_thread(engine) -> None:
+    before = set(threading.enumerate())
+    exits = {"STUB_MODE": "hold", "STUB_EXIT_AFTER": "0.5", "STUB_EXIT_CODE": "3"}
+    stage = StageContainer(BUILTIN_IMAGE, env=exits).start()
+    try:
+        assert stage.exit_code(timeout=60) == 3
+    finally:
+        stage.stop()
+    left = [t.name for t in threading.enumerate() if t not in before]
+    assert left == [], f"threads the stage started and stop() did not join: {left}"
 
 
 def test_chain_tears_down_when_the_block_raises(engine) -> None:

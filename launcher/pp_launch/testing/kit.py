@@ -21,21 +21,22 @@ import shlex
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from pp_launch.adapters import docker_engine, identity
 from pp_launch.adapters.guard import RunGuard
+from pp_launch.adapters.inbox import QueueInbox
 from pp_launch.adapters.runtime import ThreadRuntime
 from pp_launch.adapters.worker_driver import WorkerDriver
 from pp_launch.app import launch, worker_check
 from pp_launch.core import errors, events
 from pp_launch.core.announce import StageAnnouncement, parse_line
-from pp_launch.core.chain.plan import BUILTIN_IMAGE, ChainRequest, build_plan
-from pp_launch.core.chain.ports import ChainEvent, StageGone, StageOutput
-from pp_launch.core.chain.teardown import Teardown, TeardownFailed
+from pp_launch.core.chain.plan import BUILTIN_IMAGE, ChainPlan, ChainRequest, build_plan
+from pp_launch.core.chain.scope import ChainOutcome, ChainScope
+from pp_launch.core.chain.teardown import TeardownFailed
 from pp_launch.core.gpu.requests import device_requests
 
 DEFAULT_GRACE = 5.0
@@ -87,6 +88,9 @@ class StageContainer:
         self._cond = threading.Condition()
         self._backend: docker_engine.DockerStageBackend | None = None
         self._guard: RunGuard | None = None
+        self._scope: ChainScope | None = None  # the chain's own scope, over this one stage in the foreground
+        self._watch: threading.Thread | None = None  # runs the scope; joined by stop()
+        self._ended: ChainOutcome | BaseException | None = None
 
     # ------------------------------------------------------------------------------------------ builders
     def _unstarted(self, what: str) -> None:
@@ -142,59 +146,63 @@ class StageContainer:
         self.run_id = plan.run_id
         # the run's guard first: a test process killed at any moment leaves no stage behind (adapters/guard.py)
         self._guard = RunGuard.start(engine, plan.run_id, identity.current_owner().label(), self.grace)
-        self._backend = self._guard.stage_backend()
+        self._backend = backend = self._guard.stage_backend()
         try:
-            self.ref = self._backend.create(spec, spec.env)
+            self.ref = backend.create(spec, spec.env)
             self.name = spec.name
-            self._backend.start(self.ref, self.stage, self._sink)
+            inbox = QueueInbox()
+            backend.start(self.ref, self.stage, inbox.put)
+            one = ChainPlan(run_id=plan.run_id, stages=(spec,), grace=self.grace)
+            self._scope = ChainScope.foreground(one, self.ref, backend, inbox, self._output, ThreadRuntime(), KILL_WAIT)
+            self._watch = threading.Thread(target=self._supervise, name=f"pp-stage-{self.stage}", daemon=True)
+            self._watch.start()
         except BaseException:
             self.stop()  # what was created goes; then the guard
             raise
         return self
 
-    def _sink(self, event: ChainEvent) -> None:
+    def _output(self, stream: str, data: bytes) -> None:
         with self._cond:
-            if isinstance(event, StageOutput):
-                self._lines.append(event.data.decode("utf-8", "backslashreplace").rstrip("\n"))
-            elif isinstance(event, StageGone):
-                self._exit = event.exit_code
-                self._gone.set()
+            self._lines.append(data.decode("utf-8", "backslashreplace").rstrip("\n"))
+            self._cond.notify_all()
+
+    def _supervise(self) -> None:
+        """The scope to its end (the stage exited, or `stop()` asked), then how it ended."""
+        assert self._scope is not None
+        try:
+            ended: ChainOutcome | BaseException = self._scope.run()
+        except BaseException as exc:  # handed to stop(), on the test's own thread
+            ended = exc
+        with self._cond:
+            self._ended, self._exit = ended, self._scope.stages[0].exit_code
+            self._gone.set()
             self._cond.notify_all()
 
     def stop(self) -> None:
-        """The one teardown (core/chain/teardown.py): SIGTERM, up to the grace, SIGKILL, then up to 30 s for the
-        engine to confirm it gone (auto-remove). TeardownFailed, with every error typed, when it cannot say so."""
-        backend, ref = self._backend, self.ref
-        if backend is None or ref is None:
+        """The one teardown, by the chain's own scope: SIGTERM, up to the grace, SIGKILL, then up to 30 s for the
+        engine to confirm it gone, else removed by its id. TeardownFailed when something may be left."""
+        scope, watch = self._scope, self._watch
+        if scope is None or watch is None:
+            if self._backend is not None:
+                self._backend.close()
             self._let_guard_go(True)
             return
-        left: list[str] = []
-        try:
-            if self._gone.is_set():
-                return
-            teardown = Teardown(backend, ThreadRuntime(), self.grace, KILL_WAIT)
-            left = teardown.stop(
-                [ref],
-                ref=lambda r: r,
-                gone=lambda r: self._gone.is_set(),
-                wait=self._wait,
-                name=lambda r: f"stage {self.stage} ({self.name}, {r[:12]})",
-            )
-            if left or teardown.errors:
-                raise TeardownFailed(f"stage {self.stage} ({self.name})", left, teardown.errors)
-        finally:
-            backend.close()
-            self._let_guard_go(not left)
+        scope.request_stop(signal.SIGTERM, "StageContainer.stop()")
+        watch.join()  # the scope's own teardown is bounded (the grace, then KILL_WAIT)
+        self._scope = self._watch = None
+        ended = self._ended
+        clean = isinstance(ended, ChainOutcome) and not ended.orphans
+        self._let_guard_go(clean)
+        if isinstance(ended, BaseException):
+            raise ended
+        if ended is not None and ended.orphans:
+            raise TeardownFailed(f"stage {self.stage} ({self.name}): {ended.message}", ended.orphans, ())
 
     def _let_guard_go(self, clean: bool) -> None:
         """The guard goes: waited for after a clean stop (it finds nothing left); else it tears down what is."""
         if self._guard is not None:
             self._guard.close(wait=10.0 if clean else 0.0)
             self._guard = None
-
-    def _wait(self, done: Callable[[], bool], deadline: float) -> None:
-        while not done() and (left := deadline - time.monotonic()) > 0:
-            self._gone.wait(min(left, 0.2))
 
     # ------------------------------------------------------------------------------------------ output
     def lines(self) -> list[str]:
