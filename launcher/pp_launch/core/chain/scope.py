@@ -512,7 +512,8 @@ class ChainScope:
         return self._on_gone(st, event)
 
     def _on_stop(self, signum: int, by: str = "") -> _End | None:
-        """The first stop ends the chain; one while stopping hurries the teardown (the table's HURRYING)."""
+        """The first stop ends the chain; one while stopping hurries the teardown (the table's HURRYING). A foreground
+        stage is sent the first stop's own signal, and each later one is passed on to it (the table's `forward`)."""
         name = by or (signal.Signals(signum).name if signum in signal.valid_signals() else str(signum))
         if self.passthrough is None:
             return self._end(Happening.STOP, f"stopped by {name}", signum=signum)
