@@ -106,6 +106,11 @@ def owner_label(detach: bool) -> str:
     return labels.OWNER_DETACHED if detach else identity.current_owner().label()
 
 
+def launcher_label(owner: str) -> str:
+    """A detached run's launcher, as its containers name it (`ps` says whose it was); "" for any other run."""
+    return identity.current_owner().label() if owner == labels.OWNER_DETACHED else ""
+
+
 def say_plan(plan: ChainPlan, note: str, say: Callable[[str], None]) -> None:
     """What the plan is, in words, before anything starts: its note, and which stages run on which host."""
     if note:

@@ -534,7 +534,7 @@ def _plan(
         allow_unhealthy=gpu.allow_unhealthy,
         avoid=request.avoid_gpus,
     )
-    launcher = identity.current_owner().label() if owner == labels.OWNER_DETACHED else ""
+    launcher = steps.launcher_label(owner)
     plan = build_plan(
         request.chain,
         environ,

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from pp_launch.adapters import identity, ray_cluster
+from pp_launch.adapters import ray_cluster
 from pp_launch.app import chain as steps
 from pp_launch.app import gpus as gpu_select
 from pp_launch.app import housekeeping
@@ -260,8 +260,7 @@ def _dry_plan(cluster: ray_cluster.Cluster, request: LaunchRequest, environ: Map
     """The dry run: which node takes which stages, from what the cluster says is free now; nothing is reserved or
     started (Ray says which GPUs it grants a node only with the grant)."""
     run_id, owner = request.run_id or "", request.owner or ""
-    mode, per_stage = gpu_select.parse_gpus_flag(request.gpu.mode, request.gpu.per_stage)
-    per_stage = 0 if mode == "none" else per_stage
+    per_stage = _gpus_per_stage(request)
     nodes = cluster.nodes()
     blocks = _blocks(request, nodes, per_stage)
     hops: list[int | None] = []
@@ -278,7 +277,7 @@ def _dry_plan(cluster: ray_cluster.Cluster, request: LaunchRequest, environ: Map
         tuple(hops) if per_stage and stages > 1 else (),
         None,
         tuple(n.name for n, k in blocks for _ in range(k)),
-        identity.current_owner().label() if owner == labels.OWNER_DETACHED else "",
+        steps.launcher_label(owner),
     )
     free = "; ".join(f"{n.name}: {n.free_gpus} of {count(n.gpus, 'GPU')} free" for n in nodes)
     wanted = "; ".join(f"{n.name}: {count(k * per_stage, 'GPU')}" for n, k in blocks) if per_stage else ""
@@ -312,8 +311,7 @@ class _Placed:
     def plan(self, request: LaunchRequest, environ: Mapping[str, str]) -> ChainPlan:
         run_id, owner, say = request.run_id or "", request.owner or "", self.say
         self.run_id = run_id
-        mode, per_stage = gpu_select.parse_gpus_flag(request.gpu.mode, request.gpu.per_stage)
-        per_stage = 0 if mode == "none" else per_stage
+        per_stage = _gpus_per_stage(request)
         blocks = _blocks(request, self.cluster.nodes(), per_stage)
         asked = [count(k * per_stage, "GPU") if per_stage else count(k, "CPU stage") for _, k in blocks]
         say(
@@ -326,7 +324,7 @@ class _Placed:
         )
         self.handles, hops = _order(rows, per_stage)
         stage_gpus = [h.gpus for h in self.handles]
-        launcher = identity.current_owner().label() if owner == labels.OWNER_DETACHED else ""
+        launcher = steps.launcher_label(owner)
         return build_plan(
             request.chain,
             environ,
@@ -343,6 +341,12 @@ class _Placed:
     def release(self) -> None:
         """The group and its agents, removed."""
         self.cluster.release(self.pg, self.handles, self.run_id)
+
+
+def _gpus_per_stage(request: LaunchRequest) -> int:
+    """GPUs each stage asks Ray for: --gpus-per-stage, or 0 with --gpus none (CPU stages)."""
+    mode, per_stage = gpu_select.parse_gpus_flag(request.gpu.mode, request.gpu.per_stage)
+    return 0 if mode == "none" else per_stage
 
 
 def _blocks(
