@@ -127,6 +127,13 @@ def test_a_launch_waits_for_the_engines_gpu_lock_says_on_whom_and_never_gets_a_h
         assert wait_until(lambda: "waiting for the GPU lock" in third.stderr_text(), 30), third.stderr_text()
         third.signal(signal.SIGINT)  # Ctrl-C ends a wait for the lock at once, nothing started
         assert third.wait(10) == 130 and not third.events_named("stage_started")
+        prefix = unique("node")  # pp-gpu-node (PP_GPUS=auto) waits on the same lock, and a stop ends it there too
+        node_env = {"STAGE": "0", "PP_GPUS": "auto", "PP_CONTAINER_PREFIX": prefix, "PP_IMAGE": stub_image}
+        node = Launcher("node", env={**other, **node_env})
+        assert wait_until(lambda: "waiting for the GPU lock" in node.stderr_text(), 30), node.stderr_text()
+        node.signal(signal.SIGTERM)
+        assert node.wait(10) == 143 and "nothing was started" in node.stderr_text(), node.stderr_text()
+        assert engine.inspect(f"{prefix}-0") is None  # nothing of it was started
         first.wait_event("pp_stage_roster", timeout=60)
         second.wait_event("pp_stage_roster", timeout=60)
         mine = [g for e in first.events_named("stage_started") for g in e["gpus"]]

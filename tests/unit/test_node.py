@@ -13,6 +13,7 @@ from pp_launch.app.node import NodeConfig, parse_gpus
 from pp_launch.core import errors
 from pp_launch.core.chain.plan import ChainPlan, Mount
 from pp_launch.core.chain.ports import StageOutput, StopRequested
+from pp_launch.core.chain.scope import ChainScope, QuietReporter
 
 from .fakes import FakeBackend, FakeClock, FakeInbox, StageScript
 
@@ -114,7 +115,8 @@ def test_bad_values(env: dict[str, str], message: str) -> None:
 
 
 class Foreground:
-    """One stage created on a fake backend, run by `node.supervise` on a fake clock; what it wrote kept."""
+    """One stage on a fake backend, run in the foreground of the chain's scope (as pp-gpu-node's run is) on a fake
+    clock; what it wrote kept."""
 
     def __init__(
         self, scripts: dict[int, StageScript], grace: float = 10.0, kill_wait: float = 15.0, stage: int = 0
@@ -125,13 +127,16 @@ class Foreground:
         self.out: list[tuple[str, bytes]] = []
         _, spec = spec_for({"STAGE": str(stage)})
         self.plan = ChainPlan(run_id="r1", stages=(spec,), grace=grace)
-        self.ref = self.backend.create(spec, spec.env)
+        self.ref = spec.name  # the fake engine's id for it
         self.kill_wait = kill_wait
 
     def run(self):  # type: ignore[no-untyped-def]
         write = lambda stream, data: self.out.append((stream, data))  # noqa: E731
         runtime = ThreadRuntime(self.clock)
-        return node.supervise(self.plan, self.ref, self.backend, self.inbox, write, runtime, self.kill_wait)
+        scope = ChainScope(
+            self.plan, self.backend, self.inbox, QuietReporter(), runtime, kill_wait=self.kill_wait, passthrough=write
+        )
+        return scope.run()
 
 
 def test_output_passes_through_and_the_exit_code_is_the_containers() -> None:
@@ -171,6 +176,19 @@ def test_a_second_signal_is_passed_on_too_and_the_grace_still_runs() -> None:
     sent = [c for c in fg.backend.calls if c[0] in ("signal", "kill")]
     assert sent == [("signal", 0, signal.SIGTERM), ("signal", 0, signal.SIGINT), ("kill", 0)]
     assert 1005.0 <= fg.clock.now < 1006.5  # killed after the whole grace, not at the second signal
+
+
+@pytest.mark.parametrize("refuses", ["create", "start"])
+def test_an_engine_that_refuses_the_stage_is_the_runs_error_and_nothing_is_left(refuses: str) -> None:
+    """As `docker run` reports the engine's refusal (pp-gpu-node exits 125 for it): the error is raised, once a
+    stage created but not started is removed by its id."""
+    fg = Foreground({0: StageScript(fail_create=refuses == "create", fail_start=refuses == "start")})
+    with pytest.raises(
+        errors.PpLaunchError, match="create refused" if refuses == "create" else "could not select device driver"
+    ):
+        fg.run()
+    created = ("create", 0) in fg.backend.calls and refuses == "start"
+    assert fg.backend.existing == {} and (("remove", fg.ref) in fg.backend.calls) == created, fg.backend.calls
 
 
 def test_a_stage_ignoring_the_signal_is_killed_after_the_grace() -> None:

@@ -39,6 +39,7 @@ UP_OR_RUNNING = {
     H.STARTED_FOREGROUND: (P.RUNNING, None, None, None),
     H.EXIT_FOREGROUND: (P.STOPPING, "completed", OWN, X.EXITED),  # the foreground stage's own code
     H.STOP_FOREGROUND: (P.STOPPING, "signal", SIGNAL, None),
+    H.NOT_STARTED_FOREGROUND: (P.STOPPING, "error", OWN, None),  # the engine's refusal, raised with its own code
 }
 STOPPING = {
     H.STOP: (P.HURRYING, None, None, None),
@@ -83,7 +84,9 @@ def test_the_rules_across_rows(phase: Phase, happening: Happening) -> None:
         StopReason(row.ends)  # a reason chain_stopped can carry
         assert row.exit_code is not None, "a row that ends the chain says its exit code"
         if row.exit_code == OWN:
-            assert happening in (H.NOT_STARTED_FIRST, H.EXIT_FOREGROUND), "an error's own code, or the stage's own"
+            assert happening in (H.NOT_STARTED_FIRST, H.NOT_STARTED_FOREGROUND, H.EXIT_FOREGROUND), (
+                "an error's own code, or the stage's own"
+            )
         else:
             assert (row.exit_code == OK) == (row.ends in ("completed", "detached")), (
                 "0 only for a chain that did its work"

@@ -63,6 +63,9 @@ class DockerSite:
     them, or the engines a housekeeping command names (--host, --all-hosts), each asked in turn, a host that does
     not answer said and skipped (the command then exits 1)."""
 
+    backend_options: Mapping[str, Any] = {}  # for the one engine's stage backend (adapters/docker_engine.py)
+    watch_gpus = True  # a stage whose GPU faults (Xid) fails
+
     def __init__(self, where: Where, run: str | None, voice: Voice) -> None:
         self.where, self.run, self.voice = where, run, voice
         self._engines: housekeeping.Engines | None = None
@@ -147,7 +150,8 @@ class DockerSite:
             for s in self.places:
                 steps.check_names_free(_engine(s), plan, s.name or None, ThreadRuntime())
             guards = self.guarding.take()
-        return _Stages(request, plan, _backend(request, plan, self.places, held, guards), guards, held, say)
+        backend = _backend(request, plan, self.places, held, guards, self.backend_options)
+        return _Stages(request, plan, backend, guards, held, say, self.watch_gpus)
 
     def dry_plan(self, request: LaunchRequest, environ: Mapping[str, str], strict: bool) -> Launched:
         """strict (a dry run): a stage image the engine lacks is the error a launch would meet; a Compose file is
@@ -583,6 +587,7 @@ def _backend(
     sites: Sequence[_Engine],
     held: Held,
     guards: Mapping[str, RunGuard],
+    options: Mapping[str, Any],
 ) -> StageBackend:
     """Where the stages run: DOCKER_HOST's engine, every --host's engine, or pp-gpu-node children. Each engine's
     backend records every id it creates with that engine's guard."""
@@ -595,7 +600,7 @@ def _backend(
             lambda run: [c.id for c in engine.containers(labels.run_selector(run))],
         )
     if not request.hosts:
-        return guards[""].stage_backend(expected=len(plan.stages), on_all_created=held.check_and_release)
+        return guards[""].stage_backend(expected=len(plan.stages), on_all_created=held.check_and_release, **options)
     backends = {s.name: guards[s.name].stage_backend() for s in sites}
     return MultiHostBackend(backends, expected=len(plan.stages), on_all_created=held.check_and_release)
 
@@ -618,9 +623,11 @@ class _Stages:
         guards: Mapping[str, RunGuard],
         held: Held,
         say: Callable[[str], None],
+        watch_gpus: bool = True,
     ) -> None:
         self.request, self.plan, self.backend, self.guards, self.held = request, plan, backend, guards, held
         self.faults = _GpuFaults(plan, say)
+        self.watch_gpus = watch_gpus and not request.hosts
         self.record = host_state.RunHosts() if request.hosts else None
 
     def watch(self, scope: ChainScope) -> None:
@@ -628,7 +635,7 @@ class _Stages:
             g.when_down(lambda: scope.request_stop(signal.SIGTERM, "'pp-launch down' (told to the run's guard)"))
         if self.record is not None:
             self.record.write(self.plan.run_id, self.plan.hosts)
-        if not self.request.hosts:
+        if self.watch_gpus:
             self.faults.start(scope)
 
     def end(self, outcome: ChainOutcome | None) -> tuple[ChainOutcome, bool, tuple[tuple[str, str], ...]] | None:

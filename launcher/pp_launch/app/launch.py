@@ -31,14 +31,20 @@ from pp_launch.core import errors
 from pp_launch.core.chain.scope import ChainOutcome, ChainScope
 
 
-def launch(request: LaunchRequest, hooks: Hooks | None = None, environ: Mapping[str, str] | None = None) -> Launched:
+def launch(
+    request: LaunchRequest,
+    hooks: Hooks | None = None,
+    environ: Mapping[str, str] | None = None,
+    place: Launching | None = None,
+) -> Launched:
     """Run the chain to its end (or, detached, until it is up), restarting it as `--max-restarts` allows. Errors found
     before anything starts raise (exit 2 for configuration); everything after is in the outcome, and nothing is
-    left behind either way."""
+    left behind either way. place: the site, reached (default: the one the request names); pp-gpu-node brings its
+    own (app/node.py)."""
     environ = os.environ if environ is None else environ
     hooks = hooks or Hooks()
     request = _named(request)
-    place = _site(request, dry_run=False)
+    place = place or _site(request, dry_run=False)
     final: Launched | None = None
     try:
         place.prepare(request, hooks.say)
@@ -62,7 +68,16 @@ def _attempt(request: LaunchRequest, hooks: Hooks, *, place: Launching, environ:
         staged = place.place_stages(request, plan, held, hooks.say)
         outcome: ChainOutcome | None = None
         try:
-            scope = ChainScope(plan, staged.backend, QueueInbox(), reporter, ThreadRuntime(), detach=request.detach)
+            scope = ChainScope(
+                plan,
+                staged.backend,
+                QueueInbox(),
+                reporter,
+                ThreadRuntime(),
+                detach=request.detach,
+                kill_wait=request.kill_wait,
+                passthrough=hooks.passthrough,
+            )
             hooks.on_scope(scope)
             staged.watch(scope)
             outcome = scope.run()

@@ -9,7 +9,8 @@ Unlike `exec docker run`, it cannot orphan its container:
   lifeline also closes, which the built-in stage turns into its exit;
 - left over from a dead owner: a same-named container is removed before we start (a live owner's never is).
 
-`NodeConfig.from_env` is pure; the stage is supervised by the chain's own scope, in the foreground (`supervise`)."""
+`NodeConfig.from_env` is pure; the run goes through the chain's own pipeline (app/launch.py), its one stage in the
+foreground of the chain's scope."""
 
 from __future__ import annotations
 
@@ -22,18 +23,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pp_launch.adapters import identity, local
-from pp_launch.adapters.docker_engine import NODE_TOOLKIT_HINT, Engine, connect
-from pp_launch.adapters.guard import RunGuard
-from pp_launch.adapters.inbox import QueueInbox
-from pp_launch.adapters.runtime import ThreadRuntime
+from pp_launch.adapters.docker_engine import NODE_TOOLKIT_HINT, Engine
 from pp_launch.app import gpus as gpu_select
-from pp_launch.app.chain import ensure_image
+from pp_launch.app.chain import check_image_name
+from pp_launch.app.docker_site import DockerSite
 from pp_launch.app.hosts import live_gpu_labels
-from pp_launch.app.locks import GpuLocks, LockSite, reserve
+from pp_launch.app.launch import launch
+from pp_launch.app.locks import GpuLocks
+from pp_launch.app.request import GpuOptions, Hooks, Launched, LaunchRequest
+from pp_launch.app.site import Held
 from pp_launch.core import errors, labels, stage_env
-from pp_launch.core.chain.plan import BUILTIN_IMAGE, ChainPlan, Mount, StageSpec
-from pp_launch.core.chain.ports import Inbox, Runtime, StageBackend, StopRequested
-from pp_launch.core.chain.scope import ChainOutcome, ChainScope
+from pp_launch.core.chain.plan import BUILTIN_IMAGE, ChainPlan, ChainRequest, Mount, StageSpec
+from pp_launch.core.chain.scope import ChainOutcome
 from pp_launch.core.gpu.requests import gpu_request, read_gpus
 from pp_launch.core.stage_env import FORWARD_ENV, NODE_FORWARDED, RUN_ENV
 
@@ -41,31 +42,91 @@ from pp_launch.core.stage_env import FORWARD_ENV, NODE_FORWARDED, RUN_ENV
 def run_node(
     environ: Mapping[str, str],
     args: tuple[str, ...],
-    inbox: QueueInbox,
-    say: Callable[[str], None],
+    hooks: Hooks,
+    stop: Callable[[int], None],
     extra_env: tuple[tuple[str, str], ...] = (),
 ) -> int:
-    """pp-gpu-node: one stage container in the foreground; `args` become its command, `extra_env` is set in it
-    (--env-file) before what pp-gpu-node sets itself. Stop signals must already be arriving in `inbox`."""
+    """pp-gpu-node: a run of one stage, in the foreground, through the chain's own pipeline (app/launch.py) on
+    DOCKER_HOST's engine (`NodeSite`). `args` become the container's command, `extra_env` is set in it (--env-file)
+    before what pp-gpu-node sets itself; `hooks` route stop signals to the run (its output is passed through here);
+    `stop` is how this process asks itself to stop (the parent's lifeline ended)."""
     config = dataclasses.replace(NodeConfig.from_env(environ, args), extra_env=extra_env)
+    check_image_name(config.image, "PP_IMAGE")
     if environ.get(stage_env.PARENT_LIFELINE) == "stdin":
-        local.on_stdin_end(lambda: inbox.put(StopRequested(signal.SIGTERM)))
-    engine = connect()
-    if engine.image_labels(config.image) is None and config.image != BUILTIN_IMAGE:
-        raise errors.ImageMissing(
-            f"image {config.image} (PP_IMAGE) is not present on this engine, and pp-gpu-node never pulls. "
-            "Build it or load it ('docker load -i FILE') first."
-        )
-    ensure_image(engine, config.image, say)  # and pp-launch's guard image
-    _free_name(engine, config.name, say)
-    owner = identity.current_owner().label()
-    run_id = config.run_id or identity.new_run_id()
-    site = LockSite(engine.address, engine, engine.identity()[0])
-    with reserve([site], run_id, owner, say) as locks:
-        try:
-            return _run_locked(config, environ, engine, locks, run_id, owner, inbox, say)
-        except errors.GpuAttachUnavailable as exc:
-            raise _no_gpus_here(exc, environ.get("PP_GPUS", "")) from None
+        local.on_stdin_end(lambda: stop(signal.SIGTERM))
+    request = LaunchRequest(
+        ChainRequest(stages=1, image=config.image, network=config.network, grace=config.grace),
+        GpuOptions(mode="none"),  # PP_GPUS is read as docker run --gpus reads it (NodeSite.plan)
+        run_id=config.run_id,
+        keep_logs=False,
+    )
+    streams = {"stdout": 1, "stderr": 2}
+    hooks = dataclasses.replace(hooks, passthrough=lambda stream, data: local.write_all(streams[stream], data))
+    try:
+        launched = launch(request, hooks, environ, NodeSite.for_node(request, config))
+    except errors.GpuAttachUnavailable as exc:
+        raise _no_gpus_here(exc, environ.get("PP_GPUS", "")) from None
+    assert launched.outcome is not None
+    return _exit_code(launched.outcome, hooks.say)
+
+
+class NodeSite(DockerSite):
+    """DOCKER_HOST's engine as pp-gpu-node uses it: the chain's site (app/docker_site.py: the image, the run's guard,
+    the engine's GPU lock, the one teardown) with the one stage docker-gpu-node.sh described. A dead owner's container
+    of the same name is removed first; PP_GPUS is taken as `docker run --gpus` takes it (`auto`: NVML's pick, under
+    the engine's GPU lock); the output is passed on byte for byte; a GPU fault does not end it (as docker run)."""
+
+    backend_options: Mapping[str, Any] = {"split_lines": False, "toolkit_hint": NODE_TOOLKIT_HINT}
+    watch_gpus = False
+    config: NodeConfig
+
+    @classmethod
+    def for_node(cls, request: LaunchRequest, config: NodeConfig) -> NodeSite:
+        place = cls.to_launch(request)
+        assert isinstance(place, NodeSite)
+        place.config = config
+        return place
+
+    @property
+    def engine(self) -> Engine:
+        engine = self.places[0].engine
+        assert engine is not None
+        return engine
+
+    def prepare(self, request: LaunchRequest, say: Callable[[str], None]) -> None:
+        image = self.config.image
+        if image != BUILTIN_IMAGE and self.engine.image_labels(image) is None:
+            raise errors.ImageMissing(
+                f"image {image} (PP_IMAGE) is not present on this engine, and pp-gpu-node never pulls. "
+                "Build it or load it ('docker load -i FILE') first."
+            )
+        _free_name(self.engine, self.config.name, say)
+        super().prepare(request, say)  # and pp-launch's images; the run's guard comes up while the launch plans
+
+    def plan(self, request: LaunchRequest, environ: Mapping[str, str], held: Held | None) -> tuple[ChainPlan, str]:
+        gpus, note = self.config.gpus, ""
+        if gpus.auto:
+            inventory = gpu_select.load_inventory(None)
+            if inventory.gpus and isinstance(held, GpuLocks):
+                held.acquire()  # released once the container exists (its labels then hold the GPU), or on the way out
+            engine = self.engine
+            _, choice = gpu_select.select(
+                mode="auto",
+                stages=1,
+                per_stage=1,
+                attach="request",
+                hosts_gpus=[gpu_select.HostGpus("", inventory, lambda: live_gpu_labels(engine))],
+                environ=environ,
+            )
+            uuids = choice.stage_gpus[0]
+            gpus, note = GpuRequest(choice.device_requests[0], ",".join(uuids) or "void", uuids), choice.note
+        run_id = request.run_id or ""
+        spec = dataclasses.replace(self.config, run_id=run_id).spec(environ, request.owner or "", gpus)
+        local.ensure_dirs([m.host for m in spec.mounts])
+        return ChainPlan(run_id=run_id, stages=(spec,), grace=self.config.grace), note
+
+    def dry_plan(self, request: LaunchRequest, environ: Mapping[str, str], strict: bool) -> Launched:
+        return Launched(*self.plan(request, environ, None))
 
 
 def _no_gpus_here(exc: errors.GpuAttachUnavailable, asked: str) -> errors.GpuAttachUnavailable:
@@ -78,50 +139,6 @@ def _no_gpus_here(exc: errors.GpuAttachUnavailable, asked: str) -> errors.GpuAtt
         f"PP_GPUS={asked.strip()} asks for GPUs, and this host has none that NVML can see ({why}): leave PP_GPUS "
         "unset to run this stage on CPU, or run it on a GPU host"
     )
-
-
-def _run_locked(
-    config: NodeConfig,
-    environ: Mapping[str, str],
-    engine: Engine,
-    locks: GpuLocks,
-    run_id: str,
-    owner: str,
-    inbox: QueueInbox,
-    say: Callable[[str], None],
-) -> int:
-    gpus = config.gpus
-    if gpus.auto:
-        inventory = gpu_select.load_inventory(None)
-        if inventory.gpus:
-            locks.acquire()  # released once the container exists (its labels then hold the GPU), or on the way out
-        _, choice = gpu_select.select(
-            mode="auto",
-            stages=1,
-            per_stage=1,
-            attach="request",
-            hosts_gpus=[gpu_select.HostGpus("", inventory, lambda: live_gpu_labels(engine))],
-            environ=environ,
-        )
-        uuids = choice.stage_gpus[0]
-        gpus = GpuRequest(choice.device_requests[0], ",".join(uuids) or "void", uuids)
-        if choice.note:
-            say(choice.note)
-    spec = dataclasses.replace(config, run_id=run_id).spec(environ, owner, gpus)
-    local.ensure_dirs([m.host for m in spec.mounts])
-    guard = RunGuard.start(engine, run_id, owner, config.grace)  # before the container exists: no moment uncovered
-    backend = guard.stage_backend(
-        split_lines=False, expected=1, on_all_created=locks.check_and_release, toolkit_hint=NODE_TOOLKIT_HINT
-    )
-    try:
-        ref = backend.create(spec, spec.env)
-        streams = {"stdout": 1, "stderr": 2}
-        plan = ChainPlan(run_id=run_id, stages=(spec,), grace=config.grace)
-        outcome = supervise(plan, ref, backend, inbox, lambda stream, data: local.write_all(streams[stream], data))
-        return _exit_code(outcome, say)
-    finally:
-        locks.release()
-        guard.close(wait=10.0)
 
 
 def _free_name(engine: Engine, name: str, say: Callable[[str], None]) -> None:
@@ -280,23 +297,6 @@ class NodeConfig:
             command=self.command or None,
             mounts=self.mounts(),
         )
-
-
-def supervise(
-    plan: ChainPlan,
-    ref: str,
-    backend: StageBackend,
-    inbox: Inbox,
-    write: Callable[[str, bytes], None],
-    runtime: Runtime | None = None,
-    kill_wait: float = 15.0,
-) -> ChainOutcome:
-    """The created stage started, then supervised by the chain's own scope in the foreground
-    (`ChainScope.foreground`, core/chain/phases.py): output passed through, the exit code the container's; a stop
-    signal passed on, the grace, SIGKILL, the engine's word that it is gone (bounded by grace + kill_wait), later
-    signals passed on meanwhile, then 128+N."""
-    backend.start(ref, plan.stages[0].index, inbox.put)
-    return ChainScope.foreground(plan, ref, backend, inbox, write, runtime or ThreadRuntime(), kill_wait).run()
 
 
 def _exit_code(outcome: ChainOutcome, say: Callable[[str], None]) -> int:

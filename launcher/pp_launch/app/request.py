@@ -50,6 +50,7 @@ class LaunchRequest:
     max_restarts: int = 0  # further attempts of the run after a stage fails (core/chain/restarts.py)
     restart_backoff: float = 1.0  # seconds before the first restart, doubling after each, capped at 30 s
     avoid_gpus: tuple[tuple[str, str], ...] = ()  # (UUID, why): GPUs this attempt must not use (a fault seen)
+    kill_wait: float = 15.0  # after a stage's SIGKILL, how long the engine has to confirm it gone
 
     def __post_init__(self) -> None:
         try:
@@ -135,6 +136,8 @@ class Hooks:
     reporter: Callable[[ChainPlan], Reporter] = lambda plan: QuietReporter()  # once the plan exists
     on_scope: Callable[[Stoppable], None] = lambda scope: None  # what a stop goes to from now on (signal routing)
     stop_pending: Callable[[], int | None] = lambda: None  # a stop signal that arrived while planning
+    # one stage in the foreground (pp-gpu-node, the testing kit's StageContainer): its output, passed through
+    passthrough: Callable[[str, bytes], None] | None = None
 
 
 @dataclass(frozen=True)

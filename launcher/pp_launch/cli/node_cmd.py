@@ -9,14 +9,13 @@ from collections.abc import Iterator
 
 import click
 
-from pp_launch.adapters.inbox import QueueInbox
 from pp_launch.app import node
+from pp_launch.app.request import Hooks
 from pp_launch.cli import signals
 from pp_launch.cli.boundary import mapped_errors, message
 from pp_launch.cli.main import main
 from pp_launch.cli.options import read_env_file
 from pp_launch.core import errors
-from pp_launch.core.chain.ports import StopRequested
 
 
 @main.command("node", context_settings={"ignore_unknown_options": True})
@@ -87,16 +86,15 @@ def _run_node(args: tuple[str, ...]) -> int:
     if args in (("--help",), ("-h",)) and "STAGE" not in os.environ:  # else they are the container's command
         click.echo(USAGE)
         return 0
-    inbox = QueueInbox()
     signals.install()  # idempotent; also covers `pp-launch node` and direct calls
-    signals.route_to(lambda signum: inbox.put(StopRequested(signum)))
     with mapped_errors("pp-gpu-node"), as_docker_run():
         try:
             extra, command = _env_files(args)
         except click.BadParameter as exc:
             raise errors.ConfigError(exc.format_message()) from None
         say = lambda text: click.echo(f"pp-gpu-node: {text}", err=True)  # noqa: E731
-        return node.run_node(os.environ, command, inbox, say, extra)
+        hooks = Hooks(say, on_scope=lambda scope: signals.route_to(scope.request_stop), stop_pending=signals.pending)
+        return node.run_node(os.environ, command, hooks, signals.deliver, extra)
 
 
 DOCKER_RUN_REFUSED = 125  # `docker run`'s code when the engine refuses (126/127 come from the container's tini)

@@ -38,6 +38,11 @@ def route_to(target: Callable[[int], None]) -> None:
         target(_pending.pop(0))
 
 
+def deliver(signum: int) -> None:
+    """A stop from within this process (a lifeline that ended), routed as the signal `signum` would be."""
+    _handler(signum, None)
+
+
 def pending() -> int | None:
     return _pending[0] if _pending else None
 

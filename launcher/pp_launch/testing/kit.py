@@ -27,15 +27,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pp_launch.adapters import docker_engine, identity
-from pp_launch.adapters.guard import RunGuard
-from pp_launch.adapters.inbox import QueueInbox
-from pp_launch.adapters.runtime import ThreadRuntime
 from pp_launch.adapters.worker_driver import WorkerDriver
 from pp_launch.app import launch, worker_check
+from pp_launch.app.docker_site import DockerSite
+from pp_launch.app.site import Held
 from pp_launch.core import errors, events
 from pp_launch.core.announce import StageAnnouncement, parse_line
-from pp_launch.core.chain.plan import BUILTIN_IMAGE, ChainPlan, ChainRequest, build_plan
-from pp_launch.core.chain.scope import ChainOutcome, ChainScope
+from pp_launch.core.chain.plan import BUILTIN_IMAGE, ChainPlan, ChainRequest, StageSpec, build_plan
+from pp_launch.core.chain.scope import ChainOutcome, ChainScope, QuietReporter
 from pp_launch.core.chain.teardown import TeardownFailed
 from pp_launch.core.gpu.requests import device_requests
 
@@ -86,10 +85,8 @@ class StageContainer:
         self._exit: int | None = None
         self._gone = threading.Event()
         self._cond = threading.Condition()
-        self._backend: docker_engine.DockerStageBackend | None = None
-        self._guard: RunGuard | None = None
         self._scope: ChainScope | None = None  # the chain's own scope, over this one stage in the foreground
-        self._watch: threading.Thread | None = None  # runs the scope; joined by stop()
+        self._run: threading.Thread | None = None  # the launch, on a thread of its own; joined by stop()
         self._ended: ChainOutcome | BaseException | None = None
 
     # ------------------------------------------------------------------------------------------ builders
@@ -127,82 +124,87 @@ class StageContainer:
 
     # ------------------------------------------------------------------------------------------ life
     def start(self) -> StageContainer:
-        engine = docker_engine.connect()
+        """A run of this one stage through the chain's own pipeline (app/launch.py), on DOCKER_HOST's engine: the
+        run's guard first (a test process killed at any moment leaves no stage behind), the stage in the foreground
+        of the chain's scope. Returns once it runs; the engine's refusal (or any error before) is raised here."""
+        self._unstarted("start")
         request = ChainRequest(stages=self.num_stages, image=self.image, env=tuple(self.stage_env.items()))
         gpus = [self.gpus if k == self.stage else () for k in range(self.num_stages)]
-        plan = build_plan(
-            request,
-            {},
-            identity.current_owner().label(),
-            gpus,
-            [device_requests(g, self.gpu_attach) for g in gpus],
-            identity.new_run_id(),
-        )
+        owner, run_id = identity.current_owner().label(), identity.new_run_id()
+        plan = build_plan(request, {}, owner, gpus, [device_requests(g, self.gpu_attach) for g in gpus], run_id)
         spec = plan.stages[self.stage]
         if self.stage_command:
             spec = dataclasses.replace(spec, command=self.stage_command)
         if self.name:
             spec = dataclasses.replace(spec, name=self.name)
-        self.run_id = plan.run_id
-        # the run's guard first: a test process killed at any moment leaves no stage behind (adapters/guard.py)
-        self._guard = RunGuard.start(engine, plan.run_id, identity.current_owner().label(), self.grace)
-        self._backend = backend = self._guard.stage_backend()
-        try:
-            self.ref = backend.create(spec, spec.env)
-            self.name = spec.name
-            inbox = QueueInbox()
-            backend.start(self.ref, self.stage, inbox.put)
-            one = ChainPlan(run_id=plan.run_id, stages=(spec,), grace=self.grace)
-            self._scope = ChainScope.foreground(one, self.ref, backend, inbox, self._output, ThreadRuntime(), KILL_WAIT)
-            self._watch = threading.Thread(target=self._supervise, name=f"pp-stage-{self.stage}", daemon=True)
-            self._watch.start()
-        except BaseException:
-            self.stop()  # what was created goes; then the guard
-            raise
+        self.run_id, self.name = run_id, spec.name
+        one = launch.LaunchRequest(
+            dataclasses.replace(request, stages=1, grace=self.grace),
+            launch.GpuOptions(mode="none"),  # the stage's GPUs are the test's own choice
+            run_id=run_id,
+            owner=owner,
+            keep_logs=False,
+            kill_wait=KILL_WAIT,
+        )
+        hooks = launch.Hooks(reporter=lambda plan: _Started(self), on_scope=self._on_scope, passthrough=self._output)
+        place = _OneStage.to_launch(one)
+        assert isinstance(place, _OneStage)
+        place.spec = spec
+        self._run = threading.Thread(target=self._launch, args=(one, hooks, place), name=f"pp-stage-{self.stage}")
+        self._run.start()
+        with self._cond:
+            self._cond.wait_for(lambda: self.ref is not None or self._gone.is_set())
+        if self.ref is None:  # it ended before it ran: the launch's own error
+            self._run.join()
+            self._run = None
+            if isinstance(self._ended, BaseException):
+                raise self._ended
+            raise RuntimeError(f"stage {self.stage} ({self.name}) ended before it started: {self._ended}")
         return self
+
+    def _on_scope(self, scope: launch.Stoppable) -> None:
+        assert isinstance(scope, ChainScope)
+        self._scope = scope
+
+    def _started(self) -> None:
+        assert self._scope is not None
+        with self._cond:
+            self.ref = self._scope.stages[0].ref
+            self._cond.notify_all()
 
     def _output(self, stream: str, data: bytes) -> None:
         with self._cond:
             self._lines.append(data.decode("utf-8", "backslashreplace").rstrip("\n"))
             self._cond.notify_all()
 
-    def _supervise(self) -> None:
-        """The scope to its end (the stage exited, or `stop()` asked), then how it ended."""
-        assert self._scope is not None
+    def _launch(self, request: launch.LaunchRequest, hooks: launch.Hooks, place: _OneStage) -> None:
+        """The run to its end (the stage exited, or `stop()` asked), then how it ended."""
         try:
-            ended: ChainOutcome | BaseException = self._scope.run()
-        except BaseException as exc:  # handed to stop(), on the test's own thread
+            ended: ChainOutcome | BaseException | None = launch.launch(request, hooks, place=place).outcome
+        except BaseException as exc:  # handed to start() or stop(), on the test's own thread
             ended = exc
         with self._cond:
-            self._ended, self._exit = ended, self._scope.stages[0].exit_code
+            self._ended = ended
+            self._exit = self._scope.stages[0].exit_code if self._scope is not None else None
             self._gone.set()
             self._cond.notify_all()
 
     def stop(self) -> None:
         """The one teardown, by the chain's own scope: SIGTERM, up to the grace, SIGKILL, then up to 30 s for the
-        engine to confirm it gone, else removed by its id. TeardownFailed when something may be left."""
-        scope, watch = self._scope, self._watch
-        if scope is None or watch is None:
-            if self._backend is not None:
-                self._backend.close()
-            self._let_guard_go(True)
+        engine to confirm it gone, else removed by its id; then the run's guard goes. TeardownFailed when something
+        may be left."""
+        run, scope = self._run, self._scope
+        if run is None:
             return
-        scope.request_stop(signal.SIGTERM, "StageContainer.stop()")
-        watch.join()  # the scope's own teardown is bounded (the grace, then KILL_WAIT)
-        self._scope = self._watch = None
+        if scope is not None:
+            scope.request_stop(signal.SIGTERM, "StageContainer.stop()")
+        run.join()  # the scope's own teardown is bounded (the grace, then KILL_WAIT), and the guard's wait
+        self._run = self._scope = None
         ended = self._ended
-        clean = isinstance(ended, ChainOutcome) and not ended.orphans
-        self._let_guard_go(clean)
         if isinstance(ended, BaseException):
             raise ended
         if ended is not None and ended.orphans:
             raise TeardownFailed(f"stage {self.stage} ({self.name}): {ended.message}", ended.orphans, ())
-
-    def _let_guard_go(self, clean: bool) -> None:
-        """The guard goes: waited for after a clean stop (it finds nothing left); else it tears down what is."""
-        if self._guard is not None:
-            self._guard.close(wait=10.0 if clean else 0.0)
-            self._guard = None
 
     # ------------------------------------------------------------------------------------------ output
     def lines(self) -> list[str]:
@@ -247,6 +249,29 @@ class StageContainer:
         found = parse_line(line)
         assert found is not None
         return found
+
+
+class _OneStage(DockerSite):
+    """DOCKER_HOST's engine as the chain's site (app/docker_site.py), running the one stage a StageContainer
+    describes."""
+
+    spec: StageSpec
+
+    def plan(
+        self, request: launch.LaunchRequest, environ: Mapping[str, str], held: Held | None
+    ) -> tuple[ChainPlan, str]:
+        return ChainPlan(run_id=request.run_id or "", stages=(self.spec,), grace=request.chain.grace), ""
+
+
+class _Started(QuietReporter):
+    """Tells the StageContainer when its stage runs."""
+
+    def __init__(self, stage: StageContainer) -> None:
+        self.stage = stage
+
+    def event(self, event: events.Event) -> None:
+        if isinstance(event, events.StageStarted):
+            self.stage._started()
 
 
 # ---------------------------------------------------------------------------------------------- chains

@@ -45,6 +45,7 @@ class Happening(Enum):
     STARTED_FOREGROUND = "the foreground stage started: nothing to await"
     EXIT_FOREGROUND = "the foreground stage exited (its exit code known)"
     STOP_FOREGROUND = "a stop was asked of a foreground stage"
+    NOT_STARTED_FOREGROUND = "the engine refused the foreground stage's create or start (raised, as docker run says)"
 
 
 SIGNAL = -1  # the exit code is 128 + the number of the signal that asked to stop
@@ -85,6 +86,7 @@ def _bringing_up_or_running(phase: Phase) -> dict[Happening, Row]:
         H.STARTED_FOREGROUND: Row(P.RUNNING),
         H.EXIT_FOREGROUND: Row(P.STOPPING, "completed", OWN, ExitReason.EXITED),
         H.STOP_FOREGROUND: Row(P.STOPPING, "signal", SIGNAL),
+        H.NOT_STARTED_FOREGROUND: Row(P.STOPPING, "error", OWN),
     }
 
 

@@ -167,7 +167,13 @@ class ChainScope:
         runtime: Runtime,
         detach: bool = False,
         kill_wait: float = 15.0,
+        passthrough: Callable[[str, bytes], None] | None = None,
     ) -> None:
+        """passthrough: the plan's one stage runs in the foreground, as `docker run` runs it (`pp-gpu-node`, the
+        testing kit's StageContainer): its output passed through as it comes and never read, no address awaited, its
+        exit code the run's, a stop's signal passed on to it (each later one too) and the one teardown after the
+        grace. An engine that refuses its create or start raises that error (as `docker run` reports it) once what
+        was created is gone."""
         self.plan = plan
         self.backend = backend
         self.inbox = inbox
@@ -181,7 +187,7 @@ class ChainScope:
         self._phase = Phase.STARTING  # changed only by the table (core/chain/phases.py)
         self._roster: list[RosterEntry] = []
         self._td = Teardown(backend, runtime, plan.grace, kill_wait)  # its errors gathered, typed
-        self.passthrough: Callable[[str, bytes], None] | None = None  # set: one stage in the foreground
+        self.passthrough = passthrough
         self._signum: int = signal.SIGTERM  # what the teardown sends: a foreground stage gets the stop's own signal
 
     @classmethod
@@ -208,29 +214,6 @@ class ChainScope:
                 backend.watch(f.ref, st.spec.index, inbox.put)
         return scope
 
-    @classmethod
-    def foreground(
-        cls,
-        plan: ChainPlan,
-        ref: str,
-        backend: StageBackend,
-        inbox: Inbox,
-        passthrough: Callable[[str, bytes], None],
-        runtime: Runtime,
-        kill_wait: float = 15.0,
-    ) -> ChainScope:
-        """A scope over one stage already created and started (by `ref`), in the foreground as `docker run` is
-        (`pp-gpu-node`): its output passed through as it comes, no address awaited, its exit code the run's, a
-        stop's signal passed on to it (each later one too) and the one teardown after the grace."""
-        scope = cls(plan, backend, inbox, QuietReporter(), runtime, kill_wait=kill_wait)
-        scope.passthrough = passthrough
-        st = scope.stages[0]
-        st.ref = ref
-        for step in (events.StageInput.CREATE, events.StageInput.CREATED, events.StageInput.START):
-            scope._move(st, step)
-        scope._row(Happening.STARTED_FOREGROUND)
-        return scope
-
     def stop(self, reason: str = "down") -> ChainOutcome:
         """Tear down what the scope holds (the adopted containers), exactly as a chain's end does."""
         row = self._row(Happening.TAKEN_DOWN)
@@ -251,11 +234,16 @@ class ChainScope:
 
     def run(self) -> ChainOutcome:
         try:
+            if self.passthrough is not None and self._phase is Phase.STARTING:
+                self._bring_up_foreground()
             end = (self._bring_up() if self._phase is Phase.STARTING else None) or self._supervise()
-        except BaseException:
-            bug = self._row(Happening.BUG)
-            code = errors.EXIT_FAILURE if bug.exit_code is None else concrete(bug.exit_code)  # a bug while stopping
-            self._teardown(bug.ends or "error", code)
+        except BaseException as exc:
+            starting = self.passthrough is not None and self._phase is Phase.STARTING
+            refused = starting and isinstance(exc, errors.PpLaunchError)
+            row = self._row(Happening.NOT_STARTED_FOREGROUND if refused else Happening.BUG)
+            own = exc.exit_code if isinstance(exc, errors.PpLaunchError) else errors.EXIT_FAILURE
+            code = errors.EXIT_FAILURE if row.exit_code is None else concrete(row.exit_code, own=own)
+            self._teardown(row.ends or "error", code)  # a bug while stopping: the stop's code
             raise
         if end.reason == "detached":
             return ChainOutcome(0, "detached", end.message, roster=tuple(self._roster))
@@ -275,6 +263,20 @@ class ChainScope:
         return ChainOutcome(exit_code, end.reason, message, end.stage, removed, orphans, tuple(self._roster))
 
     # -------------------------------------------------------------------------------- bring-up
+    def _bring_up_foreground(self) -> None:
+        """The one stage created and started, then nothing to await (`passthrough`); the engine's refusal raises."""
+        st = self.stages[0]
+        self._move(st, events.StageInput.CREATE)
+        st.ref = self.backend.create(st.spec, dict(st.spec.env))
+        self._move(st, events.StageInput.CREATED)
+        self.backend.start(st.ref, st.spec.index, self.inbox.put)
+        self._move(st, events.StageInput.START)
+        self._row(Happening.STARTED_FOREGROUND)
+        spec = st.spec
+        self.reporter.event(
+            events.StageStarted(stage=spec.index, container=spec.name, image=spec.image, gpus=spec.gpus)
+        )
+
     def _bring_up(self) -> _End | None:
         image = self.plan.stages[0].image if self.stages else ""
         self.reporter.event(events.ChainStarting(stages=len(self.stages), image=image))
