@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import signal
+import threading
 import sys
 import time
 from collections.abc import Iterator
@@ -13,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from pp_launch.adapters.worker_driver import WorkerDriver
 from pp_launch.app import worker_check
+from pp_launch.app.worker_driver import WorkerDriver
 from pp_launch.core import labels
 from pp_launch.core.worker import codec as w
 from pp_launch.core.worker import controller as c
@@ -61,9 +62,11 @@ def test_full_lifecycle_with_a_kill_in_the_middle(engine, stub_image) -> None:
         ]
         assert wait_until(lambda: engine.inspect(first_container) is None, 10)
 
+        guard = guard_of(engine, d.run_id)
         d.start()  # RestartRequested, then StartWorker: swactor's two steps
         assert d.wait_for(c.WorkerRunning, since=since).generation == 2
         assert d.ref != first_container
+        assert guard_of(engine, d.run_id) == guard and len(guard) == 1  # a generation is an attempt of the one run
         stale = w.ReleaseDeviceObject(device_handle=loaded.device_handle)
         assert d.command(stale) == [c.CommandRejected(stale, "OldGenerationHandle")]
 
@@ -75,6 +78,8 @@ def test_full_lifecycle_with_a_kill_in_the_middle(engine, stub_image) -> None:
         assert wait_until(lambda: run_containers(engine, d.run_id) == [], 5)  # its guard goes with d.close()
     finally:
         d.close()
+    assert not [t for t in threading.enumerate() if t.name.startswith("pp-worker-g")]  # each generation's, joined
+    assert guard_of(engine, d.run_id) == []
 
 
 def test_an_actor_shutdown_command_ends_in_a_clean_stop_not_a_failure(engine, stub_image) -> None:
@@ -126,7 +131,7 @@ def test_when_the_controller_dies_the_worker_sees_end_of_stdin_and_goes(engine, 
     program = (
         "import sys, time\n"
         "from pp_launch.adapters.docker_engine import connect\n"
-        "from pp_launch.adapters.worker_driver import WorkerDriver\n"
+        "from pp_launch.app.worker_driver import WorkerDriver\n"
         "from pp_launch.core.worker import controller as c\n"
         f"d = WorkerDriver(connect(), {stub_image!r}, env={{'STUB_MODE': 'worker'}})\n"
         "d.start()\n"

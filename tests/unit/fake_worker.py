@@ -57,6 +57,8 @@ class FakeWorkerEngine:
     """Both the Engine the driver asks (inspect, signal, containers, remove, image_config) and its stage backend
     (create, start, write_stdin, close_stdin)."""
 
+    address = "fake://worker-engine"
+
     def __init__(self) -> None:
         self.boxes: dict[str, _Box] = {}
         self._ids = itertools.count(1)
@@ -133,6 +135,12 @@ class FakeWorkerEngine:
         if box.write_fd is not None:
             os.close(box.write_fd)
             box.write_fd = None
+
+    def tearing_down(self) -> None:
+        """Nothing to hurry: each fake worker ends as its stdin closes or it is killed."""
+
+    def leftovers(self, run_id: str) -> list[str]:
+        return [c.id for c in self.containers([f"pp-launch.run={run_id}"])]
 
     def kill(self, ref: str) -> None:
         box = self.boxes.get(ref)

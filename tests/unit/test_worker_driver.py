@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from pp_launch.adapters.worker_driver import WorkerDriver
 from pp_launch.app import worker_check
+from pp_launch.app.worker_driver import WorkerDriver
 from pp_launch.core.worker import codec as w
 from pp_launch.core.worker import controller as c
 from pp_launch.testing.worker import ObjectRecord, ring_layouts

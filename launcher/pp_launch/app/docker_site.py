@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
 from pp_launch.adapters import host_state, identity, run_logs
 from pp_launch.adapters.docker_engine import ContainerInfo, Engine, connect
@@ -71,6 +71,7 @@ class DockerSite:
         self._engines: housekeeping.Engines | None = None
         self.places: list[_Engine] = []  # a launch's engines, reached
         self.guarding: _Guarding | None = None
+        self.owns_engines = True  # closed with the site
 
     @classmethod
     def to_launch(cls, request: LaunchRequest, dry_run: bool = False, strict: bool = False) -> DockerSite:
@@ -79,6 +80,14 @@ class DockerSite:
         this user is the error a launch would meet)."""
         place = cls(Where(), None, Voice(lambda text: None, lambda text: None))
         place.places = _reach(request, dry_run, strict)
+        return place
+
+    @classmethod
+    def over(cls, engine: Engine) -> Self:
+        """A launch's site over one engine the caller reached (and closes)."""
+        place = cls(Where(), None, Voice(lambda text: None, lambda text: None))
+        place.places = [_Engine("", engine, engine.address)]
+        place.owns_engines = False
         return place
 
     @property
@@ -98,7 +107,7 @@ class DockerSite:
         return self.engines.several
 
     def close(self) -> bool:
-        for s in self.places:
+        for s in self.places if self.owns_engines else ():
             if s.engine is not None:
                 s.engine.close()
         return self._engines is None or not self._engines.close()
@@ -150,8 +159,15 @@ class DockerSite:
             for s in self.places:
                 steps.check_names_free(_engine(s), plan, s.name or None, ThreadRuntime())
             guards = self.guarding.take()
-        backend = _backend(request, plan, self.places, held, guards, self.backend_options)
-        return _Stages(request, plan, backend, guards, held, say, self.watch_gpus)
+        return _Stages(
+            request, plan, self.stage_backend(request, plan, held, guards), guards, held, say, self.watch_gpus
+        )
+
+    def stage_backend(
+        self, request: LaunchRequest, plan: ChainPlan, held: Held, guards: Mapping[str, RunGuard]
+    ) -> StageBackend:
+        """Where the attempt's stages run (each engine's backend records every id it creates with its guard)."""
+        return _backend(request, plan, self.places, held, guards, self.backend_options)
 
     def dry_plan(self, request: LaunchRequest, environ: Mapping[str, str], strict: bool) -> Launched:
         """strict (a dry run): a stage image the engine lacks is the error a launch would meet; a Compose file is

@@ -12,7 +12,6 @@ knows what kind of site it drives.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 from collections.abc import Mapping
 
@@ -39,20 +38,43 @@ def launch(
 ) -> Launched:
     """Run the chain to its end (or, detached, until it is up), restarting it as `--max-restarts` allows. Errors found
     before anything starts raise (exit 2 for configuration); everything after is in the outcome, and nothing is
-    left behind either way. place: the site, reached (default: the one the request names); pp-gpu-node brings its
-    own (app/node.py)."""
-    environ = os.environ if environ is None else environ
+    left behind either way. place: the site, reached (default: the one the request names); pp-gpu-node and the
+    testing kit bring their own (app/node.py, testing/kit.py)."""
     hooks = hooks or Hooks()
     request = _named(request)
-    place = place or _site(request, dry_run=False)
+    run = Run(request, place or _site(request, dry_run=False), hooks, environ)
     final: Launched | None = None
     try:
-        place.prepare(request, hooks.say)
-        once = functools.partial(_attempt, place=place, environ=environ)
-        final = attempts.run(request, hooks, once, place.guards())
+        final = attempts.run(run.request, hooks, run.attempt, run.place.guards())
         return final
     finally:
-        place.finish(final)
+        run.finish(final)
+
+
+class Run:
+    """A run on a site, its attempts started one at a time: by `launch()` as `--max-restarts` allows
+    (app/attempts.py), or by a caller whose own logic decides when the next one starts (the worker driver's
+    generations, as the worker's controller asks: app/worker_driver.py). Made, the site is prepared (on Docker
+    engines the run's guards start, kept from the first attempt to the last); `finish()` lets go of it."""
+
+    def __init__(
+        self, request: LaunchRequest, place: Launching, hooks: Hooks, environ: Mapping[str, str] | None = None
+    ) -> None:
+        self.request, self.place = _named(request), place
+        self.environ = os.environ if environ is None else environ
+        try:
+            place.prepare(self.request, hooks.say)
+        except BaseException:
+            place.finish(None)
+            raise
+
+    def attempt(self, request: LaunchRequest, hooks: Hooks) -> Launched:
+        """One attempt of the run (`request` is the run's, its attempt number set): reserved, planned, its stages
+        run under one scope to their end."""
+        return _attempt(request, hooks, place=self.place, environ=self.environ)
+
+    def finish(self, final: Launched | None) -> None:
+        self.place.finish(final)
 
 
 def _attempt(request: LaunchRequest, hooks: Hooks, *, place: Launching, environ: Mapping[str, str]) -> Launched:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pp_launch.adapters.docker_engine import Engine
-from pp_launch.adapters.worker_driver import WorkerDriver
+from pp_launch.app.worker_driver import WorkerDriver
 from pp_launch.core.errors import PpLaunchError
 from pp_launch.core.worker import codec as w
 from pp_launch.core.worker import controller as c

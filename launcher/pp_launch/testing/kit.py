@@ -27,10 +27,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pp_launch.adapters import docker_engine, identity
-from pp_launch.adapters.worker_driver import WorkerDriver
 from pp_launch.app import launch, worker_check
 from pp_launch.app.docker_site import DockerSite
 from pp_launch.app.site import Held
+from pp_launch.app.worker_driver import WorkerDriver
 from pp_launch.core import errors, events
 from pp_launch.core.announce import StageAnnouncement, parse_line
 from pp_launch.core.chain.plan import BUILTIN_IMAGE, ChainPlan, ChainRequest, StageSpec, build_plan

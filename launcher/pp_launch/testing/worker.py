@@ -6,7 +6,7 @@ back. Imports no test framework: usable from any suite, or a script.
 
 from __future__ import annotations
 
-from pp_launch.adapters.worker_driver import WorkerDriver
+from pp_launch.app.worker_driver import WorkerDriver
 from pp_launch.core.worker.codec import (
     ConfigureRole,
     DeviceHandle,

@@ -1,91 +1,53 @@
 """The worker container driver: the controller's I/O, with a worker image run as a stage container.
 
 Each generation is its own container (tini as init, auto-remove, our labels, GPUs as given), with stdin
-attached for commands and stdout read as events; stderr is logs. A container exit becomes the controller's
-ProcessExited with the engine's real status; a restart starts a new container. On a real engine the driver's
-run has a guard there (adapters/guard.py), started before its first container, which records each
-generation's id before it starts: when the controller process dies, the engine closes the worker's stdin (the
-worker exits), and the guard (and the local watchdog) remove whatever of those ids is left. The driver's own
-teardown also acts on the ids it created, never on a label.
+attached for commands and stdout read as events; stderr is logs. The driver's generations are the attempts of one
+run on the chain's own pipeline (app/launch.py, `Run`), started as the worker's controller asks: the run's guard on
+the engine (adapters/guard.py) comes up with the first generation and records each one's id before it starts; each
+generation runs in the foreground of the chain's scope (its output passed to this driver, never read by the scope),
+and ends through the chain's one teardown. A container exit becomes the controller's ProcessExited with the engine's
+real status; a restart starts a new generation. When the controller process dies, the engine closes the worker's
+stdin (the worker exits), and the guard (and the local watchdog) remove whatever of those ids is left. Nothing is
+ever acted on by a label: only by the ids the engine gave.
 
-The arena (docs/worker-wire.md): swactor's controller hands its worker an inherited memory file, `SWACTOR_ARENA_FD` and
-`SWACTOR_ARENA_BYTES`. A container cannot inherit a descriptor from us, so the driver makes the memory file
-on the host's tmpfs (/dev/shm), maps it itself, bind-mounts it into the container, and starts the image's
-own entrypoint and command under `/bin/sh`, which opens it as descriptor 3 first. Both sides then see the
-same pages. The host's name for the file is unlinked as soon as the worker is ready (both sides keep it
-open), so a controller killed later leaves no file behind.
+The arena (docs/worker-wire.md) is a memory file on the host's tmpfs, bind-mounted into each generation's container
+and opened there as descriptor 3 before the image's own entrypoint runs (adapters/arena.py).
 """
 
 from __future__ import annotations
 
-import contextlib
-import mmap
-import os
+import dataclasses
+import signal
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pp_launch.adapters import identity, watchdog
-from pp_launch.adapters.docker_engine import DockerStageBackend, Engine
+from pp_launch.adapters import arena, identity
+from pp_launch.adapters.arena import Arena
+from pp_launch.adapters.docker_engine import Engine
 from pp_launch.adapters.guard import RunGuard
 from pp_launch.adapters.inbox import QueueInbox
-from pp_launch.adapters.runtime import ThreadRuntime
+from pp_launch.app.docker_site import DockerSite
+from pp_launch.app.launch import Run
+from pp_launch.app.request import GpuOptions, Hooks, Launched, LaunchRequest
+from pp_launch.app.site import Held
 from pp_launch.core import errors, labels, stage_env
-from pp_launch.core.chain.plan import Mount, StageSpec
-from pp_launch.core.chain.ports import StageGone, StageOutput
-from pp_launch.core.chain.teardown import Teardown, TeardownFailed
+from pp_launch.core.chain.plan import ChainPlan, ChainRequest, Mount, StageSpec
+from pp_launch.core.chain.ports import Inbox, StageBackend, StageGone, StageOutput
+from pp_launch.core.chain.scope import ChainScope, QuietReporter
+from pp_launch.core.chain.teardown import TeardownFailed
+from pp_launch.core.events import Event, StageStarted
 from pp_launch.core.worker import codec as wire
 from pp_launch.core.worker import controller as c
 from pp_launch.core.worker import record
 
-ARENA_FD = "SWACTOR_ARENA_FD"
-ARENA_BYTES = "SWACTOR_ARENA_BYTES"
 STAGE_INDEX = "SWACTOR_STAGE_INDEX"
 DEV = "DEV"
 TAIL_LINES = 20  # the worker's last stderr lines kept for a failure's message
-ARENA_PATH = "/run/pp-launch-arena"  # where the memory file appears inside the container
-ARENA_FD_NUMBER = 3
-ARENA_ENTRY = ("/bin/sh", "-c", f'exec {ARENA_FD_NUMBER}<>"{ARENA_PATH}" && exec "$@"', "pp-arena")
-HOST_SHM = "/dev/shm"
-
-
-class Arena:
-    """A memory file shared with one worker container."""
-
-    def __init__(self, path: str, size: int) -> None:
-        self.path, self.size = path, size
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            os.ftruncate(fd, size)
-            self.map = mmap.mmap(fd, size)
-        finally:
-            os.close(fd)
-
-    def unlink(self) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path)
-
-    def write_record(self, layout: record.RingLayout, obj: record.ObjectRecord) -> int:
-        """Write `obj` where swactor's node writes an ingress record: at the ring's data_offset. Returns its size."""
-        data = obj.encode()
-        if len(data) > layout.data_capacity or layout.data_offset + len(data) > self.size:
-            raise errors.PpLaunchError(
-                f"a {len(data)}-byte record does not fit ring {layout.ring_id} "
-                f"({layout.data_capacity} bytes at offset {layout.data_offset} of a {self.size}-byte arena)"
-            )
-        self.map[layout.data_offset : layout.data_offset + len(data)] = data
-        return len(data)
-
-    def read_record(self, layout: record.RingLayout) -> record.ObjectRecord:
-        """The record at the ring's data_offset (raises record.RecordError when there is none)."""
-        with memoryview(self.map) as view:  # released at once: the map can still be closed
-            return record.decode_record(view, layout.data_offset, layout.data_capacity - record.HEADER_LEN)
-
-    def close(self) -> None:
-        self.unlink()
-        self.map.close()
+KILL_WAIT = 10.0  # after a generation's SIGKILL, how long the engine has to confirm it gone
 
 
 @dataclass
@@ -100,7 +62,7 @@ class WorkerDriver:
     name_prefix: str | None = None
     share_arena: bool = True
     log: Callable[[str], None] = lambda text: None
-    stage_backend: Any = None  # where worker containers run; None: the engine's (DockerStageBackend). Tests: fakes.
+    stage_backend: Any = None  # where worker containers run; None: the engine's, under the run's guard. Tests: fakes.
     clock: Callable[[], float] = time.monotonic
     trace: Callable[[str], None] | None = None  # every line exchanged, with direction and time since start
     init_timeout: float = 10.0  # swactor's initialization_timeout_ms
@@ -114,13 +76,15 @@ class WorkerDriver:
             arena_ceiling=self.arena_ceiling, backend=dict(self.backend), init_timeout=self.init_timeout
         )
         self.inbox = QueueInbox()
-        self.guard: RunGuard | None = None  # on a real engine: started with the first generation
-        self.docker = (
-            self.stage_backend
-            if self.stage_backend is not None
-            else DockerStageBackend(self.engine, record=self._record, expect=self._expect)
+        # no grace at the teardown: the worker wire has its own graceful ShutdownWorker, the teardown is the cleanup
+        chain = ChainRequest(stages=1, image=self.image, grace=0.0)
+        self.request = LaunchRequest(
+            chain, GpuOptions(mode="none"), run_id=self.run_id, owner=self.owner, keep_logs=False, kill_wait=KILL_WAIT
         )
-        self.created: list[str] = []  # every generation's container id: what close() tears down
+        self.place = _WorkerSite.on_engine(self.engine, self.stage_backend)
+        self.run: Run | None = None  # the pipeline's run: prepared with the first generation
+        self.generation: _Generation | None = None  # the current one
+        self._generations: list[_Generation] = []
         self.ref: str | None = None
         self.arena: Arena | None = None
         self.notices: list[c.Output] = []  # everything the controller reported, in order
@@ -130,20 +94,16 @@ class WorkerDriver:
         self.stdout_tail: deque[str] = deque(maxlen=TAIL_LINES)
         self._t0 = self.clock() if self.started_at is None else self.started_at
 
-    def _expect(self, name: str) -> None:
-        """Before a generation's create on a real engine: the run's guard is up (started once), and told the name."""
-        if self.guard is None:
-            self.guard = RunGuard.start(self.engine, self.run_id, self.owner, watchdog.MAX_GRACE)
-        self.guard.expect(name)
-
-    def _record(self, ref: str) -> None:
-        assert self.guard is not None
-        self.guard.own(ref)
-
     def note(self, direction: str, text: str) -> None:
         """One trace line: `>` sent to the worker, `<` from its stdout, `#` what the node did besides."""
         if self.trace is not None:
             self.trace(f"{self.clock() - self._t0:8.3f} g{self.ctl.generation} {direction} {text}")
+
+    def _backend(self) -> Any:
+        """The current generation's backend, which writes to its container's stdin."""
+        if self.generation is None or self.generation.backend is None:
+            raise errors.PpLaunchError("no worker container")
+        return self.generation.backend
 
     # ----------------------------------------------------------------------------- driving
     def feed(self, inp: c.Input) -> list[c.Output]:
@@ -170,7 +130,7 @@ class WorkerDriver:
             for line in data:
                 self.note(">", line.decode().rstrip("\n"))
             try:
-                self.docker.write_stdin(self.ref, b"".join(data))
+                self._backend().write_stdin(self.ref, b"".join(data))
             except OSError as exc:
                 self.log(f"worker stdin is closed ({exc}); its exit will follow")
         elif isinstance(out, c.KillProcess) and self.ref is not None:
@@ -186,6 +146,8 @@ class WorkerDriver:
                 self.feed(c.WorkerStopped(self.ctl.generation, ev.reason))
 
     def _spawn(self, generation: int) -> None:
+        """A new generation: an attempt of the driver's run on the pipeline, in the foreground, its output and
+        its exit sent to this driver's inbox; returns once its container runs (the engine's refusal raises)."""
         env = {
             STAGE_INDEX: "0",
             DEV: str(self.backend.get("device", "CPU")),
@@ -198,14 +160,14 @@ class WorkerDriver:
         entrypoint: tuple[str, ...] | None = None
         command: tuple[str, ...] | None = None
         if self.share_arena:
-            self.arena = Arena(f"{HOST_SHM}/pp-launch-arena-{self.run_id}-g{generation}", self.arena_ceiling)
+            self.arena = Arena(f"{arena.HOST_SHM}/pp-launch-arena-{self.run_id}-g{generation}", self.arena_ceiling)
             self._arenas.append(self.arena)
-            env.update({ARENA_FD: str(ARENA_FD_NUMBER), ARENA_BYTES: str(self.arena_ceiling)})
-            mounts = (Mount(self.arena.path, ARENA_PATH),)
+            env.update({arena.FD_ENV: str(arena.FD_NUMBER), arena.BYTES_ENV: str(self.arena_ceiling)})
+            mounts = (Mount(self.arena.path, arena.INSIDE),)
             config = self.engine.image_config(self.image) or {}
-            entrypoint = ARENA_ENTRY
+            entrypoint = arena.ENTRY
             command = (*(config.get("Entrypoint") or ()), *(config.get("Cmd") or ()))
-        spec = StageSpec(
+        self.place.specs[generation] = StageSpec(
             index=0,
             name=f"{self.prefix}-g{generation}",
             image=self.image,
@@ -217,13 +179,15 @@ class WorkerDriver:
             command=command,
             mounts=mounts,
         )
-        self.ref = self.docker.create(spec, env)
-        self.created.append(self.ref)
+        if self.run is None:  # the run's guard comes up with its first generation
+            self.run = Run(self.request, self.place, Hooks(say=self.log))
         self._decoders[generation] = wire.LineDecoder(wire.EVENTS)
         self.stderr_tail.clear()
         self.stdout_tail.clear()
+        self.generation = _Generation(generation, self.run, self.inbox)
+        self._generations.append(self.generation)
+        self.ref = self.generation.ref
         self.note("#", f"started worker container {self.ref[:12]} (generation {generation})")
-        self.docker.start(self.ref, generation, self.inbox.put)  # `stage` carries the generation in events
         pid = int((self.engine.inspect(self.ref) or {}).get("State", {}).get("Pid", 0))
         self.feed(c.ProcessStarted(pid=pid))
 
@@ -288,7 +252,7 @@ class WorkerDriver:
         if self.ref is None:
             raise errors.PpLaunchError("no worker container")
         self.note(">", data.decode("utf-8", "backslashreplace").rstrip("\n"))
-        self.docker.write_stdin(self.ref, data)
+        self._backend().write_stdin(self.ref, data)
 
     def write_record(self, layout: record.RingLayout, obj: record.ObjectRecord) -> int:
         """Write an ingress record into the worker's arena as swactor's node does, before `RingReadable`."""
@@ -317,41 +281,131 @@ class WorkerDriver:
     def close_stdin(self) -> None:
         if self.ref is not None:
             self.note("#", "closed the worker's stdin")
-            self.docker.close_stdin(self.ref)
+            self._backend().close_stdin(self.ref)
 
     def kill_container(self) -> None:
         if self.ref is not None:
             self.note("#", f"killed worker container {self.ref[:12]} (SIGKILL)")
             self.engine.signal(self.ref, 9)
 
-    def close(self, grace: float = 0.0, kill_wait: float = 10.0) -> None:
-        """Every container of this driver's run through the one teardown (SIGTERM, `grace` (none: the worker wire has
-        its own graceful ShutdownWorker, this is the cleanup after it), SIGKILL, the engine's
-        word that it is gone; one never started is removed by force), and every arena file. TeardownFailed, its
-        errors typed, when a container cannot be confirmed gone."""
+    def close(self) -> None:
+        """The current generation through the chain's one teardown (SIGTERM and no grace: the worker wire has its
+        own graceful ShutdownWorker, this is the cleanup after it; SIGKILL; the engine's word that it is gone, or
+        removed by its id), every generation's thread joined, the run's guard let go of, and every arena file.
+        TeardownFailed names a container that cannot be confirmed gone."""
+        left: list[str] = []
+        failed: BaseException | None = None
+        last: Launched | None = None
         try:
-            found = [ref for ref in self.created if self.engine.inspect(ref) is not None]  # ours: by id only
-            teardown = Teardown(self.docker, ThreadRuntime(self.clock), grace, kill_wait)
-
-            def gone(ref: str) -> bool:
-                return self.engine.inspect(ref) is None
-
-            def wait(done: Callable[[], bool], deadline: float) -> None:
-                while not done() and self.clock() < deadline:
-                    time.sleep(0.05)
-
-            name = lambda r: f"worker container {r[:12]}"  # noqa: E731
-            left = teardown.stop(found, ref=lambda r: r, gone=gone, wait=wait, name=name)
-            for ref in left:  # created, never started: auto-remove does not apply
-                teardown.call(f"removing worker container {ref[:12]}", self.docker.remove, ref)
-            left = [ref for ref in left if not gone(ref)]
-            self.docker.close()
-            if self.guard is not None:
-                self.guard.close(wait=0.0 if left else 10.0)  # nothing left: it finds nothing, and goes
-                self.guard = None
-            if left or teardown.errors:
-                raise TeardownFailed(f"worker run {self.run_id}", left, teardown.errors)
+            for g in self._generations:
+                g.stop()
+                if g.done is not None:
+                    last = g.done
+                    left += [ref for ref in g.done.outcome.orphans] if g.done.outcome is not None else []
+                failed = failed or g.error
+            self._generations.clear()
         finally:
-            for arena in self._arenas:
-                arena.close()
-            self._arenas.clear()
+            try:
+                if self.run is not None:
+                    self.run.finish(last)
+                    self.run = None
+            finally:
+                for a in self._arenas:
+                    a.close()
+                self._arenas.clear()
+        if left:
+            raise TeardownFailed(f"worker run {self.run_id}", left, ())
+        if failed is not None:
+            raise failed
+
+
+class _Generation:
+    """One generation: an attempt of the driver's run (app/launch.py) on a thread of its own, joined by `stop()`;
+    its output and, once the chain's teardown confirmed its container gone, its exit go to the driver's inbox."""
+
+    def __init__(self, number: int, run: Run, inbox: Inbox) -> None:
+        self.number, self.inbox = number, inbox
+        self.scope: ChainScope | None = None
+        self.backend: StageBackend | None = None
+        self.ref: str = ""
+        self.done: Launched | None = None
+        self.error: BaseException | None = None
+        self._cond = threading.Condition()
+        self._ended = False
+        hooks = Hooks(reporter=lambda plan: _OnStart(self), on_scope=self._on_scope, passthrough=self._output)
+        this = dataclasses.replace(run.request, chain=dataclasses.replace(run.request.chain, attempt=number))
+        self.thread = threading.Thread(target=self._run, args=(run, this, hooks), name=f"pp-worker-g{number}")
+        self.thread.start()
+        with self._cond:
+            self._cond.wait_for(lambda: bool(self.ref) or self._ended)
+        if not self.ref:  # it ended before its container ran: the launch's own error
+            self.thread.join()
+            raise self.error or errors.PpLaunchError(f"worker generation {number} ended before it started")
+
+    def _on_scope(self, scope: object) -> None:
+        assert isinstance(scope, ChainScope)
+        self.scope, self.backend = scope, scope.backend
+
+    def started(self) -> None:
+        assert self.scope is not None
+        with self._cond:
+            self.ref = self.scope.stages[0].ref or ""
+            self._cond.notify_all()
+
+    def _output(self, stream: str, data: bytes) -> None:
+        self.inbox.put(StageOutput(self.number, stream, data))  # type: ignore[arg-type]
+
+    def _run(self, run: Run, request: LaunchRequest, hooks: Hooks) -> None:
+        try:
+            self.done = run.attempt(request, hooks)
+        except BaseException as exc:  # handed to the driver, on its own thread
+            self.error = exc
+        with self._cond:
+            self._ended = True
+            self._cond.notify_all()
+        if self.ref:  # it ran: its end is the controller's ProcessExited
+            code = self.scope.stages[0].exit_code if self.scope is not None else None
+            self.inbox.put(StageGone(self.number, code))
+
+    def stop(self) -> None:
+        if self.scope is not None:
+            self.scope.request_stop(signal.SIGTERM, "the worker driver's close")
+        self.thread.join()  # the chain's teardown is bounded (no grace, then KILL_WAIT)
+
+
+class _OnStart(QuietReporter):
+    def __init__(self, generation: _Generation) -> None:
+        self.generation = generation
+
+    def event(self, event: Event) -> None:
+        if isinstance(event, StageStarted):
+            self.generation.started()
+
+
+class _WorkerSite(DockerSite):
+    """The driver's engine as the chain's site (app/docker_site.py): each generation's stage is the one the driver
+    describes (`specs`, by generation). With an in-process stage backend (tests) there is no guard, and that backend
+    runs the stages."""
+
+    watch_gpus = False
+    specs: dict[int, StageSpec]
+    fake: Any
+
+    @classmethod
+    def on_engine(cls, engine: Engine, fake: Any) -> _WorkerSite:
+        place = cls.over(engine)
+        place.specs, place.fake = {}, fake
+        return place
+
+    def prepare(self, request: LaunchRequest, say: Callable[[str], None]) -> None:
+        if self.fake is None:
+            super().prepare(request, say)
+
+    def plan(self, request: LaunchRequest, environ: Mapping[str, str], held: Held | None) -> tuple[ChainPlan, str]:
+        spec = self.specs[request.chain.attempt]
+        return ChainPlan(run_id=request.run_id or "", stages=(spec,), grace=request.chain.grace), ""
+
+    def stage_backend(
+        self, request: LaunchRequest, plan: ChainPlan, held: Held, guards: Mapping[str, RunGuard]
+    ) -> StageBackend:
+        return self.fake if self.fake is not None else super().stage_backend(request, plan, held, guards)
