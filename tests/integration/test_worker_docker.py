@@ -6,8 +6,8 @@ import json
 import os
 import shutil
 import signal
-import threading
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
