@@ -1,11 +1,11 @@
 """The one teardown: a stop signal to every target at once, one grace, SIGKILL to those still there, then wait
 for the engine to confirm them gone; bounded in time (grace + kill_wait, plus each engine call's own timeout).
 
-Used by the chain scope (and so by `down` and the watchdog, which adopt a run), pp-gpu-node's supervisor, the
-testing kit's StageContainer and the worker driver. Errors are gathered, typed (`TeardownError`), never raised
-half-way: one stage that cannot be signalled must not keep the others from their grace. Once the engine is lost it
-is asked nothing more (each call would wait for its timeout). How to wait is the caller's: the chain keeps its
-events flowing while it waits, the kit waits on its own flag.
+Used by the chain scope, and so by every way in: chains, pp-gpu-node, the testing kit, the worker driver's
+generations, and `down` and the watchdog (which adopt a run). Errors are gathered, typed (`TeardownError`), never
+raised half-way: one stage that cannot be signalled must not keep the others from their grace. Once the engine is
+lost it is asked nothing more (each call would wait for its timeout). How to wait is the caller's: the chain keeps
+its events flowing while it waits.
 
 Pure: time and threads come through the Runtime port.
 """
