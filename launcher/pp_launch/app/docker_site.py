@@ -38,7 +38,7 @@ from pp_launch.app.locks import GpuLocks, LockSite, reserve
 from pp_launch.app.request import Hooks, Launched, LaunchRequest
 from pp_launch.app.site import Confirm, Held, LogView, Voice, Where
 from pp_launch.core import errors, labels
-from pp_launch.core.chain.plan import BUILTIN_IMAGE, ChainPlan, build_plan
+from pp_launch.core.chain.plan import BUILTIN_IMAGE, ChainPlan, StageSpec, build_plan
 from pp_launch.core.chain.ports import StageBackend
 from pp_launch.core.chain.scope import ChainOutcome, ChainScope
 from pp_launch.core.gpu import xid
@@ -74,7 +74,7 @@ class DockerSite:
         self.owns_engines = True  # closed with the site
 
     @classmethod
-    def to_launch(cls, request: LaunchRequest, dry_run: bool = False, strict: bool = False) -> DockerSite:
+    def to_launch(cls, request: LaunchRequest, dry_run: bool = False, strict: bool = False) -> Self:
         """The chain's engines: every --host reached and checked at once (exit 2 naming each that does not answer),
         or DOCKER_HOST's (a dry run tolerates none: a plan needs no engine; strict: but one that runs and refuses
         this user is the error a launch would meet)."""
@@ -622,6 +622,18 @@ def _backend(
 
 
 GUARD_SETTLE = 10.0  # seconds a clean end waits for its guards to be gone (they find nothing left, and exit)
+
+
+class Described(DockerSite):
+    """A Docker engine running, at each attempt, the one stage its caller describes (`specs`, by attempt number): the
+    testing kit's StageContainer, the worker driver's generations. Its GPUs are the caller's own choice."""
+
+    watch_gpus = False
+    specs: dict[int, StageSpec]  # set by the caller
+
+    def plan(self, request: LaunchRequest, environ: Mapping[str, str], held: Held | None) -> tuple[ChainPlan, str]:
+        spec = self.specs[request.chain.attempt]
+        return ChainPlan(run_id=request.run_id or "", stages=(spec,), grace=request.chain.grace), ""
 
 
 class _Stages:

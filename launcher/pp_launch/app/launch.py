@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Mapping
+import signal
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from pp_launch.adapters import identity
 from pp_launch.adapters.inbox import QueueInbox
@@ -26,8 +29,8 @@ from pp_launch.app.request import Launched as Launched
 from pp_launch.app.request import LaunchRequest as LaunchRequest
 from pp_launch.app.request import Stoppable as Stoppable
 from pp_launch.app.site import Launching
-from pp_launch.core import errors
-from pp_launch.core.chain.scope import ChainOutcome, ChainScope
+from pp_launch.core import errors, events
+from pp_launch.core.chain.scope import ChainOutcome, ChainScope, QuietReporter
 
 
 def launch(
@@ -108,6 +111,79 @@ def _attempt(request: LaunchRequest, hooks: Hooks, *, place: Launching, environ:
     assert ended is not None  # scope.run() returned, or its exception went up
     told, restartable, faults = ended
     return Launched(plan, note, told, restartable=restartable, faults=faults)
+
+
+class Foreground:
+    """A run of one stage in the foreground, on a thread of its own (the testing kit's StageContainer, each generation
+    of the worker driver): `go(hooks)` runs it (launch(), or an attempt of a Run) with hooks that pass its output to
+    `passthrough`. Made, the stage's container runs (`ref`, its `scope` and `backend`); the run's own error is
+    raised if it ended first. When it ends, `on_end(self)` is called on that thread; `stop()` asks its scope to stop
+    (the chain's one teardown) and joins the thread. After it: `done` (the run's result) or `error`, and
+    `exit_code` (the stage's own; None when the engine could not say)."""
+
+    def __init__(
+        self,
+        go: Callable[[Hooks], Launched],
+        passthrough: Callable[[str, bytes], None],
+        on_end: Callable[[Foreground], None],
+        name: str,
+    ) -> None:
+        self.on_end = on_end
+        self.scope: ChainScope | None = None
+        self.ref = ""
+        self.done: Launched | None = None
+        self.error: BaseException | None = None
+        self.exit_code: int | None = None
+        self.ended = threading.Event()
+        self._started = False
+        self._settled = threading.Event()  # it started, or it ended first
+        hooks = Hooks(reporter=lambda plan: _OnStart(self._on_start), on_scope=self._on_scope, passthrough=passthrough)
+        self._thread = threading.Thread(target=self._run, args=(go, hooks), name=name)
+        self._thread.start()
+        self._settled.wait()
+        if not self._started:  # it ended before its container ran: the run's own error
+            self._thread.join()
+            raise self.error or errors.PpLaunchError(f"{name} ended before its container started")
+        assert self.scope is not None
+        self.ref = self.scope.stages[0].ref or ""
+
+    @property
+    def backend(self) -> Any:
+        """The stage's backend (which writes to its container's stdin)."""
+        assert self.scope is not None
+        return self.scope.backend
+
+    def _on_scope(self, scope: Stoppable) -> None:
+        assert isinstance(scope, ChainScope)
+        self.scope = scope
+
+    def _on_start(self) -> None:
+        self._started = True
+        self._settled.set()
+
+    def _run(self, go: Callable[[Hooks], Launched], hooks: Hooks) -> None:
+        try:
+            self.done = go(hooks)
+        except BaseException as exc:  # handed to the caller, on its own thread
+            self.error = exc
+        self.exit_code = self.scope.stages[0].exit_code if self.scope is not None else None
+        self.ended.set()
+        self._settled.set()
+        self.on_end(self)
+
+    def stop(self, by: str) -> None:
+        if self.scope is not None:
+            self.scope.request_stop(signal.SIGTERM, by)
+        self._thread.join()  # the chain's teardown is bounded (the grace, then the kill wait)
+
+
+class _OnStart(QuietReporter):
+    def __init__(self, started: Callable[[], None]) -> None:
+        self.started = started
+
+    def event(self, event: events.Event) -> None:
+        if isinstance(event, events.StageStarted):
+            self.started()
 
 
 def plan_launch(request: LaunchRequest, environ: Mapping[str, str] | None = None, dry_run: bool = True) -> Launched:

@@ -83,7 +83,6 @@ class NodeSite(DockerSite):
     @classmethod
     def for_node(cls, request: LaunchRequest, config: NodeConfig) -> NodeSite:
         place = cls.to_launch(request)
-        assert isinstance(place, NodeSite)
         place.config = config
         return place
 

@@ -17,8 +17,6 @@ and opened there as descriptor 3 before the image's own entrypoint runs (adapter
 from __future__ import annotations
 
 import dataclasses
-import signal
-import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -30,16 +28,14 @@ from pp_launch.adapters.arena import Arena
 from pp_launch.adapters.docker_engine import Engine
 from pp_launch.adapters.guard import RunGuard
 from pp_launch.adapters.inbox import QueueInbox
-from pp_launch.app.docker_site import DockerSite
-from pp_launch.app.launch import Run
+from pp_launch.app.docker_site import Described
+from pp_launch.app.launch import Foreground, Run
 from pp_launch.app.request import GpuOptions, Hooks, Launched, LaunchRequest
 from pp_launch.app.site import Held
 from pp_launch.core import errors, labels, stage_env
 from pp_launch.core.chain.plan import ChainPlan, ChainRequest, Mount, StageSpec
-from pp_launch.core.chain.ports import Inbox, StageBackend, StageGone, StageOutput
-from pp_launch.core.chain.scope import ChainScope, QuietReporter
+from pp_launch.core.chain.ports import StageBackend, StageGone, StageOutput
 from pp_launch.core.chain.teardown import TeardownFailed
-from pp_launch.core.events import Event, StageStarted
 from pp_launch.core.worker import codec as wire
 from pp_launch.core.worker import controller as c
 from pp_launch.core.worker import record
@@ -83,8 +79,8 @@ class WorkerDriver:
         )
         self.place = _WorkerSite.on_engine(self.engine, self.stage_backend)
         self.run: Run | None = None  # the pipeline's run: prepared with the first generation
-        self.generation: _Generation | None = None  # the current one
-        self._generations: list[_Generation] = []
+        self.generation: Foreground | None = None  # the current one
+        self._generations: list[Foreground] = []
         self.ref: str | None = None
         self.arena: Arena | None = None
         self.notices: list[c.Output] = []  # everything the controller reported, in order
@@ -101,7 +97,7 @@ class WorkerDriver:
 
     def _backend(self) -> Any:
         """The current generation's backend, which writes to its container's stdin."""
-        if self.generation is None or self.generation.backend is None:
+        if self.generation is None:
             raise errors.PpLaunchError("no worker container")
         return self.generation.backend
 
@@ -184,7 +180,18 @@ class WorkerDriver:
         self._decoders[generation] = wire.LineDecoder(wire.EVENTS)
         self.stderr_tail.clear()
         self.stdout_tail.clear()
-        self.generation = _Generation(generation, self.run, self.inbox)
+        run, this = (
+            self.run,
+            dataclasses.replace(self.request, chain=dataclasses.replace(self.request.chain, attempt=generation)),
+        )
+
+        def output(stream: str, data: bytes) -> None:
+            self.inbox.put(StageOutput(generation, stream, data))  # type: ignore[arg-type]
+
+        def ended(g: Foreground) -> None:  # it ran: its end is the controller's ProcessExited
+            self.inbox.put(StageGone(generation, g.exit_code))
+
+        self.generation = Foreground(lambda hooks: run.attempt(this, hooks), output, ended, f"pp-worker-g{generation}")
         self._generations.append(self.generation)
         self.ref = self.generation.ref
         self.note("#", f"started worker container {self.ref[:12]} (generation {generation})")
@@ -298,7 +305,7 @@ class WorkerDriver:
         last: Launched | None = None
         try:
             for g in self._generations:
-                g.stop()
+                g.stop("the worker driver's close")
                 if g.done is not None:
                     last = g.done
                     left += [ref for ref in g.done.outcome.orphans] if g.done.outcome is not None else []
@@ -319,76 +326,10 @@ class WorkerDriver:
             raise failed
 
 
-class _Generation:
-    """One generation: an attempt of the driver's run (app/launch.py) on a thread of its own, joined by `stop()`;
-    its output and, once the chain's teardown confirmed its container gone, its exit go to the driver's inbox."""
+class _WorkerSite(Described):
+    """The driver's engine as the chain's site: each generation's stage the one the driver describes. With an
+    in-process stage backend (tests: `fake`) there is no guard, and that backend runs the stages."""
 
-    def __init__(self, number: int, run: Run, inbox: Inbox) -> None:
-        self.number, self.inbox = number, inbox
-        self.scope: ChainScope | None = None
-        self.backend: StageBackend | None = None
-        self.ref: str = ""
-        self.done: Launched | None = None
-        self.error: BaseException | None = None
-        self._cond = threading.Condition()
-        self._ended = False
-        hooks = Hooks(reporter=lambda plan: _OnStart(self), on_scope=self._on_scope, passthrough=self._output)
-        this = dataclasses.replace(run.request, chain=dataclasses.replace(run.request.chain, attempt=number))
-        self.thread = threading.Thread(target=self._run, args=(run, this, hooks), name=f"pp-worker-g{number}")
-        self.thread.start()
-        with self._cond:
-            self._cond.wait_for(lambda: bool(self.ref) or self._ended)
-        if not self.ref:  # it ended before its container ran: the launch's own error
-            self.thread.join()
-            raise self.error or errors.PpLaunchError(f"worker generation {number} ended before it started")
-
-    def _on_scope(self, scope: object) -> None:
-        assert isinstance(scope, ChainScope)
-        self.scope, self.backend = scope, scope.backend
-
-    def started(self) -> None:
-        assert self.scope is not None
-        with self._cond:
-            self.ref = self.scope.stages[0].ref or ""
-            self._cond.notify_all()
-
-    def _output(self, stream: str, data: bytes) -> None:
-        self.inbox.put(StageOutput(self.number, stream, data))  # type: ignore[arg-type]
-
-    def _run(self, run: Run, request: LaunchRequest, hooks: Hooks) -> None:
-        try:
-            self.done = run.attempt(request, hooks)
-        except BaseException as exc:  # handed to the driver, on its own thread
-            self.error = exc
-        with self._cond:
-            self._ended = True
-            self._cond.notify_all()
-        if self.ref:  # it ran: its end is the controller's ProcessExited
-            code = self.scope.stages[0].exit_code if self.scope is not None else None
-            self.inbox.put(StageGone(self.number, code))
-
-    def stop(self) -> None:
-        if self.scope is not None:
-            self.scope.request_stop(signal.SIGTERM, "the worker driver's close")
-        self.thread.join()  # the chain's teardown is bounded (no grace, then KILL_WAIT)
-
-
-class _OnStart(QuietReporter):
-    def __init__(self, generation: _Generation) -> None:
-        self.generation = generation
-
-    def event(self, event: Event) -> None:
-        if isinstance(event, StageStarted):
-            self.generation.started()
-
-
-class _WorkerSite(DockerSite):
-    """The driver's engine as the chain's site (app/docker_site.py): each generation's stage is the one the driver
-    describes (`specs`, by generation). With an in-process stage backend (tests) there is no guard, and that backend
-    runs the stages."""
-
-    watch_gpus = False
-    specs: dict[int, StageSpec]
     fake: Any
 
     @classmethod
@@ -400,10 +341,6 @@ class _WorkerSite(DockerSite):
     def prepare(self, request: LaunchRequest, say: Callable[[str], None]) -> None:
         if self.fake is None:
             super().prepare(request, say)
-
-    def plan(self, request: LaunchRequest, environ: Mapping[str, str], held: Held | None) -> tuple[ChainPlan, str]:
-        spec = self.specs[request.chain.attempt]
-        return ChainPlan(run_id=request.run_id or "", stages=(spec,), grace=request.chain.grace), ""
 
     def stage_backend(
         self, request: LaunchRequest, plan: ChainPlan, held: Held, guards: Mapping[str, RunGuard]

@@ -28,13 +28,11 @@ from typing import Any
 
 from pp_launch.adapters import docker_engine, identity
 from pp_launch.app import launch, worker_check
-from pp_launch.app.docker_site import DockerSite
-from pp_launch.app.site import Held
+from pp_launch.app.docker_site import Described
 from pp_launch.app.worker_driver import WorkerDriver
 from pp_launch.core import errors, events
 from pp_launch.core.announce import StageAnnouncement, parse_line
-from pp_launch.core.chain.plan import BUILTIN_IMAGE, ChainPlan, ChainRequest, StageSpec, build_plan
-from pp_launch.core.chain.scope import ChainOutcome, ChainScope, QuietReporter
+from pp_launch.core.chain.plan import BUILTIN_IMAGE, ChainRequest, build_plan
 from pp_launch.core.chain.teardown import TeardownFailed
 from pp_launch.core.gpu.requests import device_requests
 
@@ -85,9 +83,7 @@ class StageContainer:
         self._exit: int | None = None
         self._gone = threading.Event()
         self._cond = threading.Condition()
-        self._scope: ChainScope | None = None  # the chain's own scope, over this one stage in the foreground
-        self._run: threading.Thread | None = None  # the launch, on a thread of its own; joined by stop()
-        self._ended: ChainOutcome | BaseException | None = None
+        self._run: launch.Foreground | None = None  # the run, on a thread of its own: joined by stop()
 
     # ------------------------------------------------------------------------------------------ builders
     def _unstarted(self, what: str) -> None:
@@ -146,63 +142,36 @@ class StageContainer:
             keep_logs=False,
             kill_wait=KILL_WAIT,
         )
-        hooks = launch.Hooks(reporter=lambda plan: _Started(self), on_scope=self._on_scope, passthrough=self._output)
-        place = _OneStage.to_launch(one)
-        assert isinstance(place, _OneStage)
-        place.spec = spec
-        self._run = threading.Thread(target=self._launch, args=(one, hooks, place), name=f"pp-stage-{self.stage}")
-        self._run.start()
-        with self._cond:
-            self._cond.wait_for(lambda: self.ref is not None or self._gone.is_set())
-        if self.ref is None:  # it ended before it ran: the launch's own error
-            self._run.join()
-            self._run = None
-            if isinstance(self._ended, BaseException):
-                raise self._ended
-            raise RuntimeError(f"stage {self.stage} ({self.name}) ended before it started: {self._ended}")
+        place = Described.to_launch(one)
+        place.specs = {1: spec}
+        self._run = launch.Foreground(
+            lambda hooks: launch.launch(one, hooks, place=place), self._output, self._ended, f"pp-stage-{self.stage}"
+        )
+        self.ref = self._run.ref
         return self
-
-    def _on_scope(self, scope: launch.Stoppable) -> None:
-        assert isinstance(scope, ChainScope)
-        self._scope = scope
-
-    def _started(self) -> None:
-        assert self._scope is not None
-        with self._cond:
-            self.ref = self._scope.stages[0].ref
-            self._cond.notify_all()
 
     def _output(self, stream: str, data: bytes) -> None:
         with self._cond:
             self._lines.append(data.decode("utf-8", "backslashreplace").rstrip("\n"))
             self._cond.notify_all()
 
-    def _launch(self, request: launch.LaunchRequest, hooks: launch.Hooks, place: _OneStage) -> None:
-        """The run to its end (the stage exited, or `stop()` asked), then how it ended."""
-        try:
-            ended: ChainOutcome | BaseException | None = launch.launch(request, hooks, place=place).outcome
-        except BaseException as exc:  # handed to start() or stop(), on the test's own thread
-            ended = exc
+    def _ended(self, run: launch.Foreground) -> None:
         with self._cond:
-            self._ended = ended
-            self._exit = self._scope.stages[0].exit_code if self._scope is not None else None
+            self._exit = run.exit_code
             self._gone.set()
-            self._cond.notify_all()
+            self._cond.notify_all()  # a wait for a line ends: the stage is gone
 
     def stop(self) -> None:
         """The one teardown, by the chain's own scope: SIGTERM, up to the grace, SIGKILL, then up to 30 s for the
         engine to confirm it gone, else removed by its id; then the run's guard goes. TeardownFailed when something
         may be left."""
-        run, scope = self._run, self._scope
+        run, self._run = self._run, None
         if run is None:
             return
-        if scope is not None:
-            scope.request_stop(signal.SIGTERM, "StageContainer.stop()")
-        run.join()  # the scope's own teardown is bounded (the grace, then KILL_WAIT), and the guard's wait
-        self._run = self._scope = None
-        ended = self._ended
-        if isinstance(ended, BaseException):
-            raise ended
+        run.stop("StageContainer.stop()")
+        ended = run.done.outcome if run.done is not None else None
+        if run.error is not None:
+            raise run.error
         if ended is not None and ended.orphans:
             raise TeardownFailed(f"stage {self.stage} ({self.name}): {ended.message}", ended.orphans, ())
 
@@ -249,29 +218,6 @@ class StageContainer:
         found = parse_line(line)
         assert found is not None
         return found
-
-
-class _OneStage(DockerSite):
-    """DOCKER_HOST's engine as the chain's site (app/docker_site.py), running the one stage a StageContainer
-    describes."""
-
-    spec: StageSpec
-
-    def plan(
-        self, request: launch.LaunchRequest, environ: Mapping[str, str], held: Held | None
-    ) -> tuple[ChainPlan, str]:
-        return ChainPlan(run_id=request.run_id or "", stages=(self.spec,), grace=request.chain.grace), ""
-
-
-class _Started(QuietReporter):
-    """Tells the StageContainer when its stage runs."""
-
-    def __init__(self, stage: StageContainer) -> None:
-        self.stage = stage
-
-    def event(self, event: events.Event) -> None:
-        if isinstance(event, events.StageStarted):
-            self.stage._started()
 
 
 # ---------------------------------------------------------------------------------------------- chains
