@@ -18,6 +18,7 @@ BENCHES = [
     "bench_guard.py",
     "bench_restart.py",
     "bench_ray.py",
+    "bench_ways_in.py",
 ]
 
 
