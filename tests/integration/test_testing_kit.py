@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from pp_launch.core import labels
+from pp_launch.core import errors, labels
 from pp_launch.testing.kit import BUILTIN_IMAGE, Chain, StageContainer, StageExited, StageTimeout, WorkerUnderTest
 
 from ..helpers import BUSY_SLACK, run_containers
@@ -155,6 +155,21 @@ def test_stage_container_builders_take_effect(engine) -> None:
         assert engine.inspect(name)["Id"] == s.ref
         with pytest.raises(RuntimeError, match="after start"):
             s.with_env("X", "1")
+    assert engine.inspect(name) is None
+
+
+def test_a_stage_name_someone_else_holds_is_named_and_never_touched(engine) -> None:
+    """A StageContainer is a run of one stage through launch(): a name held by another container is the chain's
+    error (exit-2 kind, the holder named) before anything of the run exists, and the holder is left running."""
+    name = f"kit-held-{uuid.uuid4().hex[:8]}"
+    with StageContainer(BUILTIN_IMAGE, env={"STUB_MODE": "hold"}).with_name(name) as holder:
+        holder.wait_for_announcement(30)
+        second = StageContainer(BUILTIN_IMAGE, env={"STUB_MODE": "hold"}).with_name(name)
+        with pytest.raises(errors.NameInUse, match=name):
+            second.start()
+        second.stop()  # nothing to stop: it never ran
+        assert engine.inspect(name)["Id"] == holder.ref and engine.inspect(name)["State"]["Running"]
+        assert run_containers(engine, second.run_id or "") == []
     assert engine.inspect(name) is None
 
 
