@@ -18,6 +18,7 @@ from typing import Any
 from pp_launch.adapters.docker_engine import ContainerInfo
 from pp_launch.core.chain.plan import StageSpec
 from pp_launch.core.chain.ports import Sink, StageGone, StageOutput
+from pp_launch.core.errors import EngineError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "images" / "stub-worker"))
 import pp_stub_worker  # the image's own worker code, run in-process
@@ -25,6 +26,7 @@ import pp_stub_worker  # the image's own worker code, run in-process
 from ..workers import swactor_like_worker
 
 SWACTOR_LIKE = "swactor-like"  # the image name that runs tests/workers/swactor_like_worker.py instead of the stub
+REFUSED = "refused"  # the image name whose create the fake engine refuses
 
 
 class _Lines(io.TextIOBase):
@@ -88,6 +90,8 @@ class FakeWorkerEngine:
 
     # ------------------------------------------------------------------------------- the backend's side
     def create(self, spec: StageSpec, env: Mapping[str, str]) -> str:
+        if spec.image == REFUSED:
+            raise EngineError(f"the engine refused to create {spec.name}")
         ref = f"fake{next(self._ids):04d}"
         self.boxes[ref] = _Box(spec, dict(env), labels=dict(spec.labels))
         return ref

@@ -13,11 +13,12 @@ import pytest
 
 from pp_launch.app import worker_check
 from pp_launch.app.worker_driver import WorkerDriver
+from pp_launch.core.errors import EngineError
 from pp_launch.core.worker import codec as w
 from pp_launch.core.worker import controller as c
 from pp_launch.testing.worker import ObjectRecord, ring_layouts
 
-from .fake_worker import SWACTOR_LIKE, FakeWorkerEngine
+from .fake_worker import REFUSED, SWACTOR_LIKE, FakeWorkerEngine
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "worker-wire.md"
 GENEROUS = 30.0  # a wait no failure in these tests may come near
@@ -71,6 +72,18 @@ def test_a_lifecycle_in_swactor_order_on_the_fake_engine_with_the_real_arena(ima
     finally:
         d.close()
     assert fake.containers([]) == []
+
+
+def test_a_generation_the_engine_refuses_raises_and_reports_no_exit_of_its_own() -> None:
+    """The refusal reaches the caller of start(); the controller hears of no process that never ran."""
+    d, fake = driver(REFUSED)
+    try:
+        with pytest.raises(EngineError, match="refused to create"):
+            d.start()
+        assert d.inbox.get(0.2) is None and not [n for n in d.notices if isinstance(n, c.WorkerFailed)]
+    finally:
+        d.close()
+    assert fake.boxes == {}
 
 
 def run_check(image: str = "stub", **env: str) -> tuple[bool, list[str]]:

@@ -148,6 +148,11 @@ class Foreground:
         self.ref = self.scope.stages[0].ref or ""
 
     @property
+    def started(self) -> bool:
+        """Its container ran (else the run ended before: `error` says why)."""
+        return self._started
+
+    @property
     def backend(self) -> Any:
         """The stage's backend (which writes to its container's stdin)."""
         assert self.scope is not None

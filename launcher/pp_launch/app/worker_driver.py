@@ -188,8 +188,9 @@ class WorkerDriver:
         def output(stream: str, data: bytes) -> None:
             self.inbox.put(StageOutput(generation, stream, data))  # type: ignore[arg-type]
 
-        def ended(g: Foreground) -> None:  # it ran: its end is the controller's ProcessExited
-            self.inbox.put(StageGone(generation, g.exit_code))
+        def ended(g: Foreground) -> None:
+            if g.started:  # it ran: its end is the controller's ProcessExited (else _spawn raises the error)
+                self.inbox.put(StageGone(generation, g.exit_code))
 
         self.generation = Foreground(lambda hooks: run.attempt(this, hooks), output, ended, f"pp-worker-g{generation}")
         self._generations.append(self.generation)
