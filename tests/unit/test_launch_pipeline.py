@@ -5,7 +5,10 @@ site; every step that was begun is ended, however the attempt ends; restarts res
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
+import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -154,3 +157,26 @@ def test_a_dry_run_plans_on_the_site_and_finishes_it(monkeypatch: pytest.MonkeyP
     site = on(FakeSite(DONE), monkeypatch)
     planned = launch.plan_launch(request(3), environ={})
     assert len(planned.plan.stages) == 3 and site.steps == ["dry_plan", "plan", "finish"]
+
+
+def test_an_interrupt_while_a_foreground_stage_comes_up_stops_its_run_there_and_joins_it() -> None:
+    """Ctrl-C while a StageContainer (or a worker generation) is still planning: its run is told to stop, stops
+    before anything is started (as a chain does: stop_pending after planning), and its thread is gone when the
+    interrupt goes up."""
+    planning, stopped = threading.Event(), []
+
+    def go(hooks: Hooks) -> Launched:
+        planning.set()
+        deadline = time.monotonic() + 10
+        while hooks.stop_pending() is None and time.monotonic() < deadline:  # planning: it asks when it is done
+            time.sleep(0.01)
+        stopped.append(hooks.stop_pending())
+        raise errors.Interrupted(signal.SIGTERM)
+
+    interrupter = threading.Thread(target=lambda: planning.wait(10) and os.kill(os.getpid(), signal.SIGINT))
+    interrupter.start()
+    with pytest.raises(KeyboardInterrupt):
+        launch.Foreground(go, lambda stream, data: None, lambda run: None, "pp-test-foreground")
+    interrupter.join()
+    assert stopped == [signal.SIGTERM]
+    assert not [t for t in threading.enumerate() if t.name == "pp-test-foreground"]

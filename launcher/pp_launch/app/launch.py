@@ -137,10 +137,21 @@ class Foreground:
         self.ended = threading.Event()
         self._started = False
         self._settled = threading.Event()  # it started, or it ended first
-        hooks = Hooks(reporter=lambda plan: _OnStart(self._on_start), on_scope=self._on_scope, passthrough=passthrough)
+        self._stop: str | None = None  # who asked it to stop, once someone did
+        hooks = Hooks(
+            reporter=lambda plan: _OnStart(self._on_start),
+            on_scope=self._on_scope,
+            stop_pending=lambda: signal.SIGTERM if self._stop is not None else None,
+            passthrough=passthrough,
+        )
         self._thread = threading.Thread(target=self._run, args=(go, hooks), name=name)
-        self._thread.start()
-        self._settled.wait()
+        try:
+            self._thread.start()
+            while not self._settled.wait(0.2):  # in slices: Ctrl-C must reach this thread while it waits
+                pass
+        except BaseException:  # Ctrl-C while it comes up: it stops, as a chain does, before this goes up
+            self.stop("an interrupt while it started")
+            raise
         if not self._started:  # it ended before its container ran: the run's own error
             self._thread.join()
             raise self.error or errors.PpLaunchError(f"{name} ended before its container started")
@@ -161,6 +172,8 @@ class Foreground:
     def _on_scope(self, scope: Stoppable) -> None:
         assert isinstance(scope, ChainScope)
         self.scope = scope
+        if self._stop is not None:  # asked before its scope existed
+            scope.request_stop(signal.SIGTERM, self._stop)
 
     def _on_start(self) -> None:
         self._started = True
@@ -177,9 +190,13 @@ class Foreground:
         self.on_end(self)
 
     def stop(self, by: str) -> None:
+        """SIGTERM through the chain's one teardown (asked before the scope exists, the run stops there: nothing
+        is started), and the thread joined."""
+        self._stop = by
         if self.scope is not None:
             self.scope.request_stop(signal.SIGTERM, by)
-        self._thread.join()  # the chain's teardown is bounded (the grace, then the kill wait)
+        if self._thread.ident is not None:  # it started (an interrupt may come before)
+            self._thread.join()  # the chain's teardown is bounded (the grace, then the kill wait)
 
 
 class _OnStart(QuietReporter):
