@@ -174,9 +174,13 @@ def test_an_interrupt_while_a_foreground_stage_comes_up_stops_its_run_there_and_
         raise errors.Interrupted(signal.SIGTERM)
 
     interrupter = threading.Thread(target=lambda: planning.wait(10) and os.kill(os.getpid(), signal.SIGINT))
-    interrupter.start()
-    with pytest.raises(KeyboardInterrupt):
-        launch.Foreground(go, lambda stream, data: None, lambda run: None, "pp-test-foreground")
-    interrupter.join()
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C as Python has it (a CLI test may not)
+    try:
+        interrupter.start()
+        with pytest.raises(KeyboardInterrupt):
+            launch.Foreground(go, lambda stream, data: None, lambda run: None, "pp-test-foreground")
+        interrupter.join()
+    finally:
+        signal.signal(signal.SIGINT, before)
     assert stopped == [signal.SIGTERM]
     assert not [t for t in threading.enumerate() if t.name == "pp-test-foreground"]
