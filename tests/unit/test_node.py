@@ -288,3 +288,14 @@ def test_pp_gpus_and_chain_gpus_are_read_by_one_reader(value: str) -> None:
     if chain_reads is None:
         with pytest.raises(errors.ConfigError, match="--gpus"):
             parse_gpus_flag(value, 1)
+
+
+def test_a_pp_image_that_is_no_image_reference_is_exit_2_before_the_engine_is_asked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from pp_launch.app.request import Hooks
+
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")  # asked, it would say it is not there
+    with pytest.raises(errors.ConfigError, match="PP_IMAGE 'Bad Image' is not a valid image reference") as exc:
+        node.run_node({"STAGE": "0", "PP_IMAGE": "Bad Image"}, (), Hooks(), lambda signum: None)
+    assert exc.value.exit_code == 2
