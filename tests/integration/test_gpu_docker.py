@@ -13,7 +13,7 @@ import pytest
 from testcontainers.core.container import DockerContainer
 from testcontainers.core.wait_strategies import LogMessageWaitStrategy
 
-from ..helpers import Launcher, remember_run, run_containers, unique, wait_until
+from ..helpers import Launcher, remember_run, run_containers, unique, wait_until, watchdogs
 
 pytestmark = pytest.mark.docker
 INVENTORY = str(Path(__file__).parent.parent / "data" / "plain-4gpu.json")
@@ -134,6 +134,7 @@ def test_a_launch_waits_for_the_engines_gpu_lock_says_on_whom_and_never_gets_a_h
         node.signal(signal.SIGTERM)
         assert node.wait(10) == 143 and "nothing was started" in node.stderr_text(), node.stderr_text()
         assert engine.inspect(f"{prefix}-0") is None  # nothing of it was started
+        assert wait_until(lambda: watchdogs(PP_CONTAINER_PREFIX=prefix) == [], 20)  # its guard's watchdog is done
         first.wait_event("pp_stage_roster", timeout=60)
         second.wait_event("pp_stage_roster", timeout=60)
         mine = [g for e in first.events_named("stage_started") for g in e["gpus"]]

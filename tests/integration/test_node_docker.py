@@ -20,7 +20,7 @@ from pp_launch.adapters.docker_engine import DockerStageBackend
 from pp_launch.app.node import NodeConfig
 from pp_launch.core import labels
 
-from ..helpers import Launcher, Relay, spawn, unique, wait_until
+from ..helpers import Launcher, Relay, spawn, unique, wait_until, watchdogs
 
 pytestmark = pytest.mark.docker
 ROOT = Path(__file__).resolve().parents[2]
@@ -309,6 +309,11 @@ def test_pp_gpu_node_killed_before_its_create_was_answered_leaves_nothing(engine
         node.wait(10)
         assert wait_until(lambda: engine.inspect(name) is None, 30), engine.inspect(name)
         assert wait_until(lambda: engine.containers([f"{labels.RUN}={run}"]) == [], 30)  # its guard too
+        # and its watchdog, which speaks to the engine through the relay: it finds nothing left and goes (closing
+        # the relay first would leave it retrying an engine that is no longer there)
+        assert wait_until(lambda: watchdogs(PP_CONTAINER_PREFIX=prefix) == [], 30), watchdogs(
+            PP_CONTAINER_PREFIX=prefix
+        )
     finally:
         relay.close()
         with contextlib.suppress(Exception):
