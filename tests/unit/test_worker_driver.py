@@ -74,6 +74,29 @@ def test_a_lifecycle_in_swactor_order_on_the_fake_engine_with_the_real_arena(ima
     assert fake.containers([]) == []
 
 
+def test_a_driver_started_late_in_a_check_gives_its_worker_the_whole_initialization_time() -> None:
+    """The trace's origin (a check's start, shared by its drivers) is not the controller's: a fresh driver made 20 s
+    into a check still waits its full init timeout for WorkerReady (it killed the worker at once, which a slow
+    machine showed as step 12's "a fresh worker did not start")."""
+    fake = FakeWorkerEngine()
+    d = WorkerDriver(
+        fake,  # type: ignore[arg-type]
+        "stub",
+        arena_ceiling=16384,
+        env={"STUB_MODE": "worker"},
+        stage_backend=fake,
+        init_timeout=10.0,
+        started_at=time.monotonic() - 20.0,
+    )
+    try:
+        d.start()
+        started = d.wait_for((c.WorkerRunning, c.WorkerFailed), GENEROUS)
+        assert isinstance(started, c.WorkerRunning), started
+    finally:
+        d.close()
+    assert fake.containers([]) == []
+
+
 def test_a_generation_the_engine_refuses_raises_and_reports_no_exit_of_its_own() -> None:
     """The refusal reaches the caller of start(); the controller hears of no process that never ran."""
     d, fake = driver(REFUSED)

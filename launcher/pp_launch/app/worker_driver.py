@@ -88,7 +88,10 @@ class WorkerDriver:
         self._arenas: list[Arena] = []
         self.stderr_tail: deque[str] = deque(maxlen=TAIL_LINES)  # of the current generation
         self.stdout_tail: deque[str] = deque(maxlen=TAIL_LINES)
-        self._t0 = self.clock() if self.started_at is None else self.started_at
+        # Two clocks: the trace's origin (shared by the drivers of one check), and this controller's own, which
+        # starts at 0 with it: its deadlines (the 10 s initialization) count from its own start, not the check's.
+        self._born = self.clock()
+        self._t0 = self._born if self.started_at is None else self.started_at
 
     def note(self, direction: str, text: str) -> None:
         """One trace line: `>` sent to the worker, `<` from its stdout, `#` what the node did besides."""
@@ -207,7 +210,7 @@ class WorkerDriver:
             if left <= 0:
                 return False
             event = self.inbox.get(min(left, 0.2))
-            self.feed(c.TimeAdvanced(self.clock() - self._t0))
+            self.feed(c.TimeAdvanced(self.clock() - self._born))
             if isinstance(event, StageOutput) and event.stage == self.ctl.generation:
                 self._on_output(event)
             elif isinstance(event, StageGone):
