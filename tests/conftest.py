@@ -116,6 +116,23 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 @pytest.fixture(scope="session")
+def as_nobody_argv(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[str], dict[str, str]]:
+    """How a test runs pp-launch as a second, unprivileged user (`nobody`): the argv before pp-launch's own arguments,
+    and the environment it needs. pp-launch comes from a world-readable copy, since the checkout may be in a folder
+    only its owner can read (0700, as anything under /root)."""
+    import sys
+
+    from .helpers import NOBODY, readable_install
+
+    place = Path(tempfile.mkdtemp(prefix="pp-tests-readable-", dir="/tmp"))
+    atexit.register(shutil.rmtree, place, True)
+    readable_install(place / "site")
+    place.chmod(0o755)
+    python = os.path.realpath(sys.executable)
+    return [*NOBODY, python, "-s", "-m", "pp_launch"], {"PYTHONPATH": str(place / "site")}
+
+
+@pytest.fixture(scope="session")
 def side_engine(engine, our_images):  # type: ignore[no-untyped-def]
     """A second engine that tests may kill, freeze, stop or restart; the stub image loaded into it."""
     from pathlib import Path

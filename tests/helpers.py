@@ -188,6 +188,54 @@ def wait_until(predicate: Any, timeout: float, interval: float = 0.1) -> bool:
 NO_DRIVER = "NVML found, but the NVIDIA kernel driver is not loaded (check 'nvidia-smi' and 'lsmod | grep nvidia')"
 
 
+NOBODY = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups"]  # a second, unprivileged user
+
+
+def readable_install(dest: Path) -> Path:
+    """pp-launch and the distributions it needs at run time, copied into `dest` (world-readable), so that another user
+    can run it although the checkout and its venv are not theirs to read (a checkout in a 0700 folder): run
+    `python -s -m pp_launch` with PYTHONPATH=dest. Dependencies are read from the installed metadata, markers
+    evaluated, extras left out."""
+    import importlib.metadata as metadata
+    import re
+    import shutil
+
+    from packaging.requirements import Requirement
+
+    import pp_launch
+
+    seen: set[str] = set()
+    todo = ["pp-launch"]
+    while todo:
+        name = todo.pop()
+        key = re.sub(r"[-_.]+", "-", name).lower()
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            dist = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            continue
+        for text in dist.requires or []:
+            req = Requirement(text)
+            if req.marker is None or req.marker.evaluate({"extra": ""}):
+                todo.append(req.name)
+        if key == "pp-launch":  # an editable install: the package is the checkout's own folder
+            shutil.copytree(Path(pp_launch.__file__).parent, dest / "pp_launch", dirs_exist_ok=True,
+                            ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
+            continue
+        for file in dist.files or []:
+            if str(file).startswith("..") or "__pycache__" in file.parts:
+                continue
+            src = Path(str(dist.locate_file(file)))
+            if src.is_file():
+                (dest / file).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(src, dest / file)
+    for path in [dest, *dest.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    return dest
+
+
 def docker(*argv: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["docker", *argv], capture_output=True, text=True, check=False)
 

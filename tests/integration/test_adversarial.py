@@ -23,7 +23,7 @@ from testcontainers.core.wait_strategies import LogMessageWaitStrategy
 from pp_launch.adapters import identity
 from pp_launch.core import labels
 
-from ..helpers import BUSY_SLACK, Launcher, guard_of, remember_run, run_containers, unique, wait_until
+from ..helpers import BUSY_SLACK, NOBODY, Launcher, guard_of, remember_run, run_containers, unique, wait_until
 
 pytestmark = pytest.mark.docker
 
@@ -298,9 +298,6 @@ def test_a_watchdog_starts_whatever_the_launchers_working_directory_holds(engine
     assert not marker.exists(), marker.read_text()
 
 
-NOBODY = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups"]
-
-
 def as_nobody(*argv: str) -> None:
     subprocess.run([*NOBODY, *argv], check=True, capture_output=True)
 
@@ -413,7 +410,7 @@ def test_labels_claiming_a_dead_launcher_of_this_host_make_nothing_ours(engine, 
             c.stop()
 
 
-def test_a_user_the_engine_refuses_is_told_so_never_to_start_it(engine, open_dir) -> None:
+def test_a_user_the_engine_refuses_is_told_so_never_to_start_it(engine, open_dir, as_nobody_argv) -> None:
     """As `nobody`, beside the suite's running engine (its socket is not theirs): `ps` and `chain` say the engine
     runs and this user may not use it (the docker group), never "start it"; `gpus` warns with the same reason."""
     sock = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
@@ -423,17 +420,14 @@ def test_a_user_the_engine_refuses_is_told_so_never_to_start_it(engine, open_dir
         "DOCKER_HOST": sock,
         "PP_LAUNCH_STATE_DIR": str(open_dir / "state"),
         "PP_LAUNCH_GPU_INVENTORY": "",
+        **as_nobody_argv[1],
     }
     for argv in (["ps"], ["chain", "--gpus", "none", "--stages", "1"], ["chain", "--gpus", "none", "--dry-run"]):
-        done = subprocess.run(
-            [*NOBODY, sys.executable, "-m", "pp_launch", *argv], capture_output=True, text=True, env=env, timeout=60
-        )
+        done = subprocess.run([*as_nobody_argv[0], *argv], capture_output=True, text=True, env=env, timeout=60)
         assert done.returncode == 2, done.stderr
         assert "permission denied on its socket. The engine runs, but this user may not use it" in done.stderr
         assert "'docker' group" in done.stderr and "Start it" not in done.stderr
-    gpus = subprocess.run(
-        [*NOBODY, sys.executable, "-m", "pp_launch", "gpus"], capture_output=True, text=True, env=env, timeout=60
-    )
+    gpus = subprocess.run([*as_nobody_argv[0], "gpus"], capture_output=True, text=True, env=env, timeout=60)
     assert "which run holds each GPU is not shown: cannot reach the Docker engine" in gpus.stderr
     assert "permission denied on its socket" in gpus.stderr
 
