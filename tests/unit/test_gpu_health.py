@@ -133,11 +133,12 @@ WATCH = """
 import json, sys, time
 from pp_launch.adapters.gpu_watch import GpuWatch
 seen = []
-watch = GpuWatch(sys.argv[1:], lambda uuid, index, code: seen.append([uuid, index, code])).start()
+expected = int(sys.argv[1])  # how many events the test injects: the wait ends when they came, never on a clock
+watch = GpuWatch(sys.argv[2:], lambda uuid, index, code: seen.append([uuid, index, code])).start()
 print(json.dumps({"ready": True, "note": watch.note}), flush=True)
 sys.stdin.readline()  # the test injected its events
 deadline = time.monotonic() + 10
-while len(seen) < 2 and time.monotonic() < deadline:
+while len(seen) < expected and time.monotonic() < deadline:
     time.sleep(0.01)
 began = time.monotonic()
 watch.stop()
@@ -153,7 +154,7 @@ def test_the_watch_sees_xids_on_its_gpus_after_it_started_and_nothing_else(
     events.write_text(f"xid {inv.gpus[0].uuid} 48\n")  # before the watch: the driver never reports the past
     env = fake_nvml.environ(fake_nvml_lib, config, events=events)
     child = subprocess.Popen(
-        [sys.executable, "-c", WATCH, inv.gpus[0].uuid, inv.gpus[2].uuid],
+        [sys.executable, "-c", WATCH, "2", inv.gpus[0].uuid, inv.gpus[2].uuid],
         env=env,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
@@ -175,7 +176,7 @@ def test_the_watch_sees_xids_on_its_gpus_after_it_started_and_nothing_else(
 def test_a_watch_without_a_driver_says_why_and_starts_nothing(fake_nvml_lib: Path, tmp_path: Path) -> None:
     env = fake_nvml.environ(fake_nvml_lib, tmp_path / "absent", fail="driver_not_loaded")
     done = subprocess.run(
-        [sys.executable, "-c", WATCH, "GPU-x"],
+        [sys.executable, "-c", WATCH, "0", "GPU-x"],
         env=env,
         input="go\n",
         capture_output=True,
