@@ -21,6 +21,7 @@ import pytest
 from pp_launch.testing import fake_nvml
 
 from .helpers import TESTCONTAINERS_LABEL, live_launchers, ours, wait_until, watchdogs
+from .story import Chapter
 
 # The suite's own host, whatever this machine is: a state directory (lock, reservations) of its own,
 # never the one real runs use, and an NVML that says "no GPU" unless a test gives it an inventory. The fake
@@ -80,10 +81,79 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         _skipped.append(report.nodeid)
 
 
+# Costly to make (an engine, a cluster, a browser): made once per session, so every test that uses one runs on the
+# same pytest-xdist worker (`--dist loadgroup`, docs/tests.md). Tests that use none are spread over every worker.
+MADE_ONCE = {
+    "side_engine": "side-engine",
+    "broken_engine": "side-engine",
+    "gpu_host": "gpu-host",
+    "bed": "three-hosts",
+    "clean": "three-hosts",
+    "cluster": "ray",
+    "nothing_left": "ray",
+    "site": "docs-site",
+    "browser": "docs-site",
+}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("xdist_group"):
+            continue
+        group = next((MADE_ONCE[f] for f in getattr(item, "fixturenames", ()) if f in MADE_ONCE), None)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> object:
+    item.stash[_CHAPTER] = Chapter()
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> pytest.TestReport:
+    """A failed test that used an engine or started a launcher says what its runs did (tests/story.py)."""
+    report: pytest.TestReport = yield
+    chapter = item.stash.get(_CHAPTER, None)
+    if report.failed and chapter is not None and (chapter.launchers() or "engine" in getattr(item, "fixturenames", ())):
+        try:
+            report.sections.append(("what the test's runs did", chapter.tell()))
+        except Exception as exc:  # the story is help, never a second failure
+            report.sections.append(("what the test's runs did", f"(could not be told: {exc!r})"))
+    return report
+
+
+_CHAPTER = pytest.StashKey[Chapter]()
+_from_workers: list[str] = []
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: object, error: object) -> None:
+    """pytest-xdist: what a worker found left at its end (below) fails the whole run, here in the controller."""
+    _from_workers.extend(getattr(node, "workeroutput", {}).get("pp_problems", []))
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    problems = []
-    if IN_CI and _skipped:
+    workeroutput = getattr(session.config, "workeroutput", None)  # set in a pytest-xdist worker
+    problems = list(_from_workers)
+    if IN_CI and _skipped and workeroutput is None:  # the controller hears every worker's reports
         problems.append(f"CI=true and {len(_skipped)} tests were skipped: " + ", ".join(_skipped[:5]))
+    problems += _left_by_this_process()
+    if workeroutput is not None:
+        workeroutput["pp_problems"] = problems
+        return
+    if problems:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        text = "FAILING THE SUITE:\n  " + "\n  ".join(problems)
+        if reporter is not None:
+            reporter.write_line(text, red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def _left_by_this_process() -> list[str]:
+    """What this process's tests left: launchers, watchdogs, containers (each removed once named)."""
+    problems = []
     for proc in live_launchers():
         proc.kill()
         problems.append(f"launcher process {proc.pid} ({' '.join(proc.args[3:6])}...) was still running")
@@ -107,12 +177,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         for c in leftovers:
             problems.append(f"container {c.name} ({c.state}, labels {dict(c.labels)}) was left behind")
             engine.remove(c.id)
-    if problems:
-        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-        text = "FAILING THE SUITE:\n  " + "\n  ".join(problems)
-        if reporter is not None:
-            reporter.write_line(text, red=True)
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    return problems
 
 
 @pytest.fixture(scope="session")

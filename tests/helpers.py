@@ -29,6 +29,14 @@ def live_launchers() -> list[subprocess.Popen[bytes]]:
     return [p for p in _launchers if p.poll() is None]
 
 
+def spawned() -> list[subprocess.Popen[bytes]]:
+    """Every process a test started through spawn(), in order."""
+    return _launchers
+
+
+LAUNCHERS: list[Launcher] = []  # every Launcher, in order: a failed test's story tells its own (tests/story.py)
+
+
 def spawn(argv: list[str], env: dict[str, str], **kwargs: Any) -> subprocess.Popen[bytes]:
     """Every process a test starts goes through here, so the end of the suite can check it is gone and
     recognise the containers it owned."""
@@ -84,7 +92,9 @@ class Launcher:
     ) -> None:
         full_env = dict(os.environ)
         full_env.update(env or {})
-        self.args = args
+        self.args = args if argv is None else tuple(argv)
+        self.docker_host = full_env.get("DOCKER_HOST", "") if env and "DOCKER_HOST" in env else ""
+        LAUNCHERS.append(self)
         self.proc = spawn(
             argv or [sys.executable, "-m", "pp_launch", *args],
             stdout=subprocess.PIPE,
