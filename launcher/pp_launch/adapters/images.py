@@ -5,11 +5,13 @@ second build with unchanged inputs does nothing.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,16 +30,70 @@ GUARD_CONTEXT = "guard"
 Progress = Callable[[str], None]
 
 
+PACKAGED = "_images"  # where a wheel carries `images/` (setup.py copies it into the package at build time)
+
+
 def images_dir() -> Path:
-    """`images/` of the source tree (the package is installed from it in editable mode)."""
+    """The image sources: PP_LAUNCH_IMAGES_DIR, else the package's own copy (an installed wheel), else `images/` of
+    the source tree (an editable install)."""
     configured = os.environ.get("PP_LAUNCH_IMAGES_DIR")
-    path = Path(configured) if configured else Path(__file__).resolve().parents[3] / "images"
-    if not (path / STUB_CONTEXT / "Dockerfile").is_file():
-        raise errors.ConfigError(
-            f"cannot find the image sources at {path}; install pp-launch from its source tree "
-            "(pip install -e .) or set PP_LAUNCH_IMAGES_DIR"
-        )
-    return path
+    here = Path(__file__).resolve().parents[1]
+    candidates = [Path(configured)] if configured else [here / PACKAGED, here.parents[1] / "images"]
+    for path in candidates:
+        if (path / STUB_CONTEXT / "Dockerfile").is_file():
+            return path
+    raise errors.ConfigError(
+        f"cannot find pp-launch's image sources (looked in {', '.join(map(str, candidates))}): this install is "
+        "incomplete; reinstall pp-launch (pip install --force-reinstall pp-launch) or set PP_LAUNCH_IMAGES_DIR"
+    )
+
+
+LOG_NAME = "images-build.log"
+TAIL = 20
+
+
+class BuildLog:
+    """Every line the build's tools print (debootstrap, docker build), kept in a file of the user's state directory
+    and the last ones in memory: shown as they come only with -v (`echo`), else only when a build fails."""
+
+    def __init__(self, echo: Progress | None = None) -> None:
+        from collections import deque
+
+        from pp_launch.adapters import host_state
+
+        self.echo = echo
+        self.tail: deque[str] = deque(maxlen=TAIL)
+        self.path: Path | None = None
+        self._fd: int | None = None
+        self.lines = 0
+        try:
+            with host_state.state() as d:
+                with contextlib.suppress(errors.PpLaunchError):
+                    d.remove(LOG_NAME)
+                self._fd, self.path = d.append_fd(LOG_NAME), d.path / LOG_NAME
+        except errors.PpLaunchError as exc:  # no state directory to keep it in: the tail alone
+            self.tail.append(f"(no build log kept: {exc})")
+
+    def __call__(self, line: str) -> None:
+        self.lines += 1
+        self.tail.append(line)
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.write(self._fd, (line + "\n").encode("utf-8", "backslashreplace"))
+        if self.echo is not None:
+            self.echo(line)
+
+    def failed(self, message: str) -> str:
+        """A build's error with what its tools said last and where the rest is."""
+        shown = "\n".join(f"    {line}" for line in self.tail)
+        where = f"\n  the whole output: {self.path}" if self.path is not None else ""
+        return f"{message}\n  its last lines:\n{shown}{where}" if shown else f"{message}{where}"
+
+    def close(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
 @dataclass(frozen=True)
@@ -65,12 +121,15 @@ class BuildResult:
     built: bool  # False: up to date, nothing done
 
 
-def build_base(engine: Engine, progress: Progress, recipe: BaseRecipe | None = None) -> BuildResult:
+def build_base(
+    engine: Engine, progress: Progress, recipe: BaseRecipe | None = None, log: Progress | None = None
+) -> BuildResult:
+    """progress: what it is doing, a line per step; log: every line debootstrap prints."""
     recipe = recipe or BaseRecipe()
+    log = log or progress
     digest = recipe.content_hash()
     current = engine.image_labels(BASE_IMAGE)
     if current is not None and current.get(HASH_LABEL) == digest:
-        progress(f"{BASE_IMAGE} is up to date ({digest})")
         return BuildResult(BASE_IMAGE, False)
     if os.geteuid() != 0 or shutil.which("debootstrap") is None:
         raise errors.ConfigError(
@@ -91,7 +150,7 @@ def build_base(engine: Engine, progress: Progress, recipe: BaseRecipe | None = N
                 str(root),
                 recipe.mirror,
             ],
-            progress,
+            log,
         )
         for junk in (
             "var/cache/apt/archives",
@@ -118,22 +177,26 @@ def build_base(engine: Engine, progress: Progress, recipe: BaseRecipe | None = N
             ],
         )
     except subprocess.CalledProcessError as exc:
-        raise errors.EngineError(f"{exc.cmd[0]} failed with exit code {exc.returncode}; see the lines above") from None
+        raise errors.EngineError(f"{exc.cmd[0]} failed with exit code {exc.returncode}") from None
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     return BuildResult(BASE_IMAGE, True)
 
 
-def build_stub(engine: Engine, progress: Progress, base: str = BASE_IMAGE) -> BuildResult:
-    return _build_on_base(engine, progress, base, STUB_CONTEXT, BUILTIN_IMAGE)
+def build_stub(engine: Engine, progress: Progress, base: str = BASE_IMAGE, log: Progress | None = None) -> BuildResult:
+    return _build_on_base(engine, progress, base, STUB_CONTEXT, BUILTIN_IMAGE, log or progress)
 
 
-def build_guard(engine: Engine, progress: Progress, base: str = BASE_IMAGE) -> BuildResult:
+def build_guard(
+    engine: Engine, progress: Progress, base: str = BASE_IMAGE, log: Progress | None = None
+) -> BuildResult:
     """The guard of a run on its engine, and the body of the engine's GPU lock (python3 and cat only)."""
-    return _build_on_base(engine, progress, base, GUARD_CONTEXT, GUARD_IMAGE)
+    return _build_on_base(engine, progress, base, GUARD_CONTEXT, GUARD_IMAGE, log or progress)
 
 
-def _build_on_base(engine: Engine, progress: Progress, base: str, folder: str, image: str) -> BuildResult:
+def _build_on_base(
+    engine: Engine, progress: Progress, base: str, folder: str, image: str, log: Progress
+) -> BuildResult:
     context = images_dir() / folder
     base_labels = engine.image_labels(base)
     if base_labels is None:
@@ -141,26 +204,76 @@ def _build_on_base(engine: Engine, progress: Progress, base: str, folder: str, i
     digest = context_hash(context, f"{base}={base_labels.get(HASH_LABEL, '')}")
     current = engine.image_labels(image)
     if current is not None and current.get(HASH_LABEL) == digest:
-        progress(f"{image} is up to date ({digest})")
         return BuildResult(image, False)
-    progress(f"building {image} from {context} on {base}")
+    progress(f"docker build on {base}")
     old = engine.image_id(image)
-    engine.build(str(context), image, {"BASE": base}, {HASH_LABEL: digest}, progress)
+    engine.build(str(context), image, {"BASE": base}, {HASH_LABEL: digest}, log)
     engine.drop_replaced_image(old, image)  # a rebuild leaves no untagged image behind
     return BuildResult(image, True)
 
 
-def build_all(engine: Engine, progress: Progress, base: str | None = None) -> list[BuildResult]:
-    """Every image the toolkit needs. With `base`, that image is used instead of the Debian import."""
-    results = []
-    if base is None:
-        results.append(build_base(engine, progress))
-        base = BASE_IMAGE
-    elif engine.image_labels(base) is None:
-        raise errors.ImageMissing(f"base image {base} is not present locally, and pp-launch never pulls")
-    results.append(build_stub(engine, progress, base))
-    results.append(build_guard(engine, progress, base))
-    return results
+@dataclass(frozen=True)
+class Step:
+    """What a build says, one per image (`say`): it begins a step of `image` (`doing`), or the image is `done`
+    (`built` or up to date, after `seconds`)."""
+
+    image: str
+    doing: str = ""
+    done: bool = False
+    built: bool = False
+    seconds: float = 0.0
+
+    def text(self) -> str:
+        if not self.done:
+            return f"{self.image}: {self.doing}"
+        return f"{self.image}: built in {self.seconds:.0f} s" if self.built else f"{self.image}: up to date"
+
+
+def build_all(
+    engine: Engine, say: Callable[[Step], None] | Progress, base: str | None = None, log: BuildLog | None = None
+) -> list[BuildResult]:
+    """Every image the toolkit needs. With `base`, that image is used instead of the Debian import. `say` hears a
+    Step per image step (a plain callable, their text); every line the tools print goes to `log` (default: a
+    BuildLog, shown when a build fails)."""
+    own = log is None
+    log = log or BuildLog()
+    try:
+        steps: list[tuple[str, Callable[[Progress, Progress], BuildResult]]] = []
+        if base is None:
+            steps.append((BASE_IMAGE, lambda p, raw: build_base(engine, p, log=raw)))
+            base = BASE_IMAGE
+        elif engine.image_labels(base) is None:
+            raise errors.ImageMissing(f"base image {base} is not present locally, and pp-launch never pulls")
+        on = base
+        steps.append((BUILTIN_IMAGE, lambda p, raw: build_stub(engine, p, on, raw)))
+        steps.append((GUARD_IMAGE, lambda p, raw: build_guard(engine, p, on, raw)))
+        return [_one(image, build, say, log) for image, build in steps]
+    finally:
+        if own:
+            log.close()
+
+
+def _one(
+    image: str,
+    build: Callable[[Progress, Progress], BuildResult],
+    say: Callable[[Step], None] | Progress,
+    log: BuildLog,
+) -> BuildResult:
+    def tell(step: Step) -> None:
+        say(step) if _takes_steps(say) else say(step.text())  # type: ignore[arg-type]
+
+    began = time.monotonic()
+    try:
+        result = build(lambda doing: tell(Step(image, doing)), log)
+    except (errors.EngineError, errors.ConfigError) as exc:  # each of these takes its message alone
+        said = str(exc) if str(exc).startswith(f"building {image}") else f"building {image} failed: {exc}"
+        raise type(exc)(log.failed(said)) from None
+    tell(Step(image, done=True, built=result.built, seconds=time.monotonic() - began))
+    return result
+
+
+def _takes_steps(say: object) -> bool:
+    return bool(getattr(say, "takes_steps", False))
 
 
 def _run_streaming(argv: list[str], progress: Progress) -> None:
