@@ -5,6 +5,9 @@ Modes (STUB_MODE):
   demo    a tiny deterministic model split across the stages generates MAX_TOKENS tokens around the ring
           0 -> 1 -> ... -> N-1 -> 0 over loopback TCP; stage 0 checks the tokens against a single-process
           run of the same model and prints `PP_DEMO_RESULT tokens=[...] match=true|false`.
+          With STUB_WEIGHTS=PATH each stage reads the model from that file (a read-only mount), not its seed;
+          the check still runs the seeded model, so match=true proves every stage read the right weights.
+  write-weights  write the demo model's weights to STUB_WEIGHTS (its folder mounted writable), then exit 0.
   hold    announce, connect to the peers, run until signalled.
   worker  speak the worker-control wire (docs/worker-wire.md) on stdin/stdout.
   pp-worker  behave as swactor's pp-worker does at its boundary: STAGE/NUM_STAGES/SEED_ADDR checked with its
@@ -80,7 +83,11 @@ def fail(msg: str, code: int = 1) -> None:
 VOCAB, DIM, LAYERS, SEED = 64, 32, 16, 20240611
 
 
-def model_weights():  # type: ignore[no-untyped-def]
+WEIGHTS = ENV.get("STUB_WEIGHTS", "")  # the demo model's weights as a file (.npz), mounted into every stage
+
+
+def seeded_weights():  # type: ignore[no-untyped-def]
+    """The demo model, made from its seed: what the single-process check runs, whatever the stages load."""
     import numpy as np
 
     rng = np.random.default_rng(SEED)
@@ -89,6 +96,44 @@ def model_weights():  # type: ignore[no-untyped-def]
     layers = [(rng.standard_normal((DIM, DIM)) / np.sqrt(DIM), rng.standard_normal(DIM) * 0.1) for _ in range(LAYERS)]
     head = rng.standard_normal((VOCAB, DIM))
     return emb, pos, layers, head
+
+
+def model_weights():  # type: ignore[no-untyped-def]
+    """What a stage computes with: read from STUB_WEIGHTS when it is set (a real model's weights are a mounted
+    file, never in the image), else made from the seed. A file that is missing or wrong fails the stage."""
+    if not WEIGHTS:
+        return seeded_weights()
+    import numpy as np
+
+    try:
+        with np.load(WEIGHTS) as f:
+            layers = [(f[f"w{i}"], f[f"b{i}"]) for i in range(LAYERS)]
+            loaded = f["emb"], f["pos"], layers, f["head"]
+    except (OSError, KeyError, ValueError) as exc:
+        fail(f"cannot read the weights STUB_WEIGHTS={WEIGHTS}: {exc} (is the folder mounted? -v DIR:/weights:ro)")
+    log(f"weights read from {WEIGHTS} ({os.path.getsize(WEIGHTS)} bytes)")
+    return loaded
+
+
+def run_write_weights() -> int:
+    """STUB_MODE=write-weights: the demo model's weights written to STUB_WEIGHTS (its folder mounted writable),
+    once, so that every stage of a demo can read them from a read-only mount."""
+    import numpy as np
+
+    if not WEIGHTS:
+        fail("STUB_MODE=write-weights needs STUB_WEIGHTS=PATH (a .npz in a mounted folder)", 2)
+    emb, pos, layers, head = seeded_weights()
+    arrays = {"emb": emb, "pos": pos, "head": head}
+    arrays.update({f"w{i}": w for i, (w, _) in enumerate(layers)})
+    arrays.update({f"b{i}": b for i, (_, b) in enumerate(layers)})
+    part = f"{WEIGHTS}.part{os.getpid()}.npz"
+    try:
+        np.savez(part, **arrays)
+        os.replace(part, WEIGHTS)
+    except OSError as exc:
+        fail(f"cannot write the weights to {WEIGHTS}: {exc}")
+    log(f"weights written to {WEIGHTS} ({os.path.getsize(WEIGHTS)} bytes)")
+    return 0
 
 
 def my_layers(stage: int, num_stages: int) -> list[int]:
@@ -111,7 +156,7 @@ def reference_tokens(max_tokens: int) -> list[int]:
     """The same model in one process: what the ring must produce."""
     import numpy as np
 
-    emb, pos, layers, head = model_weights()
+    emb, pos, layers, head = seeded_weights()
     tok, out = 1, []
     for t in range(max_tokens):
         h = apply_layers(emb[tok] + pos[t % len(pos)], layers, range(LAYERS))
@@ -533,8 +578,11 @@ def main() -> int:
         return int(serve())
     if mode == "pp-worker":
         return run_pp_worker()
+    if mode == "write-weights":  # a stage of a chain like any: it announces, then does its work and exits
+        announce(Listener())
+        return run_write_weights()
     if mode not in ("demo", "hold"):
-        fail(f"unknown STUB_MODE {mode!r}; use demo, hold, worker or pp-worker", 2)
+        fail(f"unknown STUB_MODE {mode!r}; use demo, hold, worker, pp-worker or write-weights", 2)
     start_knobs()
     listener = Listener()
     announce(listener)

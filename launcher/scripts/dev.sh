@@ -64,18 +64,35 @@ check_real_work() {
   say "real work beside the suite: untouched"
 }
 
+# Each phase's time, said when it ends (CI prints them all): setup is timed apart from the tests.
+phase_start=$(date +%s)
+phase() {
+  local now; now=$(date +%s)
+  say "phase ${1}: $((now - phase_start)) s"
+  phase_start=$now
+}
+
+# pytest-xdist workers: the tests mostly wait on containers and engines, so more workers than cores; the tests of
+# each costly shared fixture (a second engine, the GPU engines, the hosts testbed, the Ray cluster, the browser)
+# run on one worker (tests/conftest.py, MADE_ONCE). PP_TESTS_WORKERS=0 runs everything in this one process.
+WORKERS=${PP_TESTS_WORKERS:-$(( $(nproc) * 2 > 4 ? $(nproc) * 2 : 4 ))}
+
 run_tests() {
   export TESTCONTAINERS_RYUK_DISABLED=true
   start_real_work
+  local parallel=()
+  [ "$WORKERS" = 0 ] || parallel=(-n "$WORKERS" --dist loadgroup)
   set +e
-  "$PY" -m pytest tests --durations=15 "$@"
+  "$PY" -m pytest tests --durations=15 "${parallel[@]}" "$@"
   rc=$?
   set -e
   check_real_work
+  phase tests
   if [ "$rc" = 5 ]; then say "pytest collected no test: that is a failure"; exit 1; fi
   [ "$rc" = 0 ] || exit "$rc"
   say "ruff"; "$VENV/bin/ruff" check launcher tests bench examples
   say "mypy"; "$VENV/bin/mypy"
+  phase "ruff and mypy"
 }
 
 cmd=${1:-}
@@ -84,11 +101,22 @@ case "$cmd" in
   setup) setup ;;
   demo)
     setup; code=0
-    "$VENV/bin/pp-launch" chain --stages "${STAGES:-4}" "$@" || code=$?
+    # The demo model's weights live on the host, written once, and every stage reads them from a read-only mount
+    # (-v), as a real model's do: the demo's match=true proves the mount end to end.
+    weights=${PP_DEMO_WEIGHTS:-${XDG_CACHE_HOME:-$HOME/.cache}/pp-launch/demo-weights}
+    if [ ! -s "$weights/demo.npz" ]; then
+      mkdir -p "$weights"
+      say "writing the demo model's weights to $weights (once)"
+      "$VENV/bin/pp-launch" chain --stages 1 --gpus none -q --user "$(id -u):$(id -g)" -v "$weights:/weights" \
+        --env STUB_MODE=write-weights --env STUB_WEIGHTS=/weights/demo.npz
+    fi
+    "$VENV/bin/pp-launch" chain --stages "${STAGES:-4}" -v "$weights:/weights:ro" --env STUB_WEIGHTS=/weights/demo.npz \
+      "$@" || code=$?
     say "pp-launch and pp-gpu-node are in $VENV/bin: '. $VENV/bin/activate' puts them on PATH in a shell"
     exit "$code" ;;
-  test) setup test docs; launcher/scripts/ensure-docker26.sh; run_tests -m "not full" "$@" ;;
-  test-all) setup test,ray docs browser; launcher/scripts/ensure-docker26.sh; run_tests "$@" ;;  # the Ray tests need the extra
+  test) setup test docs; launcher/scripts/ensure-docker26.sh; phase setup; run_tests -m "not full" "$@" ;;
+  test-all)  # the Ray tests need the extra
+    setup test,ray docs browser; launcher/scripts/ensure-docker26.sh; phase setup; run_tests "$@" ;;
   test-load)
     setup test docs; launcher/scripts/ensure-docker26.sh
     if ! command -v stress-ng >/dev/null 2>&1; then
@@ -97,6 +125,7 @@ case "$cmd" in
     fi
     stress-ng --cpu "$(nproc)" --timeout 3h --quiet & hog=$!
     trap 'kill "$hog" 2>/dev/null || true' EXIT
+    phase setup
     for round in 1 2 3; do say "quick tier under load, round $round of 3"; run_tests -m "not full" "$@"; done ;;
   bench) setup test,ray; exec "$PY" bench/run_all.py "$@" ;;
   docs) setup test docs; "$VENV/bin/pip" install -q -e ".[docs]"; exec "$VENV/bin/mkdocs" serve -a "${DOCS_ADDR:-127.0.0.1:8000}" "$@" ;;

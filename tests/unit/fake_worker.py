@@ -101,8 +101,8 @@ class FakeWorkerEngine:
         read_fd, box.write_fd = os.pipe()
         env = dict(box.env)
         arena_fd = None
-        if box.spec.mounts:  # the driver's arena file, as the container's /bin/sh would open it on fd 3
-            arena_fd = os.open(box.spec.mounts[0].host, os.O_RDWR)
+        if box.spec.options.mounts:  # the driver's arena file, as the container's /bin/sh would open it on fd 3
+            arena_fd = os.open(box.spec.options.mounts[0].source, os.O_RDWR)
             env["SWACTOR_ARENA_FD"] = str(arena_fd)
 
         def run() -> None:

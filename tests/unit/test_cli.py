@@ -273,7 +273,9 @@ def test_bad_gpu_counts_are_exit_2_with_the_reason(value: str, message: str) -> 
     assert result.output.startswith(message), result.output
 
 
-@pytest.mark.parametrize("args", [("-q", "chain"), ("chain", "-q"), ("chain", "-vv"), ("-v", "chain", "-v")])
+@pytest.mark.parametrize(
+    "args", [("-q", "chain"), ("chain", "-q"), ("chain", "--verbose", "--verbose"), ("-v", "chain", "--verbose")]
+)
 def test_verbosity_flags_work_before_and_after_the_command(args: tuple[str, ...]) -> None:
     assert run(*args, "--dry-run", "--gpus", "none").exit_code == 0
 

@@ -30,6 +30,7 @@ EXAMPLES: dict[type[errors.PpLaunchError], errors.PpLaunchError] = {
     errors.GpuAttachUnavailable: errors.GpuAttachUnavailable("could not select device driver: the engine cannot ..."),
     errors.NameInUse: errors.NameInUse("container name pp-0 is held by a container not made by pp-launch"),
     errors.EngineError: errors.EngineError("the engine refused to create pp-0"),
+    errors.HostPathMissing: errors.HostPathMissing("--volume: /models/x does not exist on this host: create it first"),
     errors.EngineLost: errors.EngineLost("the Docker engine at unix:///x.sock stopped"),
     errors.StateUnsafe: errors.StateUnsafe("the state directory /tmp/x is owned by uid 0, not by you (uid 65534)"),
     errors.StateFault: errors.StateFault("cannot write /home/u/.local/state/pp-launch/hosts/r.json: no space left"),
@@ -88,6 +89,7 @@ def test_every_error_type_through_a_command_is_one_plain_line_and_its_exit_code(
         (EXAMPLES[errors.NameInUse], 125),
         (EXAMPLES[errors.EngineUnavailable], 125),
         (EXAMPLES[errors.GpuAttachUnavailable], 125),
+        (EXAMPLES[errors.HostPathMissing], 125),
         (EXAMPLES[errors.ConfigError], 2),  # pp-gpu-node's own configuration
         (EXAMPLES[errors.StateFault], 1),
     ],

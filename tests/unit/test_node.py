@@ -11,9 +11,10 @@ from pp_launch.adapters.runtime import ThreadRuntime
 from pp_launch.app import node
 from pp_launch.app.node import NodeConfig, parse_gpus
 from pp_launch.core import errors
-from pp_launch.core.chain.plan import ChainPlan, Mount
+from pp_launch.core.chain.plan import ChainPlan
 from pp_launch.core.chain.ports import StageOutput, StopRequested
 from pp_launch.core.chain.scope import ChainScope, QuietReporter
+from pp_launch.core.container import MountSpec
 
 from .fakes import FakeBackend, FakeClock, FakeInbox, StageScript
 
@@ -47,7 +48,9 @@ def test_defaults() -> None:
     assert spec.name == "pp-stage-3" and spec.image == "swactor-pp-gpu:latest" and spec.network == "host"
     assert "DEV" not in spec.env  # PP_DEV unset: the image's own default (the old script forced CPU)
     assert spec.env["NVIDIA_VISIBLE_DEVICES"] == "void" and spec.device_requests == ()
-    assert spec.mounts == (Mount("/home/u/.cache/tinygrad/stage-3", "/root/.cache/tinygrad"),)
+    assert spec.options.mounts == (
+        MountSpec("bind", "/root/.cache/tinygrad", "/home/u/.cache/tinygrad/stage-3", ensure=True),
+    )
     assert spec.entrypoint is None and config.grace == 10.0
     assert spec.labels["pp-launch.stage"] == "3" and spec.labels["pp-launch.owner"] == OWNER
     assert spec.labels["pp-launch.gpus"] == ""
@@ -59,14 +62,17 @@ def test_defaults() -> None:
         ({"PP_IMAGE": "img:1"}, lambda s: s.image == "img:1"),
         ({"PP_CONTAINER_PREFIX": "pfx"}, lambda s: s.name == "pfx-0"),
         ({"PP_DEV": "CUDA"}, lambda s: s.env["DEV"] == "CUDA"),
-        ({"PP_CACHE_DIR": "/c"}, lambda s: s.mounts[0] == Mount("/c/stage-0", "/root/.cache/tinygrad")),
+        (
+            {"PP_CACHE_DIR": "/c"},
+            lambda s: s.options.mounts[0] == MountSpec("bind", "/root/.cache/tinygrad", "/c/stage-0", ensure=True),
+        ),
         ({"PP_STAGE_NETWORK": "container:abc"}, lambda s: s.network == "container:abc"),
         ({"PP_DIAG_NETWORK": "bridge"}, lambda s: s.network == "bridge"),
         ({"PP_DIAG_NETWORK": "bridge", "PP_STAGE_NETWORK": "host"}, lambda s: s.network == "host"),
         (
             {"PP_MODEL_CACHE_DIR": "/m"},
             lambda s: (
-                s.mounts[1] == Mount("/m/stage-0", "/root/.cache/pp-pipeline")
+                s.options.mounts[1] == MountSpec("bind", "/root/.cache/pp-pipeline", "/m/stage-0", ensure=True)
                 and s.env["PP_MODEL_CACHE_DIR"] == "/root/.cache/pp-pipeline"
             ),
         ),

@@ -15,6 +15,7 @@ import http.client
 import importlib.util
 import json
 import os
+import re
 import signal as _signal
 import socket
 import struct
@@ -384,6 +385,39 @@ class Engine:
         except docker.errors.APIError as exc:
             raise errors.EngineError(f"building {tag} failed: {_reason(exc)}") from None
 
+    def save_images(self, names: Sequence[str], path: str) -> int:
+        """`docker save NAME... -o PATH`: one archive of the images (written beside, then moved in place); its size."""
+        part = f"{path}.part{os.getpid()}"
+        try:
+            response = self.api.get(self.api._url("/images/get"), params={"names": list(names)}, stream=True)
+            self.api._raise_for_status(response)
+            with open(part, "wb") as out:
+                for chunk in response.iter_content(_READ_CHUNK):
+                    out.write(chunk)
+            os.replace(part, path)
+        except docker.errors.APIError as exc:
+            what = ", ".join(names)
+            raise errors.EngineError(f"the engine at {self.address} could not save {what}: {_reason(exc)}") from None
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(part)
+        return os.path.getsize(path)
+
+    def load_images(self, path: str) -> list[str]:
+        """`docker load -i PATH`: the images the archive holds, as the engine names them."""
+        loaded: list[str] = []
+        try:
+            with open(path, "rb") as f:
+                for chunk in self.api.load_image(f):
+                    if "error" in chunk:
+                        raise errors.EngineError(f"the engine at {self.address} refused {path}: {chunk['error']}")
+                    text = str(chunk.get("stream", "")).strip()
+                    if text.startswith("Loaded image: "):
+                        loaded.append(text.removeprefix("Loaded image: "))
+        except docker.errors.APIError as exc:
+            raise errors.EngineError(f"the engine at {self.address} could not load {path}: {_reason(exc)}") from None
+        return loaded
+
     def remove_image(self, name: str) -> None:
         with contextlib.suppress(docker.errors.NotFound):
             self.api.remove_image(name, force=True)
@@ -656,7 +690,7 @@ class Engine:
 
     def remove(self, ref: str) -> None:
         try:
-            self.api.remove_container(ref, force=True)
+            self.api.remove_container(ref, force=True, v=True)  # its anonymous volumes too, as auto-remove does
         except docker.errors.NotFound:
             pass
         except docker.errors.APIError as exc:
@@ -732,6 +766,22 @@ class Held:
                 self.engine.remove(self.id)
 
 
+def _refused(spec: StageSpec, engine: Engine, exc: BaseException) -> errors.PpLaunchError:
+    """The engine's refusal of a stage's create, in words that say what to do: a host path it lacks names the flag
+    that asked for it and the folder to create."""
+    reason = _reason(exc)
+    missing = re.search(r"bind source path does not exist: (\S+)", reason)
+    if missing is not None:
+        path = missing.group(1)
+        flag = next((m.flag for m in spec.options.mounts if m.source == path), "--volume")
+        where = f"host {spec.host}" if spec.host else f"the engine's machine ({engine.address})"
+        return errors.HostPathMissing(
+            f"{flag}: {path} does not exist on {where}, for {spec.where()}: create it there first "
+            f"(mkdir -p {path}); pp-launch never lets the engine create it empty and owned by root"
+        )
+    return errors.EngineError(f"the engine refused to create {spec.name}: {reason}")
+
+
 class DockerStageBackend:
     """The chain's StageBackend on a Docker engine: tini as init, daemon-side auto-remove, host labels."""
 
@@ -773,12 +823,8 @@ class DockerStageBackend:
 
     def create(self, spec: StageSpec, env: Mapping[str, str]) -> str:
         lifeline = env.get(LIFELINE) == "stdin"
-        host_config = self.api.create_host_config(
-            init=True,
-            auto_remove=True,
-            network_mode=spec.network,
-            binds={m.host: {"bind": m.container, "mode": "ro" if m.read_only else "rw"} for m in spec.mounts} or None,
-        )
+        host_config = self.api.create_host_config(init=True, auto_remove=True, network_mode=spec.network)
+        host_config.update(self._options_host_config(spec))
         if spec.device_requests:
             # The engine's own JSON, as the docker CLI sends it (docker-py's DeviceRequest turns null into []).
             host_config["DeviceRequests"] = [dict(r) for r in spec.device_requests]
@@ -786,11 +832,12 @@ class DockerStageBackend:
             image=spec.image,
             command=list(spec.command) if spec.command else None,
             environment=dict(env),
-            labels=dict(spec.labels),
+            labels={**dict(spec.options.labels), **dict(spec.labels)},
             host_config=host_config,
             stdin_open=lifeline,
             entrypoint=list(spec.entrypoint) if spec.entrypoint is not None else None,
         )
+        config.update(spec.options.config())
         # StdinOnce: the engine closes the stage's stdin when our attach ends, i.e. when this process dies.
         config["StdinOnce"] = lifeline
         self._expect(spec.name)
@@ -807,7 +854,7 @@ class DockerStageBackend:
                     f"container name {spec.name} is already in use; pick another --name, or remove the old "
                     "container if it is yours ('pp-launch gc' removes those whose launcher is gone)"
                 ) from None
-            raise errors.EngineError(f"the engine refused to create {spec.name}: {_reason(exc)}") from None
+            raise _refused(spec, self.engine, exc) from None
         ref = str(created["Id"])
         self.created.append(ref)
         if lifeline:
@@ -822,6 +869,24 @@ class DockerStageBackend:
                 self.engine.remove(ref)  # ours by id, never started
             raise
         return ref
+
+    def _options_host_config(self, spec: StageSpec) -> dict[str, Any]:
+        """docker run's options of the stage (core/container.py). The folders pp-launch makes for a stage (its caches)
+        are created here first with this user's ownership, when the engine is on this machine; on an engine reached
+        over the network they go as `-v` binds, which that engine creates, as `docker -H ENGINE run -v` would. Any
+        other host path goes as `--mount type=bind`: the engine refuses a missing one, never creating it as root."""
+        out = spec.options.host_config()
+        ensured = [m for m in spec.options.mounts if m.ensure]
+        if not ensured:
+            return out
+        if self.engine.url.startswith("unix://"):
+            for m in ensured:
+                os.makedirs(m.source, exist_ok=True)
+            return out
+        kept = dataclasses.replace(spec.options, mounts=tuple(m for m in spec.options.mounts if not m.ensure))
+        out = kept.host_config()
+        out["Binds"] = [*out.get("Binds", []), *(m.bind_text() for m in ensured)]
+        return out
 
     def _all_created(self) -> None:
         call, self._on_all_created = self._on_all_created, None

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -45,6 +46,25 @@ def check_request(request: ChainRequest) -> None:
         check_name_prefix(request.name_prefix)
 
 
+def check_host_paths(request: ChainRequest, local: bool) -> None:
+    """Every host path a stage mounts exists (each stage's, {stage} replaced), when the engine is on this machine:
+    exit 2 before anything starts, naming the flag and the fix. Elsewhere the engine itself refuses a missing one
+    at the create (adapters/docker_engine.py), for it is sent as `--mount type=bind`: never created as root."""
+    if not local:
+        return
+    for mount, template in request.container.host_paths():
+        for k in range(request.stages):
+            if mount.stage not in (None, k):
+                continue
+            path = mount.for_stage(k).source
+            if not os.path.exists(path):
+                which = f" (stage {k}'s)" if template != path else ""
+                raise errors.HostPathMissing(
+                    f"{mount.flag}: {path}{which} does not exist on this host: create it first (mkdir -p {path}); "
+                    "docker would create it empty and owned by root"
+                )
+
+
 def ensure_image(engine: Engine, image: str, say: Callable[[str], None]) -> None:
     """The built-in image is built on first use; a user image must be there already (nothing is pulled)."""
     if engine.image_labels(image) is not None and engine.image_labels(GUARD_IMAGE) is not None:
@@ -58,14 +78,53 @@ def ensure_image(engine: Engine, image: str, say: Callable[[str], None]) -> None
     images.build_all(engine, say)
 
 
-def build_images(progress: Callable[[str], None], base: str | None = None) -> list[images.BuildResult]:
-    """`pp-launch images build`: pp-launch's images on DOCKER_HOST's engine, each rebuilt only when its inputs
-    changed."""
+def build_images(
+    say: Callable[[images.Step], None] | Callable[[str], None],
+    base: str | None = None,
+    hosts: Sequence[str] = (),
+    log: images.BuildLog | None = None,
+) -> list[images.BuildResult]:
+    """`pp-launch images build`: pp-launch's images on DOCKER_HOST's engine (or on each of `hosts`, in turn: Docker
+    contexts or engine URLs), each rebuilt only when its inputs changed. The base image's root filesystem is made
+    here (debootstrap) and imported into each engine; nothing is pulled."""
+    results: list[images.BuildResult] = []
+    for host in hosts or (None,):
+        engine = connect(host=host)
+        try:
+            results += images.build_all(engine, say, base, log)
+        finally:
+            engine.close()
+    return results
+
+
+SHIPPED = (BUILTIN_IMAGE, GUARD_IMAGE)  # what every engine a run uses needs (the base only builds them)
+
+
+def save_images(path: str) -> tuple[list[str], int]:
+    """`pp-launch images save`: the stage and guard images of DOCKER_HOST's engine in one archive (docker save)."""
     engine = connect()
     try:
-        return images.build_all(engine, progress, base)
+        missing = [name for name in SHIPPED if engine.image_labels(name) is None]
+        if missing:
+            raise errors.ImageMissing(
+                f"{', '.join(missing)} not on the engine at {engine.address}: run 'pp-launch images build' first"
+            )
+        return list(SHIPPED), engine.save_images(SHIPPED, path)
     finally:
         engine.close()
+
+
+def load_images(path: str, hosts: Sequence[str] = ()) -> list[tuple[str, list[str]]]:
+    """`pp-launch images load`: an archive of `images save` loaded into DOCKER_HOST's engine, or into each of
+    `hosts`; (where, the images it loaded) for each."""
+    out = []
+    for host in hosts or (None,):
+        engine = connect(host=host)
+        try:
+            out.append((host or engine.address, engine.load_images(path)))
+        finally:
+            engine.close()
+    return out
 
 
 def check_names_free(engine: Engine, plan: ChainPlan, host: str | None, runtime: Runtime) -> None:

@@ -19,8 +19,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from pp_launch.adapters.images import images_dir
-from pp_launch.core import labels
+from pp_launch.core import errors, labels
 from pp_launch.core.chain.plan import ChainPlan
+from pp_launch.core.container import ContainerOptions, MountSpec
 
 ENTRY_CONFIG = "pp-stage-entry"
 ENTRY_PATH = "/pp-stage-entry"
@@ -70,12 +71,78 @@ def services(plan: ChainPlan, project: str, worker_cmd: tuple[str, ...], addr_ti
                 "retries": retries,
             },
         }
+        service.update(_docker_run(s.options, k))
+        service["labels"] = {**dict(s.options.labels), **dict(s.labels)}
         # --gpu-attach request: an nvidia reservation; cdi: a cdi one with CDI names; env: NVIDIA_VISIBLE_DEVICES
         if s.device_requests:
             devices = [_reservation(r) for r in s.device_requests]
             service["deploy"] = {"resources": {"reservations": {"devices": devices}}}
         out[f"stage-{k}"] = service
     return out
+
+
+def _docker_run(o: ContainerOptions, k: int) -> dict[str, Any]:
+    """docker run's options of stage k (core/container.py) as Compose writes them. A host path is never created by
+    Compose (create_host_path: false) unless pp-launch makes it (the caches); /dev/shm's size is stage 0's, whose
+    IPC namespace every stage shares."""
+    out: dict[str, Any] = {}
+    if o.mounts:
+        out["volumes"] = [_volume(m) for m in o.mounts]
+    if o.shm_size is not None and k == 0:
+        out["shm_size"] = o.shm_size
+    for key, value in (
+        ("ulimits", {u.name: {"soft": u.soft, "hard": u.hard} for u in o.ulimits}),
+        ("devices", [d.text() for d in o.devices]),
+        ("cap_add", list(o.cap_add)),
+        ("user", o.user),
+        ("working_dir", o.workdir),
+    ):
+        if value:
+            out[key] = value
+    return out
+
+
+def _volume(m: MountSpec) -> dict[str, Any]:
+    out: dict[str, Any] = {"type": m.type}
+    if m.source:
+        out["source"] = m.source
+    out["target"] = m.target
+    if m.read_only:
+        out["read_only"] = True
+    if m.type == "bind":
+        bind: dict[str, Any] = {"create_host_path": m.ensure}
+        if m.propagation:
+            bind["propagation"] = m.propagation
+        if m.selinux:
+            bind["selinux"] = m.selinux
+        out["bind"] = bind
+    elif m.type == "volume" and m.nocopy:
+        out["volume"] = {"nocopy": True}
+    elif m.type == "tmpfs" and (m.tmpfs_size is not None or m.tmpfs_mode is not None):
+        out["tmpfs"] = {k: v for k, v in (("size", m.tmpfs_size), ("mode", m.tmpfs_mode)) if v is not None}
+    return out
+
+
+def named_volumes(plan: ChainPlan) -> dict[str, Any]:
+    """The named volumes the stages mount, declared as Compose needs them, under their own names (docker run -v
+    NAME creates NAME if it is missing; so does Compose with `name:`)."""
+    names = sorted({m.source for s in plan.stages for m in s.options.mounts if m.type == "volume" and m.source})
+    return {n: {"name": n} for n in names}
+
+
+def check(plan: ChainPlan) -> None:
+    """What Compose cannot do as `pp-launch chain` does: said before anything is written (exit 2)."""
+    for s in plan.stages:
+        if s.options.ipc is not None:
+            raise errors.UsageError(
+                "--ipc: a Compose chain hands each announcement over in stage 0's IPC namespace, which every stage "
+                "shares; use --shm-size for a larger /dev/shm"
+            )
+        if any(m.type == "volume" and not m.source for m in s.options.mounts):
+            raise errors.UsageError(
+                "--volume DST alone (an anonymous volume) outlives 'docker compose down'; give it a name "
+                "(-v NAME:DST) or use --mount type=tmpfs,target=DST"
+            )
 
 
 def _reservation(request: Mapping[str, Any]) -> dict[str, Any]:
@@ -98,11 +165,14 @@ def render(
     addr_timeout: float = 60.0,
     script: str | None = None,
 ) -> str:
+    check(plan)
     doc = {
         "name": project,
         "services": services(plan, project, worker_cmd, addr_timeout),
         "configs": {ENTRY_CONFIG: {"content": script if script is not None else entry_script()}},
     }
+    if volumes := named_volumes(plan):
+        doc["volumes"] = volumes
     header = (
         f"# A {len(plan.stages)}-stage pp-launch chain as a Compose project (run {plan.run_id}).\n"
         f"# Written by: {command_line}\n"

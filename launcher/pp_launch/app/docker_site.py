@@ -133,6 +133,7 @@ class DockerSite:
             for s in self.places:
                 guard_image_check(_engine(s), f"host {s.name}")
         else:
+            steps.check_host_paths(request.chain, _local(self.places[0]))
             steps.ensure_image(_engine(self.places[0]), image, say)
         if request.gpu_node is None:
             owner = request.owner or steps.owner_label(request.detach)
@@ -174,7 +175,9 @@ class DockerSite:
         written for wherever it will run, so it checks none."""
         if request.hosts:
             across.check_image(_hosts(self.places), request.chain.image)
-        elif strict and (engine := self.places[0].engine) is not None:
+        elif strict:
+            steps.check_host_paths(request.chain, self.places[0].engine is None or _local(self.places[0]))
+        if not request.hosts and strict and (engine := self.places[0].engine) is not None:
             image = request.chain.image
             if image != BUILTIN_IMAGE and engine.image_labels(image) is None:
                 raise errors.ImageMissing(
@@ -522,6 +525,11 @@ def _hosts(sites: Sequence[_Engine]) -> list[across.Host]:
     return [s.host for s in sites if s.host is not None]
 
 
+def _local(site: _Engine) -> bool:
+    """The engine runs on this machine (its unix socket): a host path of a stage is a path here."""
+    return site.engine is not None and site.engine.url.startswith("unix://")
+
+
 def _engine(site: _Engine) -> Engine:
     assert site.engine is not None  # only a dry run goes without one
     return site.engine
@@ -566,6 +574,7 @@ def _plan(
         selection.cost,
         tuple(stage_hosts) if request.hosts else (),
         launcher,
+        frozenset(s.name for s in sites if s.engine is not None and not _local(s)),
     )
     return plan, selection.note
 

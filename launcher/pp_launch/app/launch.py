@@ -31,6 +31,7 @@ from pp_launch.app.request import Stoppable as Stoppable
 from pp_launch.app.site import Launching
 from pp_launch.core import errors, events
 from pp_launch.core.chain.scope import ChainOutcome, ChainScope, QuietReporter
+from pp_launch.core.container import CACHE_DIR_ENV, MODEL_CACHE_DIR_ENV
 
 
 def launch(
@@ -64,7 +65,7 @@ class Run:
         self, request: LaunchRequest, place: Launching, hooks: Hooks, environ: Mapping[str, str] | None = None
     ) -> None:
         self.request, self.place = _named(request), place
-        self.environ = os.environ if environ is None else environ
+        self.environ = launch_environ(os.environ if environ is None else environ)
         try:
             place.prepare(self.request, hooks.say)
         except BaseException:
@@ -213,13 +214,24 @@ def plan_launch(request: LaunchRequest, environ: Mapping[str, str] | None = None
     absent engine is no error (the GPUs its containers hold are then not checked: `warning`). dry_run: what a
     launch would fail on before starting anything fails here too (an engine that refuses this user, a stage image
     it lacks); a Compose file is written for wherever it will run, so it checks neither."""
-    environ = os.environ if environ is None else environ
+    environ = launch_environ(os.environ if environ is None else environ)
     request = _named(request)
     place = _site(request, dry_run=True, strict=dry_run)
     try:
         return place.dry_plan(request, environ, strict=dry_run)
     finally:
         place.finish(None)
+
+
+def launch_environ(environ: Mapping[str, str]) -> dict[str, str]:
+    """The launcher's environment as a plan reads it: HOME known, the cache folders (PP_CACHE_DIR,
+    PP_MODEL_CACHE_DIR) absolute, taken from where the launcher runs."""
+    env = dict(environ)
+    env.setdefault("HOME", os.path.expanduser("~"))
+    for name in (CACHE_DIR_ENV, MODEL_CACHE_DIR_ENV):
+        if env.get(name):
+            env[name] = os.path.abspath(env[name])
+    return env
 
 
 def _named(request: LaunchRequest) -> LaunchRequest:

@@ -33,8 +33,9 @@ from pp_launch.app.locks import GpuLocks
 from pp_launch.app.request import GpuOptions, Hooks, Launched, LaunchRequest
 from pp_launch.app.site import Held
 from pp_launch.core import errors, labels, stage_env
-from pp_launch.core.chain.plan import BUILTIN_IMAGE, ChainPlan, ChainRequest, Mount, StageSpec
+from pp_launch.core.chain.plan import BUILTIN_IMAGE, ChainPlan, ChainRequest, StageSpec
 from pp_launch.core.chain.scope import ChainOutcome
+from pp_launch.core.container import CACHE_MOUNT, MODEL_CACHE_MOUNT, ContainerOptions, MountSpec
 from pp_launch.core.gpu.requests import gpu_request, read_gpus
 from pp_launch.core.stage_env import FORWARD_ENV, NODE_FORWARDED, RUN_ENV
 
@@ -121,7 +122,7 @@ class NodeSite(DockerSite):
             gpus, note = GpuRequest(choice.device_requests[0], ",".join(uuids) or "void", uuids), choice.note
         run_id = request.run_id or ""
         spec = dataclasses.replace(self.config, run_id=run_id).spec(environ, request.owner or "", gpus)
-        local.ensure_dirs([m.host for m in spec.mounts])
+        local.ensure_dirs([m.source for m in spec.options.mounts if m.ensure])  # here, wherever the engine is
         return ChainPlan(run_id=run_id, stages=(spec,), grace=self.config.grace), note
 
     def dry_plan(self, request: LaunchRequest, environ: Mapping[str, str], strict: bool) -> Launched:
@@ -167,12 +168,6 @@ DEFAULT_PREFIX = "pp-stage"
 
 
 DEFAULT_GRACE = 10.0
-
-
-CACHE_MOUNT = "/root/.cache/tinygrad"
-
-
-MODEL_CACHE_MOUNT = "/root/.cache/pp-pipeline"
 
 
 @dataclass(frozen=True)
@@ -274,11 +269,13 @@ class NodeConfig:
         env[stage_env.LIFELINE] = "stdin"
         return env
 
-    def mounts(self) -> tuple[Mount, ...]:
-        """Caches are per stage: stages of one host run at the same moment and would write them at once."""
-        mounts = [Mount(os.path.join(self.cache_dir, f"stage-{self.stage}"), CACHE_MOUNT)]
+    def mounts(self) -> tuple[MountSpec, ...]:
+        """Caches are per stage: stages of one host run at the same moment and would write them at once (the same
+        mounts a chain's stages get: core/container.py, cache_mounts)."""
+        mounts = [MountSpec("bind", CACHE_MOUNT, os.path.join(self.cache_dir, f"stage-{self.stage}"), ensure=True)]
         if self.model_cache_dir:
-            mounts.append(Mount(os.path.join(self.model_cache_dir, f"stage-{self.stage}"), MODEL_CACHE_MOUNT))
+            source = os.path.join(self.model_cache_dir, f"stage-{self.stage}")
+            mounts.append(MountSpec("bind", MODEL_CACHE_MOUNT, source, ensure=True))
         return tuple(mounts)
 
     def spec(self, environ: Mapping[str, str], owner: str, gpus: GpuRequest) -> StageSpec:
@@ -294,7 +291,7 @@ class NodeConfig:
             network=self.network,
             entrypoint=(self.entrypoint,) if self.entrypoint else None,
             command=self.command or None,
-            mounts=self.mounts(),
+            options=ContainerOptions(mounts=self.mounts()),
         )
 
 

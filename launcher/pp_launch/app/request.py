@@ -14,6 +14,7 @@ from pp_launch.app import gpus as gpu_select
 from pp_launch.core import errors, hosts
 from pp_launch.core.chain.plan import ChainPlan, ChainRequest
 from pp_launch.core.chain.scope import ChainOutcome, QuietReporter, Reporter
+from pp_launch.core.container import ContainerOptions
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,9 @@ def _problems(r: LaunchRequest) -> list[str]:
         "environment" if stdin and r.gpu_node else "",
         "--detach and --gpu-node do not go together: child processes end with the launcher"
         if r.detach and r.gpu_node else "",
+        "docker run's options (--volume, --mount, --shm-size, ...) and --gpu-node do not go together: a pp-gpu-node "
+        "child mounts its caches alone (PP_CACHE_DIR, PP_MODEL_CACHE_DIR)"
+        if r.gpu_node and r.chain.container != ContainerOptions() else "",
         "--stages-per-host needs --host or --ray (a chain across hosts)"
         if r.stages_per_host is not None and not (r.hosts or r.ray) else "",
         "--host and --gpu-node do not go together: child processes run on this machine" if r.hosts and r.gpu_node

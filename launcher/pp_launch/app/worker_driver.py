@@ -33,9 +33,10 @@ from pp_launch.app.launch import Foreground, Run
 from pp_launch.app.request import GpuOptions, Hooks, Launched, LaunchRequest
 from pp_launch.app.site import Held
 from pp_launch.core import errors, labels, stage_env
-from pp_launch.core.chain.plan import ChainPlan, ChainRequest, Mount, StageSpec
+from pp_launch.core.chain.plan import ChainPlan, ChainRequest, StageSpec
 from pp_launch.core.chain.ports import StageBackend, StageGone, StageOutput
 from pp_launch.core.chain.teardown import TeardownFailed
+from pp_launch.core.container import ContainerOptions, MountSpec
 from pp_launch.core.worker import codec as wire
 from pp_launch.core.worker import controller as c
 from pp_launch.core.worker import record
@@ -155,14 +156,14 @@ class WorkerDriver:
             stage_env.STAGE: "0",
             stage_env.NVIDIA_VISIBLE_DEVICES: ",".join(self.gpus) or stage_env.NO_GPU,
         }
-        mounts: tuple[Mount, ...] = ()
+        mounts: tuple[MountSpec, ...] = ()
         entrypoint: tuple[str, ...] | None = None
         command: tuple[str, ...] | None = None
         if self.share_arena:
             self.arena = Arena(f"{arena.HOST_SHM}/pp-launch-arena-{self.run_id}-g{generation}", self.arena_ceiling)
             self._arenas.append(self.arena)
             env.update({arena.FD_ENV: str(arena.FD_NUMBER), arena.BYTES_ENV: str(self.arena_ceiling)})
-            mounts = (Mount(self.arena.path, arena.INSIDE),)
+            mounts = (MountSpec("bind", arena.INSIDE, self.arena.path),)
             config = self.engine.image_config(self.image) or {}
             entrypoint = arena.ENTRY
             command = (*(config.get("Entrypoint") or ()), *(config.get("Cmd") or ()))
@@ -176,7 +177,7 @@ class WorkerDriver:
             device_requests=self.device_requests,
             entrypoint=entrypoint,
             command=command,
-            mounts=mounts,
+            options=ContainerOptions(mounts=mounts),
         )
         if self.run is None:  # the run's guard comes up with its first generation
             self.run = Run(self.request, self.place, Hooks(say=self.log))

@@ -11,9 +11,17 @@ import click
 
 from pp_launch.cli import signals, streams
 from pp_launch.cli.main import main
-from pp_launch.cli.options import Seconds, gpu_options, host_options, restart_options, stage_options, swactor_options
+from pp_launch.cli.options import (
+    Seconds,
+    container_options,
+    gpu_options,
+    host_options,
+    restart_options,
+    stage_options,
+    swactor_options,
+)
 from pp_launch.core import errors, hosts
-from pp_launch.core.chain.plan import ChainPlan, ChainRequest
+from pp_launch.core.chain.plan import ChainPlan, ChainRequest, StageSpec
 from pp_launch.core.lines import count
 
 if TYPE_CHECKING:  # the use case (and the engine client under it) is imported when a chain runs, not for --help
@@ -147,6 +155,7 @@ def _checked(ctx: click.Context, option: click.Option, item: object, where: str)
 @stage_options
 @gpu_options
 @swactor_options
+@container_options
 @click.option("--network", default="host", show_default=True, help="Network mode of every stage container.")
 @click.option("--name", "name_prefix", metavar="PREFIX", help="Containers are named PREFIX-K [default: pp-RUNID].")
 @click.option(
@@ -266,6 +275,7 @@ def chain(ctx: click.Context, /, **options: Any) -> None:
       pp-launch chain --stages 8 --host gpu1 --host gpu2 --gpus-per-stage 2   (Docker contexts)
       pp-launch chain --stages 8 --ray 10.0.0.1:6379 --gpus-per-stage 2      (a Ray cluster)
       pp-launch chain --stages 4 --max-restarts 3 --restart-backoff 2       (recover from failures)
+      pp-launch chain --stages 2 --image my/model:1 -v /models/m/stage-{stage}:/weights:ro --ipc host
     """
     verbosity, o = ctx.obj["verbosity"], options
     request = _request(o)
@@ -295,6 +305,7 @@ def _request(o: dict[str, Any]) -> LaunchRequest:
         entrypoint=(o["entrypoint"],) if o["entrypoint"] else None,
         handoff=o["handoff"],
         parallel=o["bring_up"] == "parallel",
+        container=o["container"],
         lifeline=True,  # a detached run is its launcher's until it is up, then its guards' (adapters/guard.py)
     )
     return LaunchRequest(
@@ -375,7 +386,7 @@ def _finish(outcome: ChainOutcome, run_id: str, as_json: bool, said: str = "", q
 
 def _print_plan(done: Launched, as_json: bool, inventory_path: str | None) -> None:
     from pp_launch.app import gpus as gpu_select
-    from pp_launch.cli.tables import gpu_names, render_ring
+    from pp_launch.cli.tables import gpu_names
 
     plan, note, warning = done.plan, done.note, done.warning
     local = any(s.gpus for s in plan.stages) and not plan.hosts
@@ -395,9 +406,18 @@ def _print_plan(done: Launched, as_json: bool, inventory_path: str | None) -> No
         click.echo(f"  stage {s.index}: {s.name}{on}  image {s.image}  GPUs {gpus}")
         for k, v in sorted(doc["stages"][s.index]["env"].items()):
             click.echo(f"      {k}={v}")
+        for line in _container_lines(s):
+            click.echo(f"      {line}")
+    _print_ring(doc, names, len(plan.stages))
+
+
+def _print_ring(doc: dict[str, Any], names: dict[str, str], stages: int) -> None:
+    """The dry run's hops, its ring over the topology, its placement's cost and what it notes."""
+    from pp_launch.cli.tables import render_ring
+
     for hop in doc.get("hops", []):
         click.echo(f"  hop {hop['from']} -> {hop['to']}: {hop['link']}")
-    if len(plan.stages) > 1:
+    if stages > 1:
         click.echo("  the ring over the topology:")
         for line in render_ring(doc, names).splitlines():
             click.echo(f"    {line}")
@@ -410,3 +430,17 @@ def _print_plan(done: Launched, as_json: bool, inventory_path: str | None) -> No
     for extra in ("note", "warning"):
         if extra in doc:
             click.echo(f"  {extra}: {doc[extra]}")
+
+
+def _container_lines(spec: StageSpec) -> list[str]:
+    """A stage's docker run options as a dry run shows them: each mount as --mount (and who creates its folder), then
+    the other options as docker run's flags."""
+    o = spec.options
+    lines = [f"--mount {m.docker_flag()}" + ("  (folder created by pp-launch)" if m.ensure else "") for m in o.mounts]
+    lines += [f"--shm-size {o.shm_size}"] if o.shm_size is not None else []
+    lines += [f"--ipc {o.ipc}"] if o.ipc is not None else []
+    lines += [f"--ulimit {u.text()}" for u in o.ulimits] + [f"--device {d.text()}" for d in o.devices]
+    lines += [f"--cap-add {c}" for c in o.cap_add] + [f"--label {k}={v}" for k, v in o.labels]
+    lines += [f"--user {o.user}"] if o.user is not None else []
+    lines += [f"--workdir {o.workdir}"] if o.workdir is not None else []
+    return lines

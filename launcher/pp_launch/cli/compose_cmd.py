@@ -9,8 +9,9 @@ import click
 
 from pp_launch.app import launch
 from pp_launch.cli.main import main
-from pp_launch.cli.options import gpu_options, stage_options, swactor_options
+from pp_launch.cli.options import container_options, gpu_options, stage_options, swactor_options
 from pp_launch.core.chain.plan import ChainRequest
+from pp_launch.core.container import ContainerOptions
 
 
 def _canonical(ctx: click.Context) -> str:
@@ -34,6 +35,7 @@ def _canonical(ctx: click.Context) -> str:
 @stage_options
 @gpu_options
 @swactor_options
+@container_options
 @click.option("--project", default="pp-chain", show_default=True, help="Compose project name.")
 @click.option(
     "--worker-cmd",
@@ -63,6 +65,7 @@ def compose(
     env: tuple[tuple[str, str], ...],
     stage_env: tuple[tuple[int, str, str], ...],
     addr_timeout: float,
+    container: ContainerOptions,
 ) -> None:
     """Write a Compose file for a chain of STAGES stages to stdout.
 
@@ -83,7 +86,15 @@ def compose(
             "use lowercase letters, digits, '-' and '_', starting with a letter or digit", param_hint="--project"
         )
     request = launch.LaunchRequest(
-        ChainRequest(stages=stages, image=image, env=seed + env, stage_env=stage_env, lifeline=False),
+        ChainRequest(
+            stages=stages,
+            image=image,
+            env=seed + env,
+            stage_env=stage_env,
+            lifeline=False,
+            container=container,
+            caches="named",  # written for wherever it runs: this machine's HOME means nothing there
+        ),
         gpu,
         owner=compose_file.owner_for(project),
         run_id=compose_file.run_id_for(project),

@@ -31,6 +31,9 @@ COMMANDS = {
 }
 
 
+VOLUME_COMMANDS = ("chain", "compose")  # their -v is docker run's --volume; --verbose (or pp-launch -v CMD) says more
+
+
 def _verbosity(ctx: click.Context, param: click.Parameter, value: Any) -> None:
     """-v/-q after the command name mean what they mean before it (the root's callback has run by then)."""
     obj = ctx.find_root().obj
@@ -100,7 +103,7 @@ class Commands(click.Group):
         if name != "node":
             cmd.params += [
                 click.Option(
-                    ["-v", "--verbose"],
+                    ["--verbose"] if name in VOLUME_COMMANDS else ["-v", "--verbose"],
                     count=True,
                     expose_value=False,
                     callback=_verbosity,

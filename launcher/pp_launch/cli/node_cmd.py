@@ -111,6 +111,7 @@ def as_docker_run() -> Iterator[None]:
         errors.EngineError,
         errors.EngineUnavailable,
         errors.GpuAttachUnavailable,
+        errors.HostPathMissing,
     )
     try:
         yield

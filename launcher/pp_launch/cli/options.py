@@ -338,3 +338,163 @@ def restart_options(f: F) -> F:
     for decorator in reversed(decorators):
         wrapper = decorator(wrapper)
     return wrapper  # type: ignore[return-value]
+
+
+class DockerValue(click.ParamType):  # type: ignore[type-arg]
+    """A value of one of docker run's options, read by core/container.py's parser: a chain file's value is checked
+    by the same parser as the flag's."""
+
+    def __init__(self, name: str, parse: Callable[[str], Any]) -> None:
+        self.name, self.parse = name, parse
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if not isinstance(value, str):
+            value = str(value)
+        from pp_launch.core import container
+
+        try:
+            self.parse(value)
+        except container.OptionError as exc:
+            self.fail(str(exc), param, ctx)
+        return value
+
+
+def container_options(f: F) -> F:
+    """docker run's options for a stage's container, docker's syntax and meaning (core/container.py), shared by chain
+    and compose: the command receives `container` (a ContainerOptions), its mounts in the order given. `--rm`,
+    `--init` and docker run's other flags that pp-launch sets itself are refused, saying what to use."""
+    from pp_launch.core import container as c
+
+    decorators = [
+        click.option(
+            "-v",
+            "--volume",
+            "volumes",
+            multiple=True,
+            type=DockerValue("volume", c.parse_volume),
+            metavar="SRC:DST[:ro|rw]",
+            help="Mount SRC (an absolute host path, or a volume's name) at DST in every stage, as docker run -v; "
+            "{stage} in the host path is the stage's index (-v /models/llama/stage-{stage}:/weights:ro). A missing "
+            "host path is refused (docker would create it empty, owned by root). DST alone: an anonymous volume.",
+        ),
+        click.option(
+            "--stage-volume",
+            "stage_volumes",
+            multiple=True,
+            metavar="K:SRC:DST[:ro]",
+            help="Mount SRC at DST in stage K only.",
+        ),
+        click.option(
+            "--mount",
+            "mounts",
+            multiple=True,
+            type=DockerValue("mount", c.parse_mount),
+            metavar="type=bind|volume|tmpfs,...",
+            help="A mount in every stage, as docker run --mount: type, source (src), target (dst), readonly, "
+            "bind-propagation, volume-nocopy, tmpfs-size, tmpfs-mode; {stage} in a bind's source is the stage's index.",
+        ),
+        click.option(
+            "--shm-size",
+            type=DockerValue("size", c.parse_size),
+            metavar="SIZE",
+            help="Size of each stage's /dev/shm, as docker run (64m, 16g); NCCL and PyTorch want several GB (or "
+            "--ipc host).",
+        ),
+        click.option(
+            "--ipc",
+            type=DockerValue("ipc", c.parse_ipc),
+            metavar="MODE",
+            help="IPC namespace, as docker run: host (the host's /dev/shm), private, shareable, none, container:NAME.",
+        ),
+        click.option(
+            "--ulimit",
+            "ulimits",
+            multiple=True,
+            type=DockerValue("ulimit", c.parse_ulimit),
+            metavar="NAME=SOFT[:HARD]",
+            help="A resource limit, as docker run (--ulimit memlock=-1 for RDMA, --ulimit nofile=65536).",
+        ),
+        click.option(
+            "--device",
+            "devices",
+            multiple=True,
+            type=DockerValue("device", c.parse_device),
+            metavar="HOST[:CONTAINER[:PERMS]]",
+            help="A host device in every stage, as docker run (--device /dev/infiniband/uverbs0).",
+        ),
+        click.option(
+            "--cap-add",
+            "cap_add",
+            multiple=True,
+            type=DockerValue("capability", c.parse_cap),
+            metavar="CAP",
+            help="A Linux capability for every stage, as docker run (IPC_LOCK, SYS_PTRACE).",
+        ),
+        click.option(
+            "-u",
+            "--user",
+            type=DockerValue("user", c.parse_user),
+            metavar="UID[:GID]",
+            help="Run each stage's process as this user, as docker run.",
+        ),
+        click.option(
+            "-w",
+            "--workdir",
+            type=DockerValue("path", c.parse_workdir),
+            metavar="DIR",
+            help="Working directory inside each stage, as docker run.",
+        ),
+        click.option(
+            "-l",
+            "--label",
+            "user_labels",
+            multiple=True,
+            type=DockerValue("label", c.parse_label),
+            metavar="KEY=VALUE",
+            help="A label on every stage's container, as docker run (pp-launch.* are pp-launch's own).",
+        ),
+        *[
+            click.option(*flags, is_flag=True, hidden=True, expose_value=False, callback=_ours)
+            for flags in (("--rm",), ("--init",), ("-i", "--interactive"), ("-t", "--tty"))
+        ],
+        click.option("--restart", hidden=True, expose_value=False, callback=_ours, metavar="POLICY"),
+    ]
+
+    @functools.wraps(f)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        given = {name: kwargs.pop(key) for key, name in CONTAINER_KEYS.items()}
+        try:
+            kwargs["container"] = c.ContainerOptions.parse(kwargs.get("stages") or 1, **given)
+        except c.OptionError as exc:
+            raise click.UsageError(str(exc)) from None
+        return f(*args, **kwargs)
+
+    command: Any = wrapper
+    for d in reversed(decorators):
+        command = d(command)
+    return command  # type: ignore[no-any-return]
+
+
+# container_options' parameters, as ContainerOptions.parse names them
+CONTAINER_KEYS = {
+    "volumes": "volumes",
+    "stage_volumes": "stage_volumes",
+    "mounts": "mounts",
+    "shm_size": "shm_size",
+    "ipc": "ipc",
+    "ulimits": "ulimits",
+    "devices": "devices",
+    "cap_add": "cap_add",
+    "user": "user",
+    "workdir": "workdir",
+    "user_labels": "labels",
+}
+
+
+def _ours(ctx: click.Context, param: click.Parameter, value: Any) -> None:
+    """docker run's flags that pp-launch sets itself: refused, saying what to use instead."""
+    if value is not None and value is not False:
+        from pp_launch.core import container
+
+        flag = max(param.opts, key=len)
+        raise click.UsageError(f"{flag}: {container.ours(flag)}")

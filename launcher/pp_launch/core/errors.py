@@ -52,6 +52,10 @@ class NameInUse(ConfigError):
     """A container name is taken by a live owner: never killed, reported."""
 
 
+class HostPathMissing(ConfigError):
+    """A host path a stage mounts does not exist where its engine runs (never created empty and owned by root)."""
+
+
 class EngineError(PpLaunchError):
     """The engine refused an operation we could not do without (create, start)."""
 

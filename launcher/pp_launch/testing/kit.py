@@ -34,6 +34,7 @@ from pp_launch.core import errors, events
 from pp_launch.core.announce import StageAnnouncement, parse_line
 from pp_launch.core.chain.plan import BUILTIN_IMAGE, ChainRequest, build_plan
 from pp_launch.core.chain.teardown import TeardownFailed
+from pp_launch.core.container import ContainerOptions
 from pp_launch.core.gpu.requests import device_requests
 
 DEFAULT_GRACE = 5.0
@@ -72,8 +73,12 @@ class StageContainer:
         grace: float = DEFAULT_GRACE,
         command: tuple[str, ...] = (),
         name: str | None = None,
+        **docker_run: Any,
     ) -> None:
+        """docker_run: docker run's options, as Chain takes them (volumes=[...], shm_size=..., ...); the stage gets
+        these mounts alone (no caches: the test describes its stage whole)."""
         self.image, self.stage, self.num_stages, self.grace = image, stage, num_stages, grace
+        self.container = ContainerOptions.parse(num_stages, **docker_run)
         self.stage_env = dict(env or {})
         self.gpus, self.gpu_attach, self.stage_command = tuple(gpus), gpu_attach, tuple(command)
         self.name = name
@@ -124,7 +129,13 @@ class StageContainer:
         run's guard first (a test process killed at any moment leaves no stage behind), the stage in the foreground
         of the chain's scope. Returns once it runs; the engine's refusal (or any error before) is raised here."""
         self._unstarted("start")
-        request = ChainRequest(stages=self.num_stages, image=self.image, env=tuple(self.stage_env.items()))
+        request = ChainRequest(
+            stages=self.num_stages,
+            image=self.image,
+            env=tuple(self.stage_env.items()),
+            container=self.container,
+            caches="none",
+        )
         gpus = [self.gpus if k == self.stage else () for k in range(self.num_stages)]
         owner, run_id = identity.current_owner().label(), identity.new_run_id()
         plan = build_plan(request, {}, owner, gpus, [device_requests(g, self.gpu_attach) for g in gpus], run_id)
@@ -326,8 +337,12 @@ def Chain(
     handoff: str = "env",
     bring_up: str = "parallel",
     timeout: float = 120.0,
+    **docker_run: Any,
 ) -> Iterator[RunningChain]:
-    """A chain for the length of a `with` block: yields once every stage announced; torn down at the end."""
+    """A chain for the length of a `with` block: yields once every stage announced; torn down at the end.
+    docker_run: docker run's options for every stage, as `pp-launch chain` takes them (docs/chain.md): volumes=[...],
+    stage_volumes, mounts, shm_size="2g", ipc="host", ulimits, devices, cap_add, user, workdir, labels; a value
+    docker would refuse raises ValueError naming it."""
     run_id = identity.new_run_id()
     request = launch.LaunchRequest(
         ChainRequest(
@@ -338,6 +353,7 @@ def Chain(
             addr_timeout=addr_timeout,
             handoff=handoff,
             parallel=bring_up == "parallel",
+            container=ContainerOptions.parse(stages, **docker_run),
         ),
         launch.GpuOptions(mode=gpus, per_stage=gpus_per_stage, attach=gpu_attach, inventory_path=gpu_inventory),
         run_id=run_id,

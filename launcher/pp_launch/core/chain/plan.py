@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from pp_launch.core import labels, stage_env
 from pp_launch.core.announce import StageAnnouncement
 from pp_launch.core.chain import handoff
+from pp_launch.core.container import ContainerOptions, cache_mounts
 from pp_launch.core.hosts import HOST_LEVEL
 
 if TYPE_CHECKING:  # the allocator is loaded by what places GPUs, not by every import of a plan (chain --help)
@@ -17,13 +18,6 @@ if TYPE_CHECKING:  # the allocator is loaded by what places GPUs, not by every i
 
 BUILTIN_IMAGE = "pp-launch/stub-worker:latest"
 GUARD_IMAGE = "pp-launch/guard:latest"  # every run's guard and every engine's GPU lock (images/guard)
-
-
-@dataclass(frozen=True)
-class Mount:
-    host: str
-    container: str
-    read_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -38,7 +32,7 @@ class StageSpec:
     network: str = "host"
     command: tuple[str, ...] | None = None
     entrypoint: tuple[str, ...] | None = None  # None: the image's own
-    mounts: tuple[Mount, ...] = ()
+    options: ContainerOptions = field(default_factory=ContainerOptions)  # docker run's: mounts, --shm-size, ...
     host: str = ""  # the engine it runs on, as the user named it (--host); "" for the one engine
 
     def where(self) -> str:
@@ -84,11 +78,12 @@ class ChainPlan:
                     "env": dict(sorted(env.items())),
                     "gpus": list(s.gpus),
                     "device_requests": [dict(r) for r in s.device_requests],
-                    "labels": dict(s.labels),
+                    "labels": {**dict(s.options.labels), **dict(s.labels)},
                     "network": s.network,
                     "entrypoint": list(s.entrypoint) if s.entrypoint is not None else None,
                     "init": True,
                     "auto_remove": True,
+                    **s.options.to_json(),
                     **({"host": s.host} if self.hosts else {}),
                 }
             )
@@ -137,6 +132,10 @@ class ChainRequest:
     handoff: str = "env"  # env | stdin (core/chain/handoff.py)
     parallel: bool = True  # every container at once; False: one after another (images without /bin/sh)
     attempt: int = 1  # which attempt of the run this plan is (core/chain/restarts.py)
+    container: ContainerOptions = field(default_factory=ContainerOptions)  # docker run's options, every stage
+    # PP_CACHE_DIR and PP_MODEL_CACHE_DIR, mounted as pp-gpu-node mounts them: "all" (the default cache too),
+    # "named" (only the caches the environment names: a Compose file, written for wherever it runs), "none"
+    caches: str = "all"
 
 
 def build_plan(
@@ -150,25 +149,36 @@ def build_plan(
     cost: PlacementCost | None = None,
     stage_hosts: tuple[str, ...] = (),
     launcher: str = "",
+    remote_hosts: frozenset[str] = frozenset(),
 ) -> ChainPlan:
     """stage_hosts: each stage's host (a chain across hosts), () for the one engine. launcher: for a detached
-    run (owner `detached`), the launcher that owns it until the hand-over (labels.LAUNCHER)."""
+    run (owner `detached`), the launcher that owns it until the hand-over (labels.LAUNCHER). remote_hosts: the
+    hosts whose engine is not on the machine that creates the stage's container: pp-launch cannot create cache
+    folders there (core/container.py, cache_mounts)."""
     base = _base_env(request, environ)
     every_host = tuple(dict.fromkeys(stage_hosts))
     specs = []
     for k in range(request.stages):
         gpus, host = stage_gpus[k], stage_hosts[k] if stage_hosts else ""
+        options, env = request.container.for_stage(k), _stage_env(request, base, k, gpus)
+        if request.caches != "none":
+            home = environ.get("HOME", "/")  # absolute paths: app/launch.py, launch_environ
+            creatable = host not in remote_hosts and request.caches == "all"
+            caches, inside = cache_mounts(environ, k, home, creatable=creatable)
+            options = options.with_mounts(*caches)
+            env.update(inside)
         specs.append(
             StageSpec(
                 index=k,
                 name=f"{request.name_prefix or f'pp-{run_id}'}-{k}",
                 image=request.image,
-                env=_stage_env(request, base, k, gpus),
+                env=env,
                 labels=labels.stage_labels(run_id, k, owner, gpus, host, every_host, launcher, request.attempt),
                 gpus=gpus,
                 device_requests=device_requests[k],
                 network=request.network,
                 entrypoint=request.entrypoint,
+                options=options,
                 host=host,
             )
         )
