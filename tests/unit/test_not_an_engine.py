@@ -155,3 +155,18 @@ def test_odd_shapes_of_a_real_call_are_named_not_raised_as_key_errors(tmp_path: 
         with pytest.raises(errors.EngineLost, match="answered /info with something that is not JSON"):
             engine.identity()
         engine.close()
+
+
+def conflict(conn: socket.socket, stop: threading.Event) -> None:
+    body = b'{"message": "can not get logs from container which is dead or marked for removal"}'
+    head = f"HTTP/1.1 409 Conflict\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    conn.sendall(head.encode() + body)
+
+
+def test_the_logs_of_a_container_being_removed_are_none_not_an_error(tmp_path: Path) -> None:
+    """The engine's 409 for the logs of a container marked for removal (a run ending beside `gc` or `ps`, which read
+    every guard's log): it is going, as good as gone; `gc` failed on it (exit 1) beside other runs' ends."""
+    with fake_socket(tmp_path, conflict) as path:
+        engine = engine_on(path)
+        assert list(engine.log_lines("abc")) == []
+        engine.close()

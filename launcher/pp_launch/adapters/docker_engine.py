@@ -580,6 +580,8 @@ class Engine:
         except docker.errors.NotFound:
             return
         except docker.errors.APIError as exc:
+            if exc.status_code == 409:  # "dead or marked for removal": going, as good as gone (auto-remove, a rm)
+                return
             raise errors.EngineError(f"cannot read the logs of {ref[:12]}: {_reason(exc)}") from None
         if opened is not None:
             opened(stream.close)  # docker-py's CancellableStream: shuts its socket down, from any thread
