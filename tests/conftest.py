@@ -93,6 +93,7 @@ MADE_ONCE = {
     "nothing_left": "ray",
     "site": "docs-site",
     "browser": "docs-site",
+    "swactor_like_image": "swactor-like-image",  # built for its module, removed at its end
 }
 
 
@@ -101,6 +102,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if item.get_closest_marker("xdist_group"):
             continue
         group = next((MADE_ONCE[f] for f in getattr(item, "fixturenames", ()) if f in MADE_ONCE), None)
+        if group is None and item.get_closest_marker("engine_gpus"):
+            group = "engine-gpus"  # GPUs held on the suite's engine: every such test sees the others' holdings
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
 

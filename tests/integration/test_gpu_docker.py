@@ -15,7 +15,7 @@ from testcontainers.core.wait_strategies import LogMessageWaitStrategy
 
 from ..helpers import Launcher, remember_run, run_containers, unique, wait_until, watchdogs
 
-pytestmark = pytest.mark.docker
+pytestmark = [pytest.mark.docker, pytest.mark.engine_gpus]
 INVENTORY = str(Path(__file__).parent.parent / "data" / "plain-4gpu.json")
 UUIDS = [g["uuid"] for g in json.loads(Path(INVENTORY).read_text())["gpus"]]
 

@@ -78,6 +78,7 @@ def test_no_restart_left_is_exit_1_naming_every_attempt(engine: Engine, stub_ima
     assert nothing_left(engine, chain.events[0]["run"])
 
 
+@pytest.mark.engine_gpus
 @pytest.mark.parametrize("when", ["backoff", "bring-up"])
 def test_the_launcher_killed_between_or_during_attempts_leaves_nothing(
     engine: Engine, stub_image: str, when: str, tmp_path: Path
@@ -155,6 +156,7 @@ def test_sigterm_during_the_backoff_is_143_at_once(engine: Engine, stub_image: s
     assert wait_until(lambda: nothing_left(engine, run), 15)
 
 
+@pytest.mark.engine_gpus
 def test_an_xid_on_a_stages_gpu_fails_it_and_the_next_attempt_never_uses_that_gpu(
     engine: Engine, stub_image: str, fake_nvml_lib: Path, tmp_path: Path
 ) -> None:
