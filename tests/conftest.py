@@ -12,6 +12,7 @@ os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")  # Ryuk cannot be 
 import atexit
 import contextlib
 import ctypes
+import json
 import shutil
 import signal
 import tempfile
@@ -97,15 +98,53 @@ MADE_ONCE = {
 }
 
 
+def _group(item: pytest.Item) -> str | None:
+    """The worker group of a test: its costly fixture's, or the engine's GPUs'; None: any worker."""
+    group = next((MADE_ONCE[f] for f in getattr(item, "fixturenames", ()) if f in MADE_ONCE), None)
+    if group is None and item.get_closest_marker("engine_gpus"):
+        group = "engine-gpus"  # GPUs held on the suite's engine: every such test sees the others' holdings
+    return group
+
+
+GROUPS_ENV = "PP_TESTS_GROUPS"  # where the workers write each test's group for the controller's scheduler
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput") and config.getvalue("dist") == "loadgroup":  # the pytest-xdist controller
+        folder = Path(tempfile.mkdtemp(prefix="pp-tests-groups-"))  # 0700: nothing another user could plant
+        atexit.register(shutil.rmtree, folder, True)
+        os.environ[GROUPS_ENV] = str(folder / "groups.json")  # the workers it starts inherit it
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        if item.get_closest_marker("xdist_group"):
-            continue
-        group = next((MADE_ONCE[f] for f in getattr(item, "fixturenames", ()) if f in MADE_ONCE), None)
-        if group is None and item.get_closest_marker("engine_gpus"):
-            group = "engine-gpus"  # GPUs held on the suite's engine: every such test sees the others' holdings
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
+    """Under pytest-xdist, each worker writes every test's group (they all collect the same tests); the scheduler
+    below reads it. (xdist's own `xdist_group` marks no longer reach its scheduler under pytest 9.2, which names
+    tests by `_id`.)"""
+    path = os.environ.get(GROUPS_ENV)
+    if path and hasattr(config, "workerinput"):
+        groups = {item.nodeid: g for item in items if (g := _group(item)) is not None}
+        part = f"{path}.{os.getpid()}"
+        Path(part).write_text(json.dumps(groups))
+        os.replace(part, path)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """`--dist loadgroup`: the tests of one group on one worker (groups first, the largest first), every other test
+    wherever a worker is free."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByGroup(LoadScopeScheduling):  # type: ignore[misc]
+        groups: dict[str, str] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self.groups is None:  # read once every worker collected (schedule() runs only then)
+                self.groups = json.loads(Path(os.environ[GROUPS_ENV]).read_text())
+            return self.groups.get(nodeid, nodeid)
+
+    return ByGroup(config, log)
 
 
 @pytest.hookimpl(wrapper=True)
