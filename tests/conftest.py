@@ -22,6 +22,7 @@ import pytest
 from pp_launch.testing import fake_nvml
 
 from .helpers import TESTCONTAINERS_LABEL, live_launchers, ours, wait_until, watchdogs
+from .quick import quick
 from .story import Chapter
 
 # The suite's own host, whatever this machine is: a state directory (lock, reservations) of its own,
@@ -116,10 +117,17 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ[GROUPS_ENV] = str(folder / "groups.json")  # the workers it starts inherit it
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m reads the marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist, each worker writes every test's group (they all collect the same tests); the scheduler
-    below reads it. (xdist's own `xdist_group` marks no longer reach its scheduler under pytest 9.2, which names
-    tests by `_id`.)"""
+    """A real-engine test outside the quick tier (tests/quick.py) is marked `full`. Under pytest-xdist, each worker
+    writes every test's group (they all collect the same tests); the scheduler below reads it (xdist's own
+    `xdist_group` marks no longer reach its scheduler under pytest 9.2, which names tests by `_id`)."""
+    for item in items:
+        module = getattr(item, "module", None)
+        name = getattr(module, "__name__", "")
+        function = getattr(item, "originalname", item.name)
+        if ".integration." in name and not quick(name.rsplit(".", 1)[1], function):
+            item.add_marker(pytest.mark.full)
     path = os.environ.get(GROUPS_ENV)
     if path and hasattr(config, "workerinput"):
         groups = {item.nodeid: g for item in items if (g := _group(item)) is not None}
