@@ -70,7 +70,7 @@ def test_environment_rows_as_the_engine_sees_them(engine, stub_image, tmp_path: 
     assert cfg["Entrypoint"] == ["/usr/local/bin/pp-worker"]
     assert host["NetworkMode"] == "host" and host["Init"] is True and host["AutoRemove"] is True
     # on an engine of this machine the folders are made here, as the user, and bound as --mount type=bind binds
-    assert sorted((m["Type"], m["Source"], m["Target"], m["ReadOnly"]) for m in host["Mounts"]) == [
+    assert sorted((m["Type"], m["Source"], m["Target"], m.get("ReadOnly", False)) for m in host["Mounts"]) == [
         ("bind", f"{tmp_path}/cache/stage-2", "/root/.cache/tinygrad", False),
         ("bind", f"{tmp_path}/models/stage-2", "/root/.cache/pp-pipeline", False),
     ]
