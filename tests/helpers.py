@@ -77,7 +77,7 @@ def ours(labels: dict[str, str]) -> bool:
     host, _, rest = owner.partition(":")
     pid = rest.partition(":")[0]
     pids = {os.getpid(), *(p.pid for p in _launchers)}
-    return host == socket.gethostname() and pid.isdigit() and int(pid) in pids
+    return host == socket.gethostname() and pid.isascii() and pid.isdigit() and int(pid) in pids
 
 
 def unique(prefix: str = "t") -> str:

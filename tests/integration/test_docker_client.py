@@ -41,6 +41,30 @@ def test_a_local_chain_runs_through_docker_py_without_paramiko(engine, stub_imag
     assert not any(m.startswith("paramiko.") for m in imported)  # ("paramiko" alone: the barred name, asked for)
 
 
+def test_paramiko_installed_is_not_imported_for_a_local_engine(engine, stub_image) -> None:  # type: ignore[no-untyped-def]
+    """paramiko is installed here (the ssh extra); a chain on a local engine never imports it, nor docker-py's ssh
+    transport (0.1 s of every launcher's start); find_spec still finds it, and an ssh:// client still gets it."""
+    import importlib.util
+
+    assert importlib.util.find_spec("paramiko") is not None
+    r = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "pp_launch", "chain", "--stages", "2", "--gpus", "none"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    loaded = {line.rsplit("|", 1)[1].strip() for line in r.stderr.splitlines() if line.startswith("import time:")}
+    assert "docker.api.client" in loaded and not any(m.split(".")[0] == "paramiko" for m in loaded)
+    probe = (
+        "import importlib.util, sys; from pp_launch.adapters import docker_client as d; import docker.api.client as c; "
+        "assert 'paramiko' not in sys.modules and importlib.util.find_spec('paramiko'); d.ssh_transport(); "
+        "print(c.SSHHTTPAdapter.__module__, 'paramiko' in sys.modules)"
+    )
+    ssh = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
+    assert ssh.stdout.split() == ["docker.transport.sshconn", "True"]
+
+
 def test_the_local_engine_is_spoken_to_through_the_bounded_adapter(engine) -> None:  # type: ignore[no-untyped-def]
     api = engine.api._api
     assert isinstance(api, docker.APIClient)

@@ -19,19 +19,54 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import importlib.abc
 import socket
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
-import docker
-import docker.constants
-import docker.errors
-import requests.adapters
-import urllib3.connection
-import urllib3.connectionpool
-from docker.transport.unixconn import UnixHTTPAdapter, UnixHTTPConnection, UnixHTTPConnectionPool
+SSH_TRANSPORT = "docker.transport.sshconn"
+
+
+class _SshLater(importlib.abc.MetaPathFinder):
+    """While docker-py is first imported: its ssh transport (and paramiko, 0.1 s, which docker-py imports whenever it
+    is installed) is not loaded; docker-py treats that as "no ssh". `ssh_transport()` loads it for an ssh:// engine.
+    Nothing stands in for either module: once docker is imported this finder is gone, and find_spec and every
+    import see paramiko and the transport as they are."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
+        if name == SSH_TRANSPORT:
+            raise ImportError(f"{SSH_TRANSPORT} is loaded when an ssh:// engine is used (adapters/docker_client.py)")
+        return None
+
+
+def _import_docker() -> None:
+    if "docker" in sys.modules:
+        return
+    later = _SshLater()
+    sys.meta_path.insert(0, later)
+    try:
+        import docker.api.client  # noqa: F401
+    finally:
+        sys.meta_path.remove(later)
+
+
+_import_docker()
+
+import docker as docker  # noqa: E402  (after the above, on purpose; docker_engine takes it from here)
+import docker.constants  # noqa: E402
+import docker.errors  # noqa: E402
+import docker.utils  # noqa: E402
+import requests.adapters  # noqa: E402
+import urllib3.connection  # noqa: E402
+import urllib3.connectionpool  # noqa: E402
+from docker.transport.unixconn import (  # noqa: E402
+    UnixHTTPAdapter,
+    UnixHTTPConnection,
+    UnixHTTPConnectionPool,
+)
 
 
 class NotAnEngine(http.client.HTTPException):
@@ -199,7 +234,21 @@ def api_client(url: str, timeout: float, tls: Any = False) -> Any:
             api.mount("http://", _TcpAdapter())
         api._version = negotiate(api, timeout)
         return api
+    if url.startswith("ssh://"):
+        ssh_transport()
     return docker.APIClient(base_url=url, tls=tls, version="auto", timeout=seconds, use_ssh_client=False)
+
+
+def ssh_transport() -> None:
+    """docker-py's ssh transport (and paramiko), loaded now, for an ssh:// engine: where docker-py looks for it. Without
+    paramiko (a plain install) docker-py says so, as it always did (the `ssh` extra installs it)."""
+    import docker.api.client as client
+
+    if getattr(client, "SSHHTTPAdapter", None) is None:
+        with contextlib.suppress(ImportError):
+            from docker.transport.sshconn import SSHHTTPAdapter
+
+            client.SSHHTTPAdapter = SSHHTTPAdapter
 
 
 def negotiate(api: Any, timeout: float) -> str:

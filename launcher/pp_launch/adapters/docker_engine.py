@@ -26,12 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import docker
-import docker.errors
-import docker.utils
 import requests
 
 from pp_launch.adapters import docker_client
+from pp_launch.adapters.docker_client import docker  # imported there first: its ssh transport only when used
 from pp_launch.adapters.runtime import Threads
 from pp_launch.core import errors, labels
 from pp_launch.core.chain import handoff
