@@ -16,6 +16,7 @@ import json
 import shutil
 import signal
 import tempfile
+import time
 
 import pytest
 
@@ -155,10 +156,26 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     return ByGroup(config, log)
 
 
+CPU_LOG = os.environ.get("PP_TESTS_CPU_LOG")  # a file: each test's share of the machine's CPU, one line per test
+
+
+def _machine_cpu() -> float:
+    """CPU-seconds the whole machine has spent busy (every process: the engine, containers, launchers)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")  # all but idle and iowait
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> object:
     item.stash[_CHAPTER] = Chapter()
-    return (yield)
+    if not CPU_LOG:
+        return (yield)
+    cpu, wall = _machine_cpu(), time.monotonic()
+    try:
+        return (yield)
+    finally:  # measured with one test at a time (no xdist): the machine's CPU is then this test's
+        with open(CPU_LOG, "a") as log:
+            log.write(f"{_machine_cpu() - cpu:.2f}\t{time.monotonic() - wall:.2f}\t{item.nodeid}\n")
 
 
 @pytest.hookimpl(wrapper=True)
