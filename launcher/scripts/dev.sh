@@ -72,10 +72,12 @@ phase() {
   phase_start=$now
 }
 
-# pytest-xdist workers: the tests mostly wait on containers and engines, so more workers than cores; the tests of
-# each costly shared fixture (a second engine, the GPU engines, the hosts testbed, the Ray cluster, the browser)
-# run on one worker (tests/conftest.py, MADE_ONCE). PP_TESTS_WORKERS=0 runs everything in this one process.
-WORKERS=${PP_TESTS_WORKERS:-$(( $(nproc) * 2 > 4 ? $(nproc) * 2 : 4 ))}
+# pytest-xdist workers: one more than the cores (one test at a time keeps 0.8 of the 2 cores here busy: the tests
+# wait on containers and engines, and the engine's own work is CPU); more only adds contention (measured: 3 workers
+# 690 s for the full tier, 4 workers slower). The tests of each costly shared fixture (a second engine, the GPU
+# engines, the hosts testbed, the Ray cluster, the browser) run on one worker (tests/conftest.py, MADE_ONCE), as do
+# the GPU tests of the suite's engine. PP_TESTS_WORKERS=0 runs everything in this one process.
+WORKERS=${PP_TESTS_WORKERS:-$(( $(nproc) + 1 ))}
 
 run_tests() {
   export TESTCONTAINERS_RYUK_DISABLED=true
