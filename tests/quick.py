@@ -85,6 +85,12 @@ QUICK: dict[str, str | frozenset[str]] = {
         {"test_a_terminal_that_goes_away_ends_the_chain_with_129_and_every_stage_torn_down"}
     ),
     "test_threads": frozenset({"test_a_chain_leaves_no_thread"}),
+    "test_guard": frozenset(
+        {
+            "test_an_attach_to_the_guard_its_logs_and_a_second_session_change_nothing",
+            "test_a_guard_another_client_ends_is_replaced_within_a_second_and_said",
+        }
+    ),
 }
 
 

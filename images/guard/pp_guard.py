@@ -1,23 +1,38 @@
 """The guard of one run on one engine (docs/chain.md, "The guard").
 
-It runs as a container of the run on the engine it guards (tini as init, auto-remove, no network), reaching that
-engine through its socket, mounted at PP_GUARD_SOCKET. It holds the ids of the run's containers there, as the
-launcher sends them on its stdin right after each create, and the launcher's lifeline: that same stdin, which the
-engine closes when the launcher's attach ends, however the launcher ends.
+It runs as a container of the run on the engine it guards (tini as init, auto-remove, no network, no stdin),
+reaching that engine through its socket, mounted at PP_GUARD_SOCKET. Two programs of this file:
 
-First it checks that its socket reaches the engine the launcher means (PP_GUARD_ENGINE) and says `ready` on stdout
-(or why not); the only other line it writes there is `down`, when SIGUSR1 (`pp-launch down`) tells it to stop. stdin lines: `own <id>` (a container the launcher created:
-answered `owned <id>` on stderr, so the engine's log of this container is the run's record of what is its own), `detach` (the run is up and detached: the guard is its
-owner from now on, answered `detached`). End of stdin, for a run that is not detached, SIGUSR1 (`pp-launch down`)
-or SIGTERM (`docker stop`, an engine that stops), tears down every owned container (SIGTERM, PP_GUARD_GRACE seconds, SIGKILL, removal confirmed by the
-engine), then the guard exits. A detached run's guard also exits once none of its containers is left. With
-PP_GUARD_HEARTBEAT=S (an engine the launcher reaches over the network), S seconds without a line from the launcher
-(`beat`) count as the end of stdin too: a link that was cut, or a machine that froze or vanished, closes nothing.
+- `serve` (the container's own process): checks that its socket reaches the engine the launcher means
+  (PP_GUARD_ENGINE), then listens on a unix socket inside the container for the run's one session. It holds the
+  ids of the run's containers there and the launcher's lifeline: the session. Nothing outside the container can
+  reach that socket, and only the first session is taken: a `docker attach` (the container has no stdin) or a
+  `docker logs` reaches nothing of it.
+- `session` (what the launcher runs in the guard with `docker exec -i`, holding the exec's stdin and stdout): a relay
+  between the exec's stdio and serve's socket. When the launcher ends, however it ends, the engine closes the
+  exec's stdin; the session closes its connection; serve sees the lifeline end. No other client can reach an exec
+  session the launcher started.
+
+Session lines, launcher -> guard: `own <id>` (a container the launcher created: checked to be of this run and
+made after this guard started, answered `owned <id>` on stderr, so the engine's log of this container is the run's
+record of what is its own; else `refused <id> <why>` to the launcher), `detach` (the run is up and detached: the
+guard is its owner from now on, answered `detached`), `beat` (the launcher lives: with PP_GUARD_HEARTBEAT=S, S
+seconds without a line count as the end of the lifeline, for a link that was cut). Guard -> launcher: `ready` (or
+why not, then the session ends), `alive` four times a second (a guard that is paused or frozen falls silent), `down`
+(SIGUSR1: `pp-launch down`), `stopping` (SIGTERM: `docker stop`).
+
+The end of the lifeline (not detached), or SIGUSR1, tears down every owned container (SIGTERM, PP_GUARD_GRACE
+seconds, SIGKILL, removal confirmed by the engine), then the guard exits. SIGTERM (`docker stop` of the guard by
+someone else, an engine that stops) ends the guard and touches nothing (SIGINT, SIGHUP and SIGQUIT, which `docker
+attach` passes on from its terminal, change nothing): its launcher, which notices within a
+second, puts a new guard in its place (or, if it cannot, ends the run). A detached run's guard also exits once none
+of its containers is left.
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime
 import http.client
 import json
 import os
@@ -33,6 +48,11 @@ GRACE = float(os.environ.get("PP_GUARD_GRACE", "5"))
 # > 0: the launcher writes a line at least this often; silence that long means its machine or link is lost
 HEARTBEAT = float(os.environ.get("PP_GUARD_HEARTBEAT", "0"))
 PATIENCE = float(os.environ.get("PP_GUARD_PATIENCE", "60"))  # how long a teardown retries a silent engine
+RUN = os.environ.get("PP_GUARD_RUN", "")  # the run's id: an id to own must be of a container of this run
+LISTEN = "/run/pp-guard/session.sock"  # inside the container: reached only by a process in it (the session)
+VERDICT = "/run/pp-guard/verdict"  # why serve could not start, for the session to say
+ALIVE = 0.25  # seconds between two `alive` lines to the launcher
+SESSION_PATIENCE = 30.0  # seconds a new guard waits for its launcher's session
 POLL = 0.1
 ID = re.compile(r"[0-9a-f]{64}")
 
@@ -44,26 +64,30 @@ class _Unix(http.client.HTTPConnection):
         self.sock.connect(SOCKET)
 
 
-def call(method: str, path: str) -> int:
-    """One Engine API request; its HTTP status."""
+def request(method: str, path: str) -> tuple[int, bytes]:
+    """One Engine API request; its HTTP status and body."""
     conn = _Unix("localhost", timeout=30)
     try:
         conn.request(method, path, headers={"Content-Length": "0"})
         resp = conn.getresponse()
-        resp.read()
-        return resp.status
+        return resp.status, resp.read()
     finally:
         conn.close()
+
+
+def call(method: str, path: str) -> int:
+    return request(method, path)[0]
+
+
+def inspect(ref: str) -> dict | None:
+    status, body = request("GET", f"/containers/{ref}/json")
+    return json.loads(body) if status == 200 else None
 
 
 def identity() -> str:
     """What the launcher calls this engine (its id, name and data root): the socket must reach that one."""
-    conn = _Unix("localhost", timeout=30)
-    try:
-        conn.request("GET", "/info")
-        info = json.loads(conn.getresponse().read())
-    finally:
-        conn.close()
+    _, body = request("GET", "/info")
+    info = json.loads(body)
     return "|".join(str(info.get(k, "")) for k in ("ID", "Name", "DockerRootDir"))
 
 
@@ -72,48 +96,121 @@ def exists(ref: str) -> bool:
 
 
 def say(text: str) -> None:
-    """The record, on stderr: stdout carries one line only, `ready` or why not, to the launcher's attach."""
+    """The record, on stderr (the engine's log of this container); stdout stays empty."""
     sys.stderr.write(text + "\n")
     sys.stderr.flush()
 
 
-def ready() -> bool:
-    expected = os.environ.get("PP_GUARD_ENGINE", "")
+def when(text: str) -> float:
+    """An engine time (RFC 3339, nanoseconds) as seconds since the epoch; 0 when unreadable."""
+    head, _, frac = text.rstrip("Z").partition(".")
     try:
-        found = identity()
-    except (OSError, ValueError) as exc:
-        sys.stdout.write(f"cannot reach the engine through {SOCKET}: {exc}\n")
-        return False
-    if expected and found != expected:
-        sys.stdout.write(f"{SOCKET} is another engine ({found}, not {expected}): set PP_LAUNCH_GUARD_SOCKET to the "
-                         "engine's own socket on its machine\n")  # fmt: skip
-        return False
-    sys.stdout.write("ready\n")
-    return True
+        at = datetime.datetime.fromisoformat(head).replace(tzinfo=datetime.timezone.utc)
+        return at.timestamp() + float(f"0.{frac.split('+')[0].split('-')[0] or '0'}")
+    except ValueError:
+        return 0.0
 
 
 class Guard:
     def __init__(self) -> None:
         self.owned: list[str] = []
         self.detached = False
-        self.ended = threading.Event()  # end of stdin, or SIGTERM
+        self.ended = threading.Event()  # the lifeline ended (not detached), `down`, or the guard is told to go
+        self.teardown_wanted = True  # False: SIGTERM, the guard goes and touches nothing
         self.lock = threading.Lock()
         self.heard = time.monotonic()
+        self.session: socket.socket | None = None
+        self.session_lock = threading.Lock()
+        self.started = 0.0  # when this guard started, on the engine's clock
 
-    def read(self) -> None:
-        for raw in sys.stdin.buffer:
+    # ------------------------------------------------------------------------------------------ the session
+    def tell(self, line: str) -> None:
+        """A line to the launcher, if its session is there."""
+        with self.session_lock:
+            if self.session is not None:
+                with contextlib.suppress(OSError):
+                    self.session.sendall(line.encode() + b"\n")
+
+    def serve_session(self, server: socket.socket) -> None:
+        """The first connection is the run's session: its lines, until it ends. Any later one is refused. None within
+        SESSION_PATIENCE: the launcher died before it came (the guard ends as if its lifeline had)."""
+        server.settimeout(SESSION_PATIENCE)
+        try:
+            conn, _ = server.accept()
+        except OSError:
+            say(f"no session within {SESSION_PATIENCE:g} s: the launcher is gone")
+            self.ended.set()
+            return
+        conn.settimeout(None)
+        server.settimeout(None)
+        with self.session_lock:
+            self.session = conn
+        threading.Thread(target=self.refuse_others, args=(server,), daemon=True).start()
+        threading.Thread(target=self.beats, daemon=True).start()
+        self.tell("ready")
+        pending = b""
+        while True:
+            try:
+                data = conn.recv(65536)
+            except OSError:
+                data = b""
+            if not data:
+                break
             self.heard = time.monotonic()
-            words = raw.decode("ascii", "replace").split()
-            with self.lock:
-                if len(words) == 2 and words[0] == "own" and ID.fullmatch(words[1]) and words[1] not in self.owned:
-                    self.owned.append(words[1])
-                    say(f"owned {words[1]}")
-                elif words == ["detach"] and not self.detached:
-                    self.detached = True
-                    say("detached")
+            pending += data
+            *lines, pending = pending.split(b"\n")
+            for raw in lines:
+                self.on_line(raw.decode("ascii", "replace").split())
+        with self.session_lock:
+            self.session = None
         if not self.detached:
+            say("the launcher's lifeline ended")
             self.ended.set()
 
+    def refuse_others(self, server: socket.socket) -> None:
+        while True:
+            try:
+                other, _ = server.accept()
+            except OSError:
+                return
+            with contextlib.suppress(OSError):
+                other.sendall(b"taken: this guard has its session\n")
+                other.close()
+
+    def beats(self) -> None:
+        while not self.ended.wait(ALIVE):
+            self.tell("alive")
+
+    def on_line(self, words: list[str]) -> None:
+        if len(words) == 2 and words[0] == "own" and ID.fullmatch(words[1]):
+            why = self.not_ours(words[1])
+            with self.lock:
+                if why:
+                    self.tell(f"refused {words[1]} {why}")
+                elif words[1] not in self.owned:
+                    self.owned.append(words[1])
+                    say(f"owned {words[1]}")
+        elif words == ["detach"] and not self.detached:
+            self.detached = True
+            say("detached")
+
+    def not_ours(self, ref: str) -> str:
+        """Why an id the session names is not a container of this run made after this guard started ("" when it
+        is): what the guard will ever stop must be its launcher's own."""
+        try:
+            info = inspect(ref)
+        except (OSError, ValueError):
+            return "the engine did not answer"
+        if info is None:
+            return "no such container"
+        labels = (info.get("Config") or {}).get("Labels") or {}
+        if RUN and labels.get("pp-launch.run") != RUN:
+            return f"not of run {RUN}"
+        if when(str(info.get("Created", ""))) + 1.0 < self.started:
+            return "made before this guard started"
+        return ""
+
+    # ------------------------------------------------------------------------------------------ the teardown
     def left(self) -> list[str]:
         with self.lock:
             owned = list(self.owned)
@@ -141,28 +238,60 @@ class Guard:
             refs = [r for r in refs if exists(r)]
         for ref in refs:
             call("POST", f"/containers/{ref}/kill?signal=SIGKILL")
-            call("DELETE", f"/containers/{ref}?force=1")
+            call("DELETE", f"/containers/{ref}?force=1&v=1")
         for ref in refs:
             say(f"removed {ref}")
 
 
-def main() -> int:
-    ok = ready()
-    sys.stdout.flush()
-    if not ok:
+def ready() -> str:
+    """"" when the socket reaches the engine the launcher means, else why not."""
+    expected = os.environ.get("PP_GUARD_ENGINE", "")
+    try:
+        found = identity()
+    except (OSError, ValueError) as exc:
+        return f"cannot reach the engine through {SOCKET}: {exc}"
+    if expected and found != expected:
+        return (f"{SOCKET} is another engine ({found}, not {expected}): set PP_LAUNCH_GUARD_SOCKET to the engine's "
+                "own socket on its machine")  # fmt: skip
+    return ""
+
+
+def serve() -> int:
+    os.makedirs(os.path.dirname(LISTEN), mode=0o700, exist_ok=True)
+    why = ready()
+    if why:
+        with open(VERDICT, "w") as f:
+            f.write(why + "\n")
+        say(why)
         return 3
     guard = Guard()
+    me = inspect(socket.gethostname()) or {}
+    # what this guard may own: the run's containers made since its first guard started (a guard put in the place
+    # of one another client ended takes over the ids its launcher holds, made before it)
+    guard.started = float(os.environ.get("PP_GUARD_SINCE") or 0) or when(str((me.get("State") or {}).get("StartedAt", "")))
 
-    def down(*_: object) -> None:  # `pp-launch down`: the launcher, if it is there, hears it on our stdout
-        with contextlib.suppress(OSError, ValueError):
-            sys.stdout.write("down\n")
-            sys.stdout.flush()
+    def down(*_: object) -> None:  # `pp-launch down`: the launcher, if it is there, hears it on its session
+        guard.tell("down")
+        say("told to stop ('pp-launch down')")
         guard.ended.set()
 
-    signal.signal(signal.SIGUSR1, down)  # `pp-launch down` asks with its own signal: an engine that stops sends TERM
-    signal.signal(signal.SIGTERM, lambda *_: guard.ended.set())
-    signal.signal(signal.SIGINT, lambda *_: guard.ended.set())
-    threading.Thread(target=guard.read, daemon=True).start()
+    def stop(*_: object) -> None:  # `docker stop` of this guard, an engine that stops: go, touch nothing
+        guard.tell("stopping")  # its launcher puts a new guard in its place
+        guard.teardown_wanted = False
+        say("stopped by SIGTERM: the run's containers are left to its launcher (or, detached, to 'pp-launch down')")
+        guard.ended.set()
+
+    signal.signal(signal.SIGUSR1, down)
+    signal.signal(signal.SIGTERM, stop)
+    for passed_on in (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):  # what `docker attach` passes on from a terminal
+        signal.signal(passed_on, signal.SIG_IGN)  # (^C, a closed terminal): someone looking, not stopping anything
+    for ref in filter(None, os.environ.get("PP_GUARD_OWN", "").split(",")):  # a guard put in another's place: its
+        guard.on_line(["own", ref])  # ids come with it, so that its launcher killed right now still leaves nothing
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(LISTEN)
+    os.chmod(LISTEN, 0o600)
+    server.listen(4)
+    threading.Thread(target=guard.serve_session, args=(server,), daemon=True).start()
     while not guard.ended.wait(1.0):
         if HEARTBEAT > 0 and not guard.detached and time.monotonic() - guard.heard > HEARTBEAT:
             say("the launcher is silent: its lifeline is lost")
@@ -174,10 +303,46 @@ def main() -> int:
                     return 0
             except OSError:
                 pass
-    guard.teardown()
-    say("torn down")
+    if guard.teardown_wanted:
+        guard.teardown()
+        say("torn down")
+    return 0
+
+
+def session() -> int:
+    """The relay between this exec's stdio (the launcher) and serve's socket. Its first line out is `ready`, or why
+    not (then it ends)."""
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            conn.connect(LISTEN)
+            break
+        except OSError:
+            if os.path.exists(VERDICT) or time.monotonic() > deadline:
+                try:
+                    with open(VERDICT) as f:
+                        why = f.read().strip()
+                except OSError:
+                    why = "its guard did not listen within 15 s"
+                sys.stdout.write(why + "\n")
+                sys.stdout.flush()
+                return 3
+            time.sleep(0.02)
+
+    def upstream() -> None:  # the launcher's lines to serve; the end of stdin is the end of the lifeline
+        with contextlib.suppress(OSError):
+            while data := os.read(0, 65536):
+                conn.sendall(data)
+        with contextlib.suppress(OSError):
+            conn.shutdown(socket.SHUT_WR)
+
+    threading.Thread(target=upstream, daemon=True).start()
+    with contextlib.suppress(OSError):
+        while data := conn.recv(65536):
+            os.write(1, data)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(session() if sys.argv[1:] == ["session"] else serve())

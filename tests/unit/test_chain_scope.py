@@ -10,7 +10,7 @@ from pp_launch.adapters.runtime import ThreadRuntime
 from pp_launch.core import events
 from pp_launch.core.announce import parse_line
 from pp_launch.core.chain.plan import ChainRequest, build_plan
-from pp_launch.core.chain.ports import StopRequested
+from pp_launch.core.chain.ports import PlaceLost, StopRequested
 from pp_launch.core.chain.scope import ChainScope, DuplicateNodeId, Found, RosterIncomplete, resolve_roster
 
 from .fakes import FakeBackend, FakeClock, FakeHandoffBackend, FakeInbox, RecordingReporter, StageScript, node_id
@@ -152,6 +152,19 @@ def test_exit_zero_before_announcing_is_an_early_death() -> None:
     scope, _, _, _ = make(3, {1: StageScript(announce=False, exit_code_on_start=0)})
     outcome = scope.run()
     assert outcome.exit_code == 1 and "exited with code 0 before announcing" in outcome.message
+
+
+def test_a_lost_place_ends_the_chain_exit_1_with_its_own_words_never_completed() -> None:
+    """The run lost what it cannot go on without (its guard, and no new one): the one teardown, exit 1, place_lost,
+    the message as said; chain_stopped carries the same code."""
+    scope, backend, reporter, _ = make(3)
+    scope.inbox.at(2000.0, PlaceLost("the run's guard ... was paused by another client, and no new guard could be"))
+    outcome = scope.run()
+    assert (outcome.exit_code, outcome.reason) == (1, "place_lost")
+    assert outcome.message.startswith("the run's guard ... was paused by another client")
+    (stopped,) = reporter.named("chain_stopped")
+    assert stopped["reason"] == "place_lost" and stopped["exit_code"] == 1 and stopped["orphans"] == []
+    assert backend.existing == {}
 
 
 def test_teardown_kills_sigterm_ignorers_after_one_shared_grace() -> None:

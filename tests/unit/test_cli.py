@@ -696,3 +696,23 @@ def test_gpus_shows_temperature_power_and_who_runs_each_process(tmp_path: Path) 
     assert "? ?W" in row1  # unknown, never 0
     again = json.loads(run("gpus", "--gpu-inventory", str(path), "--json").stdout)["gpus"][0]
     assert (again["temperature_c"], again["power_w"], again["processes"][0]["user"]) == (41, 123.4, "alice")
+
+
+def test_a_chain_file_nested_thousands_deep_is_one_line_not_a_traceback(tmp_path: Path) -> None:
+    deep = tmp_path / "deep.toml"
+    deep.write_text("stages = " + "[" * 5000 + "2" + "]" * 5000 + "\n")
+    result = run("chain", "-f", str(deep), "--dry-run")
+    assert result.exit_code == 2
+    assert result.output.splitlines()[0] == (
+        f"pp-launch: error: chain file {deep} nests its tables or arrays too deeply: not a chain file"
+    )
+
+
+def test_an_env_file_value_with_a_nul_byte_is_refused_by_the_dry_run_as_the_run_would_be(tmp_path: Path) -> None:
+    env_file = tmp_path / "stage.env"
+    env_file.write_bytes(b"GOOD=1\nBAD=x\0y\n")
+    for args in (("--dry-run",), ("--dry-run", "--json")):
+        result = run("chain", "--gpus", "none", "--env-file", str(env_file), *args)
+        assert result.exit_code == 2
+        assert "line 2: BAD's value holds a NUL byte, which no environment can carry" in result.output
+    assert run("chain", "--gpus", "none", "-e", "BAD=x\0y", "--dry-run").exit_code == 2

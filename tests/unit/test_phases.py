@@ -23,6 +23,7 @@ FAIL, OK = errors.EXIT_FAILURE, errors.EXIT_OK
 UP_OR_RUNNING = {
     H.STOP: (P.STOPPING, "signal", SIGNAL, None),
     H.GPU_FAULT: (P.STOPPING, "stage_failed", FAIL, None),
+    H.PLACE_LOST: (P.STOPPING, "place_lost", FAIL, None),
     H.EXIT_FAILED: (P.STOPPING, "stage_failed", FAIL, X.FAILED),
     H.EXIT_EARLY: (P.STOPPING, "stage_failed", FAIL, X.DIED_EARLY),
     H.NOT_STARTED: (P.STOPPING, "stage_failed", FAIL, None),

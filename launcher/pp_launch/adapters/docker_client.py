@@ -92,6 +92,10 @@ BOUNDED: dict[str, tuple[type, str] | None] = {
     "remove_image": None,
     "put_archive": None,
     "attach_socket": None,  # its answer's headers; the stream after them is the container's
+    "exec_create": (dict, "an exec's create"),
+    "exec_start": None,  # with socket=True: its answer's headers; the stream after them is the process's
+    "create_volume": (dict, "a volume's create"),
+    "remove_volume": None,
 }
 
 _call = threading.local()  # .deadline: when the calling thread's current call must be answered whole

@@ -527,11 +527,89 @@ class Engine:
             raise errors.ConfigError(f"{name or 'the guard'} on the engine at {self.address} is not ready: {text}")
         if not state.get("Running"):
             self.remove(ref)
-            raise errors.EngineError(
-                f"{name or 'the guard'} ({image}) ended as soon as it started on the engine at {self.address} "
-                f"(exit code {state.get('ExitCode', '?')}): rebuild it with 'pp-launch images build'"
-            )
+            raise errors.EngineError(self.why_not_running(name or "the guard", image, state))
         return Held(self, ref, name or ref[:12], (sock, raw))
+
+    def why_not_running(self, name: str, image: str, state: Mapping[str, Any]) -> str:
+        """Why a container of ours that just started is not running, as the engine tells it: gone or killed is
+        another client's doing (docker rm -f, pp-launch down --all), never the image's fault; an exit of its
+        own is the image's."""
+        where = f"on the engine at {self.address}"
+        if not state:
+            return f"{name} was removed by another client as it started {where} (docker rm, or pp-launch down --all)"
+        code = state.get("ExitCode")
+        if code == 137 or state.get("OOMKilled"):
+            return f"{name} was killed as it started {where} (by another client, or out of memory)"
+        return (
+            f"{name} ({image}) ended by itself as soon as it started {where} (exit code {code}): its image may be "
+            "broken; rebuild it with 'pp-launch images build'"
+        )
+
+    def keep(
+        self,
+        name: str,
+        image: str,
+        labels: Mapping[str, str],
+        entrypoint: Sequence[str],
+        binds: Mapping[str, str] | None = None,
+        env: Mapping[str, str] | None = None,
+        created: Callable[[str], None] | None = None,
+    ) -> str | None:
+        """A running container of ours with no stdin (a run's guard): tini as init, auto-remove, no network. Nothing
+        of it is held by an attach: its lifeline is an exec session (`session`). None when the name is taken.
+        created: told the engine's id before the container starts (see hold)."""
+        host_config = self.api.create_host_config(
+            init=True,
+            auto_remove=True,
+            network_mode="none",
+            binds={h: {"bind": c, "mode": "rw"} for h, c in (binds or {}).items()} or None,
+        )
+        config = self.api.create_container_config(
+            image=image,
+            command=None,
+            entrypoint=list(entrypoint),
+            labels=dict(labels),
+            host_config=host_config,
+            environment=dict(env or {}),
+        )
+        try:
+            ref = str(self.api.create_container_from_config(config, name)["Id"])
+        except docker.errors.ImageNotFound:
+            raise errors.ImageMissing(
+                f"image {image} is not present on the engine at {self.address}: run 'pp-launch images build' "
+                f"there, or load it (pp-launch images save, then pp-launch images load there)"
+            ) from None
+        except docker.errors.APIError as exc:
+            if exc.status_code == 409:
+                return None
+            raise errors.EngineError(f"the engine at {self.address} refused {name}: {_reason(exc)}") from None
+        try:
+            if created is not None:
+                created(ref)
+            self.api.start(ref)
+        except BaseException as exc:
+            self.remove(ref)
+            if _refusal(exc):
+                raise errors.EngineError(
+                    f"the engine at {self.address} could not start {name} from {image}: {_reason(exc)}"
+                ) from None
+            raise
+        return ref
+
+    def session(self, ref: str, argv: Sequence[str]) -> Session:
+        """`docker exec -i REF ARGV...` held by this process alone: its stdin is ours to write and to end (when this
+        process ends, however it ends, the engine closes it), its stdout ours to read. No other client of the
+        engine can attach to it."""
+        try:
+            made = self.api.exec_create(ref, list(argv), stdout=True, stderr=False, stdin=True, tty=False)
+            sock = self.api.exec_start(made["Id"], socket=True)
+        except docker.errors.APIError as exc:
+            raise errors.EngineError(
+                f"the engine at {self.address} could not exec in {ref[:12]}: {_reason(exc)}"
+            ) from None
+        raw = raw_socket(sock)
+        raw.settimeout(None)
+        return Session(raw, sock)
 
     def clock(self) -> str:
         """The engine's own time (RFC 3339): ages of its containers are judged on its clock, never ours."""
@@ -718,6 +796,66 @@ def _first_line(raw: socket.socket, patience: float | None) -> bytes:
         with contextlib.suppress(OSError):  # closed meanwhile (the holder let go): nothing more to read anyway
             raw.settimeout(None)
     return line.split(b"\n", 1)[0].strip()
+
+
+class Session:
+    """An exec session of ours (Engine.session): lines in, the process's stdout lines out. Frames are read from a
+    buffer of its own, so that a read that times out loses nothing and leaves the stream readable."""
+
+    def __init__(self, raw: socket.socket, keep: Any) -> None:
+        self.raw, self._keep = raw, keep
+        self._buf = b""  # what the engine sent that is not yet a whole frame
+        self._pending = b""  # stdout that is not yet a whole line
+        self._ended = False
+        self._write = threading.Lock()
+
+    def write(self, data: bytes) -> None:
+        """To its stdin; OSError once it is gone."""
+        with self._write:
+            self.raw.sendall(data)
+
+    def line(self, timeout: float | None) -> bytes | None:
+        """Its next stdout line (without the newline): b"" when `timeout` seconds pass with nothing whole yet, None
+        once it ended."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            self._frames()
+            if b"\n" in self._pending:
+                line, self._pending = self._pending.split(b"\n", 1)
+                return line.strip()
+            if self._ended:
+                return None
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return b""
+            try:
+                self.raw.settimeout(left)
+                chunk = self.raw.recv(65536)
+            except TimeoutError:
+                return b""
+            except OSError:
+                chunk = b""
+            if not chunk:
+                self._ended = True
+            self._buf += chunk
+
+    def _frames(self) -> None:
+        """Whole frames out of the buffer: 8-byte header (stream, 0, 0, 0, size), then size bytes; stdout kept."""
+        while len(self._buf) >= 8:
+            size = struct.unpack(">I", self._buf[4:8])[0]
+            if len(self._buf) < 8 + size:
+                return
+            stream, data, self._buf = self._buf[0], self._buf[8 : 8 + size], self._buf[8 + size :]
+            if stream == 1:
+                self._pending += data
+
+    def close(self) -> None:
+        """Its stdin ended and the connection let go (wakes a reader blocked on it)."""
+        with contextlib.suppress(OSError):
+            self.raw.shutdown(socket.SHUT_RDWR)
+        for part in (self.raw, self._keep):
+            with contextlib.suppress(Exception):
+                part.close()
 
 
 READER_PATIENCE = 300.0  # seconds an exit waits for its stage's last lines to be read (not while stopping)

@@ -1,17 +1,22 @@
 """A run's guard on each engine it uses, in the manner of testcontainers' Ryuk (docs/chain.md, "The guard").
 
 The guard is a running container of the run (`pp-launch/guard`, built offline; tini as init, auto-remove, no
-network) that reaches its own engine through the engine's socket. The launcher holds its stdin, and writes to it
-the id the engine returned for each of the run's creates, before that container starts: the guard's record is
-the only list of what is the run's own on that engine. Labels only help people find things: `down`, `ps` and
-the guard itself act on recorded ids alone, never on a container that merely carries the run's labels.
+network, no stdin) that reaches its own engine through the engine's socket. Its lifeline is an exec session this
+process alone holds (`docker exec -i`): the launcher writes to it the id the engine returned for each of the run's
+creates, before that container starts, and the guard checks each is a container of this run; the guard's record is
+the only list of what is the run's own on that engine. No `docker attach` (the container has no stdin) or
+`docker logs` of anyone else reaches the session. Labels only help people find things: `down`, `ps` and the guard
+itself act on recorded ids alone, never on a container that merely carries the run's labels.
 
-- The launcher ends, however it ends: the engine closes the guard's stdin; the guard stops every recorded
+- The launcher ends, however it ends: the engine closes the session's stdin; the guard stops every recorded
   container (SIGTERM, the grace, SIGKILL, removal confirmed) and exits. Nothing on the engine depends on the
   launcher's machine still being there.
 - A detached run: once it is up the launcher writes `detach`; the guard is the run's owner from then on, until
   `pp-launch down` (SIGUSR1 to the guard, which tears the run down) or the run's last container ends.
-- The guard's own output (`owned <id>`, `detached`) is the record that `down` and `ps` read back from the engine.
+- The guard says `alive` on the session four times a second. A guard that someone else stops, kills, removes or
+  pauses falls silent: within a second this side removes it (a paused one too: it is no longer the run's guard),
+  starts a new guard holding the same ids, and says so; if no new guard can be had, the run is ended (`when_lost`).
+- The guard's stderr (`owned <id>`, `detached`) is the record that `down` and `ps` read back from the engine.
 
 The launcher's local watchdog (adapters/watchdog.py) gets the same ids on its own stdin: a second layer, for
 when the guard is removed by someone else while its launcher dies.
@@ -30,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pp_launch.adapters import host_state, watchdog
-from pp_launch.adapters.docker_engine import DockerStageBackend, Engine, Held, _first_line
+from pp_launch.adapters.docker_engine import DockerStageBackend, Engine, Session
 from pp_launch.core import errors, labels
 from pp_launch.core.chain.plan import GUARD_IMAGE
 
@@ -39,7 +44,12 @@ HEARTBEAT = 8.0
 SOCKET_ENV = "PP_LAUNCH_GUARD_SOCKET"  # the engine's socket on its own machine, when it is not reached over one
 DEFAULT_SOCKET = "/var/run/docker.sock"
 INSIDE = "/var/run/docker.sock"
-ENTRY = ("python3", "-u", "/usr/local/lib/pp-guard/pp_guard.py")
+PROGRAM = "/usr/local/lib/pp-guard/pp_guard.py"
+ENTRY = ("python3", "-u", PROGRAM)
+SESSION = ("python3", "-u", PROGRAM, "session")
+READY_PATIENCE = 15.0  # seconds a new guard may take to say it is ready
+LOST_AFTER = 1.0  # seconds without a word from the guard before it counts as lost (paused, frozen, gone)
+LISTEN_SLICE = 0.25
 
 
 def socket_path(engine: Engine) -> str:
@@ -73,44 +83,46 @@ def guard_labels(run_id: str, owner: str) -> dict[str, str]:
 
 
 class RunGuard:
-    """The launcher's end of one engine's guard, and of the local watchdog that keeps the same record."""
+    """The launcher's end of one engine's guard (replaced when someone else ends it), and of the local watchdog that
+    keeps the same record."""
 
     def __init__(
         self,
         engine: Engine,
-        held: Held,
+        run_id: str,
+        owner: str,
+        grace: float,
         keeper: subprocess.Popen[bytes] | None,
-        run_id: str = "",
         ids: host_state.RunIds | None = None,
     ) -> None:
-        self.engine, self.held, self.keeper, self.run_id, self.ids = engine, held, keeper, run_id, ids
-        self._lock = threading.Lock()  # creates run on several threads at once: one line at a time
+        self.engine, self.run_id, self.owner, self.grace = engine, run_id, owner, grace
+        self.keeper, self.ids = keeper, ids
+        self._lock = threading.RLock()  # creates run on several threads at once: one line at a time; a restore too
         self.owned: list[str] = []
+        self.ref = ""  # the guard container now
+        self.session: Session | None = None
+        self.since = 0.0  # when the run's first guard started (the engine's clock): what a new one may own
+        self.beat = heartbeat(engine)
+        self.replaced = 0  # how many times another client ended the guard and a new one took over
+        self._closing = False
+        self._down = False
+        self._gone = ""  # why the run has no guard any more ("" while it has one)
+        self._stopping = ""  # the guard that said it was stopping (SIGTERM)
         self._quiet = threading.Event()
-        self._beat: threading.Thread | None = None
+        self._heard = time.monotonic()
         self._on_down: Callable[[], None] = lambda: None
-        self._stream = held.stream  # taken now: letting go empties the Held
-        self._listener = threading.Thread(target=self._listen, name="guard-listener", daemon=True)
+        self._say: Callable[[str], None] = lambda text: None
+        self._on_gone: Callable[[str], None] = lambda why: None
+        self._threads: list[threading.Thread] = []
 
     def when_down(self, call: Callable[[], None]) -> None:
         """`call` (once) when the guard says it was told to stop (`pp-launch down`), from the listener's thread."""
         self._on_down = call
 
-    def _listen(self) -> None:
-        """The guard's stdout after `ready`: a `down` line, then nothing (the stream ends with the guard, or when
-        this side lets go)."""
-        line = _first_line(self._stream, None)
-        if line == b"down":
-            self._on_down()
-
-    def _beats(self, every: float) -> None:
-        """A line to the guard every `every` seconds until close(): the launcher is alive and reachable."""
-        while not self._quiet.wait(every):
-            with self._lock:
-                try:
-                    self.held.write(b"beat\n")
-                except OSError:
-                    return  # gone: the next own() says so
+    def when_lost(self, say: Callable[[str], None], gone: Callable[[str], None]) -> None:
+        """When someone else ends the guard: `say` what happened and that a new guard took over; `gone(why)` when
+        none could (the run has no guard: it must end), from the listener's thread."""
+        self._say, self._on_gone = say, gone
 
     @classmethod
     def start(
@@ -120,62 +132,163 @@ class RunGuard:
         first, and learns the guard's name before its create and its id before its start: a launcher killed in
         between leaves no guard that never started (nothing else would ever end it). orphan: the watchdog is not
         this process's child (a Ray actor's children are killed with it)."""
-        beat = heartbeat(engine)
         keeper = watchdog.spawn(run_id, grace, host=host, orphan=orphan)
-        ids = host_state.RunIds()
-        name = guard_name(run_id)
-        _tell(keeper, f"expect {name}\n".encode())
-
-        def created(ref: str) -> None:
-            _tell(keeper, f"own {ref}\n".encode())
-            with contextlib.suppress(errors.PpLaunchError):
-                ids.add(run_id, ref)
-
+        guard = cls(engine, run_id, owner, grace, keeper, host_state.RunIds())
         try:
-            held = engine.hold(
-                name,
-                GUARD_IMAGE,
-                guard_labels(run_id, owner),
-                ENTRY,
-                binds={socket_path(engine): INSIDE},
-                env={
-                    "PP_GUARD_GRACE": f"{grace:g}",
-                    "PP_GUARD_HEARTBEAT": f"{beat:g}",
-                    "PP_GUARD_ENGINE": engine.identity()[0],
-                },
-                ready=True,
-                created=created,
-            )
+            guard._bring_up()
         except BaseException:
             _close(keeper)
             raise
-        if held is None:
-            _close(keeper)
+        guard._spawn(guard._listen, "guard-listener")
+        if guard.beat > 0:
+            guard._spawn(guard._beats, "guard-heartbeat")
+        return guard
+
+    def _spawn(self, target: Callable[[], None], name: str) -> None:
+        t = threading.Thread(target=target, name=name, daemon=True)
+        self._threads.append(t)
+        t.start()
+
+    def _bring_up(self) -> None:
+        """A guard container for this run, its session ready, told every id the run owns that still exists."""
+        name = guard_name(self.run_id)
+        self._tell_keeper(f"expect {name}\n".encode())
+
+        def created(ref: str) -> None:
+            self._tell_keeper(f"own {ref}\n".encode())
+            if self.ids is not None:
+                with contextlib.suppress(errors.PpLaunchError):
+                    self.ids.add(self.run_id, ref)
+
+        env = {
+            "PP_GUARD_GRACE": f"{self.grace:g}",
+            "PP_GUARD_HEARTBEAT": f"{self.beat:g}",
+            "PP_GUARD_ENGINE": self.engine.identity()[0],
+            "PP_GUARD_RUN": self.run_id,
+        }
+        if self.since:
+            env["PP_GUARD_SINCE"] = f"{self.since:.3f}"
+        if self.owned:  # a guard in another's place owns the run's ids from its start: this process may die next
+            env["PP_GUARD_OWN"] = ",".join(self.owned)
+        ref = self.engine.keep(
+            name, GUARD_IMAGE, guard_labels(self.run_id, self.owner), ENTRY, {socket_path(self.engine): INSIDE}, env,
+            created,
+        )  # fmt: skip
+        if ref is None:
             raise errors.EngineError(
-                f"the engine at {engine.address} already has a container named {name}: the run's guard must be "
+                f"the engine at {self.engine.address} already has a container named {name}: the run's guard must be "
                 "its own (someone created that name first); launch again"
             )
-        guard = cls(engine, held, keeper, run_id, ids)
-        guard._listener.start()
-        if beat > 0:
-            guard._beat = threading.Thread(target=guard._beats, args=(beat / 4,), name="guard-heartbeat", daemon=True)
-            guard._beat.start()
-        return guard
+        try:
+            session = self.engine.session(ref, SESSION)
+            said = session.line(READY_PATIENCE)
+        except errors.EngineError:
+            said = None
+            session = None
+        except BaseException:
+            self.engine.remove(ref)
+            raise
+        if said != b"ready":
+            if session is not None:
+                session.close()
+            state = (self.engine.inspect(ref) or {}).get("State") or {}
+            self.engine.remove(ref)
+            if not state.get("Running"):
+                raise errors.EngineError(self.engine.why_not_running(f"the run's guard {name}", GUARD_IMAGE, state))
+            text = (said or b"").decode("utf-8", "backslashreplace") or f"nothing within {READY_PATIENCE:g} s"
+            raise errors.ConfigError(f"the run's guard on the engine at {self.engine.address} is not ready: {text}")
+        assert session is not None  # said ready
+        self.ref, self.session, self._heard = ref, session, time.monotonic()
+        if not self.since:
+            self.since = _started(self.engine, ref)
+        for known in self.owned:
+            if self.engine.inspect(known) is not None:
+                session.write(f"own {known}\n".encode())
+
+    # ------------------------------------------------------------------------------------------ the session
+    def _listen(self) -> None:
+        """The guard's lines: `alive`, `down`, `refused`. Silence or the session's end: the guard is lost."""
+        while not self._closing:
+            session = self.session
+            if session is None:
+                return
+            line = session.line(LISTEN_SLICE)
+            if self._closing or self._down:
+                return
+            if line is None or (line == b"" and time.monotonic() - self._heard > LOST_AFTER):
+                if session is self.session and not self._lost():
+                    return  # no guard any more: the run is told (when_lost) and ends
+                continue
+            if line:
+                self._heard = time.monotonic()
+            if line == b"down":
+                self._down = True
+                self._on_down()
+                return
+            if line == b"stopping":
+                self._stopping = self.ref  # said by the guard itself on SIGTERM: `docker stop`
+            if line.startswith(b"refused "):
+                self._say(f"the run's guard refused to own {line.decode('ascii', 'replace')[8:]}")
+
+    def _lost(self) -> bool:
+        """Someone else ended the guard (stopped, killed, removed, paused): it is removed by its id (a paused one
+        can do nothing more for the run), a new one holds the run's ids, and that is said. False: none could be
+        started (`gone` is told why)."""
+        with self._lock:
+            if self._closing or self._down or self._gone:
+                return not self._gone
+            old = self.ref
+            what = "stopped (docker stop)" if self._stopping == old else _what_happened(self.engine, old)
+            if self.session is not None:
+                self.session.close()
+            with contextlib.suppress(errors.PpLaunchError):
+                self.engine.remove(old)
+            where = f"the run's guard on the engine at {self.engine.address} (container {old[:12]})"
+            self._say(f"{where} was {what} by another client: a new guard takes its place, holding the run's "
+                      f"{len(self.owned)} containers")  # fmt: skip
+            try:
+                self._bring_up()
+            except errors.PpLaunchError as exc:
+                self._gone = f"{where} was {what} by another client, and no new guard could be started ({exc})"
+                self.session = None
+            else:
+                self.replaced += 1
+                return True
+        self._on_gone(self._gone)
+        return False
+
+    def _beats(self) -> None:
+        """A line to the guard every quarter of its heartbeat until close(): the launcher is alive and reachable."""
+        while not self._quiet.wait(self.beat / 4):
+            with contextlib.suppress(OSError, errors.PpLaunchError):
+                self._write(b"beat\n")
+
+    def _write(self, line: bytes) -> None:
+        """A line to the guard; a session that is gone is the guard lost: a new one is put in place first (GuardLost
+        when none can be)."""
+        with self._lock:
+            for _ in range(2):
+                session = self.session
+                if session is None:
+                    break
+                try:
+                    session.write(line)
+                    return
+                except OSError:
+                    if not self._lost():
+                        break
+            raise errors.GuardLost(self.lost_message())
 
     def own(self, ref: str) -> None:
         """Record a container the engine just created for the run (the guard, the watchdog, this user's state):
-        GuardLost when the guard is gone."""
-        line = f"own {ref}\n".encode()
+        GuardLost when the run has no guard any more."""
         with self._lock:
             self.owned.append(ref)
             if self.ids is not None:
                 with contextlib.suppress(errors.PpLaunchError):
                     self.ids.add(self.run_id, ref)  # a state directory that fails is no reason to stop the run
-            self._tell_keeper(line)
-            try:
-                self.held.write(line)
-            except OSError:
-                raise errors.GuardLost(self.lost_message()) from None
+            self._tell_keeper(f"own {ref}\n".encode())
+            self._write(f"own {ref}\n".encode())
 
     def stage_backend(self, **options: Any) -> DockerStageBackend:
         """The run's stages on this guard's engine: each name told (to the watchdog) before its create, each id
@@ -190,35 +303,51 @@ class RunGuard:
             self._tell_keeper(f"expect {name}\n".encode())
 
     def lost_message(self) -> str:
+        if self._gone:
+            return self._gone
         return (
-            f"the run's guard on the engine at {self.engine.address} (container {self.held.id[:12]}) is gone: "
-            "stopped by 'pp-launch down', or removed by another client"
+            f"the run's guard on the engine at {self.engine.address} (container {self.ref[:12]}) is gone: "
+            "stopped by 'pp-launch down'"
         )
 
     def alive(self) -> bool:
-        return self.held.alive()
+        """The run still has its guard (none was told `down`, or lost for good)."""
+        if self._down or self._gone:
+            return False
+        try:
+            info = self.engine.inspect(self.ref) or {}
+        except errors.PpLaunchError:
+            return False
+        return bool((info.get("State") or {}).get("Running"))
+
+    @property
+    def down_heard(self) -> bool:
+        return self._down
+
+    @property
+    def gone(self) -> str:
+        """Why the run has no guard any more: another client ended it and none could take over ("" otherwise)."""
+        return self._gone
 
     def detach(self) -> None:
         """The run is up and detached: the guard owns it from now on (the watchdog lets it be)."""
         with self._lock:
             self._tell_keeper(b"detach\n")
-            try:
-                self.held.write(b"detach\n")
-            except OSError:
-                raise errors.GuardLost(self.lost_message()) from None
+            self._write(b"detach\n")
 
     def close(self, wait: float = 0.0) -> None:
         """The launcher's end: the guard tears down what is left (nothing, after a clean teardown) and exits,
         unless the run is detached. wait: seconds to wait for it to be gone (a chain says "nothing left" only
         once its guard is gone too). The watchdog is let go last: what is left then (the guard included, when it
         did not go in time) is its to remove."""
-        self._quiet.set()
-        if self._beat is not None:
-            self._beat.join()
         with self._lock:
-            self.held.let_go()
-        self._listener.join()
-        clean = wait > 0 and self._gone_within(wait) and self._none_left()
+            self._closing = True
+            self._quiet.set()
+            if self.session is not None:
+                self.session.close()
+        for t in self._threads:
+            t.join()
+        clean = wait > 0 and bool(self.ref) and self._gone_within(wait) and self._none_left()
         if clean:
             self._tell_keeper(b"done\n")  # nothing for it to do: it ends without asking the engine anything
         if self.keeper is not None:
@@ -233,7 +362,7 @@ class RunGuard:
         or the engine did not answer."""
         deadline = time.monotonic() + seconds
         try:
-            while self.engine.inspect(self.held.id) is not None:
+            while self.engine.inspect(self.ref) is not None:
                 if time.monotonic() >= deadline:
                     return False
                 time.sleep(0.05)
@@ -251,6 +380,43 @@ class RunGuard:
     def _tell_keeper(self, data: bytes) -> None:
         if self.keeper is not None:
             _tell(self.keeper, data)
+
+
+def _what_happened(engine: Engine, ref: str) -> str:
+    """What became of a guard that fell silent without saying it was stopped, as the engine says: paused, or killed
+    or removed (auto-removed once killed: the two look alike), or frozen."""
+    deadline = time.monotonic() + 1.0  # a guard being killed may still run a moment after its session ended
+    try:
+        info = engine.inspect(ref)
+        while info is not None and _running(info) and time.monotonic() < deadline:
+            time.sleep(0.05)
+            info = engine.inspect(ref)
+    except errors.PpLaunchError:
+        return "lost with its engine"
+    state = (info or {}).get("State") or {}
+    if state.get("Paused"):
+        return "paused"
+    if info is None or not state.get("Running"):
+        return "killed or removed"
+    return "silenced (frozen, or its session ended)"
+
+
+def _running(info: dict[str, Any]) -> bool:
+    state = info.get("State") or {}
+    return bool(state.get("Running")) and not state.get("Paused")
+
+
+def _started(engine: Engine, ref: str) -> float:
+    """When a container started, on the engine's clock (seconds since the epoch; 0 when unknown)."""
+    import datetime
+
+    text = str(((engine.inspect(ref) or {}).get("State") or {}).get("StartedAt", ""))
+    head, _, frac = text.rstrip("Z").partition(".")
+    try:
+        at = datetime.datetime.fromisoformat(head).replace(tzinfo=datetime.timezone.utc)
+    except ValueError:
+        return 0.0
+    return at.timestamp() + float(f"0.{frac.split('+')[0].split('-')[0] or '0'}")
 
 
 def guard_name(run_id: str) -> str:

@@ -663,6 +663,7 @@ class _Stages:
         watch_gpus: bool = True,
     ) -> None:
         self.request, self.plan, self.backend, self.guards, self.held = request, plan, backend, guards, held
+        self.say = say
         self.faults = _GpuFaults(plan, say)
         self.watch_gpus = watch_gpus and not request.hosts
         self.record = host_state.RunHosts() if request.hosts else None
@@ -670,6 +671,7 @@ class _Stages:
     def watch(self, scope: ChainScope) -> None:
         for g in self.guards.values():
             g.when_down(lambda: scope.request_stop(signal.SIGTERM, "'pp-launch down' (told to the run's guard)"))
+            g.when_lost(self.say, lambda why: scope.lose_place(f"{why}: the run is ended rather than left unguarded"))
         if self.record is not None:
             self.record.write(self.plan.run_id, self.plan.hosts)
         if self.watch_gpus:
@@ -776,14 +778,14 @@ def _let_guards_go(guards: Mapping[str, RunGuard], outcome: ChainOutcome | None)
 
 
 def _stopped_by_down(outcome: ChainOutcome, guards: Mapping[str, RunGuard]) -> ChainOutcome:
-    """A run that failed because its guard went (`pp-launch down` while it came up or ran, or a neighbour removed
-    it) says so first: its stages ending is not the stages' fault."""
-    if outcome.exit_code == 0 or outcome.reason == "signal":
+    """A run that failed because `pp-launch down` told its guard while it came up or ran says so first: its stages
+    ending is not the stages' fault. (A guard someone else ended is replaced, or the run ends saying so.)"""
+    if outcome.exit_code == 0 or outcome.reason in ("signal", "place_lost"):
         return outcome
-    gone = next((g for g in guards.values() if not g.alive()), None)
-    if gone is None:
+    down = next((g for g in guards.values() if g.down_heard), None)
+    if down is None:
         return outcome
-    return dataclasses.replace(outcome, message=f"{gone.lost_message()}; {outcome.message}")
+    return dataclasses.replace(outcome, message=f"{down.lost_message()}; {outcome.message}")
 
 
 def _with_lost_hosts(outcome: ChainOutcome, run: str, backend: StageBackend) -> ChainOutcome:

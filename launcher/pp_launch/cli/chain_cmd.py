@@ -67,6 +67,10 @@ def load_chain_file(ctx: click.Context, param: click.Parameter, value: str | Non
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise errors.ConfigError(f"chain file {value} is not TOML: {exc}") from None
+    except RecursionError:  # tables or arrays nested thousands deep: no chain file is
+        raise errors.ConfigError(f"chain file {value} nests its tables or arrays too deeply: not a chain file") from (
+            None
+        )
     keys = file_keys(ctx.command)
     options = {p.name: p for p in ctx.command.params if isinstance(p, click.Option)}
     defaults: dict[str, Any] = {}

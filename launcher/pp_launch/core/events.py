@@ -48,6 +48,7 @@ class StopReason(enum.Enum):
     SIGNAL = "signal"
     DETACHED = "detached"
     ERROR = "error"
+    PLACE_LOST = "place_lost"  # the run lost something it cannot go on without (its guard), said in the message
     DOWN = "down"  # adopted and stopped by `pp-launch down`
     LAUNCHER_GONE = "launcher gone"  # adopted and stopped by the watchdog
 

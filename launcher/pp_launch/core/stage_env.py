@@ -89,6 +89,8 @@ def parse_assignment(text: str) -> tuple[str, str]:
         raise ValueError(f"{name!r} is not an ASCII variable name")
     if name in RESERVED:
         raise ValueError(f"{name} is set by pp-launch itself and cannot be overridden")
+    if "\0" in value:  # a process's environment cannot hold one: the engine would refuse the create
+        raise ValueError(f"{name}'s value holds a NUL byte, which no environment can carry")
     return name, value
 
 

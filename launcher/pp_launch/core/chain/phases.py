@@ -27,6 +27,7 @@ class Phase(Enum):
 class Happening(Enum):
     STOP = "a stop was asked (a signal, or down through the guard)"
     GPU_FAULT = "a stage's GPU had a critical Xid"
+    PLACE_LOST = "something the run cannot go on without was lost (its guard, and no new one could be had)"
     EXIT_FAILED = "a stage exited non-zero (or its exit code is unknown)"
     EXIT_EARLY = "a stage exited 0 before announcing its address"
     EXIT_DONE = "a stage exited 0 after announcing"
@@ -71,6 +72,7 @@ def _bringing_up_or_running(phase: Phase) -> dict[Happening, Row]:
     return {
         H.STOP: Row(P.STOPPING, "signal", SIGNAL),
         H.GPU_FAULT: Row(P.STOPPING, "stage_failed", _FAIL),
+        H.PLACE_LOST: Row(P.STOPPING, "place_lost", _FAIL),
         H.EXIT_FAILED: Row(P.STOPPING, "stage_failed", _FAIL, ExitReason.FAILED),
         H.EXIT_EARLY: Row(P.STOPPING, "stage_failed", _FAIL, ExitReason.DIED_EARLY),
         H.EXIT_DONE: Row(phase, stage=ExitReason.EXITED),

@@ -51,7 +51,15 @@ class StageFault:
     message: str
 
 
-ChainEvent = StageOutput | StageGone | StopRequested | StageFault
+@dataclass(frozen=True)
+class PlaceLost:
+    """The run lost what it cannot go on without, outside any stage (its guard on an engine, and no new one): the
+    chain ends, exit 1, saying `message`."""
+
+    message: str
+
+
+ChainEvent = StageOutput | StageGone | StopRequested | StageFault | PlaceLost
 Sink = Callable[[ChainEvent], None]
 
 

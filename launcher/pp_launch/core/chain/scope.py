@@ -27,6 +27,7 @@ from pp_launch.core.chain.ports import (
     ChainEvent,
     HandoffBackend,
     Inbox,
+    PlaceLost,
     Runtime,
     StageBackend,
     StageFault,
@@ -231,6 +232,10 @@ class ChainScope:
     def request_stop(self, signum: int, by: str = "") -> None:
         """Safe from a signal handler: only enqueues. by: who asked, when not a signal to this process."""
         self.inbox.put(StopRequested(signum, by))
+
+    def lose_place(self, message: str) -> None:
+        """From any thread: the run lost what it cannot go on without (PlaceLost); only enqueues."""
+        self.inbox.put(PlaceLost(message))
 
     def run(self) -> ChainOutcome:
         try:
@@ -508,6 +513,8 @@ class ChainScope:
             return self._on_stop(event.signum, event.by)
         if isinstance(event, StageFault):  # the stage failed by its GPU: the chain ends as when a stage fails
             return self._end(Happening.GPU_FAULT, event.message, event.stage)
+        if isinstance(event, PlaceLost):
+            return self._end(Happening.PLACE_LOST, event.message)
         st = self._by_index[event.stage]
         if isinstance(event, StageOutput):
             return self._on_output(st, event)
