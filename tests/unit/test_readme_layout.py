@@ -1,4 +1,4 @@
-"""The README's Layout names every module the package has, on its own floor's row."""
+"""docs/architecture.md's Layout names every module the package has, on its own floor's row."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ PKG = ROOT / "launcher" / "pp_launch"
 
 
 def layout_rows() -> dict[str, str]:
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "docs" / "architecture.md").read_text()
     section = text.split("## Layout", 1)[1].split("\n## ", 1)[0]
     rows = {}
     for line in section.splitlines():
