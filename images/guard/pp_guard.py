@@ -259,10 +259,18 @@ def ready() -> str:
 def serve() -> int:
     os.makedirs(os.path.dirname(LISTEN), mode=0o700, exist_ok=True)
     why = ready()
-    if why:
+    if why:  # said to the session when it comes (this container must still run then), and in the log
+        say(why)
         with open(VERDICT, "w") as f:
             f.write(why + "\n")
-        say(why)
+        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        server.bind(LISTEN)
+        server.listen(1)
+        server.settimeout(SESSION_PATIENCE)
+        with contextlib.suppress(OSError):
+            conn, _ = server.accept()
+            conn.sendall(why.encode() + b"\n")
+            conn.close()
         return 3
     guard = Guard()
     me = inspect(socket.gethostname()) or {}

@@ -111,7 +111,7 @@ def test_a_held_container_whose_entry_ends_is_not_held(engine, stub_image) -> No
     try:
         held = eng.hold(None, GUARD_IMAGE, {labels.RUN: "0" * 12, labels.STAGE: "lock"}, entrypoint=("no-such-tool",))
     except errors.EngineError as exc:
-        assert "no-such-tool" in str(exc) or "ended as soon as it started" in str(exc)
+        assert "no-such-tool" in str(exc) or "ended by itself as soon as it started" in str(exc)
     else:
         assert held is not None and wait_until(lambda: not held.alive(), 10)
         held.release()

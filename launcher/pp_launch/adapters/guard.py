@@ -216,8 +216,10 @@ class RunGuard:
             if self._closing or self._down:
                 return
             if line is None or (line == b"" and time.monotonic() - self._heard > LOST_AFTER):
-                if session is self.session and not self._lost():
-                    return  # no guard any more: the run is told (when_lost) and ends
+                if session is not self.session:
+                    continue  # replaced meanwhile (a write found it gone first)
+                if not self._lost(ended=line is None):
+                    return  # no guard any more (the run is told, when_lost), or its engine is lost (the run's own)
                 continue
             if line:
                 self._heard = time.monotonic()
@@ -230,19 +232,28 @@ class RunGuard:
             if line.startswith(b"refused "):
                 self._say(f"the run's guard refused to own {line.decode('ascii', 'replace')[8:]}")
 
-    def _lost(self) -> bool:
-        """Someone else ended the guard (stopped, killed, removed, paused): it is removed by its id (a paused one
-        can do nothing more for the run), a new one holds the run's ids, and that is said. False: none could be
-        started (`gone` is told why)."""
+    def _lost(self, ended: bool = True) -> bool:
+        """The guard fell silent (`ended`: its session ended). Someone else ended it (stopped, killed, removed,
+        paused): it is removed by its id first (a paused one can do nothing more for the run; a live one whose session
+        ended first would tear the run down), then its session is let go, a new guard holds the run's ids, and that
+        is said. A guard that runs and is not paused is only slow (a busy machine): heard again, not replaced.
+        False: no new guard could be started (`gone` is told why), or the engine itself does not answer (a lost
+        engine is the run's to see and say: nothing here acts on it)."""
         with self._lock:
             if self._closing or self._down or self._gone:
                 return not self._gone
             old = self.ref
-            what = "stopped (docker stop)" if self._stopping == old else _what_happened(self.engine, old)
-            if self.session is not None:
-                self.session.close()
+            try:
+                what = "stopped (docker stop)" if self._stopping == old else _what_happened(self.engine, old, ended)
+            except errors.PpLaunchError:
+                return False
+            if not what:
+                self._heard = time.monotonic()
+                return True
             with contextlib.suppress(errors.PpLaunchError):
                 self.engine.remove(old)
+            if self.session is not None:
+                self.session.close()
             where = f"the run's guard on the engine at {self.engine.address} (container {old[:12]})"
             self._say(f"{where} was {what} by another client: a new guard takes its place, holding the run's "
                       f"{len(self.owned)} containers")  # fmt: skip
@@ -382,23 +393,22 @@ class RunGuard:
             _tell(self.keeper, data)
 
 
-def _what_happened(engine: Engine, ref: str) -> str:
+def _what_happened(engine: Engine, ref: str, ended: bool) -> str:
     """What became of a guard that fell silent without saying it was stopped, as the engine says: paused, or killed
-    or removed (auto-removed once killed: the two look alike), or frozen."""
-    deadline = time.monotonic() + 1.0  # a guard being killed may still run a moment after its session ended
-    try:
+    or removed (auto-removed once killed: the two look alike); "" when it runs, unpaused, with its session open (only
+    slow). A guard being killed may still run a moment after its session ended: waited for, a second at most.
+    PpLaunchError when the engine does not answer."""
+    deadline = time.monotonic() + (1.0 if ended else 0.0)
+    info = engine.inspect(ref)
+    while info is not None and _running(info) and time.monotonic() < deadline:
+        time.sleep(0.05)
         info = engine.inspect(ref)
-        while info is not None and _running(info) and time.monotonic() < deadline:
-            time.sleep(0.05)
-            info = engine.inspect(ref)
-    except errors.PpLaunchError:
-        return "lost with its engine"
     state = (info or {}).get("State") or {}
     if state.get("Paused"):
         return "paused"
     if info is None or not state.get("Running"):
         return "killed or removed"
-    return "silenced (frozen, or its session ended)"
+    return "silenced (its session ended)" if ended else ""
 
 
 def _running(info: dict[str, Any]) -> bool:
