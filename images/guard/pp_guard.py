@@ -42,6 +42,7 @@ import socket
 import sys
 import threading
 import time
+import urllib.parse
 
 SOCKET = os.environ.get("PP_GUARD_SOCKET", "/var/run/docker.sock")
 GRACE = float(os.environ.get("PP_GUARD_GRACE", "5"))
@@ -210,6 +211,19 @@ class Guard:
             return "made before this guard started"
         return ""
 
+    def on_event(self, event: dict) -> None:
+        actor = event.get("Actor") or {}
+        ref, attrs = str(actor.get("ID", "")), actor.get("Attributes") or {}
+        with self.lock:
+            if ref not in self.owned:
+                return  # only what this run created: a neighbour's container carrying its labels says nothing
+        if event.get("Action") == "oom":
+            say(f"oom {ref}")
+            return
+        stage, attempt = attrs.get("pp-launch.stage", "?"), attrs.get("pp-launch.attempt", "1")
+        code, name = attrs.get("exitCode", "?"), attrs.get("name", "?")
+        say(f"ended {ref} {stage} {attempt} {code} {event.get('time', 0)} {name}")
+
     # ------------------------------------------------------------------------------------------ the teardown
     def left(self) -> list[str]:
         with self.lock:
@@ -241,6 +255,26 @@ class Guard:
             call("DELETE", f"/containers/{ref}?force=1&v=1")
         for ref in refs:
             say(f"removed {ref}")
+
+
+def watch_ends(guard: Guard) -> None:
+    """Every end of a container it owns, as the engine says it (exit code, OOM, time), into the record: `ended <id>
+    <stage> <attempt> <exit code> <time> <name>` (`oom <id>` first when the kernel killed it for memory). `wait` and
+    `ps` read them while the run lives, however early a stage ended and was removed."""
+    filters = json.dumps({"type": ["container"], "event": ["die", "oom"], "label": [f"pp-launch.run={RUN}"]})
+    path = "/events?filters=" + urllib.parse.quote(filters)
+    while not guard.ended.is_set():
+        conn = _Unix("localhost", timeout=None)
+        try:
+            conn.request("GET", path)
+            resp = conn.getresponse()
+            while line := resp.readline():
+                guard.on_event(json.loads(line))
+        except (OSError, ValueError, http.client.HTTPException):
+            pass  # the engine restarting: ask again
+        finally:
+            conn.close()
+        guard.ended.wait(1.0)
 
 
 def ready() -> str:
@@ -300,6 +334,7 @@ def serve() -> int:
     os.chmod(LISTEN, 0o600)
     server.listen(4)
     threading.Thread(target=guard.serve_session, args=(server,), daemon=True).start()
+    threading.Thread(target=watch_ends, args=(guard,), daemon=True).start()
     while not guard.ended.wait(1.0):
         if HEARTBEAT > 0 and not guard.detached and time.monotonic() - guard.heard > HEARTBEAT:
             say("the launcher is silent: its lifeline is lost")

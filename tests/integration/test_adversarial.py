@@ -404,6 +404,7 @@ def test_labels_claiming_a_dead_launcher_of_this_host_make_nothing_ours(engine, 
         assert gc.wait(30) == 0
         said = "\n".join(gc.stdout_lines)
         assert f"(run {run}," in said and "not touched" in said and "no guard of its run recorded it" in said
+        assert f"if it is yours, remove it with: docker rm -f {c.get_wrapped_container().id[:12]}" in said
         assert run_containers(engine, run)
     finally:
         with contextlib.suppress(Exception):

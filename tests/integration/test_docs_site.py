@@ -227,14 +227,18 @@ def problems(events: list[dict[str, Any]], origin: str) -> list[str]:
     return found
 
 
+def pages_of(root: Path) -> list[str]:
+    return sorted(p.name for p in root.glob("*.html") if p.name != "404.html")
+
+
 def test_every_page_loads_cleanly_and_every_picture_has_a_size(site: tuple[str, Path], browser: Browser) -> None:
     origin, root = site
-    pages = sorted(p.relative_to(root).parent.as_posix() for p in root.rglob("index.html"))
-    assert len(pages) >= 17, pages  # the home page and every page in the nav
+    pages = pages_of(root)
+    assert len(pages) >= 18, pages  # the home page and every page in the nav
     bad: dict[str, list[str]] = {}
     pictures_seen = 0
     for page in pages:
-        url = f"{origin}/" if page == "." else f"{origin}/{page}/"
+        url = f"{origin}/{page}"
         seen = browser.open(url)
         found = problems(seen["events"], origin)
         for picture in seen["pictures"]:
@@ -245,6 +249,44 @@ def test_every_page_loads_cleanly_and_every_picture_has_a_size(site: tuple[str, 
             bad[url] = found
     assert bad == {}
     assert pictures_seen >= 7, f"only {pictures_seen} pictures on the whole site"
+
+
+def test_the_site_opens_from_disk_and_every_link_of_its_home_page_is_a_page(
+    site: tuple[str, Path], browser: Browser
+) -> None:
+    """build/site/index.html opened as a file (no server): every link of its navigation leads to a page that loads
+    cleanly from disk, and search works there (the theme's offline index, a script)."""
+    _, root = site
+    origin = root.as_uri()
+    home = browser.open(f"{origin}/index.html")
+    assert problems(home["events"], origin) == []
+    links = browser.call(
+        "Runtime.evaluate",
+        expression="JSON.stringify(Array.from(document.querySelectorAll('nav a[href]')).map(a => a.href))",
+        returnByValue=True,
+    )
+    pages = sorted({u.split("#")[0] for u in json.loads(links["result"]["value"]) if u.startswith(origin)})
+    assert len(pages) >= 18, pages
+    bad = {}
+    for url in pages:
+        assert url.endswith(".html"), url  # never a folder: a folder on disk is a listing, not the page
+        seen = browser.open(url)
+        found = problems(seen["events"], origin)
+        title = browser.call("Runtime.evaluate", expression="document.querySelector('article h1') !== null",
+                             returnByValue=True)  # fmt: skip
+        if found or not title["result"]["value"]:
+            bad[url] = found or ["no page there"]
+    assert bad == {}
+    browser.open(f"{origin}/index.html")
+    hits = browser.call(
+        "Runtime.evaluate",
+        expression="new Promise(done => { const q = document.querySelector('input[data-md-component=search-query]');"
+        " q.value = 'guard'; q.dispatchEvent(new Event('input', {bubbles: true}));"
+        " setTimeout(() => done(document.querySelectorAll('.md-search-result__item').length), 3000); })",
+        awaitPromise=True,
+        returnByValue=True,
+    )
+    assert hits["result"]["value"] > 0, "search found nothing from disk"
 
 
 def test_the_checker_sees_a_broken_picture_and_a_console_error(site: tuple[str, Path], browser: Browser) -> None:

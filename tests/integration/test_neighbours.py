@@ -45,8 +45,10 @@ def test_a_container_forging_a_live_runs_labels_survives_its_teardown_down_and_g
         assert someone not in stopped["removed"] and stopped["orphans"] == []
         assert running(someone)  # the teardown acted on the ids it created, never on a label match
         down = Launcher("down", run, "--grace", "1")
-        assert down.wait(30) == 0
-        assert "not touched" in down.stderr_text() and running(someone)
+        assert down.wait(30) == 1  # asked to stop a run of which nothing is provably ours: said, and not done
+        said = down.stderr_text()
+        assert "not touched" in said and f"nothing stopped: no guard of run {run} recorded" in said
+        assert f"remove it with: docker rm -f {someone[:12]}" in said and running(someone)
         gc = Launcher("gc")
         assert gc.wait(30) == 0 and running(someone)
         assert any(someone[:12] in line or "someone-elses-db" in line for line in gc.stdout_lines)

@@ -263,8 +263,11 @@ def test_a_chain_waits_for_a_line_and_for_its_end_and_says_why_not(engine) -> No
     env = {"STUB_MODE": "hold", "STUB_EXIT_AFTER": "3", "STUB_EXIT_CODE": "4"}
     with Chain(BUILTIN_IMAGE, stages=2, env=env, grace=1.0) as chain:
         assert "holding" in chain.wait_for_line(0, lambda line: "holding" in line, timeout=30)
-        with pytest.raises(StageTimeout, match=r"printed no such a line within 0.5 s \(\d+ lines; still running\)"):
+        waited = r"printed no a line with 'never printed' within 0.5 s \(\d+ lines; still running\)"
+        with pytest.raises(StageTimeout, match=waited):
             chain.wait_for_line(0, "never printed", timeout=0.5)
         assert chain.wait(timeout=60) == 1
-        with pytest.raises(StageExited, match=r"ended \(exit 1\) before stage 1 printed such a line"):
+        ended = r"ended \(exit 1: stage \d \(pp-\w+-\d\) exited with code 4.*\) before stage 1 printed a line with"
+        with pytest.raises(StageExited, match=ended) as caught:
             chain.wait_for_line(1, "never printed", timeout=5)
+        assert "'never printed'" in str(caught.value) and caught.value.exit_code == 1

@@ -488,7 +488,7 @@ def test_every_usage_error_is_one_line_and_a_hint_exit_2(path: tuple[str, ...]) 
 
 @pytest.mark.parametrize(
     ("args", "words"),
-    [(("chain", "--stages", "0"), "Invalid value for '--stages'"), (("chian",), "No such command 'chian'")],
+    [(("chain", "--stages", "0"), "Invalid value for '--stages'"), (("chian",), "no command 'chian'; did you mean 'pp-launch chain'?")],
 )
 def test_click_and_our_own_errors_look_alike(args: tuple[str, ...], words: str) -> None:
     result = run(*args)
@@ -716,3 +716,18 @@ def test_an_env_file_value_with_a_nul_byte_is_refused_by_the_dry_run_as_the_run_
         assert result.exit_code == 2
         assert "line 2: BAD's value holds a NUL byte, which no environment can carry" in result.output
     assert run("chain", "--gpus", "none", "-e", "BAD=x\0y", "--dry-run").exit_code == 2
+
+
+@pytest.mark.parametrize(
+    ("typed", "meant"), [("chian", "chain"), ("stop", "down"), ("rm", "down"), ("run", "chain"), ("ls", "ps")]
+)
+def test_an_unknown_command_says_which_was_meant(typed: str, meant: str) -> None:
+    result = run(typed)
+    assert result.exit_code == 2
+    assert result.output.splitlines()[0] == f"pp-launch: error: no command {typed!r}; did you mean 'pp-launch {meant}'?"
+
+
+def test_compose_takes_no_verbosity_flags_and_chain_takes_verbose_but_v_is_volume() -> None:
+    assert run("compose", "-q").exit_code == 2
+    assert run("chain", "--verbose", "--dry-run", "--gpus", "none").exit_code == 0
+    assert "Invalid value for '-v' / '--volume'" in run("chain", "-v", "--dry-run").output

@@ -43,10 +43,10 @@ def test_the_site_builds_strict(tmp_path: Path) -> None:
         env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
     )
     assert done.returncode == 0, done.stderr
-    assert (tmp_path / "site" / "troubleshooting" / "index.html").exists()
+    assert (tmp_path / "site" / "troubleshooting.html").exists()  # page.html: the site opens from disk
     site = tmp_path / "site"
     # the command reference is generated from the commands: every option of every command is on it
-    reference = html.unescape((site / "cli" / "index.html").read_text())
+    reference = html.unescape((site / "cli.html").read_text())
     from pp_launch.cli.main import load_all
 
     group = load_all()
@@ -61,6 +61,13 @@ def test_the_site_builds_strict(tmp_path: Path) -> None:
         if f"pp-launch {name}" not in reference:
             missing.append(f"pp-launch {name}")
     assert missing == [], f"not in the built command reference: {missing}"
+    page = (site / "cli.html").read_text()
+    body = page[page.index("<article") :]
+    assert "Sentinel" not in body and "UNSET" not in body  # a default --help does not show is not shown
+    assert "<em>" not in body and "<strong>" not in body  # PEER_*, FIRST_PEER_*: no name read as emphasis
+    run_together = re.findall(r"<p>[^<]*Examples?:[^<]*pp-launch [^<]*</p>", body)
+    assert run_together == [], run_together  # every command's examples are a code block, a line each
+    assert "[default: 2; 1&lt;=x&lt;=64]" in body  # --stages as --help says it
     # no page renders a literal backslash escape (a `\|` meant as a pipe) where people read or copy it
     escaped = [str(page.relative_to(site)) for page in site.rglob("*.html") if "\\|" in html.unescape(page.read_text())]
     assert escaped == [], escaped

@@ -205,23 +205,47 @@ def test_a_stage_ignoring_the_signal_is_killed_after_the_grace() -> None:
     assert 1003.0 <= fg.clock.now < 1004.5
 
 
+@pytest.mark.parametrize("stage", [None, "0"])
 @pytest.mark.parametrize("flag", ["--help", "-h"])
-def test_pp_gpu_node_help_without_stage_prints_its_usage(
-    flag: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+def test_pp_gpu_node_help_prints_its_usage_and_starts_nothing_stage_set_or_not(
+    flag: str, stage: str | None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """`pp-gpu-node --help` with STAGE set ran a container with `--help` as its command; now it is help either way
+    (DOCKER_HOST names no engine here: a run would fail, help never asks it)."""
     from pp_launch.cli import node_cmd
 
-    monkeypatch.delenv("STAGE", raising=False)
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+    if stage is None:
+        monkeypatch.delenv("STAGE", raising=False)
+    else:
+        monkeypatch.setenv("STAGE", stage)
     assert node_cmd._run_node((flag,)) == 0
     out = capsys.readouterr().out
-    assert out.startswith("usage: pp-gpu-node") and "PP_STOP_GRACE" in out and "STAGE" in out
+    assert out.startswith("usage: pp-gpu-node") and "PP_STOP_GRACE" in out and "-- --help" in out
 
 
-def test_with_stage_set_help_is_the_containers_command(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_after_a_double_dash_help_is_the_containers_command() -> None:
+    from pp_launch.app.node import NodeConfig
+    from pp_launch.cli import node_cmd
+
+    assert node_cmd._env_files(("--", "--help")) == ((), ("--help",))
+    assert NodeConfig.from_env({"STAGE": "0"}, ("--help",)).command == ("--help",)
+
+
+@pytest.mark.parametrize(
+    ("value", "names"), [("FOO,BAR", ("FOO", "BAR")), ("FOO BAR", ("FOO", "BAR")), (" FOO, BAR ,", ("FOO", "BAR"))]
+)
+def test_pp_forward_env_takes_commas_or_spaces(value: str, names: tuple[str, ...]) -> None:
     from pp_launch.app.node import NodeConfig
 
-    monkeypatch.setenv("STAGE", "0")
-    assert NodeConfig.from_env({"STAGE": "0"}, ("--help",)).command == ("--help",)
+    assert NodeConfig.from_env({"STAGE": "0", "PP_FORWARD_ENV": value}).forward_extra == names
+
+
+def test_pp_forward_env_with_something_not_a_name_is_exit_2() -> None:
+    from pp_launch.app.node import NodeConfig
+
+    with pytest.raises(errors.ConfigError, match="PP_FORWARD_ENV: 'A=1' is not a variable name"):
+        NodeConfig.from_env({"STAGE": "0", "PP_FORWARD_ENV": "OK,A=1"})
 
 
 def test_a_stage_the_engine_never_confirms_gone_after_sigkill_is_removed_by_force() -> None:
@@ -305,3 +329,18 @@ def test_a_pp_image_that_is_no_image_reference_is_exit_2_before_the_engine_is_as
     with pytest.raises(errors.ConfigError, match="PP_IMAGE 'Bad Image' is not a valid image reference") as exc:
         node.run_node({"STAGE": "0", "PP_IMAGE": "Bad Image"}, (), Hooks(), lambda signum: None)
     assert exc.value.exit_code == 2
+
+
+def test_pp_gpus_asking_for_more_than_the_host_has_is_said_as_a_chain_says_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """PP_GPUS=99 on a 4-GPU host was the runtime's raw error; now "not enough GPUs", exit 2, before the engine."""
+    from pathlib import Path
+
+    from pp_launch.app.node import _check_count
+
+    monkeypatch.setenv("PP_LAUNCH_GPU_INVENTORY", str(Path(__file__).parents[1] / "data" / "plain-4gpu.json"))
+    with pytest.raises(errors.NotEnoughGpus, match=r"PP_GPUS=99 asks for 99, and this host has 4") as caught:
+        _check_count("99")
+    assert caught.value.exit_code == 2
+    _check_count("4")  # as many as there are: the engine's to attach
+    _check_count("all")
+    _check_count("device=0,2")

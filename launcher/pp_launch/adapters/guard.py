@@ -457,6 +457,20 @@ class GuardRecord:
     run: str
     owned: tuple[str, ...]
     detached: bool
+    ends: tuple[StageEnd, ...] = ()  # each owned container that ended, as the engine said it (its events)
+
+
+@dataclass(frozen=True)
+class StageEnd:
+    """How a container of the run ended, as its guard recorded it from the engine's events."""
+
+    id: str
+    stage: str
+    attempt: int
+    exit_code: int | None
+    at: int  # the engine's time, seconds since the epoch
+    name: str
+    oom: bool = False
 
 
 def records(engine: Engine, run: str | None = None) -> list[GuardRecord]:
@@ -477,14 +491,26 @@ def records(engine: Engine, run: str | None = None) -> list[GuardRecord]:
             continue
         owned: list[str] = []
         detached = False
+        ends: list[StageEnd] = []
+        oom: set[str] = set()
         for line in engine.log_lines(c.id):
             words = line.decode("ascii", "replace").split()
             if len(words) == 2 and words[0] == "owned" and len(words[1]) == 64:
                 owned.append(words[1])
             elif words == ["detached"]:
                 detached = True
-        out.append(GuardRecord(c.id, c.labels.get(labels.RUN, ""), tuple(owned), detached))
+            elif len(words) == 2 and words[0] == "oom":
+                oom.add(words[1])
+            elif len(words) >= 7 and words[0] == "ended" and words[1] in owned:
+                ends.append(_end(words, words[1] in oom))
+        out.append(GuardRecord(c.id, c.labels.get(labels.RUN, ""), tuple(owned), detached, tuple(ends)))
     return out
+
+
+def _end(words: list[str], oom: bool) -> StageEnd:
+    """`ended <id> <stage> <attempt> <exit code> <time> <name>`, its numbers read strictly."""
+    attempt, code, at = (labels.ascii_int(w) for w in words[3:6])
+    return StageEnd(words[1], words[2], attempt or 1, code, at or 0, " ".join(words[6:]), oom)
 
 
 def image_check(engine: Engine, where: str) -> None:

@@ -16,6 +16,7 @@ import contextlib
 import datetime
 import errno
 import fcntl
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ LIMIT = 1 << 20
 KEEP_RUNS = 50
 RUNS = "logs"
 LIVE = ".live"
+FACTS = "stages.jsonl"  # each stage's container, image and end
 
 
 def _now() -> str:
@@ -72,6 +74,21 @@ class RunLog:
                 fd, size = self._open(stage)
             os.write(fd, data)
             self._files[stage] = (fd, size + len(data))
+        except OSError as exc:
+            self.problem = f"the run's output is no longer kept in {self._dir.path}: {exc.strerror}"
+
+    def stage(self, stage: int, **facts: object) -> None:
+        """What is known of a stage (its container and image when it starts, its exit code when it ends): a JSON
+        line of `stages.jsonl`, which `ps -a` and `wait` read once the engine has nothing of the run."""
+        if self.problem:
+            return
+        data = (json.dumps({"stage": stage, "at": _now(), **facts}, separators=(",", ":")) + "\n").encode()
+        try:
+            fd = os.open(FACTS, os.O_WRONLY | os.O_CREAT | os.O_APPEND | NOFOLLOW, 0o600, dir_fd=self._dir.fd)
+            try:
+                os.write(fd, data)
+            finally:
+                os.close(fd)
         except OSError as exc:
             self.problem = f"the run's output is no longer kept in {self._dir.path}: {exc.strerror}"
 
@@ -131,6 +148,43 @@ def _root(root: str | Path | None) -> Path | None:
 def kept_runs(root: str | Path | None = None) -> list[str]:
     with StateDir.open(_root(root)) as base, base.sub(RUNS) as runs:
         return sorted(n for n in os.listdir(runs.fd) if not n.startswith("."))
+
+
+@dataclass(frozen=True)
+class StageFacts:
+    """What the launcher kept of a stage of an ended run (its last attempt's)."""
+
+    stage: int
+    container: str = "-"
+    image: str = "-"
+    exit_code: int | None = None
+    ended_at: str = ""
+
+
+def facts(run_id: str, root: str | Path | None = None) -> dict[int, StageFacts]:
+    """Each stage's container, image and exit code, as the launcher kept them ({} when it kept none)."""
+    out: dict[int, StageFacts] = {}
+    with StateDir.open(_root(root)) as base, base.sub(RUNS) as runs:
+        try:
+            fd = os.open(run_id, os.O_RDONLY | os.O_DIRECTORY | NOFOLLOW, dir_fd=runs.fd)
+        except OSError:
+            return out
+        with StateDir(runs.path / run_id, fd) as d:
+            data = d.read(FACTS) or b""
+    for raw in data.splitlines():
+        try:
+            item = json.loads(raw)
+            k = int(item["stage"])
+        except (ValueError, KeyError, TypeError):
+            continue  # a line cut short by a launcher that died while writing it
+        was = out.get(k, StageFacts(k))
+        if "container" in item:  # a new attempt's stage: what it had before no longer counts
+            was = StageFacts(k, str(item["container"]), str(item.get("image", "-")))
+        if "exit_code" in item:
+            code = item["exit_code"]
+            was = StageFacts(k, was.container, was.image, code if isinstance(code, int) else None, str(item["at"]))
+        out[k] = was
+    return out
 
 
 def ended(root: str | Path | None = None) -> list[tuple[str, list[int], float]]:

@@ -216,6 +216,10 @@ class _Kept:
         self.inner, self.kept = inner, kept
 
     def event(self, event: events.Event) -> None:
+        if isinstance(event, events.StageStarted):
+            self.kept.stage(event.stage, container=event.container, image=event.image)
+        elif isinstance(event, events.StageExited):
+            self.kept.stage(event.stage, exit_code=event.exit_code)
         self.inner.event(event)
 
     def stage_line(self, stage: int, stream: str, text: str) -> None:

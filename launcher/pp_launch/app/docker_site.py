@@ -22,10 +22,10 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Self
 
-from pp_launch.adapters import host_state, identity, run_logs
+from pp_launch.adapters import guard, host_state, identity, run_logs
 from pp_launch.adapters.docker_engine import ContainerInfo, Engine, connect
 from pp_launch.adapters.gpu_watch import GpuWatch
-from pp_launch.adapters.guard import RunGuard
+from pp_launch.adapters.guard import RunGuard, StageEnd
 from pp_launch.adapters.guard import image_check as guard_image_check
 from pp_launch.adapters.multi_host import MultiHostBackend
 from pp_launch.adapters.process_backend import ProcessStageBackend
@@ -245,7 +245,14 @@ class DockerSite:
         vouched = self._vouched(engine, run, confirm, on)
         targets = list(vouched.ours)
         if not targets and not vouched.guards:
-            say(f"pp-launch: nothing to stop{on} (no pp-launch run that a guard vouches for)")
+            if run is not None and vouched.unrecorded:  # asked by name: nothing of it is provably pp-launch's
+                say(
+                    f"pp-launch: error{on}: nothing stopped: no guard of run {housekeeping.safe(run)} recorded the "
+                    f"{count(len(vouched.unrecorded), 'container')} carrying its labels, so pp-launch cannot tell "
+                    "they are its own (a neighbour's forged labels, or a run whose guard was removed)"
+                )
+                return True, False
+            say(f"pp-launch: nothing to stop{on}: no run with a running guard here")
             return False, True
         names = ", ".join(sorted(c.name for c in targets)) or "none yet (still placing)"
         say(f"pp-launch: stopping {count(len(targets), 'container')}{on}: {names}")
@@ -269,13 +276,13 @@ class DockerSite:
         targets = vouched.ours
         if run is None and (targets or vouched.guards) and confirm is not None:
             runs = sorted({c.labels.get(labels.RUN, "?") for c in targets} | {g.run for g in vouched.guards})
-            confirm(
-                f"stop {count(len(targets), 'container')} of {len(runs)} runs ({', '.join(runs)}), whoever owns them?"
-            )
+            of = f"{count(len(runs), 'run')} ({', '.join(runs)})"
+            confirm(f"stop {count(len(targets), 'container')} of {of}, whoever owns them?")
         for c in vouched.unrecorded:
             self.voice.note(
                 f"pp-launch: not touched{on}: {housekeeping.describe(c)} carries the run's labels, but no guard "
-                "of the run recorded it (not made by that run, or its guard was removed)"
+                "of the run recorded it (not made by that run, or its guard was removed); if it is yours, remove it "
+                f"with: docker rm -f {c.id[:12]}"
             )
         return vouched
 
@@ -298,8 +305,10 @@ class DockerSite:
             loose = housekeeping.unrecorded(engine)
             for c in loose:
                 why = "no guard of its run recorded it (not made by that run, or its guard was removed)"
+                to = f" -H {name}" if "://" in (name or "") else f" --context {name}" if name else ""
+                rm = f"docker{to} rm -f {c.id[:12]}"
                 self.voice.answer(
-                    f"not touched{on}: {housekeeping.describe(c)}: {why}; remove it yourself if it is yours"
+                    f"not touched{on}: {housekeeping.describe(c)}: {why}; if it is yours, remove it with: {rm}"
                 )
             anything = anything or bool(dead) or bool(loose)
         if not dry_run:
@@ -335,13 +344,22 @@ class DockerSite:
 
     # ---------------------------------------------------------------------------------------------------- wait
     def wait(self, run: str, until: str, timeout: float | None) -> int:
-        name, every = self.find_run(run)
+        try:
+            name, every = self.find_run(run)
+        except errors.ConfigError:
+            if until != "exit" or not (kept := _kept_ends(run)):
+                raise
+            name, codes = kept  # the run is over: its ends as its launcher kept them (this user's)
+            for k, (container, code) in sorted(codes.items()):
+                self.voice.answer(f"stage {k} {container} exited {'with an unknown code' if code is None else code}")
+            return 0 if all(code is not None for _, code in codes.values()) else errors.EXIT_FAILURE
         found = [(e, c) for e, c in every if housekeeping.is_stage(c)]  # not its lock or guard
         deadline = None if timeout is None else time.monotonic() + timeout
         if until == "announced":
             _wait_announced(name, found, deadline, self.voice)
             return 0
-        return _wait_exit(name, found, deadline, self.voice)
+        ended = {r.id: r for e, _ in every[:1] for g in guard.records(e, name) for r in g.ends}
+        return _wait_exit(name, found, deadline, self.voice, ended)
 
 
 def _prefix(c: ContainerInfo) -> str:
@@ -427,22 +445,27 @@ def ended_rows(present: set[str], run: str | None) -> list[dict[str, Any]]:
     """A row per stage of each run whose output this user keeps, that no engine here lists and no launcher
     keeps writing: it ended (`ps -a`)."""
     now, rows = time.time(), []
-    for ended, stages, last in run_logs.ended():
+    for ended, stages, last in sorted(run_logs.ended(), key=lambda e: -e[2]):  # newest first, as docker ps -a
         if ended in present or (run is not None and not ended.startswith(run)):
             continue
-        for k in stages:
+        kept = run_logs.facts(ended)
+        for k in sorted(set(stages) | set(kept)):
+            fact = kept.get(k, run_logs.StageFacts(k))
+            status = "Exited (?)" if fact.exit_code is None else f"Exited ({fact.exit_code})"
             rows.append(
                 {
                     "run": ended,
                     "stage": k,
                     "role": "stage",
-                    "container": "-",
+                    "container": fact.container,
                     "id": "",
-                    "image": "-",
+                    "image": fact.image,
                     "gpus": [],
                     "owner": "-",
-                    "owner_status": "ended: output kept ('pp-launch logs RUN')",
-                    "state": "ended",
+                    "owner_status": "ended",
+                    "state": "exited",
+                    "status": status,
+                    "exit_code": fact.exit_code,
                     "age_s": max(0, int(now - last)),
                     "address": None,
                     "uptime_s": None,
@@ -478,7 +501,31 @@ def _wait_announced(run: str, found: list[tuple[Engine, ContainerInfo]], deadlin
         time.sleep(0.25)
 
 
-def _wait_exit(run: str, found: list[tuple[Engine, ContainerInfo]], deadline: float | None, voice: Voice) -> int:
+def _kept_ends(run: str) -> tuple[str, dict[int, tuple[str, int | None]]] | None:
+    """An ended run's stages and their exit codes, as its launcher kept them here; None when none were kept."""
+    matches = [r for r in run_logs.kept_runs() if r.startswith(run)] if run else []
+    if len(matches) != 1:
+        return None
+    facts = run_logs.facts(matches[0])
+    if not facts:
+        return None
+    return matches[0], {k: (f.container, f.exit_code) for k, f in facts.items()}
+
+
+def _wait_exit(
+    run: str,
+    found: list[tuple[Engine, ContainerInfo]],
+    deadline: float | None,
+    voice: Voice,
+    ended: Mapping[str, StageEnd] | None = None,
+) -> int:
+    """Every stage's exit code, as docker wait gives them: the ones still there waited for, the ones gone already
+    from the run's guard's record (it saw every end on the engine). 0 once every code is known (docker wait's
+    habit, whatever the codes are), 1 when one cannot be told."""
+    for end in sorted((ended or {}).values(), key=lambda e: (e.stage, e.at)):
+        if end.id not in {c.id for _, c in found}:
+            said = "with an unknown code" if end.exit_code is None else str(end.exit_code)
+            voice.answer(f"stage {end.stage} {end.name} exited {said}{' (out of memory)' if end.oom else ''}")
     codes: dict[str, int | None] = {}
 
     def one(engine: Engine, c: ContainerInfo) -> None:
@@ -497,8 +544,11 @@ def _wait_exit(run: str, found: list[tuple[Engine, ContainerInfo]], deadline: fl
         if c.id not in codes:
             raise errors.PpLaunchError(f"run {run}: stage {stage_name(c)} ({c.name}) still runs after the timeout")
         code = codes[c.id]
+        seen = (ended or {}).get(c.id)
+        if code is None and seen is not None:
+            code = seen.exit_code  # gone while we asked: the guard saw its end
         voice.answer(f"stage {stage_name(c)} {c.name} exited {'with an unknown code' if code is None else code}")
-        if code != 0 and worst == 0:
+        if code is None:
             worst = errors.EXIT_FAILURE
     return worst
 

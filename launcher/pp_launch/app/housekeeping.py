@@ -352,7 +352,7 @@ def render(rows: list[dict[str, Any]]) -> str:
             r.get("address") or "-",
             r["owner"],
             r["owner_status"],
-            r["state"],
+            r.get("status") or r["state"],
             f"{r['uptime_s']}s"
             if r.get("uptime_s") is not None
             else "-"

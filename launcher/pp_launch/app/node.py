@@ -53,6 +53,7 @@ def run_node(
     `stop` is how this process asks itself to stop (the parent's lifeline ended)."""
     config = dataclasses.replace(NodeConfig.from_env(environ, args), extra_env=extra_env)
     check_image_name(config.image, "PP_IMAGE")
+    _check_count(environ.get("PP_GPUS", ""))
     if environ.get(stage_env.PARENT_LIFELINE) == "stdin":
         local.on_stdin_end(lambda: stop(signal.SIGTERM))
     request = LaunchRequest(
@@ -127,6 +128,21 @@ class NodeSite(DockerSite):
 
     def dry_plan(self, request: LaunchRequest, environ: Mapping[str, str], strict: bool) -> Launched:
         return Launched(*self.plan(request, environ, None))
+
+
+def _check_count(value: str) -> None:
+    """PP_GPUS=N with fewer GPUs than N here (NVML, or the inventory file): said as a chain says it, before the
+    engine is asked (whose refusal would be a runtime's error text). A host NVML sees none on is the engine's to say."""
+    asked = read_gpus(value, bare_lists=False) if value.strip() else None
+    if asked is None or asked.kind != "count":
+        return
+    inventory = gpu_select.load_inventory(None)
+    if inventory.gpus and asked.count > len(inventory.gpus):
+        raise errors.NotEnoughGpus(
+            f"not enough GPUs: PP_GPUS={value.strip()} asks for {asked.count}, and this host has "
+            f"{len(inventory.gpus)} ('pp-launch gpus' lists them): ask for at most {len(inventory.gpus)}, or name "
+            "them (device=0,2)"
+        )
 
 
 def _no_gpus_here(exc: errors.GpuAttachUnavailable, asked: str) -> errors.GpuAttachUnavailable:
@@ -237,7 +253,11 @@ class NodeConfig:
             raise errors.ConfigError(f"PP_STOP_GRACE={environ['PP_STOP_GRACE']!r} is not a finite number of seconds")
         home = environ.get("HOME", os.path.expanduser("~"))
         network = environ.get("PP_STAGE_NETWORK") or environ.get("PP_DIAG_NETWORK") or "host"
-        forward = tuple(n.strip() for n in environ.get(FORWARD_ENV, "").split(",") if n.strip())
+        # comma-separated, as documented; spaces separate names too ("FOO BAR" forwarded nothing before)
+        forward = tuple(environ.get(FORWARD_ENV, "").replace(",", " ").split())
+        bad = [n for n in forward if not (n.replace("_", "a").isalnum() and n.isascii() and not n[0].isdigit())]
+        if bad:
+            raise errors.ConfigError(f"{FORWARD_ENV}: {bad[0]!r} is not a variable name (give names, comma-separated)")
         return cls(
             stage=int(raw_stage),
             image=environ.get("PP_IMAGE") or DEFAULT_IMAGE,

@@ -49,8 +49,8 @@ from pp_launch.core import errors
     "--all",
     "ended_too",
     is_flag=True,
-    help="Also the runs started here that ended and whose output is still kept (as docker ps -a): state "
-    "'ended', one row per stage; 'pp-launch logs RUN' shows their output.",
+    help="Also the runs started here that ended and whose output is still kept (as docker ps -a): one row per "
+    "stage, newest run first, with its container, image and 'Exited (N)'; 'pp-launch logs RUN' shows their output.",
 )
 @host_choice
 @RAY_OPTION
@@ -94,7 +94,10 @@ def _show(rows: list[dict[str, Any]], ids_only: bool, as_json: bool, template: s
         for r in sorted({row["run"] for row in rows}):
             click.echo(r)
         return
-    rows.sort(key=lambda r: (r["run"], r["stage"] if r["stage"] is not None else -1, r.get("host") or ""))
+    ended = [r for r in rows if r.get("state") == "exited"]  # as the use case gives them: newest run first
+    live = [r for r in rows if r.get("state") != "exited"]
+    live.sort(key=lambda r: (r["run"], r["stage"] if r["stage"] is not None else -1, r.get("host") or ""))
+    rows[:] = live + ended
     if as_json:
         for row in rows:
             click.echo(json.dumps(row))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import os
 from typing import Any
@@ -31,6 +32,8 @@ COMMANDS = {
 }
 
 
+DOCKER_WORDS = {"stop": "down", "rm": "down", "kill": "down", "run": "chain", "start": "chain", "up": "chain",
+                "ls": "ps", "list": "ps", "build": "images build", "top": "ps", "inspect": "ps"}  # fmt: skip
 VOLUME_COMMANDS = ("chain", "compose")  # their -v is docker run's --volume; --verbose (or pp-launch -v CMD) says more
 
 
@@ -76,6 +79,19 @@ class Commands(click.Group):
         except click.UsageError as exc:  # the group's own: an unknown command, a bad root flag
             raise one_line(exc) from None
 
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        """An unknown command says which one was meant: docker's word for ours (stop, rm, run, ls, images...), or
+        the closest name."""
+        name = args[0] if args else ""
+        if name and not name.startswith("-") and self.get_command(ctx, name) is None:
+            close = difflib.get_close_matches(name, self.list_commands(ctx), 1)
+            meant = DOCKER_WORDS.get(name) or (close[0] if close else "")
+            hint = f"; did you mean 'pp-launch {meant}'?" if meant else ""
+            raise click.UsageError(f"no command {name!r}{hint}", ctx)
+        return super().resolve_command(ctx, args)
+
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(set(COMMANDS) | set(self.commands))
 
@@ -100,7 +116,7 @@ class Commands(click.Group):
         name = name or cmd.name
         if name in COMMANDS and cmd.short_help is None:
             cmd.short_help = COMMANDS[name][1]  # one line in --help, imported or not
-        if name != "node":
+        if name not in ("node", "compose"):  # compose writes a file: nothing to say more or less of
             cmd.params += [
                 click.Option(
                     ["--verbose"] if name in VOLUME_COMMANDS else ["-v", "--verbose"],

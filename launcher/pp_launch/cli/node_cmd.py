@@ -39,7 +39,8 @@ def node_command(args: tuple[str, ...]) -> None:
 USAGE = """usage: pp-gpu-node [--env-file FILE]... [COMMAND...]        (also: pp-launch node ...)
 
 One stage container in the foreground, a drop-in for docker-gpu-node.sh. COMMAND, if given, is the container's
-command; leading `--env-file FILE` options (as docker run's) set variables in the container first. Output passes
+command (`--` before it passes it as it is, `-- --help` included); leading `--env-file FILE` options (as docker
+run's) set variables in the container first. Output passes
 through unchanged; the exit code is the container's (128+N after signal N); the container cannot outlive this
 process. Configured by the environment:
 
@@ -83,7 +84,7 @@ def _env_files(args: tuple[str, ...]) -> tuple[tuple[tuple[str, str], ...], tupl
 
 
 def _run_node(args: tuple[str, ...]) -> int:
-    if args in (("--help",), ("-h",)) and "STAGE" not in os.environ:  # else they are the container's command
+    if args in (("--help",), ("-h",)):  # help, STAGE set or not; `-- --help` gives the container that argument
         click.echo(USAGE)
         return 0
     signals.install()  # idempotent; also covers `pp-launch node` and direct calls

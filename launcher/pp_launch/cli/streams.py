@@ -75,6 +75,10 @@ def set_aside_ray_output(verbosity: int | None = None) -> str:
         verbosity = int(((ctx.find_root().obj if ctx is not None else None) or {}).get("verbosity", 0))
     if verbosity > 0:
         return ""
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is None:  # no Ray here: the command says so; nothing of Ray's to set aside
+        return ""
     from pp_launch.adapters import host_state
 
     try:

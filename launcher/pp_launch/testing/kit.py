@@ -200,13 +200,16 @@ class StageContainer:
         return "".join(f"\n  | {line}" for line in self._lines[-n:]) or " (it printed nothing)"
 
     def wait_for_line(self, predicate: Any, timeout: float = 60.0, what: str = "such a line") -> str:
-        """The first line for which `predicate` holds. StageExited when the stage ended first (its exit code and
-        last lines), StageTimeout when it still runs after `timeout` seconds."""
+        """The first line for which `predicate` holds (a str: the line contains it). StageExited when the stage ended
+        first (its exit code and last lines), StageTimeout when it still runs after `timeout` seconds."""
+        test = (lambda line: predicate in line) if isinstance(predicate, str) else predicate
+        if isinstance(predicate, str) and what == "such a line":
+            what = f"a line with {predicate!r}"  # the message says which text was awaited
         deadline = time.monotonic() + timeout
         with self._cond:
             while True:
                 for line in self._lines:
-                    if predicate(line):
+                    if test(line):
                         return line
                 who = f"stage {self.stage} ({self.name}, image {self.image})"
                 if self._gone.is_set():
@@ -283,6 +286,8 @@ class RunningChain:
         """The first line of `stage` for which `predicate` holds (a str: the line contains it). StageExited when
         the chain ended first (its exit code and the stage's last lines), StageTimeout after `timeout` seconds."""
         test = (lambda line: predicate in line) if isinstance(predicate, str) else predicate
+        if isinstance(predicate, str) and what == "such a line":
+            what = f"a line with {predicate!r}"  # the message says which text was awaited
         deadline = time.monotonic() + timeout
         with self._collect.cond:
             while True:
@@ -292,10 +297,12 @@ class RunningChain:
                         return line
                 last = "".join(f"\n  | {line}" for line in seen[-20:]) or " (it printed nothing)"
                 if self._ended():
-                    code = self._outcome[0].outcome.exit_code if self._outcome else None
+                    done = self._outcome[0].outcome if self._outcome else None
+                    code = done.exit_code if done is not None else None
+                    why = f": {done.message}" if done is not None and done.message else ""
                     raise StageExited(
-                        f"chain {self.run_id} ended (exit {code}) before stage {stage} printed {what}; "
-                        f"its last lines:{last}",
+                        f"chain {self.run_id} ended (exit {code}{why}) before stage {stage} printed {what}; "
+                        f"stage {stage}'s last lines:{last}",
                         code,
                         seen[-20:],
                     )
