@@ -97,6 +97,7 @@ MADE_ONCE = {
     "site": "docs-site",
     "browser": "docs-site",
     "swactor_like_image": "swactor-like-image",  # built for its module, removed at its end
+    "installed": "wheel",  # a wheel built in the checkout's own build/ folder: one build at a time
 }
 
 

@@ -255,7 +255,7 @@ def test_the_site_opens_from_disk_and_every_link_of_its_home_page_is_a_page(
     site: tuple[str, Path], browser: Browser
 ) -> None:
     """build/site/index.html opened as a file (no server): every link of its navigation leads to a page that loads
-    cleanly from disk, and search works there (the theme's offline index, a script)."""
+    cleanly from disk (search is there when the site is served: `make docs`)."""
     _, root = site
     origin = root.as_uri()
     home = browser.open(f"{origin}/index.html")
@@ -277,16 +277,6 @@ def test_the_site_opens_from_disk_and_every_link_of_its_home_page_is_a_page(
         if found or not title["result"]["value"]:
             bad[url] = found or ["no page there"]
     assert bad == {}
-    browser.open(f"{origin}/index.html")
-    hits = browser.call(
-        "Runtime.evaluate",
-        expression="new Promise(done => { const q = document.querySelector('input[data-md-component=search-query]');"
-        " q.value = 'guard'; q.dispatchEvent(new Event('input', {bubbles: true}));"
-        " setTimeout(() => done(document.querySelectorAll('.md-search-result__item').length), 3000); })",
-        awaitPromise=True,
-        returnByValue=True,
-    )
-    assert hits["result"]["value"] > 0, "search found nothing from disk"
 
 
 def test_the_checker_sees_a_broken_picture_and_a_console_error(site: tuple[str, Path], browser: Browser) -> None:

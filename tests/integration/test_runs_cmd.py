@@ -98,7 +98,8 @@ def test_wait_until_announced_prints_each_address_and_until_exit_each_code(engin
     lines = sorted(ended.stdout.splitlines())
     assert lines == [f"stage 0 pp-{run}-0 exited 0", f"stage 1 pp-{run}-1 exited 3"], ended.stdout
     assert run_containers(engine, run) == []
-    # the run is over; its launcher left when it detached, so it kept no end: said, and exit 1 (cannot tell)
+    # the run is over and its guard gone; its launcher left when it detached, so it kept no end: said, and exit 1
+    assert wait_until(lambda: guard_of(engine, run) == [], 30)
     after = cli("wait", run)
     assert after.returncode == 1 and f"stage 1 pp-{run}-1 exited with an unknown code" in after.stdout, after
     assert wait_until(lambda: guard_of(engine, run) == [], 30)  # its guard ends once the run's last stage is gone
@@ -237,14 +238,25 @@ def test_logs_of_a_foreground_run_after_it_ended_come_from_what_its_launcher_kep
 
 
 def test_ps_all_lists_an_ended_run_whose_output_is_kept_and_plain_ps_does_not(engine, stub_image) -> None:  # type: ignore[no-untyped-def]
-    done = cli("chain", "--stages", "2", "--gpus", "none", "--json")
-    assert done.returncode == 0, done.stderr
+    done = cli("chain", "--stages", "2", "--gpus", "none", "--json", "--stage-env", "1:STUB_EXIT_CODE=3",
+               "--env", "STUB_MODE=hold", "--env", "STUB_EXIT_AFTER=1")  # fmt: skip
+    assert done.returncode == 1, done.stderr
     run = json.loads(done.stdout.splitlines()[0])["run"]
     assert run not in cli("ps", "-q").stdout.split()
     ended = cli("ps", "-a", "--json", "--filter", f"run={run[:6]}")
     rows = [json.loads(line) for line in ended.stdout.splitlines()]
-    assert [(r["run"], r["stage"], r["state"]) for r in rows] == [(run, 0, "ended"), (run, 1, "ended")], ended.stderr
-    assert "pp-launch logs RUN" in rows[0]["owner_status"]
+    assert [(r["run"], r["stage"], r["state"], r["status"], r["exit_code"]) for r in rows] == [
+        (run, 0, "exited", "Exited (0)", 0),
+        (run, 1, "exited", "Exited (3)", 3),
+    ], ended.stderr
+    assert rows[1]["container"] == f"pp-{run}-1" and rows[1]["image"] == stub_image
+    table = cli("ps", "-a", "--filter", f"run={run[:6]}").stdout
+    assert "Exited (3)" in table and f"pp-{run}-1" in table
+    waited = cli("wait", run)  # the run is over: the codes its launcher kept, as docker wait gives them
+    assert waited.returncode == 0 and waited.stdout.splitlines() == [
+        f"stage 0 pp-{run}-0 exited 0",
+        f"stage 1 pp-{run}-1 exited 3",
+    ], waited
     shown = cli("logs", run, "--stage", "1")
     assert shown.returncode == 0 and "[stage 1]" in shown.stdout
 

@@ -267,7 +267,7 @@ def test_a_chain_waits_for_a_line_and_for_its_end_and_says_why_not(engine) -> No
         with pytest.raises(StageTimeout, match=waited):
             chain.wait_for_line(0, "never printed", timeout=0.5)
         assert chain.wait(timeout=60) == 1
-        ended = r"ended \(exit 1: stage \d \(pp-\w+-\d\) exited with code 4.*\) before stage 1 printed a line with"
+        ended = r"(?s)ended \(exit 1: stage \d \(pp-\w+-\d\) exited with code 4.*\) before stage 1 printed a line with"
         with pytest.raises(StageExited, match=ended) as caught:
             chain.wait_for_line(1, "never printed", timeout=5)
         assert "'never printed'" in str(caught.value) and caught.value.exit_code == 1

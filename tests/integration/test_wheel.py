@@ -26,11 +26,12 @@ def installed() -> Iterator[Path]:
     """The wheel, installed in a venv of its own in a folder that is not the checkout: its bin/ folder."""
     place = Path(tempfile.mkdtemp(prefix="pp-tests-wheel-"))
     try:
-        subprocess.run(
+        built = subprocess.run(
             [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(place / "dist"), str(ROOT)],
-            check=True,
             capture_output=True,
+            text=True,
         )
+        assert built.returncode == 0, built.stdout + built.stderr
         (wheel,) = (place / "dist").glob("pp_launch-*.whl")
         subprocess.run([sys.executable, "-m", "venv", str(place / "venv")], check=True)
         pip = [str(place / "venv" / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check"]

@@ -488,7 +488,10 @@ def test_every_usage_error_is_one_line_and_a_hint_exit_2(path: tuple[str, ...]) 
 
 @pytest.mark.parametrize(
     ("args", "words"),
-    [(("chain", "--stages", "0"), "Invalid value for '--stages'"), (("chian",), "no command 'chian'; did you mean 'pp-launch chain'?")],
+    [
+        (("chain", "--stages", "0"), "Invalid value for '--stages'"),
+        (("chian",), "no command 'chian'; did you mean 'pp-launch chain'?"),
+    ],
 )
 def test_click_and_our_own_errors_look_alike(args: tuple[str, ...], words: str) -> None:
     result = run(*args)

@@ -766,14 +766,27 @@ class Engine:
                 code = int(status) if isinstance(status, int) else None
         return code, bytes(out["stdout"]), bytes(out["stderr"])
 
-    def remove(self, ref: str) -> None:
-        try:
-            self.api.remove_container(ref, force=True, v=True)  # its anonymous volumes too, as auto-remove does
-        except docker.errors.NotFound:
-            pass
-        except docker.errors.APIError as exc:
-            if exc.status_code != 409:  # 409: removal already in progress (auto-remove got there first)
-                raise errors.EngineError(f"cannot remove container {ref}: {_reason(exc)}") from None
+    def remove(self, ref: str, patience: float = 5.0) -> None:
+        """Removed by id (a running one killed first), its anonymous volumes too, as auto-remove does; returns once
+        the engine no longer has it. A removal already under way (auto-remove got there first) is waited for; a
+        container the engine left `Dead` (its removal failed, after a crash) is asked again, for `patience`
+        seconds: then EngineError, never a removal said that did not happen."""
+        deadline = time.monotonic() + patience
+        while True:
+            try:
+                self.api.remove_container(ref, force=True, v=True)
+            except docker.errors.NotFound:
+                return
+            except docker.errors.APIError as exc:
+                if exc.status_code != 409:  # 409: removal already in progress, or a dead one not yet removable
+                    raise errors.EngineError(f"cannot remove container {ref}: {_reason(exc)}") from None
+            info = self.inspect(ref)
+            if info is None:
+                return
+            if time.monotonic() >= deadline:
+                state = (info.get("State") or {}).get("Status", "?")
+                raise errors.EngineError(f"container {ref[:12]} is still there ({state}) after its removal was asked")
+            time.sleep(0.2)
 
 
 READY_PATIENCE = 15.0  # seconds a held container may take to say it is ready
