@@ -310,7 +310,8 @@ def serve() -> int:
     me = inspect(socket.gethostname()) or {}
     # what this guard may own: the run's containers made since its first guard started (a guard put in the place
     # of one another client ended takes over the ids its launcher holds, made before it)
-    guard.started = float(os.environ.get("PP_GUARD_SINCE") or 0) or when(str((me.get("State") or {}).get("StartedAt", "")))
+    since = float(os.environ.get("PP_GUARD_SINCE") or 0)
+    guard.started = since or when(str((me.get("State") or {}).get("StartedAt", "")))
 
     def down(*_: object) -> None:  # `pp-launch down`: the launcher, if it is there, hears it on its session
         guard.tell("down")

@@ -42,8 +42,23 @@ if engine_answers; then
   exit 0
 fi
 
+# The user named an engine (DOCKER_HOST, DOCKER_CONTEXT, or a docker context in use): that one, or none. It is never
+# waited on, and no dockerd is started in its place (it would listen elsewhere, on the default socket).
+named=""
+if [ -n "${DOCKER_HOST:-}" ] && [ "$DOCKER_HOST" != unix:///var/run/docker.sock ]; then
+  named="DOCKER_HOST ($DOCKER_HOST)"; unset_hint="unset DOCKER_HOST"
+elif [ -n "${DOCKER_CONTEXT:-}" ] && [ "$DOCKER_CONTEXT" != default ]; then
+  named="DOCKER_CONTEXT ($DOCKER_CONTEXT)"; unset_hint="unset DOCKER_CONTEXT"
+elif command -v docker >/dev/null 2>&1 && ctx=$(docker context show 2>/dev/null) && [ -n "$ctx" ] && [ "$ctx" != default ]; then
+  named="the docker context '$ctx'"; unset_hint="run 'docker context use default'"
+fi
+if [ -n "$named" ]; then
+  say "the engine $named names is not answering: start it, or $unset_hint to use this machine's own; nothing was started."
+  exit 1
+fi
+
 if [ "$(id -u)" != 0 ] || [ ! -f /etc/debian_version ]; then
-  say "no Docker engine answers on ${DOCKER_HOST:-unix:///var/run/docker.sock}."
+  say "no Docker engine answers on unix:///var/run/docker.sock."
   say "Install and start Docker (Debian/Ubuntu: 'sudo apt-get install docker.io && sudo systemctl start docker'),"
   say "make sure your user may use it ('docker info' must work), then run this again."
   exit 1
@@ -56,9 +71,14 @@ if ! command -v dockerd >/dev/null 2>&1 || ! command -v docker-init >/dev/null 2
   apt-get install -y -qq docker.io >/dev/null
 fi
 
-if pgrep -x dockerd >/dev/null 2>&1; then
-  say "dockerd is running but does not answer yet; waiting for it."
+# Only the default engine's own dockerd (its pid file) is waited for: another dockerd on this machine (a test's
+# second engine, another user's) listens elsewhere and is no reason to wait.
+own_pid=$(cat /var/run/docker.pid 2>/dev/null || true)
+started=""
+if [ -n "$own_pid" ] && kill -0 "$own_pid" 2>/dev/null && [ "$(cat "/proc/$own_pid/comm" 2>/dev/null)" = dockerd ]; then
+  say "dockerd (pid $own_pid) is running but does not answer yet; waiting for it."
 else
+  started=1
   say "starting dockerd in the background; its log is $log"
   # setsid: the engine must outlive this script and the shell that called it.
   setsid nohup dockerd >>"$log" 2>&1 </dev/null &
@@ -66,12 +86,16 @@ fi
 
 for _ in $(seq 1 120); do
   if engine_answers; then
-    say "Docker engine is up ($(docker info --format '{{.ServerVersion}}')); log: $log"
+    say "Docker engine is up ($(docker info --format '{{.ServerVersion}}'))${started:+; log: $log}"
     ensure_compose || true
     exit 0
   fi
   sleep 0.5
 done
-say "dockerd did not answer within 60 s; see $log"
-tail -n 20 "$log" >&2 || true
+if [ -n "$started" ]; then
+  say "dockerd did not answer within 60 s; see $log"
+  tail -n 20 "$log" >&2 || true
+else
+  say "dockerd (pid $own_pid) did not answer within 60 s on unix:///var/run/docker.sock; see its log (journalctl -u docker, or where it was started)"
+fi
 exit 1

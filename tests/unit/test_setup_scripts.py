@@ -89,3 +89,34 @@ def test_groups_add_the_docs_and_browser_tools(tmp_path: Path) -> None:
         timeout=30,
     )
     assert wrong.returncode == 2 and "unknown group 'desktop'" in wrong.stderr
+
+
+ENSURE_DOCKER = ROOT / "launcher" / "scripts" / "ensure-docker.sh"
+
+
+def test_an_engine_the_user_named_that_does_not_answer_is_one_line_at_once(tmp_path: Path) -> None:
+    """DOCKER_HOST or DOCKER_CONTEXT naming an engine that is down: said at once, and no dockerd is started (it would
+    listen on the default socket, not where the user pointed) nor any package installed."""
+    fakes = tmp_path / "fakes"
+    fakes.mkdir()
+    called = tmp_path / "called.log"
+    for name in ("dockerd", "apt-get", "docker-init"):
+        (fakes / name).write_text(f'#!{shutil.which("bash")}\necho "{name} $*" >> {called}\n')
+        (fakes / name).chmod(0o755)
+    docker_cli = shutil.which("docker")
+    if docker_cli is None:  # no CLI: the script's own check fails the same way; stand one in that never answers
+        (fakes / "docker").write_text(f'#!{shutil.which("bash")}\nexit 1\n')
+        (fakes / "docker").chmod(0o755)
+    silent = tmp_path / "nobody-listens.sock"  # a path no engine serves
+    path = f"{fakes}:{os.environ['PATH']}"
+    for named, hint in (
+        ({"DOCKER_HOST": f"unix://{silent}"}, "unset DOCKER_HOST"),
+        ({"DOCKER_CONTEXT": "pp-tests-no-such-context"}, "unset DOCKER_CONTEXT"),
+    ):
+        env = {"PATH": path, "HOME": str(tmp_path), **named}
+        done = subprocess.run(["bash", str(ENSURE_DOCKER)], env=env, capture_output=True, text=True, timeout=30)
+        assert done.returncode == 1, done.stderr
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1, lines
+        assert "is not answering" in lines[0] and hint in lines[0] and next(iter(named.values())) in lines[0]
+        assert not called.exists(), called.read_text()
