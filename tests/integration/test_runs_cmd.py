@@ -61,10 +61,22 @@ def test_logs_follow_streams_until_the_run_ends(engine, detached: str) -> None:
     assert wait_until(lambda: len(interrupted.stdout_lines) > 3, 30)
     interrupted.signal(signal.SIGINT)  # Ctrl-C: 130, as docker logs -f, and no "Aborted!"
     assert interrupted.wait(30) == 130 and "Abort" not in interrupted.stderr_text()
-    follow = Launcher("logs", detached, "-f")
-    assert wait_until(lambda: sum("chatter" in line or "stub[" in line for line in follow.stdout_lines) > 3, 30)
+    # as docker logs -f: what is there first, in the order the engine timed it (not stage by stage), then the new
+    # lines as they come; each stage's numbered chatter once each, none missing where the replay turns to following
+    assert wait_until(lambda: cli("logs", detached, "-n", "5").stdout.count("log line") >= 10, 30)
+    began = time.time()
+    follow = Launcher("logs", detached, "-f", "-t")
+    assert wait_until(lambda: sum("log line" in line for line in follow.stdout_lines) > 30, 30)
     cli("down", detached, "--grace", "1")
     assert follow.wait(30) == 0  # ends by itself once every stage is gone
+    shown = [line for line in follow.stdout_lines if "log line" in line]
+    when = [(_instant(line.split("] ", 1)[1].split(" ", 1)[0]), line) for line in shown]
+    cut = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(began - 0.3)) + f".{int((began - 0.3) % 1 * 1e9):09d}"
+    replayed = [at for at, _ in when if at < cut]
+    assert len(replayed) >= 6 and replayed == sorted(replayed), shown[:20]
+    for k in (0, 1):
+        numbers = [int(line.rsplit(" ", 1)[1]) for line in shown if line.startswith(f"[stage {k}] ")]
+        assert numbers == list(range(numbers[0], numbers[0] + len(numbers))), numbers
 
 
 def test_wait_until_announced_prints_each_address_and_until_exit_each_code(engine, stub_image) -> None:
@@ -169,7 +181,24 @@ def test_ps_filter_and_format_and_down_of_two_runs_at_once(engine, stub_image, d
     as_json = cli("ps", "--filter", f"run={second}", "--format", "{{json .}}")
     assert [json.loads(line)["run"] for line in as_json.stdout.splitlines()] == [second]
     bad = cli("ps", "--filter", "colour=red")
-    assert bad.returncode == 2 and "use KEY=VALUE with KEY one of run," in bad.stderr
+    assert bad.returncode == 2 and "use KEY=VALUE with KEY one of docker's name, status, label" in bad.stderr
+    # docker's own filter keys, as docker ps means them, beside ours; a key repeated is any of its values
+    for docker_filters, stages in (
+        ([f"name=^pp-{detached}-1$"], [(detached, 1)]),
+        ([f"label=pp-launch.run={second}", "status=running"], [(second, 0)]),
+        ([f"label=pp-launch.run={second}", "status=exited"], []),
+        (
+            [f"name=pp-{second}", f"name=pp-{detached}-0", "ancestor=pp-launch/stub-worker"],
+            [(detached, 0), (second, 0)],
+        ),
+        ([f"id={engine.inspect(f'pp-{second}-0')['Id'][:8]}"], [(second, 0)]),
+    ):
+        args = [x for f in docker_filters for x in ("--filter", f)]
+        kept = cli("ps", *args, "--format", "{{.run}} {{.stage}}")
+        assert kept.returncode == 0, kept.stderr
+        mine = [(r, int(k)) for r, k in (line.split() for line in kept.stdout.splitlines()) if r in (detached, second)]
+        assert sorted(mine) == sorted(stages), (docker_filters, kept.stdout)
+    assert cli("ps", "--filter", "status=sleeping").returncode == 2
     # docker's habits: its field names, a prefix for the run, `table` with a header, `json`, errors for the rest
     docker_names = cli("ps", "--filter", f"run={detached[:5]}", "--format", "{{.Names}} {{.Run}} {{.State}}")
     assert docker_names.stdout.splitlines() == [
@@ -181,14 +210,19 @@ def test_ps_filter_and_format_and_down_of_two_runs_at_once(engine, stub_image, d
     assert head.split() == ["CONTAINER", "ID", "NAMES", "STATUS"] and row.split()[1] == f"pp-{second}-0"
     assert row.split()[2] == "Up" and engine.inspect(row.split()[0]) is not None  # a short id the engine knows
     whole = cli("ps", "--filter", f"run={second}", "--format", "json")
-    assert [json.loads(line)["container"] for line in whole.stdout.splitlines()] == [f"pp-{second}-0"]
+    rows = [json.loads(line) for line in whole.stdout.splitlines()]
+    assert [(r["Names"], r["run"], r["State"]) for r in rows] == [(f"pp-{second}-0", second, "running")]
+    assert f"pp-launch.run={second}" in rows[0]["Labels"].split(",")  # docker's habit: k=v, comma-separated
+    label = cli("ps", "--filter", f"run={second}", "--format", '{{.Label "pp-launch.stage"}}|{{.Label "nope"}}')
+    assert label.stdout.splitlines() == ["0|"], label.stderr
     for wrong, said in (
         ("{{.Nope}}", "no field 'Nope'"),
         ("{{.run", "an unclosed action"),
         ("{{index .gpus 0}}", "is not something ps can print"),
     ):
         refused = cli("ps", "--format", wrong)
-        assert refused.returncode == 1 and said in refused.stderr and refused.stdout == "", refused.stderr
+        # one code for any bad option, a template as a filter: pp-launch's usage error
+        assert refused.returncode == 2 and said in refused.stderr and refused.stdout == "", refused.stderr
     both = cli("down", detached, second, "--grace", "1")
     assert both.returncode == 0, both.stderr
     assert run_containers(engine, detached) == [] and run_containers(engine, second) == []

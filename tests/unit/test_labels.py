@@ -57,15 +57,15 @@ def test_an_owner_in_another_pid_namespace_is_not_judged_even_with_a_dead_pid() 
     me = identity.current_owner()
     dead_pid = 2**22 + 17  # above pid_max's default: no process has it
     elsewhere = labels.Owner(HOST, dead_pid, "1", pidns="1", boot=me.boot)
-    assert identity.judge_here(elsewhere) == "owner in another PID namespace: not judged"
+    assert identity.judge_here(elsewhere) == "other-pidns"
     assert not identity.owner_is_gone(elsewhere.label())
     here = labels.Owner(HOST, dead_pid, "1", pidns=me.pidns, boot=me.boot)
     assert identity.owner_is_gone(here.label())
 
 
 def test_an_owner_of_another_boot_or_host_is_not_judged() -> None:
-    assert identity.judge_here(labels.Owner(HOST, 1, "1", boot="0" * 32)) == "owner from another boot: not judged"
-    assert identity.judge_here(labels.Owner("elsewhere", 1, "1")) == "owner on another host: not judged"
+    assert identity.judge_here(labels.Owner(HOST, 1, "1", boot="0" * 32)) == "other-boot"
+    assert identity.judge_here(labels.Owner("elsewhere", 1, "1")) == "other-host"
 
 
 def test_labels_are_escaped_before_display() -> None:

@@ -80,3 +80,45 @@ def test_a_live_run_is_never_pruned_however_many_runs_come_after(tmp_path: Path)
     live.close()
     run_logs.RunLog("next", tmp_path).close()
     assert "long" not in run_logs.kept_runs(tmp_path) and len(run_logs.kept_runs(tmp_path)) == run_logs.KEEP_RUNS
+
+
+def test_ps_a_shows_an_ended_run_only_for_the_engines_asked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each run keeps where it ran; `ps -a` on one engine, on --host engines or as before for a run that kept no
+    place, never lists another engine's ended runs as if they were this one's."""
+    from pp_launch.app.docker_site import ended_rows
+
+    monkeypatch.setenv("PP_LAUNCH_STATE_DIR", str(tmp_path))
+    monkeypatch.delenv("DOCKER_CONTEXT", raising=False)
+
+    def ran(run: str, docker_host: str | None, hosts: list[str], ray: str | None = None) -> None:
+        if docker_host is None:
+            monkeypatch.delenv("DOCKER_HOST", raising=False)
+        else:
+            monkeypatch.setenv("DOCKER_HOST", docker_host)
+        log = run_logs.RunLog(run)
+        log.place(hosts=hosts, ray=ray)
+        log.stage(0, container=f"pp-{run}-0", image="img")
+        log.line(0, "stdout", "hello")
+        log.stage(0, exit_code=3)
+        log.close()
+
+    ran("here", None, [])
+    ran("side", "unix:///tmp/side.sock", [])
+    ran("hosts", None, ["gpu2", "gpu3"])
+    ran("onray", None, [], "10.0.0.1:6379")
+    older = run_logs.RunLog("older")  # kept before runs kept their place
+    older.line(0, "stdout", "x")
+    older.close()
+    monkeypatch.delenv("DOCKER_HOST", raising=False)
+
+    def shown(asked: set[str | None]) -> set[str]:
+        return {r["run"] for r in ended_rows(set(), None, asked)}
+
+    assert shown({None}) == {"here", "older"}
+    assert shown({"gpu3"}) == {"hosts", "older"}
+    assert shown({None, "gpu2"}) == {"here", "hosts", "older"}
+    monkeypatch.setenv("DOCKER_HOST", "unix:///tmp/side.sock")
+    assert shown({None}) == {"side", "older"}
+    row = next(r for r in ended_rows(set(), "side", {None}))
+    assert (row["container"], row["status"], row["exit_code"]) == ("pp-side-0", "Exited (3)", 3)
+    assert run_logs.facts("side")[0].exit_code == 3  # the place line is not a stage's

@@ -20,6 +20,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pp_launch.adapters.host_state import NOFOLLOW, StateDir
 from pp_launch.core import errors
@@ -80,9 +81,18 @@ class RunLog:
     def stage(self, stage: int, **facts: object) -> None:
         """What is known of a stage (its container and image when it starts, its exit code when it ends): a JSON
         line of `stages.jsonl`, which `ps -a` and `wait` read once the engine has nothing of the run."""
+        self._fact({"stage": stage, "at": _now(), **facts})
+
+    def place(self, **where: object) -> None:
+        """Where the run's stages run (its engines, or its Ray cluster): a line of `stages.jsonl`, so that `ps -a`
+        shows an ended run only for the engines it is asked about. The engine DOCKER_HOST or DOCKER_CONTEXT names
+        is kept with it."""
+        self._fact({"place": {**default_engine(), **where}})
+
+    def _fact(self, fact: dict[str, object]) -> None:
         if self.problem:
             return
-        data = (json.dumps({"stage": stage, "at": _now(), **facts}, separators=(",", ":")) + "\n").encode()
+        data = (json.dumps(fact, separators=(",", ":")) + "\n").encode()
         try:
             fd = os.open(FACTS, os.O_WRONLY | os.O_CREAT | os.O_APPEND | NOFOLLOW, 0o600, dir_fd=self._dir.fd)
             try:
@@ -185,6 +195,31 @@ def facts(run_id: str, root: str | Path | None = None) -> dict[int, StageFacts]:
             was = StageFacts(k, was.container, was.image, code if isinstance(code, int) else None, str(item["at"]))
         out[k] = was
     return out
+
+
+def default_engine() -> dict[str, str | None]:
+    """What names the engine a command reaches when it is given no --host: DOCKER_HOST, DOCKER_CONTEXT."""
+    env = os.environ
+    return {"docker_host": env.get("DOCKER_HOST") or None, "docker_context": env.get("DOCKER_CONTEXT") or None}
+
+
+def place(run_id: str, root: str | Path | None = None) -> dict[str, Any] | None:
+    """Where the run ran, as its launcher kept it (RunLog.place); None when it kept nothing of it (an older run)."""
+    with StateDir.open(_root(root)) as base, base.sub(RUNS) as runs:
+        try:
+            fd = os.open(run_id, os.O_RDONLY | os.O_DIRECTORY | NOFOLLOW, dir_fd=runs.fd)
+        except OSError:
+            return None
+        with StateDir(runs.path / run_id, fd) as d:
+            data = d.read(FACTS) or b""
+    for raw in data.splitlines():
+        try:
+            item = json.loads(raw)
+        except ValueError:
+            continue
+        if isinstance(item, dict) and isinstance(item.get("place"), dict):
+            return dict(item["place"])
+    return None
 
 
 def ended(root: str | Path | None = None) -> list[tuple[str, list[int], float]]:

@@ -201,6 +201,7 @@ def _keep_logs(request: LaunchRequest, plan: ChainPlan, say: Callable[[str], Non
         return None
     try:
         kept = run_logs.RunLog(plan.run_id, request.log_dir)
+        kept.place(hosts=list(request.hosts), ray=request.ray)
         if kept.note:
             say(f"note: {kept.note}")
         return kept

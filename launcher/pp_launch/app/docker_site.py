@@ -11,6 +11,7 @@ touched.
 
 from __future__ import annotations
 
+import calendar
 import contextlib
 import dataclasses
 import queue
@@ -212,7 +213,7 @@ class DockerSite:
             where = (name or "local") if self.several else None
             rows += housekeeping.list_stages(engine, found, details=details, gpus=gpus, host=where)
         if ended_too:
-            rows += ended_rows({r["run"] for r in rows}, run)
+            rows += ended_rows({r["run"] for r in rows}, run, {name for name, _ in self.reached})
         if run is not None and not rows and self.several:
             raise errors.ConfigError(f"no run {housekeeping.safe(run)!r} on any of these hosts")
         return rows
@@ -330,17 +331,11 @@ class DockerSite:
             found = [(e, c) for e, c in found if labels.ascii_int(c.labels.get(labels.STAGE, "")) in view.stages]
             if not found:
                 raise errors.ConfigError(f"run {name} has no stage {', '.join(map(str, view.stages))}")
-        if view.follow:
-            _follow(found, view, self.voice)
-            return
-        rows = []  # every stage's lines (its last `tail`), merged in the order the engine timed them
-        for engine, c in found:
-            for line in engine.log_lines(c.id, since=view.since, tail=view.tail, timestamps=True):
-                stamp, _, text = line.partition(b" ")
-                rows.append((instant(stamp.decode("ascii", "replace")), _prefix(c), line if view.timestamps else text))
-        shown = [head + display(line) for _, head, line in sorted(rows, key=lambda row: row[0])]  # stable sort
+        shown, last = _replay(found, view)
         if shown:
             self.voice.answer("\n".join(shown))  # one answer: a long log is not written line by line
+        if view.follow:  # then each stage's new lines as they come, from where its replay ended
+            _follow(found, view, self.voice, last)
 
     # ---------------------------------------------------------------------------------------------------- wait
     def wait(self, run: str, until: str, timeout: float | None) -> int:
@@ -366,18 +361,56 @@ def _prefix(c: ContainerInfo) -> str:
     return f"[stage {display(c.labels.get(labels.STAGE, '?').encode())}] "
 
 
-def _follow(found: list[tuple[Engine, ContainerInfo]], view: LogView, voice: Voice) -> None:
-    """Every stage's lines as they come, until each stage is gone; interrupted (Ctrl-C), every stream is closed and
-    every pump joined before the interruption goes on."""
+Seen = dict[str, tuple[str, int]]  # a container's last replayed line: its time (instant()) and how many had that time
+
+
+def _replay(found: list[tuple[Engine, ContainerInfo]], view: LogView) -> tuple[list[str], Seen]:
+    """Every stage's lines so far (its last `tail`), merged in the order the engine timed them; and where each
+    stage's replay ended, so that a follow goes on from there."""
+    rows: list[tuple[str, str, bytes]] = []
+    last: Seen = {}
+    for engine, c in found:
+        for line in engine.log_lines(c.id, since=view.since, tail=view.tail, timestamps=True):
+            stamp, _, text = line.partition(b" ")
+            at = instant(stamp.decode("ascii", "replace"))
+            rows.append((at, _prefix(c), line if view.timestamps else text))
+            before = last.get(c.id)
+            last[c.id] = (at, before[1] + 1 if before is not None and before[0] == at else 1)
+    shown = [head + display(line) for _, head, line in sorted(rows, key=lambda row: row[0])]  # stable sort
+    return shown, last
+
+
+def _unix(at: str) -> int:
+    """instant()'s time as the whole Unix second it falls in (the engine's `since`)."""
+    try:
+        return calendar.timegm(time.strptime(at.partition(".")[0], "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        return 0
+
+
+def _follow(found: list[tuple[Engine, ContainerInfo]], view: LogView, voice: Voice, last: Seen) -> None:
+    """Every stage's lines as they come after its replay, until each stage is gone; interrupted (Ctrl-C), every
+    stream is closed and every pump joined before the interruption goes on."""
     lines: queue.Queue[tuple[str, bytes] | None] = queue.Queue(maxsize=10000)
     closers: list[Any] = []  # each stream's close, once open: an interrupted follow ends every pump by them
 
     def pump(engine: Engine, c: ContainerInfo) -> None:
+        seen = last.get(c.id)
+        # from the second the replay's last line fell in, skipping what was shown; nothing shown: what the view
+        # asked for (lines that came since the replay are within its tail)
+        since, tail = (_unix(seen[0]), None) if seen is not None else (view.since, view.tail)
+        again = 0  # lines of the replay's last instant met again
         try:
             for line in engine.log_lines(
-                c.id, follow=True, since=view.since, tail=view.tail, timestamps=view.timestamps, opened=closers.append
+                c.id, follow=True, since=since, tail=tail, timestamps=True, opened=closers.append
             ):
-                lines.put((_prefix(c), line))
+                stamp, _, text = line.partition(b" ")
+                if seen is not None:
+                    at = instant(stamp.decode("ascii", "replace"))
+                    if at < seen[0] or (at == seen[0] and again < seen[1]):
+                        again += at == seen[0]
+                        continue
+                lines.put((_prefix(c), line if view.timestamps else text))
         finally:
             lines.put(None)
 
@@ -441,12 +474,15 @@ def _print_kept(prefix: str, view: LogView, voice: Voice) -> bool:
     return True
 
 
-def ended_rows(present: set[str], run: str | None) -> list[dict[str, Any]]:
+def ended_rows(present: set[str], run: str | None, asked: set[str | None]) -> list[dict[str, Any]]:
     """A row per stage of each run whose output this user keeps, that no engine here lists and no launcher
-    keeps writing: it ended (`ps -a`)."""
+    keeps writing: it ended (`ps -a`). Only the runs of the engines asked (`asked`: host names, None for the
+    engine DOCKER_HOST or DOCKER_CONTEXT names), as their launchers kept where they ran."""
     now, rows = time.time(), []
     for ended, stages, last in sorted(run_logs.ended(), key=lambda e: -e[2]):  # newest first, as docker ps -a
         if ended in present or (run is not None and not ended.startswith(run)):
+            continue
+        if not _ran_on(run_logs.place(ended), asked):
             continue
         kept = run_logs.facts(ended)
         for k in sorted(set(stages) | set(kept)):
@@ -469,9 +505,23 @@ def ended_rows(present: set[str], run: str | None) -> list[dict[str, Any]]:
                     "age_s": max(0, int(now - last)),
                     "address": None,
                     "uptime_s": None,
+                    "labels": {},
                 }
             )
     return rows
+
+
+def _ran_on(place: dict[str, Any] | None, asked: set[str | None]) -> bool:
+    """Whether a kept run ran on one of the engines asked (a run that kept no place: shown, as before)."""
+    if place is None:
+        return True
+    if place.get("ray"):
+        return False  # a Ray cluster's: `ps --ray` shows those
+    hosts = place.get("hosts") or []
+    if hosts:
+        return bool(set(hosts) & asked)
+    default = run_logs.default_engine()
+    return None in asked and all(place.get(k) == v for k, v in default.items())
 
 
 def stage_name(c: ContainerInfo) -> str:

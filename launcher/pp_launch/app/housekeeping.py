@@ -206,14 +206,30 @@ def local_inventory() -> GpuInventory | None:
         return None
 
 
+# `owner_status` is one of these words (ps --json, --filter, --format); the table says what each means
+OWNER_STATUS_SAID = {
+    "alive": "alive",
+    "gone": "gone",
+    "detached": "detached",
+    "compose": "compose",
+    "ended": "ended",
+    "unknown": "unknown: not ours to judge",
+    "other-host": "owner on another host: not judged",
+    "other-boot": "owner from another boot: not judged",
+    "other-pidns": "owner in another PID namespace: not judged",
+    "unrecorded": "unrecorded: no guard of its run made it (never touched)",
+}
+
+
 def owner_status(owner: str) -> str:
+    """What a stage's owner label says of its launcher, as one of OWNER_STATUS_SAID's words."""
     if owner == labels.OWNER_DETACHED:
         return "detached"
     if owner.startswith(labels.OWNER_COMPOSE_PREFIX):
         return "compose"
     parsed = labels.Owner.parse(owner)
     if parsed is None:
-        return "unknown: not ours to judge"
+        return "unknown"
     if (why := identity.judge_here(parsed)) is not None:
         return why
     return "alive" if identity.is_alive(parsed) else "gone"
@@ -277,7 +293,7 @@ def list_stages(
         stage = c.labels.get(labels.STAGE, "")
         status = owner_status(owner)
         if c.id in loose:
-            status = "unrecorded: no guard of its run made it (never touched)"
+            status = "unrecorded"
         rows.append(
             {
                 "run": c.labels.get(labels.RUN, ""),
@@ -292,6 +308,7 @@ def list_stages(
                 "owner_status": status,
                 "state": c.state,
                 "age_s": max(0, int(now - c.created)),
+                "labels": dict(c.labels),
             }
         )
         row = rows[-1]
@@ -351,7 +368,7 @@ def render(rows: list[dict[str, Any]]) -> str:
             _gpus_cell(r),
             r.get("address") or "-",
             r["owner"],
-            r["owner_status"],
+            OWNER_STATUS_SAID.get(r["owner_status"], r["owner_status"]),
             r.get("status") or r["state"],
             f"{r['uptime_s']}s"
             if r.get("uptime_s") is not None

@@ -220,6 +220,7 @@ def _row(run_id: str, node: str, ref: str, name: str, state: str, tags: dict[str
         "host": node,
         "address": None,
         "uptime_s": None,
+        "labels": dict(tags),
     }
 
 

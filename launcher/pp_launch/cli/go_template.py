@@ -3,19 +3,22 @@
 - `{{.Field}}`: a field of the row, by its `--json` name (`{{.run}}`, `{{.container}}`) or by docker's name for it
   (`{{.ID}}`, `{{.Names}}`, `{{.Image}}`, `{{.State}}`, `{{.Status}}`, `{{.RunningFor}}`, `{{.Run}}` ...), in any
   case; lists print comma-separated.
-- `{{json .}}` (the whole row), `{{json .Field}}`, `{{upper .Field}}`, `{{lower .Field}}`, `{{title .Field}}`.
+- `{{.Labels}}` (every label, `k=v` comma-separated) and `{{.Label "k"}}` (one), as docker's.
+- `{{json .}}` (the whole row, with docker's field names and ours where docker has none), `{{json .Field}}`,
+  `{{upper .Field}}`, `{{lower .Field}}`, `{{title .Field}}`.
 - `table TEMPLATE`: a header row first, columns split at `\\t` and aligned as docker's tabwriter does.
-- `json` alone: one JSON object per row, as `--json`.
+- `json` alone: one JSON object per row, as `{{json .}}`.
 - `\\t` and `\\n` in the template are a tab and a newline.
 
-Anything else (an unknown field or function, a `{{` without its `}}`) is a TemplateError naming what and where:
-never printed as it is, never a blank row.
+Anything else (an unknown field or function, a `{{` without its `}}`) is a TemplateError naming what and where
+(exit 2, as every bad option of pp-launch): never printed as it is, never a blank row.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,8 +26,8 @@ from typing import Any
 from pp_launch.core import errors
 
 
-class TemplateError(errors.PpLaunchError):
-    """A --format template pp-launch cannot run (exit 1, as docker)."""
+class TemplateError(errors.ConfigError):
+    """A --format template pp-launch cannot run (exit 2, as a bad --filter or any bad option)."""
 
 
 # docker's field names for what a ps row has, and the header docker prints for each
@@ -35,10 +38,16 @@ DOCKER_NAMES = {
     "state": ("state", "STATE"),
     "status": ("status", "STATUS"),
     "runningfor": ("age", "CREATED"),
+    "createdat": ("created_at", "CREATED AT"),
+    "labels": ("labels", "LABELS"),
 }
+# `{{json .}}` and `--format json`: docker ps's names for what a row has, then ours where docker has none
+DOCKER_JSON = {"ID": "id", "Names": "container", "Image": "image", "Labels": "labels", "State": "state"}
+DOCKER_VIEW_JSON = {"Status": "status", "RunningFor": "age", "CreatedAt": "created_at"}
+NOT_OURS_IN_JSON = {"id", "container", "image", "labels", "state", "status"}
 FUNCTIONS: dict[str, Callable[[str], str]] = {"upper": str.upper, "lower": str.lower, "title": str.title}
 ACTION = re.compile(r"\{\{-?\s*(.*?)\s*-?\}\}", re.S)
-TERM = re.compile(r"^(?:(json|upper|lower|title)\s+)?\.([A-Za-z_]\w*)?$")
+TERM = re.compile(r'^(?:(json|upper|lower|title)\s+)?\.([A-Za-z_]\w*)?(?:\s+"([^"\\]*)")?$')
 
 
 @dataclass(frozen=True)
@@ -47,14 +56,32 @@ class _Piece:
     key: str | None = None
     func: str | None = None
     header: str = ""
+    label: str | None = None  # {{.Label "k"}}: that label's value
 
 
 def _cell(value: Any) -> str:
     if value is None:
         return ""
+    if isinstance(value, dict):
+        return labels_text(value)
     if isinstance(value, list | tuple):
         return ",".join(map(str, value))
     return str(value)
+
+
+def labels_text(found: Mapping[str, Any]) -> str:
+    """Labels as docker ps prints {{.Labels}}: k=v, comma-separated (here in key order)."""
+    return ",".join(f"{k}={v}" for k, v in sorted(found.items()))
+
+
+def docker_json(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A row as docker ps --format json prints a container (its names and values), then ours docker has no name for."""
+    view = {**docker_view(row), **row}
+    out: dict[str, Any] = {name: view.get(key) for name, key in DOCKER_JSON.items()}
+    out["Labels"] = labels_text(row.get("labels") or {})
+    out.update({name: view.get(key) for name, key in DOCKER_VIEW_JSON.items() if view.get(key) is not None})
+    out.update({k: v for k, v in row.items() if k not in NOT_OURS_IN_JSON})
+    return out
 
 
 class Template:
@@ -80,7 +107,9 @@ class Template:
             return DOCKER_NAMES[low]
         if low in self.fields:
             return low, low.upper()
-        known = ", ".join([*self.fields, "ID", "Names", "Image", "State", "Status", "RunningFor"])
+        known = ", ".join(
+            [*self.fields, "ID", "Names", "Image", "State", "Status", "RunningFor", "CreatedAt", "Labels", 'Label "k"']
+        )
         raise TemplateError(f"--format {self.source!r}: no field {name!r} in a ps row; the fields: {known}")
 
     def _parse(self, body: str) -> list[_Piece]:
@@ -92,11 +121,19 @@ class Template:
             if term is None:
                 raise TemplateError(
                     f"--format {self.source!r}: {m.group(0)} at character {m.start() + 1} is not something ps can "
-                    "print: use {{.Field}}, {{json .}}, {{json .Field}}, {{upper .Field}}, {{lower .Field}} or "
-                    "{{title .Field}}"
+                    "print: use {{.Field}}, {{.Label \"k\"}}, {{json .}}, {{json .Field}}, {{upper .Field}}, "
+                    "{{lower .Field}} or {{title .Field}}"
                 )
-            func, name = term.group(1), term.group(2)
-            if name is None:
+            func, name, label = term.group(1), term.group(2), term.group(3)
+            if label is not None:
+                if name is None or name.lower() != "label":
+                    raise TemplateError(
+                        f"--format {self.source!r}: {m.group(0)}: only .Label takes an argument (a label's key)"
+                    )
+                pieces.append(_Piece(key="labels", func=func, header="LABEL", label=label))
+            elif name is not None and name.lower() == "label":
+                raise TemplateError(f'--format {self.source!r}: {m.group(0)}: .Label needs a key: {{{{.Label "k"}}}}')
+            elif name is None:
                 if func != "json":
                     raise TemplateError(
                         f"--format {self.source!r}: {{{{{m.group(1)}}}}}: the whole row prints only as {{{{json .}}}}"
@@ -120,13 +157,15 @@ class Template:
             if p.key is None:
                 out.append(p.text)
             elif p.key == "":
-                out.append(json.dumps(dict(shown)))  # as --json prints it
-            elif p.func == "json":
-                out.append(json.dumps(row.get(p.key)))
-            elif p.func is not None:
-                out.append(FUNCTIONS[p.func](_cell(row.get(p.key))))
+                out.append(json.dumps(docker_json(shown)))
             else:
-                out.append(_cell(row.get(p.key)))
+                value = row.get(p.key) if p.label is None else (row.get("labels") or {}).get(p.label)
+                if p.func == "json":
+                    out.append(json.dumps(value))
+                elif p.func is not None:
+                    out.append(FUNCTIONS[p.func](_cell(value)))
+                else:
+                    out.append(_cell(value))
         return "".join(out)
 
     def _header(self) -> str:
@@ -134,7 +173,7 @@ class Template:
 
     def render(self, rows: Sequence[Mapping[str, Any]]) -> list[str]:
         if self.json:
-            return [json.dumps(dict(r)) for r in rows]
+            return [json.dumps(docker_json(r)) for r in rows]
         lines = [self._line(r) for r in rows]
         if not self.table:
             return lines
@@ -156,8 +195,12 @@ def docker_view(row: Mapping[str, Any]) -> dict[str, Any]:
     up = row.get("uptime_s")
     state = str(row.get("state") or "")
     out["status"] = f"Up {human(up)}" if state == "running" and up is not None else state.capitalize()
+    if row.get("status"):
+        out["status"] = row["status"]  # an ended stage's own: Exited (N)
     if row.get("age_s") is not None:
         out["age"] = f"{human(row['age_s'])} ago"
+        created = time.gmtime(time.time() - row["age_s"])
+        out["created_at"] = time.strftime("%Y-%m-%d %H:%M:%S +0000 UTC", created)
     return out
 
 

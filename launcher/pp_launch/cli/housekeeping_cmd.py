@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from typing import Any
 
@@ -25,17 +26,20 @@ from pp_launch.core import errors
     "filters",
     multiple=True,
     metavar="KEY=VALUE",
-    help="Only rows whose KEY (a --json field: run, stage, container, id, image, owner, owner_status, state, host) "
-    "is VALUE (run and id: a prefix is enough); repeat to narrow (as docker ps --filter).",
+    help="Only the rows docker ps --filter would keep: name=TEXT (a regular expression in the container's name), "
+    "status=STATE (created, running, paused, restarting, removing, exited, dead), label=KEY or label=KEY=VALUE, "
+    "id=PREFIX, ancestor=IMAGE[:TAG]; or by any --json field of ours (run=PREFIX, stage, role, owner, owner_status, "
+    "host, ...). The same key repeated: any of its values; different keys: all of them.",
 )
 @click.option(
     "--format",
     "template",
     metavar="TEMPLATE",
-    help="Each row through TEMPLATE, as docker ps --format: {{.run}} {{.container}} ... any --json field, or "
-    "docker's names ({{.ID}} {{.Names}} {{.Image}} {{.State}} {{.Status}} {{.RunningFor}}); {{json .}}, "
-    "{{upper .X}}; 'table ...' adds a header and aligns \\t columns; 'json' prints one object per row. An "
-    "unknown field is an error (exit 1).",
+    help="Each row through TEMPLATE, as docker ps --format: docker's names ({{.ID}} {{.Names}} {{.Image}} {{.State}} "
+    "{{.Status}} {{.RunningFor}} {{.CreatedAt}} {{.Labels}} {{.Label \"k\"}}) or any --json field of ours "
+    "({{.run}} {{.stage}} ...); {{json .}}, {{upper .X}}; 'table ...' adds a header and aligns \\t columns; 'json' "
+    "prints one object per row with docker's field names (and ours where docker has none). A bad template, like a "
+    "bad --filter, is exit 2 before any engine is asked.",
 )
 @click.option(
     "--run",
@@ -49,8 +53,9 @@ from pp_launch.core import errors
     "--all",
     "ended_too",
     is_flag=True,
-    help="Also the runs started here that ended and whose output is still kept (as docker ps -a): one row per "
-    "stage, newest run first, with its container, image and 'Exited (N)'; 'pp-launch logs RUN' shows their output.",
+    help="Also the runs started here that ended and whose output is still kept (as docker ps -a), of the engines "
+    "asked (-H/DOCKER_HOST, --host): one row per stage, newest run first, with its container, image and "
+    "'Exited (N)'; 'pp-launch logs RUN' shows their output.",
 )
 @host_choice
 @RAY_OPTION
@@ -75,6 +80,7 @@ def ps(
       pp-launch ps -q                      # run ids only, one per line
       pp-launch ps --run 3f2a --json
       pp-launch ps --filter owner_status=gone --format '{{.run}} {{.container}}'
+      pp-launch ps -a --filter status=exited --format 'table {{.Names}}\\t{{.Status}}\\t{{.Label "pp-launch.run"}}'
       pp-launch ps --all-hosts
       pp-launch ps --ray 10.0.0.1:6379     # the detached runs on a Ray cluster
     """
@@ -124,29 +130,68 @@ PS_FIELDS = (
     "address",
     "uptime_s",
     "attempt",
+    "exit_code",
 )
 
 
-def _filters(values: tuple[str, ...]) -> list[tuple[str, str]]:
-    out = []
+# docker ps's own filter keys (as docker means them), beside our --json fields
+DOCKER_FILTERS = ("name", "status", "label", "id", "ancestor")
+DOCKER_STATES = ("created", "restarting", "running", "removing", "paused", "exited", "dead")
+OUR_FILTERS = tuple(k for k in PS_FIELDS if k not in DOCKER_FILTERS and k != "labels")
+
+
+def _filters(values: tuple[str, ...]) -> dict[str, list[Any]]:
+    """--filter values by key, checked: a key or value docker or we would refuse is exit 2 naming it."""
+    out: dict[str, list[Any]] = {}
     for value in values:
         key, sep, wanted = value.partition("=")
-        if not sep or key not in PS_FIELDS:
+        key = key.strip().lower()
+        if not sep or key not in (*DOCKER_FILTERS, *OUR_FILTERS):
             raise click.BadParameter(
-                f"{value!r}: use KEY=VALUE with KEY one of {', '.join(PS_FIELDS)}", param_hint="--filter"
+                f"{value!r}: use KEY=VALUE with KEY one of docker's {', '.join(DOCKER_FILTERS)} or ours, "
+                f"{', '.join(OUR_FILTERS)}",
+                param_hint="--filter",
             )
-        out.append((key, wanted))
+        item: Any = wanted
+        if key == "status" and wanted not in DOCKER_STATES:
+            raise click.BadParameter(
+                f"{value!r}: a status is one of {', '.join(DOCKER_STATES)}", param_hint="--filter"
+            )
+        if key == "name":
+            try:
+                item = re.compile(wanted)
+            except re.error as exc:
+                said = f"{value!r}: not a regular expression ({exc})"
+                raise click.BadParameter(said, param_hint="--filter") from None
+        out.setdefault(key, []).append(item)
     return out
 
 
-def _kept(row: dict[str, Any], wanted: list[tuple[str, str]]) -> bool:
-    """Every filter holds: run and id by prefix (as every command takes them), the rest exactly."""
-    for key, value in wanted:
-        have = row.get(key)
-        text = ",".join(map(str, have)) if isinstance(have, list) else "" if have is None else str(have)
-        if not (text.startswith(value) if key in ("run", "id") else text == value):
-            return False
-    return True
+def _text(have: Any) -> str:
+    return ",".join(map(str, have)) if isinstance(have, list) else "" if have is None else str(have)
+
+
+def _holds(row: dict[str, Any], key: str, wanted: Any) -> bool:
+    """One filter value, as docker ps means its keys; ours: run and id by prefix (as every command takes them), the
+    rest exactly."""
+    if key == "name":
+        return bool(wanted.search(str(row.get("container") or "")))
+    if key == "status":
+        return bool(row.get("state") == wanted)
+    if key == "label":
+        name, sep, value = wanted.partition("=")
+        found = row.get("labels") or {}
+        return bool(name in found and (not sep or found[name] == value))
+    if key == "ancestor":
+        image = str(row.get("image") or "")
+        return image == wanted or (":" not in wanted.rsplit("/", 1)[-1] and image == f"{wanted}:latest")
+    text = _text(row.get(key))
+    return text.startswith(wanted) if key in ("run", "id") else text == wanted
+
+
+def _kept(row: dict[str, Any], wanted: dict[str, list[Any]]) -> bool:
+    """As docker ps: every key holds, each by any of its values."""
+    return all(any(_holds(row, key, value) for value in values) for key, values in wanted.items())
 
 
 @main.command()

@@ -38,7 +38,13 @@ def _since(value: str | None) -> int | None:
 
 @main.command()
 @click.argument("run_id", shell_complete=complete_runs)
-@click.option("-f", "--follow", is_flag=True, help="Keep printing until every stage of the run is gone.")
+@click.option(
+    "-f",
+    "--follow",
+    is_flag=True,
+    help="What is there first (merged in time order, as the engine timed it), then each new line as it comes, "
+    "until every stage of the run is gone (as docker logs -f).",
+)
 @click.option("--stage", "stages", type=int, multiple=True, metavar="K", help="Only stage K (repeatable).")
 @click.option("--since", metavar="DURATION", help="Only lines of the last DURATION (90, 90s, 5m, 2h).")
 @click.option("-n", "--tail", type=click.IntRange(min=0), metavar="N", help="Only each stage's last N lines.")

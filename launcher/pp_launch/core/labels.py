@@ -65,14 +65,14 @@ class Owner:
         return f"{self.host}:{self.pid}:{self.start_time}{extra}"
 
     def judge(self, here: Here) -> str | None:
-        """Why this owner's liveness cannot be judged from `here` (None: it can; then the pid and its start time
-        decide, adapters/identity.py)."""
+        """Why this owner's liveness cannot be judged from `here`: `other-host`, `other-boot` or `other-pidns`
+        (None: it can; then the pid and its start time decide, adapters/identity.py)."""
         if self.host != here.host:
-            return "owner on another host: not judged"
+            return "other-host"
         if self.boot is not None and self.boot != here.boot:
-            return "owner from another boot: not judged"
+            return "other-boot"
         if self.pidns is not None and self.pidns != here.pidns:
-            return "owner in another PID namespace: not judged"
+            return "other-pidns"
         return None
 
 
