@@ -9,6 +9,7 @@ import http.server
 import itertools
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -178,7 +179,17 @@ class Browser:
             "complete: i.complete, w: i.naturalWidth, h: i.naturalHeight, shown: i.getBoundingClientRect().width})))",
             returnByValue=True,
         )
-        return {"pictures": json.loads(pictures["result"]["value"]), "events": list(self.events)}
+        clipped = self.call(  # code wider than its block (at the window's 1280 px): a reader would have to scroll
+            "Runtime.evaluate",
+            expression="JSON.stringify(Array.from(document.querySelectorAll('pre > code'))"
+            ".filter(c => c.scrollWidth > c.clientWidth + 1).map(c => c.textContent.slice(0, 60)))",
+            returnByValue=True,
+        )
+        return {
+            "pictures": json.loads(pictures["result"]["value"]),
+            "clipped": json.loads(clipped["result"]["value"]),
+            "events": list(self.events),
+        }
 
     def close(self) -> None:
         try:
@@ -227,6 +238,28 @@ def problems(events: list[dict[str, Any]], origin: str) -> list[str]:
     return found
 
 
+LEGIBLE_PX = 11  # the smallest text of a diagram, as drawn at page width (the page's own text is 16 px)
+
+
+def smallest_text_px(svg: str, shown: float) -> float:
+    """The smallest font size in a Graphviz drawing, in CSS pixels once the page draws it `shown` pixels wide (its
+    viewBox is in points: the picture is scaled as a whole)."""
+    view_width = float(re.search(r'viewBox="[-\d.]+ [-\d.]+ ([\d.]+) ', svg).group(1))  # type: ignore[union-attr]
+    sizes = [float(size) for size in re.findall(r'font-size="([\d.]+)"', svg)]
+    assert sizes, "a drawing without text"
+    return min(sizes) * shown / view_width
+
+
+def test_the_text_size_check_sees_a_drawing_shrunk_to_fit() -> None:
+    """A 1,000 pt drawing with 9 pt labels, drawn 690 px wide: 6.2 px, refused; the same at its own size is not."""
+    svg = (
+        '<svg width="1000pt" viewBox="0.00 0.00 1000.00 300.00"><text font-size="12.00">a</text>'
+        '<text font-size="9.00">b</text></svg>'
+    )
+    assert round(smallest_text_px(svg, 690), 1) == 6.2 < LEGIBLE_PX
+    assert smallest_text_px(svg, 1000 * 4 / 3) == 12 >= LEGIBLE_PX
+
+
 def pages_of(root: Path) -> list[str]:
     return sorted(p.name for p in root.glob("*.html") if p.name != "404.html")
 
@@ -245,9 +278,15 @@ def test_every_page_loads_cleanly_and_every_picture_has_a_size(site: tuple[str, 
             pictures_seen += 1
             if not (picture["complete"] and picture["w"] > 0 and picture["h"] > 0 and picture["shown"] > 0):
                 found.append(f"picture without a size: {picture}")
+            else:
+                svg = (root / picture["src"].removeprefix(f"{origin}/")).read_text()
+                px = smallest_text_px(svg, picture["shown"])
+                if px < LEGIBLE_PX:  # shrunk to fit the page: its text is no longer read
+                    found.append(f"text drawn at {px:.1f} px (< {LEGIBLE_PX}) in {picture['src']}")
+        found += [f"code clipped at 1280 px: {text!r}" for text in seen["clipped"]]
         if found:
             bad[url] = found
-    assert bad == {}
+    assert bad == {}, "\n".join(f"{url}: {what}" for url, found in bad.items() for what in found)
     assert pictures_seen >= 7, f"only {pictures_seen} pictures on the whole site"
 
 

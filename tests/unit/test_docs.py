@@ -32,6 +32,28 @@ def test_the_readme_is_a_five_minute_read() -> None:
     assert len((ROOT / "README.md").read_text().splitlines()) <= 200
 
 
+def paragraphs(text: str) -> list[str]:
+    """The prose of a page: its paragraphs, each list item on its own; code, tables, headings and comments left out."""
+    prose = re.sub(r"```.*?```", "", text, flags=re.S)
+    found = []
+    for block in re.split(r"\n\s*\n", prose):
+        if not block.lstrip().startswith(("|", "#", "<!--")):
+            found += re.split(r"\n(?=\s*(?:[-*]|\d+\.)\s)", block)
+    return found
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_no_paragraph_is_over_120_words(page: Path) -> None:
+    """A page is read, not waded through: a paragraph (or list item) of more than 120 words is split or made a list."""
+    long = [" ".join(p.split()[:12]) + " ..." for p in paragraphs(page.read_text()) if len(p.split()) > 120]
+    assert long == [], f"{page.name}: paragraphs over 120 words: {long}"
+
+
+def test_the_word_count_sees_a_long_paragraph() -> None:
+    text = "word " * 121 + "\n\n| a | table |\n\n- one\n- two three"
+    assert [len(p.split()) for p in paragraphs(text)] == [121, 2, 3]
+
+
 def test_the_site_builds_strict(tmp_path: Path) -> None:
     mkdocs = Path(sys.executable).parent / "mkdocs"
     done = subprocess.run(

@@ -105,7 +105,7 @@ def test_an_engine_the_user_named_that_does_not_answer_is_one_line_at_once(tmp_p
         (fakes / name).chmod(0o755)
     docker_cli = shutil.which("docker")
     if docker_cli is None:  # no CLI: the script's own check fails the same way; stand one in that never answers
-        (fakes / "docker").write_text(f'#!{shutil.which("bash")}\nexit 1\n')
+        (fakes / "docker").write_text(f"#!{shutil.which('bash')}\nexit 1\n")
         (fakes / "docker").chmod(0o755)
     silent = tmp_path / "nobody-listens.sock"  # a path no engine serves
     path = f"{fakes}:{os.environ['PATH']}"
