@@ -219,6 +219,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
+MADE_BY = {"pp-launch.owner": "pp-launch.launcher", "pp-launch.run": "pp-launch.run"}  # a record volume's, for ours()
+
+
 def _left_by_this_process() -> list[str]:
     """What this process's tests left: launchers, watchdogs, containers (each removed once named)."""
     problems = []
@@ -245,6 +248,11 @@ def _left_by_this_process() -> list[str]:
         for c in leftovers:
             problems.append(f"container {c.name} ({c.state}, labels {dict(c.labels)}) was left behind")
             engine.remove(c.id)
+        # each run's record volume is kept by design (for `wait` and `ps -a`, until `gc` finds it old): ours go now
+        for v in engine.volumes(["pp-launch.stage=record"]):
+            made_by = {key: v.labels.get(source, "") for key, source in MADE_BY.items()}
+            if ours(made_by) and not engine.remove_volume(v.name):
+                problems.append(f"the record volume {v.name} is still in use")
     return problems
 
 

@@ -96,10 +96,21 @@ def exists(ref: str) -> bool:
     return call("GET", f"/containers/{ref}/json") != 404
 
 
+RECORD = os.environ.get("PP_GUARD_RECORD", "")  # the run's record on its volume: outlives this container
+
+
 def say(text: str) -> None:
-    """The record, on stderr (the engine's log of this container); stdout stays empty."""
+    """The record, on stderr (the engine's log of this container; stdout stays empty), and appended to the run's
+    record volume, which the run's stages mount too: no prune removes it while any of them is there, and it is
+    there to read once this container is gone (a guard that someone else removed, an ended run)."""
     sys.stderr.write(text + "\n")
     sys.stderr.flush()
+    if RECORD:
+        try:
+            with open(RECORD, "a", encoding="ascii", errors="replace") as record:
+                record.write(text + "\n")
+        except OSError as exc:
+            sys.stderr.write(f"cannot append to the run's record {RECORD}: {exc}\n")
 
 
 def when(text: str) -> float:

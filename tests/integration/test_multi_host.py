@@ -114,7 +114,7 @@ def test_a_stage_that_fails_once_across_hosts_is_restarted_on_every_host(clean: 
     assert gone_everywhere(bed)
 
 
-def test_the_dry_run_places_consecutive_blocks_and_marks_hops_between_hosts(clean: ThreeHosts) -> None:
+def test_the_dry_run_places_consecutive_blocks_and_marks_hops_between_hosts(clean: ThreeHosts, tmp_path) -> None:
     bed = clean
     hosts = f"{bed.local},{bed.a},{bed.b}"
     done = pp(bed, "chain", "--stages", "8", "--host", hosts, "--dry-run", "--json")
@@ -136,8 +136,11 @@ def test_the_dry_run_places_consecutive_blocks_and_marks_hops_between_hosts(clea
     a = {g.uuid for g in bed.gpu_a.inventory.gpus}
     assert all(set(s["gpus"]) <= a for s in doc["stages"][:3])
     assert "no GPU can be attached there" in doc["note"] and bed.local in doc["note"]
-    # --gpu-inventory HOST=FILE replaces that host's probe: the default engine gets 4 (fake) GPUs of its own
-    plain = DATA / "plain-4gpu.json"
+    # --gpu-inventory HOST=FILE replaces that host's probe: the default engine gets 4 (fake) GPUs of its own, UUIDs
+    # of this test alone (the suite's engine is shared: another test's stages may hold plain-4gpu.json's GPUs there)
+    plain = tmp_path / "plain-4gpu.json"
+    mine = os.urandom(4).hex()
+    plain.write_text(re.sub(r"GPU-(\w{8})-", lambda m: f"GPU-{mine}-", (DATA / "plain-4gpu.json").read_text()))
     given = json.loads(
         pp(
             bed,

@@ -70,10 +70,15 @@ def test_environment_rows_as_the_engine_sees_them(engine, stub_image, tmp_path: 
     assert cfg["Entrypoint"] == ["/usr/local/bin/pp-worker"]
     assert host["NetworkMode"] == "host" and host["Init"] is True and host["AutoRemove"] is True
     # on an engine of this machine the folders are made here, as the user, and bound as --mount type=bind binds
-    assert sorted((m["Type"], m["Source"], m["Target"], m.get("ReadOnly", False)) for m in host["Mounts"]) == [
+    # (and the run's record, read-only: docs/chain.md, "The record")
+    run = cfg["Labels"][labels.RUN]
+    mounts = sorted((m["Type"], m["Source"], m["Target"], m.get("ReadOnly", False)) for m in host["Mounts"])
+    assert mounts[:2] == [
         ("bind", f"{tmp_path}/cache/stage-2", "/root/.cache/tinygrad", False),
         ("bind", f"{tmp_path}/models/stage-2", "/root/.cache/pp-pipeline", False),
     ]
+    assert [m[0] for m in mounts[2:]] == ["volume"] and mounts[2][1].startswith(f"pp-launch-record-{run}-")
+    assert mounts[2][2:] == ("/run/pp-launch-record", True)
     assert (tmp_path / "cache" / "stage-2").is_dir()
     assert cfg["Labels"][labels.STAGE] == "2" and cfg["Labels"][labels.GPUS] == ""
     assert cfg["Labels"][labels.OWNER].split(":")[1] == str(node.proc.pid)

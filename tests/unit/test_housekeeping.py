@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import socket
 import time
 
 import pytest
 
-from pp_launch.adapters import identity
-from pp_launch.adapters.docker_engine import ContainerInfo
+from pp_launch.adapters import guard, identity
+from pp_launch.adapters.docker_engine import ContainerInfo, VolumeInfo
 from pp_launch.app import housekeeping
 from pp_launch.core import labels
 
@@ -27,6 +28,28 @@ class FakeEngine:
         self.items = list(containers)
         self.logs = logs or {}
         self.images = images or {}  # container id -> its image id (a guard's is GUARD_IMAGE_ID)
+        self.records: dict[str, tuple[dict[str, str], list[str]]] = {}  # record volumes: name -> (labels, lines)
+        self.helpers: list[list[str]] = []  # each helper container's argv
+
+    def volumes(self, label_filters: list[str]) -> list[VolumeInfo]:
+        def match(lab: dict[str, str], f: str) -> bool:
+            key, _, value = f.partition("=")
+            return key in lab and (not value or lab[key] == value)
+
+        return [
+            VolumeInfo(name, lab, int(time.time()))
+            for name, (lab, _) in self.records.items()
+            if all(match(lab, f) for f in label_filters)
+        ]
+
+    def run_helper(self, image: str, argv: list[str], *_: object, binds: dict[str, str]) -> tuple[int, bytes, bytes]:
+        """As the reading helper's shell loop would print each mounted record."""
+        self.helpers.append(argv)
+        out = "".join(
+            f"=== {inside.rsplit('/', 1)[1]}\n" + "".join(f"{line}\n" for line in self.records[name][1])
+            for name, inside in sorted(binds.items(), key=lambda item: item[1])
+        )
+        return 0, out.encode(), b""
 
     def containers(self, label_filters: list[str]) -> list[ContainerInfo]:
         def match(c: ContainerInfo, f: str) -> bool:  # as the engine filters: `key` or `key=value`
@@ -106,6 +129,39 @@ def test_rows_say_whose_each_container_is_and_what_no_guard_vouches_for() -> Non
     assert sorted(c.name for c in vouched.ours) == ["a-0", "a-1"]  # what `down` acts on: never the forged one
     table = housekeeping.render(rows)
     assert "iiiiiiiiiiii  lock" in table  # a launch placing its stages: it holds the engine's GPU lock
+
+
+def test_a_run_whose_guard_is_gone_is_vouched_by_its_record_volume_for_what_mounts_it() -> None:
+    """No running guard: the run's record volume names its stages; a container is the run's only when the record
+    names it and it mounts that very volume. A neighbour's container with the run's labels, mounting nothing, and
+    a record naming a container that does not mount it, vouch for nothing."""
+    run, other = "rrrrrrrrrrrr", "oooooooooooo"
+    volume = guard.record_volume(run, "0a0b0c0d")
+    mounts = {"volumes": (volume,)}
+    s0 = dataclasses.replace(box("r-0", run, "0", labels.OWNER_DETACHED), **mounts)
+    s1 = dataclasses.replace(box("r-1", run, "1", labels.OWNER_DETACHED), **mounts)
+    forged = box("forged", run, "2", labels.OWNER_DETACHED)  # the run's labels, not its volume
+    elsewhere = dataclasses.replace(box("o-0", other, "0", labels.OWNER_DETACHED), **mounts)  # another run's labels
+    engine = FakeEngine(s0, s1, forged, elsewhere)
+    named = [f"owned {c.id}" for c in (s0, s1, forged, elsewhere)]
+    engine.records[volume] = (guard.record_labels(run, labels.OWNER_DETACHED), [*named, "detached"])
+    rows = housekeeping.list_stages(engine)  # type: ignore[arg-type]
+    status = {r["container"]: r["owner_status"] for r in rows}
+    assert status == {"r-0": "guard-gone", "r-1": "guard-gone", "forged": "unrecorded", "o-0": "unrecorded"}
+    vouched = housekeeping.vouch(engine, engine.containers([labels.RUN]), mine={})  # type: ignore[arg-type]
+    assert sorted(c.name for c in vouched.ours) == ["r-0", "r-1"]
+    assert [r.run for r in vouched.guardless] == [run] and vouched.guardless[0].detached
+    assert len(engine.helpers) == 2  # one helper read every record needed, once per look
+    table = housekeeping.render(rows)
+    assert "its guard is gone: 'pp-launch down RUN' ends it" in table
+
+
+def test_a_record_whose_guard_runs_is_read_from_the_guard_not_the_volume() -> None:
+    me = identity.current_owner().label()
+    engine = guarded(box("g-0", "gggggggggggg", "0", me))
+    engine.records[guard.record_volume("gggggggggggg", "0a0b0c0d")] = (guard.record_labels("gggggggggggg", me), [])
+    housekeeping.vouch(engine, engine.containers([labels.RUN]), mine={})  # type: ignore[arg-type]
+    assert engine.helpers == []
 
 
 def test_a_live_lock_is_never_among_what_down_acts_on() -> None:

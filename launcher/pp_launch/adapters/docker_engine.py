@@ -9,6 +9,7 @@ moment after it exits, so "no such container" always means "already removed", ne
 
 from __future__ import annotations
 
+import calendar
 import contextlib
 import dataclasses
 import http.client
@@ -58,6 +59,19 @@ def _tar(files: Mapping[str, bytes]) -> bytes:
             entry.size, entry.mode = len(data), 0o644
             tar.addfile(entry, io.BytesIO(data))
     return buf.getvalue()
+
+
+def _rfc3339(text: str) -> int:
+    """The engine's `2026-12-06T04:47:07Z` (or with an offset) as seconds since the epoch; 0 when unreadable."""
+    m = re.match(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.\d+)?(Z|[+-]\d\d:\d\d)?", text or "")
+    if not m:
+        return 0
+    at = calendar.timegm(time.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S"))
+    zone = m.group(2) or "Z"
+    if zone != "Z":
+        sign = 1 if zone[0] == "+" else -1
+        at -= sign * (int(zone[1:3]) * 3600 + int(zone[4:6]) * 60)
+    return at
 
 
 def removal_wait(api: Any, ref: str, timeout: float) -> Any:
@@ -299,6 +313,14 @@ class ContainerInfo:
     state: str
     created: int
     labels: Mapping[str, str]
+    volumes: tuple[str, ...] = ()  # the named volumes it mounts (a run's record among them)
+
+
+@dataclass(frozen=True)
+class VolumeInfo:
+    name: str
+    labels: Mapping[str, str]
+    created: int  # seconds since the epoch, the engine's clock
 
 
 class Engine:
@@ -447,9 +469,46 @@ class Engine:
                 state=r.get("State", ""),
                 created=int(r.get("Created", 0)),
                 labels=r.get("Labels") or {},
+                volumes=tuple(m.get("Name", "") for m in r.get("Mounts") or () if m.get("Type") == "volume"),
             )
             for r in rows
         ]
+
+    # ------------------------------------------------------------------------------ volumes
+    def make_volume(self, name: str, labels: Mapping[str, str]) -> Mapping[str, str]:
+        """A named volume with these labels; the labels it has (an existing volume of that name keeps its own:
+        the engine answers a create of a taken name with the volume that is there)."""
+        try:
+            made = self.api.create_volume(name=name, driver="local", labels=dict(labels))
+        except docker.errors.APIError as exc:
+            raise errors.EngineError(f"the engine at {self.address} refused volume {name}: {_reason(exc)}") from None
+        return made.get("Labels") or {}
+
+    def volumes(self, label_filters: list[str]) -> list[VolumeInfo]:
+        try:
+            rows = self.api.volumes(filters={"label": label_filters}).get("Volumes") or []
+        except docker.errors.APIError as exc:
+            raise errors.EngineError(f"cannot list volumes: {_reason(exc)}") from None
+        return [VolumeInfo(r.get("Name", ""), r.get("Labels") or {}, _rfc3339(r.get("CreatedAt", ""))) for r in rows]
+
+    def volume_users(self, name: str) -> list[str]:
+        """The ids of the containers (any state) that mount this volume."""
+        try:
+            return [r["Id"] for r in self.api.containers(all=True, filters={"volume": name})]
+        except docker.errors.APIError as exc:
+            raise errors.EngineError(f"cannot list containers: {_reason(exc)}") from None
+
+    def remove_volume(self, name: str) -> bool:
+        """Removed; False when a container still uses it (or it is gone already: nothing to do)."""
+        try:
+            self.api.remove_volume(name)
+        except docker.errors.NotFound:
+            return False
+        except docker.errors.APIError as exc:
+            if exc.status_code == 409:
+                return False
+            raise errors.EngineError(f"the engine at {self.address} refused to remove {name}: {_reason(exc)}") from None
+        return True
 
     def hold(
         self,
@@ -701,8 +760,13 @@ class Engine:
         labels: Mapping[str, str],
         env: Mapping[str, str],
         device_requests: list[Mapping[str, Any]],
+        binds: Mapping[str, str] | None = None,
     ) -> str:
-        host_config = self.api.create_host_config(auto_remove=True, network_mode="none")
+        host_config = self.api.create_host_config(
+            auto_remove=True,
+            network_mode="none",
+            binds={h: {"bind": c, "mode": "ro"} for h, c in (binds or {}).items()} or None,
+        )
         if device_requests:
             host_config["DeviceRequests"] = [dict(r) for r in device_requests]
         config = self.api.create_container_config(
@@ -729,11 +793,13 @@ class Engine:
         env: Mapping[str, str],
         device_requests: list[Mapping[str, Any]],
         timeout: float = 60.0,
+        binds: Mapping[str, str] | None = None,
     ) -> tuple[int | None, bytes, bytes]:
         """Run a short-lived helper container (`--rm`, no network) with `files` put under /tmp first; its exit
         code (None: it never started or did not end in time), stdout and stderr. Its removal is the engine's
-        (auto-remove), or ours by force when it did not start or end: nothing of it is left either way."""
-        ref = self._create_helper(image, argv, labels, env, device_requests)
+        (auto-remove), or ours by force when it did not start or end: nothing of it is left either way.
+        binds: volumes (or host paths) mounted read-only, source -> path inside."""
+        ref = self._create_helper(image, argv, labels, env, device_requests, binds)
         out: dict[str, bytearray] = {"stdout": bytearray(), "stderr": bytearray()}
         try:
             self.api.put_archive(ref, "/tmp", _tar(files))
@@ -933,6 +999,9 @@ def _refused(spec: StageSpec, engine: Engine, exc: BaseException) -> errors.PpLa
     return errors.EngineError(f"the engine refused to create {spec.name}: {reason}")
 
 
+RECORD_INSIDE = "/run/pp-launch-record"  # where a stage sees its run's record (read-only)
+
+
 class DockerStageBackend:
     """The chain's StageBackend on a Docker engine: tini as init, daemon-side auto-remove, host labels."""
 
@@ -946,6 +1015,7 @@ class DockerStageBackend:
         toolkit_hint: str = "",
         record: Callable[[str], None] = lambda ref: None,
         expect: Callable[[str], None] = lambda name: None,
+        record_volume: str = "",
     ) -> None:
         """split_lines=False passes output on as it comes (pp-gpu-node: byte for byte, any line length).
         record: told each id the engine returns for a create, before anything else (the run's guard); when it
@@ -971,11 +1041,17 @@ class DockerStageBackend:
         self._record = record
         self._expect = expect  # told each name before its create: a create whose answer never came back is found
         self.created: list[str] = []  # every id the engine returned for our creates: what is ours, and only that
+        self._record_volume = record_volume  # the run's record, mounted read-only in each stage (adapters/guard.py)
 
     def create(self, spec: StageSpec, env: Mapping[str, str]) -> str:
         lifeline = env.get(LIFELINE) == "stdin"
         host_config = self.api.create_host_config(init=True, auto_remove=True, network_mode=spec.network)
         host_config.update(self._options_host_config(spec))
+        if self._record_volume:  # in use while any stage is there: no prune removes the run's record before its end
+            host_config["Mounts"] = [
+                *host_config.get("Mounts", []),
+                {"Type": "volume", "Source": self._record_volume, "Target": RECORD_INSIDE, "ReadOnly": True},
+            ]
         if spec.device_requests:
             # The engine's own JSON, as the docker CLI sends it (docker-py's DeviceRequest turns null into []).
             host_config["DeviceRequests"] = [dict(r) for r in spec.device_requests]

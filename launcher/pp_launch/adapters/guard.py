@@ -26,16 +26,17 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import secrets
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from pp_launch.adapters import host_state, watchdog
-from pp_launch.adapters.docker_engine import DockerStageBackend, Engine, Session
+from pp_launch.adapters import host_state, identity, watchdog
+from pp_launch.adapters.docker_engine import DockerStageBackend, Engine, Session, VolumeInfo
 from pp_launch.core import errors, labels
 from pp_launch.core.chain.plan import GUARD_IMAGE
 
@@ -71,6 +72,31 @@ def heartbeat(engine: Engine) -> float:
     return 0.0 if engine.url.startswith("unix://") else HEARTBEAT
 
 
+RECORD_PREFIX = "pp-launch-record-"
+READER = "pp-launch.reader"  # the one label of a helper that reads records (no run's: `ps` never lists it)
+RECORD_AT = "/record"  # where the guard keeps the run's record (its volume)
+RECORD_KEEP_ENV = "PP_LAUNCH_RECORD_KEEP"  # seconds an ended run's record is kept before `gc` removes it
+RECORD_KEEP = 7 * 24 * 3600.0
+
+
+def record_volume(run_id: str, token: str) -> str:
+    """A record of the run on an engine: a named volume its guards append to and its stages mount (read-only). One
+    per line of guards (a run's first guard and those put in its place); a run of several launchers on one engine
+    (`chain --gpu-node`: a pp-gpu-node per stage) has one per launcher."""
+    return f"{RECORD_PREFIX}{run_id}-{token}"
+
+
+def is_record_of(name: str, run_id: str) -> bool:
+    token = name.removeprefix(f"{RECORD_PREFIX}{run_id}-")
+    return bool(run_id) and token != name and len(token) == 8 and all(ch in "0123456789abcdef" for ch in token)
+
+
+def record_labels(run_id: str, owner: str) -> dict[str, str]:
+    """A record volume's labels: its run, and whose it was (the run's owner; the process that made it)."""
+    made_by = identity.current_owner().label()
+    return {labels.RUN: run_id, labels.STAGE: labels.STAGE_RECORD, labels.OWNER: owner, labels.LAUNCHER: made_by}
+
+
 def guard_labels(run_id: str, owner: str) -> dict[str, str]:
     """A guard is made before its run's first attempt and stays to its last: its attempt is the first."""
     return {
@@ -104,6 +130,7 @@ class RunGuard:
         self.since = 0.0  # when the run's first guard started (the engine's clock): what a new one may own
         self.beat = heartbeat(engine)
         self.replaced = 0  # how many times another client ended the guard and a new one took over
+        self.record = ""  # the record volume every guard of this line keeps (and every stage mounts)
         self._closing = False
         self._down = False
         self._gone = ""  # why the run has no guard any more ("" while it has one)
@@ -160,7 +187,12 @@ class RunGuard:
                 with contextlib.suppress(errors.PpLaunchError):
                     self.ids.add(self.run_id, ref)
 
+        if not self.record:  # the run's first guard: its record is made first, and kept by every guard after it
+            self.record = record_volume(self.run_id, secrets.token_hex(4))
+            self._make_record(self.record)
+        record = self.record
         env = {
+            "PP_GUARD_RECORD": f"{RECORD_AT}/log",
             "PP_GUARD_GRACE": f"{self.grace:g}",
             "PP_GUARD_HEARTBEAT": f"{self.beat:g}",
             "PP_GUARD_ENGINE": self.engine.identity()[0],
@@ -171,8 +203,8 @@ class RunGuard:
         if self.owned:  # a guard in another's place owns the run's ids from its start: this process may die next
             env["PP_GUARD_OWN"] = ",".join(self.owned)
         ref = self.engine.keep(
-            name, GUARD_IMAGE, guard_labels(self.run_id, self.owner), ENTRY, {socket_path(self.engine): INSIDE}, env,
-            created,
+            name, GUARD_IMAGE, guard_labels(self.run_id, self.owner), ENTRY,
+            {socket_path(self.engine): INSIDE, record: RECORD_AT}, env, created,
         )  # fmt: skip
         if ref is None:
             raise errors.EngineError(
@@ -204,6 +236,17 @@ class RunGuard:
         for known in self.owned:
             if self.engine.inspect(known) is not None:
                 session.write(f"own {known}\n".encode())
+
+    def _make_record(self, name: str) -> None:
+        """The run's record volume on this engine, labelled with a mark of this launcher's own: a volume of that name
+        someone else made first (the engine answers such a create with the volume that is there) is refused."""
+        mark = secrets.token_hex(16)
+        made = self.engine.make_volume(name, {**record_labels(self.run_id, self.owner), labels.RECORD_MARK: mark})
+        if made.get(labels.RECORD_MARK) != mark:
+            raise errors.EngineError(
+                f"the engine at {self.engine.address} already has a volume named {name}: the run's record must be its "
+                "own (someone made that name first); launch again"
+            )
 
     # ------------------------------------------------------------------------------------------ the session
     def _listen(self) -> None:
@@ -305,7 +348,9 @@ class RunGuard:
         """The run's stages on this guard's engine: each name told (to the watchdog) before its create, each id
         recorded right after it, before the stage starts. The one way a run's containers are made, whoever makes
         them (a chain, a Ray node's agent, pp-gpu-node, the testing kit)."""
-        return DockerStageBackend(self.engine, record=self.own, expect=self.expect, **options)
+        return DockerStageBackend(
+            self.engine, record=self.own, expect=self.expect, record_volume=self.record, **options
+        )
 
     def expect(self, name: str) -> None:
         """Before a create: the watchdog learns the name, so that a create whose answer this process never read
@@ -458,6 +503,8 @@ class GuardRecord:
     owned: tuple[str, ...]
     detached: bool
     ends: tuple[StageEnd, ...] = ()  # each owned container that ended, as the engine said it (its events)
+    volume: str = ""  # read from the run's record volume: no running guard holds the run ("" : its guard's log)
+    over: bool = False  # the guard recorded the run's end (torn down, or every container gone)
 
 
 @dataclass(frozen=True)
@@ -489,28 +536,101 @@ def records(engine: Engine, run: str | None = None) -> list[GuardRecord]:
         info = engine.inspect(c.id) or {}
         if info.get("Image") != ours:
             continue
-        owned: list[str] = []
-        detached = False
-        ends: list[StageEnd] = []
-        oom: set[str] = set()
-        for line in engine.log_lines(c.id):
-            words = line.decode("ascii", "replace").split()
-            if len(words) == 2 and words[0] == "owned" and len(words[1]) == 64:
-                owned.append(words[1])
-            elif words == ["detached"]:
-                detached = True
-            elif len(words) == 2 and words[0] == "oom":
-                oom.add(words[1])
-            elif len(words) >= 7 and words[0] == "ended" and words[1] in owned:
-                ends.append(_end(words, words[1] in oom))
-        out.append(GuardRecord(c.id, c.labels.get(labels.RUN, ""), tuple(owned), detached, tuple(ends)))
+        out.append(read_record(c.id, c.labels.get(labels.RUN, ""), engine.log_lines(c.id)))
     return out
+
+
+def read_record(ref: str, run: str, lines: Iterable[bytes], volume: str = "") -> GuardRecord:
+    """A guard's record from its lines (its log, or the run's record volume): what it owned, whether the run
+    was detached, each owned container's end, whether the run's end was recorded. A line said twice (by a guard
+    and the one put in its place) counts once."""
+    owned: dict[str, None] = {}
+    detached = over = False
+    ends: dict[str, StageEnd] = {}
+    oom: set[str] = set()
+    for line in lines:
+        words = line.decode("ascii", "replace").split()
+        if len(words) == 2 and words[0] == "owned" and ID.fullmatch(words[1]):
+            owned[words[1]] = None
+        elif words == ["detached"]:
+            detached = True
+        elif len(words) == 2 and words[0] == "oom":
+            oom.add(words[1])
+        elif len(words) >= 7 and words[0] == "ended" and words[1] in owned:
+            ends.setdefault(words[1], _end(words, words[1] in oom))
+        elif words in (["torn", "down"], ["every", "container", "of", "the", "run", "is", "gone"]):
+            over = True
+    return GuardRecord(ref, run, tuple(owned), detached, tuple(ends.values()), volume, over)
+
+
+ID = re.compile(r"[0-9a-f]{64}")
+
+
+def dead_records(
+    engine: Engine, run: str | None = None, among: set[str] | None = None, live: set[str] | None = None
+) -> list[GuardRecord]:
+    """The records of runs on this engine that no running guard holds: a guard someone else removed (its run may
+    still be there), or a run that ended. Read from each run's record volume in one short helper container of the
+    guard's image; a volume someone made under a taken-looking name records nothing of anyone else's (a container
+    counts as a run's only when it mounts that run's volume: housekeeping.vouch). among: only these runs;
+    live: the runs whose guards run (read here when not given)."""
+    if live is None:
+        live = {r.run for r in records(engine, run)}
+    volumes = [
+        v
+        for v in engine.volumes([*labels.run_selector(run), f"{labels.STAGE}={labels.STAGE_RECORD}"])
+        if is_record_of(v.name, v.labels.get(labels.RUN, ""))
+        and v.labels.get(labels.RUN) not in live
+        and (among is None or v.labels.get(labels.RUN) in among)
+    ]
+    if not volumes or engine.image_id(GUARD_IMAGE) is None:
+        return []
+    binds = {v.name: f"/records/{n}" for n, v in enumerate(volumes)}
+    script = 'for d in /records/*; do echo "=== ${d#/records/}"; cat "$d/log" 2>/dev/null; done; exit 0'
+    code, out, err = engine.run_helper(GUARD_IMAGE, ["sh", "-c", script], {}, {READER: "record"}, {}, [], binds=binds)
+    if code != 0:
+        raise errors.EngineError(
+            f"the engine at {engine.address} did not let its run records be read: "
+            f"{err.decode('utf-8', 'replace').strip() or f'exit {code}'}"
+        )
+    chunks: dict[int, list[bytes]] = {}
+    at = -1
+    for line in out.splitlines():
+        if line.startswith(b"=== ") and (n := labels.ascii_int(line[4:].decode("ascii", "replace"))) is not None:
+            at = n
+            chunks[at] = []
+        elif at >= 0:
+            chunks[at].append(line)
+    return [read_record("", v.labels.get(labels.RUN, ""), chunks.get(n, []), v.name) for n, v in enumerate(volumes)]
 
 
 def _end(words: list[str], oom: bool) -> StageEnd:
     """`ended <id> <stage> <attempt> <exit code> <time> <name>`, its numbers read strictly."""
     attempt, code, at = (labels.ascii_int(w) for w in words[3:6])
     return StageEnd(words[1], words[2], attempt or 1, code, at or 0, " ".join(words[6:]), oom)
+
+
+def record_keep() -> float:
+    configured = os.environ.get(RECORD_KEEP_ENV, "").strip()
+    if not configured:
+        return RECORD_KEEP
+    try:
+        return max(0.0, float(configured))
+    except ValueError:
+        raise errors.ConfigError(f"{RECORD_KEEP_ENV}={configured!r}: give seconds") from None
+
+
+def stale_records(engine: Engine, keep: float, run: str | None = None) -> list[VolumeInfo]:
+    """Record volumes older than `keep` seconds that no container mounts any more: their run is gone (its stages
+    and guards all mount it), so `gc` may remove them."""
+    now = time.time()
+    return [
+        v
+        for v in engine.volumes([*labels.run_selector(run), f"{labels.STAGE}={labels.STAGE_RECORD}"])
+        if is_record_of(v.name, v.labels.get(labels.RUN, ""))
+        and now - v.created >= keep
+        and not engine.volume_users(v.name)
+    ]
 
 
 def image_check(engine: Engine, where: str) -> None:

@@ -214,6 +214,9 @@ class DockerSite:
             rows += housekeeping.list_stages(engine, found, details=details, gpus=gpus, host=where)
         if ended_too:
             rows += ended_rows({r["run"] for r in rows}, run, {name for name, _ in self.reached})
+            for name, engine in self.reached:  # and each run the engine keeps a record of (any user's)
+                where = (name or "local") if self.several else None
+                rows += recorded_rows(engine, {r["run"] for r in rows}, run, where)
         if run is not None and not rows and self.several:
             raise errors.ConfigError(f"no run {housekeeping.safe(run)!r} on any of these hosts")
         return rows
@@ -311,12 +314,27 @@ class DockerSite:
                 self.voice.answer(
                     f"not touched{on}: {housekeeping.describe(c)}: {why}; if it is yours, remove it with: {rm}"
                 )
-            anything = anything or bool(dead) or bool(loose)
+            stale = self._sweep_records(engine, on, dry_run)
+            anything = anything or bool(dead) or bool(loose) or stale
         if not dry_run:
             housekeeping.forget_ended([e for _, e in self.reached])
         if not anything:
             self.voice.note("nothing to collect")
         return ok
+
+    def _sweep_records(self, engine: Engine, on: str, dry_run: bool) -> bool:
+        """The record volumes of runs that are gone, once older than the keep (PP_LAUNCH_RECORD_KEEP); whether any."""
+        keep = guard.record_keep()
+        stale = guard.stale_records(engine, keep)
+        for v in stale:
+            self.voice.answer(
+                f"{'would remove' if dry_run else 'removing'} the record of run "
+                f"{housekeeping.safe(v.labels.get(labels.RUN, '?'))}{on}: the run is gone, its record older than "
+                f"{keep:g} s ({guard.RECORD_KEEP_ENV})"
+            )
+            if not dry_run:
+                engine.remove_volume(v.name)  # False: a container mounted it meanwhile, so it stays
+        return bool(stale)
 
     # ---------------------------------------------------------------------------------------------------- logs
     def logs(self, run: str, view: LogView) -> None:
@@ -342,9 +360,14 @@ class DockerSite:
         try:
             name, every = self.find_run(run)
         except errors.ConfigError:
-            if until != "exit" or not (kept := _kept_ends(run)):
+            if until != "exit":
                 raise
-            name, codes = kept  # the run is over: its ends as its launcher kept them (this user's)
+            if kept := _kept_ends(run):
+                name, codes = kept  # the run is over: its ends as its launcher kept them (this user's)
+            elif recorded := self._recorded_ends(run):
+                name, codes = recorded  # or as its guards recorded them on the engine (any user's run)
+            else:
+                raise
             for k, (container, code) in sorted(codes.items()):
                 self.voice.answer(f"stage {k} {container} exited {'with an unknown code' if code is None else code}")
             return 0 if all(code is not None for _, code in codes.values()) else errors.EXIT_FAILURE
@@ -353,8 +376,31 @@ class DockerSite:
         if until == "announced":
             _wait_announced(name, found, deadline, self.voice)
             return 0
-        ended = {r.id: r for e, _ in every[:1] for g in guard.records(e, name) for r in g.ends}
+        ended = {}
+        for engine in {id(e): e for e, _ in every}.values():
+            live = guard.records(engine, name)
+            held = live or guard.dead_records(engine, name, live=set())  # its guard gone: its record volume
+            ended.update({r.id: r for g in held for r in g.ends})
         return _wait_exit(name, found, deadline, self.voice, ended)
+
+    def _recorded_ends(self, run: str) -> tuple[str, dict[int, tuple[str, int | None]]] | None:
+        """An ended run's stages and exit codes from its record volumes (every engine looked at); None when no
+        engine has a record of exactly one run by that id or prefix."""
+        found: dict[str, list[guard.GuardRecord]] = {}
+        for _, engine in self.reached:
+            for r in guard.dead_records(engine, live=set()):
+                if run and r.run.startswith(run):
+                    found.setdefault(r.run, []).append(r)
+        if len(found) != 1:
+            return None
+        ((name, recs),) = found.items()
+        codes = {
+            k: (end.name, end.exit_code)
+            for r in recs
+            for end in sorted(r.ends, key=lambda e: e.at)  # a later attempt's end after an earlier one's
+            if (k := labels.ascii_int(end.stage)) is not None
+        }
+        return (name, codes) if codes else None
 
 
 def _prefix(c: ContainerInfo) -> str:
@@ -506,6 +552,40 @@ def ended_rows(present: set[str], run: str | None, asked: set[str | None]) -> li
                     "address": None,
                     "uptime_s": None,
                     "labels": {},
+                }
+            )
+    return rows
+
+
+def recorded_rows(engine: Engine, present: set[str], run: str | None, host: str | None) -> list[dict[str, Any]]:
+    """A row per recorded stage end of each run that the engine keeps a record of (its guards' record volume,
+    whoever launched it) and that nothing here shows yet: the run is over (`ps -a`), newest first."""
+    now, rows = time.time(), list[dict[str, Any]]()
+    recs = [r for r in guard.dead_records(engine, live=set()) if r.run not in present and r.ends]
+    for r in sorted(recs, key=lambda r: -max(e.at for e in r.ends)):
+        if run is not None and not r.run.startswith(run):
+            continue
+        for end in sorted(r.ends, key=lambda e: (labels.ascii_int(e.stage) or 0, e.at)):
+            code = end.exit_code
+            rows.append(
+                {
+                    "run": r.run,
+                    "stage": labels.ascii_int(end.stage),
+                    "role": "stage",
+                    "container": end.name,
+                    "id": end.id[:12],
+                    "image": "-",
+                    "gpus": [],
+                    "owner": "-",
+                    "owner_status": "ended",
+                    "state": "exited",
+                    "status": ("Exited (?)" if code is None else f"Exited ({code})") + (" (OOM)" if end.oom else ""),
+                    "exit_code": code,
+                    "age_s": max(0, int(now - end.at)) if end.at else None,
+                    "address": None,
+                    "uptime_s": None,
+                    "labels": {},
+                    **({"host": host} if host is not None else {}),
                 }
             )
     return rows

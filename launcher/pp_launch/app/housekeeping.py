@@ -32,26 +32,34 @@ class Vouched:
     ours: tuple[ContainerInfo, ...]
     unrecorded: tuple[ContainerInfo, ...]
     guards: tuple[guard.GuardRecord, ...]
+    guardless: tuple[guard.GuardRecord, ...] = ()  # runs whose guard is gone, vouched by their record volume
 
 
 def vouch(engine: Engine, found: list[ContainerInfo], mine: dict[str, set[str]] | None = None) -> Vouched:
-    """mine: this user's own record of the ids its runs created (host_state.RunIds), by run; None reads it."""
+    """mine: this user's own record of the ids its runs created (host_state.RunIds), by run; None reads it.
+    A run no running guard holds (someone removed it) is vouched by its record volume, for any user: a container
+    there is the run's when the record names its id and it mounts that very volume (which no one can add to a
+    container after its create)."""
     runs = {c.labels.get(labels.RUN, "") for c in found}
     recs = tuple(r for r in guard.records(engine) if r.run in runs)
+    live = {r.run for r in recs}
+    lost = tuple(guard.dead_records(engine, among=runs - live, live=live)) if runs - live else ()
     owned = {ref: r.run for r in recs for ref in r.owned}
     for run, refs in (recorded_here() if mine is None else mine).items():
         owned.update(dict.fromkeys(refs, run))
+    by_volume = {(ref, r.volume): r.run for r in lost for ref in r.owned}
     skip = {r.id for r in recs}
     ours, other = [], []
     for c in found:
         role = c.labels.get(labels.STAGE, "")
         if c.id in skip or role == labels.STAGE_LOCK:
             continue  # a run's guard goes by itself once its run is down; a live GPU lock is never touched
-        if owned.get(c.id) == c.labels.get(labels.RUN) or _compose_service(c):
+        its = c.labels.get(labels.RUN)
+        if owned.get(c.id) == its or _compose_service(c) or any(by_volume.get((c.id, v)) == its for v in c.volumes):
             ours.append(c)
         else:
             other.append(c)
-    return Vouched(tuple(ours), tuple(other), recs)
+    return Vouched(tuple(ours), tuple(other), recs, lost)
 
 
 def _compose_service(c: ContainerInfo) -> bool:
@@ -76,22 +84,24 @@ def recorded_here() -> dict[str, set[str]]:
 
 
 def left_by_the_dead(engine: Engine) -> list[ContainerInfo]:
-    """What `gc` removes: containers this user's runs created (by id, from its own record) that no running guard
-    of their run holds, and that either no longer run (Dead or exited after an engine crash) or belong to a
-    launcher judged gone here. A detached run is its guard's or `down`'s, never gc's."""
-    mine = recorded_here()
-    ids = {ref for refs in mine.values() for ref in refs}
-    if not ids:
-        return []
-    found = [c for c in engine.containers(labels.run_selector()) if c.id in ids]
-    guarded = {r.run for r in guard.records(engine)}
+    """What `gc` removes: containers of a run (by id: this user's own record of them, or the run's record volume,
+    whoever launched it) that no running guard of their run holds, and that either no longer run (Dead or exited
+    after an engine crash), belong to a launcher judged gone here, or to a detached run (whose guard was the only
+    one to end it). A detached run with its guard is its guard's or `down`'s, never gc's."""
+    every = engine.containers(labels.run_selector())
+    vouched = vouch(engine, every)
+    guarded = {r.run for r in vouched.guards}
+    detached = {r.run for r in vouched.guardless if r.detached}
     out = []
-    for c in found:
-        if c.labels.get(labels.RUN, "") in guarded:
+    for c in vouched.ours:
+        run = c.labels.get(labels.RUN, "")
+        if run in guarded or _compose_service(c):
             continue
         owner = c.labels.get(labels.OWNER, "")
-        if c.state not in ("running", "paused", "restarting") or (
-            owner != labels.OWNER_DETACHED and identity.owner_is_gone(owner)
+        if (
+            c.state not in ("running", "paused", "restarting")
+            or run in detached  # a detached run whose guard is gone: no one else will ever end it
+            or (owner != labels.OWNER_DETACHED and identity.owner_is_gone(owner))
         ):
             out.append(c)
     return out
@@ -218,6 +228,7 @@ OWNER_STATUS_SAID = {
     "other-boot": "owner from another boot: not judged",
     "other-pidns": "owner in another PID namespace: not judged",
     "unrecorded": "unrecorded: no guard of its run made it (never touched)",
+    "guard-gone": "its guard is gone: 'pp-launch down RUN' ends it",
 }
 
 
@@ -286,6 +297,7 @@ def list_stages(
     vouched = vouch(engine, found)
     guarded = {r.id for r in vouched.guards}
     loose = {c.id for c in vouched.unrecorded}
+    guardless = {r.run for r in vouched.guardless}
     for c in found:
         if c.id in guarded:
             continue  # a run's guard is its machinery, as a hand-over was: `down` ends it with its run
@@ -294,6 +306,8 @@ def list_stages(
         status = owner_status(owner)
         if c.id in loose:
             status = "unrecorded"
+        elif c.labels.get(labels.RUN, "") in guardless:
+            status = "guard-gone"
         rows.append(
             {
                 "run": c.labels.get(labels.RUN, ""),

@@ -1,0 +1,147 @@
+"""The run's record outlives its guard (docs/chain.md, "The record"): what is whose, and every stage's end, are kept on
+the engine in the run's record volume, which its guards append to and its stages mount. A detached run whose guard
+someone removed is shown as such by `ps`, ended by `down RUN` or collected by `gc` from another user (a state
+directory of their own: nothing of the launching user's); `wait` and `ps -a` give every stage's code after the run
+ended; a prune leaves a live run's record; a neighbour's forged record vouches for nothing of anyone else's."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ..helpers import Launcher, docker, forged, remember_run, run_containers, wait_until
+
+pytestmark = pytest.mark.docker
+
+
+def as_another_user(tmp_path: Path, *args: str, timeout: float = 60, **env: str) -> subprocess.CompletedProcess[str]:
+    """pp-launch for a second user of the engine: a state directory of their own, so nothing this user's launcher
+    kept is known to it; only the engine's record is."""
+    (tmp_path / "other-state").mkdir(mode=0o700, exist_ok=True)
+    full = {**os.environ, "PP_LAUNCH_STATE_DIR": str(tmp_path / "other-state"), **env}
+    argv = [sys.executable, "-m", "pp_launch", *args]
+    return subprocess.run(argv, capture_output=True, text=True, env=full, timeout=timeout, check=False)
+
+
+def prune_volumes(*on: str, selector: str) -> subprocess.CompletedProcess[str]:
+    """`docker volume prune` of every unused volume, named ones included (`-a` where the engine knows it: before
+    API 1.42 a prune removed named volumes too)."""
+    pruned = docker(*on, "volume", "prune", "-af", "--filter", selector)
+    if pruned.returncode != 0 and "requires API version" in pruned.stderr:
+        pruned = docker(*on, "volume", "prune", "-f", "--filter", selector)
+    return pruned
+
+
+def record_of(run: str, *on: str) -> str:
+    """The run's one record volume on the engine ("" when there is none)."""
+    found = docker(*on, "volume", "ls", "-q", "--filter", f"label=pp-launch.run={run}").stdout.split()
+    assert len(found) <= 1, found
+    return found[0] if found else ""
+
+
+def of_run(run: str, *on: str, stage: str | None = None) -> list[str]:
+    label = ["--filter", f"label=pp-launch.stage={stage}"] if stage else []
+    return docker(*on, "ps", "-aq", "--no-trunc", "--filter", f"label=pp-launch.run={run}", *label).stdout.split()
+
+
+@pytest.mark.parametrize("how", ["down", "gc"])
+def test_a_detached_run_whose_guard_was_removed_is_shown_and_ended_by_another_user(
+    side_engine, tmp_path: Path, how: str
+) -> None:
+    """On a private engine (a `gc` anywhere on an engine collects such a run, whoever runs it): a detached run, up;
+    a neighbour removes its guard, then prunes volumes. Another user sees it, and ends it."""
+    on, env = ("-H", side_engine.host), {"DOCKER_HOST": side_engine.host}
+    up = Launcher("chain", "--stages", "2", "--gpus", "none", "--json", "--grace", "1", "--detach",
+                  "--env", "STUB_MODE=hold", env=env)  # fmt: skip
+    run = up.wait_event("pp_stage_roster", timeout=60)["run"]
+    remember_run(run)
+    assert up.wait(60) == 0, up.stderr_text()
+    (guard,) = of_run(run, *on, stage="guard")
+    assert docker(*on, "rm", "-f", guard).returncode == 0
+    assert wait_until(lambda: of_run(run, *on, stage="guard") == [], 10)
+    pruned = prune_volumes(*on, selector=f"label=pp-launch.run={run}")  # the stages still mount the record
+    record = record_of(run, *on)
+    assert record and pruned.returncode == 0 and record not in pruned.stdout, pruned.stdout + pruned.stderr
+    listed = as_another_user(tmp_path, "ps", "--json", **env)
+    assert listed.returncode == 0, listed.stderr
+    rows = [r for r in map(json.loads, listed.stdout.splitlines()) if r["run"] == run]
+    assert sorted(r["stage"] for r in rows) == [0, 1]
+    assert {r["owner_status"] for r in rows} == {"guard-gone"}, rows
+    table = as_another_user(tmp_path, "ps", **env)
+    assert "its guard is gone: 'pp-launch down RUN' ends it" in table.stdout, table.stdout
+    ended = as_another_user(tmp_path, *(["down", run] if how == "down" else ["gc"]), **env)
+    assert ended.returncode == 0, ended.stdout + ended.stderr
+    assert wait_until(lambda: of_run(run, *on) == [], 15), of_run(run, *on)
+    said = ended.stdout + ended.stderr
+    removed = [line for line in said.splitlines() if line.startswith("removing") and f"(run {run}," in line]
+    assert ("stopped and removed 2 containers" in said) if how == "down" else len(removed) == 2, said
+    assert docker(*on, "volume", "rm", record).returncode == 0  # unused once its run is gone
+
+
+def test_every_stage_end_is_told_after_the_run_ended_to_another_user(side_engine, tmp_path: Path) -> None:
+    """Stage 0 ends with 3 at once; the run ends; another user, who has none of the launcher's state: `wait` gives
+    every stage's code (exit 0, as docker wait), `ps -a` shows `Exited (3)`; `gc` keeps the record a week (on a
+    private engine: a `gc` that removes records is no test's to run on a shared one)."""
+    on, env = ("-H", side_engine.host), {"DOCKER_HOST": side_engine.host}
+    chain = Launcher("chain", "--stages", "2", "--gpus", "none", "--json", "--grace", "1", "--env", "STUB_MODE=hold",
+                     "--stage-env", "0:STUB_EXIT_AFTER=0.5", "--stage-env", "0:STUB_EXIT_CODE=3", env=env)  # fmt: skip
+    run = chain.wait_event("pp_stage_roster", timeout=60)["run"]
+    remember_run(run)
+    assert chain.wait(60) == 1, chain.stderr_text()
+    assert wait_until(lambda: of_run(run, *on) == [], 15)
+    waited = as_another_user(tmp_path, "wait", run, "--timeout", "10", **env)
+    assert waited.returncode == 0, waited.stdout + waited.stderr
+    lines = waited.stdout.splitlines()
+    assert any(line.startswith("stage 0 ") and line.endswith(" exited 3") for line in lines), lines
+    assert any(line.startswith("stage 1 ") and line.endswith(" exited 0") for line in lines), lines  # stopped: 0
+    shown = as_another_user(tmp_path, "ps", "-a", "--json", **env)
+    rows = [r for r in map(json.loads, shown.stdout.splitlines()) if r["run"] == run]
+    assert any(r["stage"] == 0 and r["status"] == "Exited (3)" and r["exit_code"] == 3 for r in rows), rows
+    record = record_of(run, *on)
+    assert record, "no record volume of the run"  # kept: until gc finds it old
+    kept = as_another_user(tmp_path, "gc", "--dry-run", **env)
+    assert f"the record of run {run}" not in kept.stdout  # a week by default
+    swept = as_another_user(tmp_path, "gc", PP_LAUNCH_RECORD_KEEP="0", **env)
+    assert f"removing the record of run {run}" in swept.stdout, swept.stdout + swept.stderr
+    assert docker(*on, "volume", "inspect", record).returncode != 0
+
+
+def test_a_forged_record_vouches_for_nothing_of_anyone_elses(engine, stub_image, tmp_path: Path) -> None:
+    """A neighbour makes a record volume for a run of its own naming a real run's stage ids, and containers with that
+    run's labels: `down` of the forged run touches neither the real stages (another run's labels) nor the forged
+    containers (they do not mount a record that names them: labels and a volume of the right name do not make a
+    container a run's)."""
+    real = Launcher("chain", "--stages", "2", "--gpus", "none", "--json", "--grace", "1", "--env", "STUB_MODE=hold")
+    real_run = real.wait_event("pp_stage_roster", timeout=60)["run"]
+    fake_run = f"f{os.urandom(6).hex()}"[:12]
+    fake_record = f"pp-launch-record-{fake_run}-{os.urandom(4).hex()}"
+    victims = [c.id for c in engine.containers([f"pp-launch.run={real_run}"]) if c.labels["pp-launch.stage"] != "guard"]
+    made: list[str] = []
+    try:
+        made.append(forged(fake_run, f"pp-forged-{fake_run}"))
+        labels = ["--label", f"pp-launch.run={fake_run}", "--label", "pp-launch.stage=record",
+                  "--label", "pp-launch.owner=detached"]  # fmt: skip
+        assert docker("volume", "create", *labels, fake_record).returncode == 0
+        lines = "".join(f"owned {ref}\\n" for ref in [*victims, made[0]]) + "detached\\n"
+        wrote = docker("run", "--rm", "-v", f"{fake_record}:/r", "--entrypoint", "sh",
+                       "pp-launch/guard:latest", "-c", f"printf '{lines}' > /r/log")  # fmt: skip
+        assert wrote.returncode == 0, wrote.stderr
+        downed = as_another_user(tmp_path, "down", fake_run)
+        assert downed.returncode == 1, downed.stdout + downed.stderr
+        assert "nothing stopped" in downed.stderr, downed.stderr
+        time.sleep(0.5)  # a stop, had one been sent, reaches the engine at once
+        assert all(c.state == "running" for c in engine.containers([f"pp-launch.run={real_run}"]))
+        assert docker("inspect", made[0]).returncode == 0
+    finally:
+        for ref in made:
+            docker("rm", "-f", ref)
+        docker("volume", "rm", "-f", fake_record)
+        real.signal()
+        real.wait(30)
+    assert wait_until(lambda: run_containers(engine, real_run) == [], 15)

@@ -1,0 +1,60 @@
+"""A run's record as its guards write it (their log, and the run's record volume): read strictly, each line once."""
+
+from __future__ import annotations
+
+from pp_launch.adapters import guard
+from pp_launch.adapters.docker_engine import _rfc3339
+
+A, B, C = "a" * 64, "b" * 64, "c" * 64
+
+
+def test_a_record_read_back_keeps_what_was_owned_and_each_end_once() -> None:
+    lines = [
+        f"owned {A}",
+        f"owned {B}",
+        f"owned {A}",  # a guard put in another's place says it again
+        "detached",
+        f"oom {B}",
+        f"ended {A} 0 1 3 1765000000 run-0",
+        f"ended {A} 0 1 3 1765000000 run-0",
+        f"ended {B} 1 1 137 1765000001 run 1 with spaces",
+        f"ended {C} 2 1 0 1765000002 not-owned",  # never owned: not the run's
+        "owned short",
+        "ended x",
+        "torn down",
+    ]
+    record = guard.read_record("", "r1", [line.encode() for line in lines], "pp-launch-record-r1")
+    assert record.owned == (A, B)
+    assert record.detached and record.over and record.volume == "pp-launch-record-r1"
+    assert [(e.id, e.stage, e.exit_code, e.at, e.name, e.oom) for e in record.ends] == [
+        (A, "0", 3, 1765000000, "run-0", False),
+        (B, "1", 137, 1765000001, "run 1 with spaces", True),
+    ]
+
+
+def test_a_record_with_nothing_in_it_is_an_empty_record() -> None:
+    record = guard.read_record("", "r2", [])
+    assert (record.owned, record.ends, record.detached, record.over) == ((), (), False, False)
+
+
+def test_an_uppercase_or_short_id_is_not_owned() -> None:
+    record = guard.read_record("", "r3", [f"owned {A.upper()}".encode(), f"owned {A[:63]}".encode()])
+    assert record.owned == ()
+
+
+def test_the_engines_times_read_in_utc_and_with_an_offset() -> None:
+    assert _rfc3339("2026-12-06T04:47:07Z") == 1796532427
+    assert _rfc3339("2026-12-06T05:47:07.123456+01:00") == 1796532427
+    assert _rfc3339("") == 0 and _rfc3339("yesterday") == 0
+
+
+def test_a_record_volume_is_named_for_its_run_and_labelled_as_a_record() -> None:
+    assert guard.record_volume("0123abcd", "00ff00ff") == "pp-launch-record-0123abcd-00ff00ff"
+    assert guard.is_record_of("pp-launch-record-0123abcd-00ff00ff", "0123abcd")
+    for name in ("pp-launch-record-0123abcd", "pp-launch-record-0123abcd-00FF00FF", "pp-launch-record-0123abcd-0",
+                 "pp-launch-record-0123abce-00ff00ff", "x-pp-launch-record-0123abcd-00ff00ff"):  # fmt: skip
+        assert not guard.is_record_of(name, "0123abcd"), name
+    assert not guard.is_record_of("pp-launch-record--00ff00ff", "")
+    made = guard.record_labels("0123abcd", "detached")
+    assert made["pp-launch.run"] == "0123abcd" and made["pp-launch.stage"] == "record"
+    assert made["pp-launch.owner"] == "detached" and made["pp-launch.launcher"]
