@@ -48,9 +48,14 @@ def leftovers(client: docker.DockerClient, run: str) -> list[str]:
 
 
 def reap(client: docker.DockerClient, run: str) -> None:
+    """Whatever the run left, then its record volume (kept by design for `wait` and `ps -a`: a benchmark's runs
+    need none; one still mounted stays, and its container was counted as left)."""
     for c in client.containers.list(all=True, filters={"label": f"pp-launch.run={run}"}):
         with contextlib.suppress(docker.errors.NotFound):
             c.remove(force=True)
+    for v in client.volumes.list(filters={"label": f"pp-launch.run={run}"}):
+        with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
+            v.remove()
 
 
 def wait_gone(client: docker.DockerClient, run: str, timeout: float) -> None:

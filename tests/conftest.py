@@ -219,9 +219,6 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
-MADE_BY = {"pp-launch.owner": "pp-launch.launcher", "pp-launch.run": "pp-launch.run"}  # a record volume's, for ours()
-
-
 def _left_by_this_process() -> list[str]:
     """What this process's tests left: launchers, watchdogs, containers (each removed once named)."""
     problems = []
@@ -248,11 +245,15 @@ def _left_by_this_process() -> list[str]:
         for c in leftovers:
             problems.append(f"container {c.name} ({c.state}, labels {dict(c.labels)}) was left behind")
             engine.remove(c.id)
-        # each run's record volume is kept by design (for `wait` and `ps -a`, until `gc` finds it old): ours go now
-        for v in engine.volumes(["pp-launch.stage=record"]):
-            made_by = {key: v.labels.get(source, "") for key, source in MADE_BY.items()}
-            if ours(made_by) and not engine.remove_volume(v.name):
-                problems.append(f"the record volume {v.name} is still in use")
+        # each run's record volume is kept by design (for `wait` and `ps -a`, until `gc` finds it old): the ones this
+        # session's runs made (its state directory lists them, as a user's does) go now
+        from pp_launch.adapters.host_state import RunRecords
+
+        made = RunRecords().every()
+        for volume in made:
+            engine.remove_volume(volume)  # not there: on an engine of a test's own, gone with it
+        left = {v.name for v in engine.volumes(["pp-launch.stage=record"])}
+        problems += [f"the record volume {volume} is still in use" for volume in made if volume in left]
     return problems
 
 

@@ -80,3 +80,25 @@ def test_no_space_is_one_line_naming_the_file_and_the_fix(tmp_path: Path, monkey
             d.write("x.json", b"{}")
     assert str(exc.value).startswith(f"cannot write {tmp_path / 's' / 'x.json'}: no space left")
     assert "\n" not in str(exc.value) and exc.value.exit_code == 1
+
+
+def test_the_record_volumes_a_user_made_are_listed_until_forgotten(tmp_path: Path) -> None:
+    records = host_state.RunRecords(tmp_path / "state")
+    records.add("pp-launch-record-aaaaaaaaaaaa-00000000")
+    records.add("pp-launch-record-bbbbbbbbbbbb-11111111")
+    records.add("pp-launch-record-aaaaaaaaaaaa-00000000")  # said twice: listed once
+    assert records.every() == ["pp-launch-record-aaaaaaaaaaaa-00000000", "pp-launch-record-bbbbbbbbbbbb-11111111"]
+    records.forget("pp-launch-record-aaaaaaaaaaaa-00000000")
+    assert records.every() == ["pp-launch-record-bbbbbbbbbbbb-11111111"]
+    assert oct((tmp_path / "state" / "records").stat().st_mode & 0o777) == "0o700"
+
+
+def test_a_record_entry_planted_as_a_link_is_never_followed(tmp_path: Path) -> None:
+    records = host_state.RunRecords(tmp_path / "state")
+    records.add("x")
+    target = tmp_path / "elsewhere"
+    target.write_text("untouched")
+    (tmp_path / "state" / "records" / "pp-launch-record-cccccccccccc-22222222").symlink_to(target)
+    with pytest.raises(errors.PpLaunchError):
+        records.add("pp-launch-record-cccccccccccc-22222222")
+    assert target.read_text() == "untouched"

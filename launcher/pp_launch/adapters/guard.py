@@ -247,6 +247,8 @@ class RunGuard:
                 f"the engine at {self.engine.address} already has a volume named {name}: the run's record must be its "
                 "own (someone made that name first); launch again"
             )
+        with contextlib.suppress(errors.PpLaunchError):  # a state directory that fails is no reason to stop the run
+            host_state.RunRecords().add(name)
 
     # ------------------------------------------------------------------------------------------ the session
     def _listen(self) -> None:

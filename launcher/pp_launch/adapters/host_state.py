@@ -305,3 +305,30 @@ class RunIds:
     def forget(self, run_id: str) -> None:
         with self._dir() as d:
             d.remove(run_id)
+
+
+class RunRecords:
+    """The record volumes this user's runs made (`records/<volume>` in this user's private state, empty files): what
+    `pp-launch gc` may remove once their runs are gone and the keep is over, and what this user made at all."""
+
+    def __init__(self, directory: Path | None = None) -> None:
+        self.base = directory
+
+    def _dir(self) -> contextlib.AbstractContextManager[StateDir]:
+        return _folder(self.base, "records")
+
+    def add(self, volume: str) -> None:
+        with self._dir() as d:
+            try:
+                os.close(os.open(volume, os.O_WRONLY | os.O_CREAT | NOFOLLOW, 0o600, dir_fd=d.fd))
+            except OSError as exc:
+                raise _fault(d.path / volume, exc, "write") from None
+
+    def every(self) -> list[str]:
+        with self._dir() as d:
+            return sorted(name for name in d.names("") if not name.startswith("."))
+
+    def forget(self, volume: str) -> None:
+        with self._dir() as d:
+            d.remove(volume)
+

@@ -332,8 +332,9 @@ class DockerSite:
                 f"{housekeeping.safe(v.labels.get(labels.RUN, '?'))}{on}: the run is gone, its record older than "
                 f"{keep:g} s ({guard.RECORD_KEEP_ENV})"
             )
-            if not dry_run:
-                engine.remove_volume(v.name)  # False: a container mounted it meanwhile, so it stays
+            if not dry_run and engine.remove_volume(v.name):  # False: a container mounted it meanwhile: it stays
+                with contextlib.suppress(errors.PpLaunchError):
+                    host_state.RunRecords().forget(v.name)
         return bool(stale)
 
     # ---------------------------------------------------------------------------------------------------- logs
