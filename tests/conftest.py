@@ -207,7 +207,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     problems = list(_from_workers)
     if IN_CI and _skipped and workeroutput is None:  # the controller hears every worker's reports
         problems.append(f"CI=true and {len(_skipped)} tests were skipped: " + ", ".join(_skipped[:5]))
-    problems += _left_by_this_process()
+    problems += _left_by_this_process(_made_here(session.config))
     if workeroutput is not None:
         workeroutput["pp_problems"] = problems
         return
@@ -219,7 +219,16 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
-def _left_by_this_process() -> list[str]:
+def _made_here(config: pytest.Config) -> list[Path]:
+    """Where this process's tests kept state: the session's own directory, and each test's temporary folders (tests
+    that act as another machine or user give pp-launch a state directory there)."""
+    places = [_SESSION_DIR]
+    with contextlib.suppress(Exception):
+        places.append(config._tmp_path_factory.getbasetemp())  # type: ignore[attr-defined]
+    return places
+
+
+def _left_by_this_process(places: list[Path]) -> list[str]:
     """What this process's tests left: launchers, watchdogs, containers (each removed once named)."""
     problems = []
     for proc in live_launchers():
@@ -246,10 +255,11 @@ def _left_by_this_process() -> list[str]:
             problems.append(f"container {c.name} ({c.state}, labels {dict(c.labels)}) was left behind")
             engine.remove(c.id)
         # each run's record volume is kept by design (for `wait` and `ps -a`, until `gc` finds it old): the ones this
-        # session's runs made (its state directory lists them, as a user's does) go now
-        from pp_launch.adapters.host_state import RunRecords
-
-        made = RunRecords().every()
+        # session's runs made (each state directory its launchers used lists them, as a user's does) go now
+        made = sorted(
+            {entry.name for place in places for folder in place.rglob("records") if folder.is_dir()
+             for entry in folder.iterdir() if entry.name.startswith("pp-launch-record-")}
+        )  # fmt: skip
         for volume in made:
             engine.remove_volume(volume)  # not there: on an engine of a test's own, gone with it
         left = {v.name for v in engine.volumes(["pp-launch.stage=record"])}

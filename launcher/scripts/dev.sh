@@ -85,7 +85,7 @@ run_tests() {
   local parallel=()
   [ "$WORKERS" = 0 ] || parallel=(-n "$WORKERS" --dist loadgroup)
   set +e
-  "$PY" -m pytest tests --durations=15 "${parallel[@]}" "$@"
+  "$PY" -m pytest tests --durations="${PP_TESTS_DURATIONS:-15}" "${parallel[@]}" "$@"
   rc=$?
   set -e
   check_real_work

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -174,16 +175,8 @@ def test_ps_filter_and_format_and_down_of_two_runs_at_once(engine, stub_image, d
     assert other.returncode == 0, other.stderr
     second = other.stdout.strip()
     remember_run(second)
-    fmt = "{{.run}}|{{.stage}}|{{.state}}"
-    shown = cli("ps", "--filter", f"run={detached}", "--filter", "stage=1", "--format", fmt)
-    assert shown.returncode == 0, shown.stderr
-    assert shown.stdout.splitlines() == [f"{detached}|1|running"]
-    as_json = cli("ps", "--filter", f"run={second}", "--format", "{{json .}}")
-    assert [json.loads(line)["run"] for line in as_json.stdout.splitlines()] == [second]
-    bad = cli("ps", "--filter", "colour=red")
-    assert bad.returncode == 2 and "use KEY=VALUE with KEY one of docker's name, status, label" in bad.stderr
     # docker's own filter keys, as docker ps means them, beside ours; a key repeated is any of its values
-    for docker_filters, stages in (
+    filters = (
         ([f"name=^pp-{detached}-1$"], [(detached, 1)]),
         ([f"label=pp-launch.run={second}", "status=running"], [(second, 0)]),
         ([f"label=pp-launch.run={second}", "status=exited"], []),
@@ -192,35 +185,57 @@ def test_ps_filter_and_format_and_down_of_two_runs_at_once(engine, stub_image, d
             [(detached, 0), (second, 0)],
         ),
         ([f"id={engine.inspect(f'pp-{second}-0')['Id'][:8]}"], [(second, 0)]),
-    ):
-        args = [x for f in docker_filters for x in ("--filter", f)]
-        kept = cli("ps", *args, "--format", "{{.run}} {{.stage}}")
+    )
+    wrong_formats = (
+        ("{{.Nope}}", "no field 'Nope'"),
+        ("{{.run", "an unclosed action"),
+        ("{{index .gpus 0}}", "is not something ps can print"),
+    )
+    asked = [  # every look at once (each is a process of its own): the answers are checked in this order below
+        ("ps", "--filter", f"run={detached}", "--filter", "stage=1", "--format", "{{.run}}|{{.stage}}|{{.state}}"),
+        ("ps", "--filter", f"run={second}", "--format", "{{json .}}"),
+        ("ps", "--filter", "colour=red"),
+        *(("ps", *[x for f in fs for x in ("--filter", f)], "--format", "{{.run}} {{.stage}}") for fs, _ in filters),
+        ("ps", "--filter", "status=sleeping"),
+        ("ps", "--filter", f"run={detached[:5]}", "--format", "{{.Names}} {{.Run}} {{.State}}"),
+        ("ps", "--filter", f"run={second}", "--format", "table {{.ID}}\t{{.Names}}\t{{.Status}}"),
+        ("ps", "--filter", f"run={second}", "--format", "json"),
+        ("ps", "--filter", f"run={second}", "--format", '{{.Label "pp-launch.stage"}}|{{.Label "nope"}}'),
+        *(("ps", "--format", wrong) for wrong, _ in wrong_formats),
+    ]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        answers = iter(list(pool.map(lambda argv: cli(*argv), asked)))
+    shown = next(answers)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.splitlines() == [f"{detached}|1|running"]
+    as_json = next(answers)
+    assert [json.loads(line)["run"] for line in as_json.stdout.splitlines()] == [second]
+    bad = next(answers)
+    assert bad.returncode == 2 and "use KEY=VALUE with KEY one of docker's name, status, label" in bad.stderr
+    for given, stages in filters:
+        kept = next(answers)
         assert kept.returncode == 0, kept.stderr
         mine = [(r, int(k)) for r, k in (line.split() for line in kept.stdout.splitlines()) if r in (detached, second)]
-        assert sorted(mine) == sorted(stages), (docker_filters, kept.stdout)
-    assert cli("ps", "--filter", "status=sleeping").returncode == 2
+        assert sorted(mine) == sorted(stages), (given, kept.stdout)
+    assert next(answers).returncode == 2
     # docker's habits: its field names, a prefix for the run, `table` with a header, `json`, errors for the rest
-    docker_names = cli("ps", "--filter", f"run={detached[:5]}", "--format", "{{.Names}} {{.Run}} {{.State}}")
+    docker_names = next(answers)
     assert docker_names.stdout.splitlines() == [
         f"pp-{detached}-0 {detached} running",
         f"pp-{detached}-1 {detached} running",
     ], docker_names.stderr
-    table = cli("ps", "--filter", f"run={second}", "--format", "table {{.ID}}\t{{.Names}}\t{{.Status}}")
+    table = next(answers)
     head, row = table.stdout.splitlines()
     assert head.split() == ["CONTAINER", "ID", "NAMES", "STATUS"] and row.split()[1] == f"pp-{second}-0"
     assert row.split()[2] == "Up" and engine.inspect(row.split()[0]) is not None  # a short id the engine knows
-    whole = cli("ps", "--filter", f"run={second}", "--format", "json")
+    whole = next(answers)
     rows = [json.loads(line) for line in whole.stdout.splitlines()]
     assert [(r["Names"], r["run"], r["State"]) for r in rows] == [(f"pp-{second}-0", second, "running")]
     assert f"pp-launch.run={second}" in rows[0]["Labels"].split(",")  # docker's habit: k=v, comma-separated
-    label = cli("ps", "--filter", f"run={second}", "--format", '{{.Label "pp-launch.stage"}}|{{.Label "nope"}}')
+    label = next(answers)
     assert label.stdout.splitlines() == ["0|"], label.stderr
-    for wrong, said in (
-        ("{{.Nope}}", "no field 'Nope'"),
-        ("{{.run", "an unclosed action"),
-        ("{{index .gpus 0}}", "is not something ps can print"),
-    ):
-        refused = cli("ps", "--format", wrong)
+    for _, said in wrong_formats:
+        refused = next(answers)
         # one code for any bad option, a template as a filter: pp-launch's usage error
         assert refused.returncode == 2 and said in refused.stderr and refused.stdout == "", refused.stderr
     both = cli("down", detached, second, "--grace", "1")
@@ -321,13 +336,18 @@ def test_every_stage_of_a_detached_run_hears_the_hand_over_before_its_stdin_ends
     LOUD = ("--env", "STUB_LOG_RATE=1000")  # output flowing as the attach closes: the engine's side of the race
     runs: list[str] = []
     launched: dict[str, str] = {}
+
+    def launch(_: int) -> subprocess.CompletedProcess[str]:
+        return cli("chain", "--stages", "3", "--gpus", "none", "--detach", "-q", "--env", "STUB_MODE=hold", *LOUD)
+
     try:
-        for _ in range(8):
-            up = cli("chain", "--stages", "3", "--gpus", "none", "--detach", "-q", "--env", "STUB_MODE=hold", *LOUD)
-            assert up.returncode == 0, up.stderr
-            runs.append(up.stdout.strip())
-            remember_run(runs[-1])
-            launched[runs[-1]] = up.stderr
+        with ThreadPoolExecutor(max_workers=4) as pool:  # four launches at a time: more load, less waiting
+            for up in pool.map(launch, range(8)):
+                if up.returncode == 0:
+                    runs.append(up.stdout.strip())
+                    remember_run(runs[-1])
+                    launched[runs[-1]] = up.stderr
+        assert len(runs) == 8, "a launch failed"
         for run in runs:  # each stage says it heard the hand-over (the stub's line, early in its log), and runs on
 
             def heard(run: str = run) -> bool:
@@ -343,6 +363,6 @@ def test_every_stage_of_a_detached_run_hears_the_hand_over_before_its_stdin_ends
         for p in busy:
             p.kill()
             p.wait()
-        for run in runs:
-            cli("down", run, "--grace", "1")
+        if runs:
+            cli("down", *runs, "--grace", "1")
     assert all(run_containers(engine, run) == [] for run in runs)

@@ -30,6 +30,7 @@ class FakeEngine:
         self.images = images or {}  # container id -> its image id (a guard's is GUARD_IMAGE_ID)
         self.records: dict[str, tuple[dict[str, str], list[str]]] = {}  # record volumes: name -> (labels, lines)
         self.helpers: list[list[str]] = []  # each helper container's argv
+        self.copies: list[tuple[str, str]] = []  # each file read out of a container
 
     def volumes(self, label_filters: list[str]) -> list[VolumeInfo]:
         def match(lab: dict[str, str], f: str) -> bool:
@@ -41,6 +42,14 @@ class FakeEngine:
             for name, (lab, _) in self.records.items()
             if all(match(lab, f) for f in label_filters)
         ]
+
+    def read_file(self, ref: str, path: str) -> bytes | None:
+        """`docker cp` of a container's file: the record it mounts, where a stage sees it."""
+        self.copies.append((ref, path))
+        mounted = next(c.record for c in self.items if c.id == ref)
+        if not mounted or path != "/run/pp-launch-record/log":
+            return None
+        return "".join(f"{line}\n" for line in self.records[mounted][1]).encode()
 
     def run_helper(self, image: str, argv: list[str], *_: object, binds: dict[str, str]) -> tuple[int, bytes, bytes]:
         """As the reading helper's shell loop would print each mounted record."""
@@ -154,6 +163,22 @@ def test_a_run_whose_guard_is_gone_is_vouched_by_its_record_volume_for_what_moun
     assert len(engine.helpers) == 2  # one helper read every record needed, once per look
     table = housekeeping.render(rows)
     assert "its guard is gone: 'pp-launch down RUN' ends it" in table
+
+
+def test_a_record_a_listed_stage_mounts_is_read_from_that_stage_without_a_helper() -> None:
+    """Where a listed stage mounts the record at the stage's place for it, the record is copied out of that stage
+    (`docker cp`); a container mounting it elsewhere (a neighbour could put any file at that path) is never read."""
+    run = "kkkkkkkkkkkk"
+    volume = guard.record_volume(run, "01020304")
+    elsewhere = dataclasses.replace(
+        box("k-9", run, "9", labels.OWNER_DETACHED), volumes=(volume,)
+    )  # mounted, not there
+    s0 = dataclasses.replace(box("k-0", run, "0", labels.OWNER_DETACHED), volumes=(volume,), record=volume)
+    engine = FakeEngine(elsewhere, s0)
+    engine.records[volume] = (guard.record_labels(run, labels.OWNER_DETACHED), [f"owned {s0.id}", "detached"])
+    vouched = housekeeping.vouch(engine, engine.containers([labels.RUN]), mine={})  # type: ignore[arg-type]
+    assert [c.name for c in vouched.ours] == ["k-0"] and [c.name for c in vouched.unrecorded] == ["k-9"]
+    assert engine.copies == [(s0.id, "/run/pp-launch-record/log")] and engine.helpers == []
 
 
 def test_a_record_whose_guard_runs_is_read_from_the_guard_not_the_volume() -> None:

@@ -314,6 +314,7 @@ class ContainerInfo:
     created: int
     labels: Mapping[str, str]
     volumes: tuple[str, ...] = ()  # the named volumes it mounts (a run's record among them)
+    record: str = ""  # the named volume it mounts where a stage sees its run's record (RECORD_INSIDE), if any
 
 
 @dataclass(frozen=True)
@@ -470,6 +471,14 @@ class Engine:
                 created=int(r.get("Created", 0)),
                 labels=r.get("Labels") or {},
                 volumes=tuple(m.get("Name", "") for m in r.get("Mounts") or () if m.get("Type") == "volume"),
+                record=next(
+                    (
+                        m.get("Name", "")
+                        for m in r.get("Mounts") or ()
+                        if m.get("Type") == "volume" and m.get("Destination") == RECORD_INSIDE
+                    ),
+                    "",
+                ),
             )
             for r in rows
         ]
@@ -490,6 +499,26 @@ class Engine:
         except docker.errors.APIError as exc:
             raise errors.EngineError(f"cannot list volumes: {_reason(exc)}") from None
         return [VolumeInfo(r.get("Name", ""), r.get("Labels") or {}, _rfc3339(r.get("CreatedAt", ""))) for r in rows]
+
+    def read_file(self, ref: str, path: str, limit: int = 16 * 1024 * 1024) -> bytes | None:
+        """A file of a container (running or not), as `docker cp` reads it; None when it has none there (or it is
+        gone, or the file is larger than `limit`)."""
+        import io
+        import tarfile
+
+        try:
+            stream, stat = self.api.get_archive(ref, path)
+            if int((stat or {}).get("size", 0)) > limit:
+                return None
+            data = b"".join(stream)
+        except docker.errors.NotFound:
+            return None
+        except docker.errors.APIError as exc:
+            raise errors.EngineError(f"cannot read {path} of {ref[:12]}: {_reason(exc)}") from None
+        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+            member = next((m for m in tar.getmembers() if m.isfile()), None)
+            handle = tar.extractfile(member) if member is not None else None
+            return handle.read() if handle is not None else None
 
     def volume_users(self, name: str) -> list[str]:
         """The ids of the containers (any state) that mount this volume."""

@@ -36,7 +36,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from pp_launch.adapters import host_state, identity, watchdog
-from pp_launch.adapters.docker_engine import DockerStageBackend, Engine, Session, VolumeInfo
+from pp_launch.adapters.docker_engine import (
+    RECORD_INSIDE,
+    ContainerInfo,
+    DockerStageBackend,
+    Engine,
+    Session,
+    VolumeInfo,
+)
 from pp_launch.core import errors, labels
 from pp_launch.core.chain.plan import GUARD_IMAGE
 
@@ -569,13 +576,18 @@ ID = re.compile(r"[0-9a-f]{64}")
 
 
 def dead_records(
-    engine: Engine, run: str | None = None, among: set[str] | None = None, live: set[str] | None = None
+    engine: Engine,
+    run: str | None = None,
+    among: set[str] | None = None,
+    live: set[str] | None = None,
+    seen: Iterable[ContainerInfo] = (),
 ) -> list[GuardRecord]:
     """The records of runs on this engine that no running guard holds: a guard someone else removed (its run may
     still be there), or a run that ended. Read from each run's record volume in one short helper container of the
     guard's image; a volume someone made under a taken-looking name records nothing of anyone else's (a container
     counts as a run's only when it mounts that run's volume: housekeeping.vouch). among: only these runs;
-    live: the runs whose guards run (read here when not given)."""
+    live: the runs whose guards run (read here when not given). seen: containers already listed; a record that
+    one of them mounts where a stage sees it is read from that container (`docker cp`: no helper to start)."""
     if live is None:
         live = {r.run for r in records(engine, run)}
     volumes = [
@@ -585,6 +597,20 @@ def dead_records(
         and v.labels.get(labels.RUN) not in live
         and (among is None or v.labels.get(labels.RUN) in among)
     ]
+    holders = {c.record: c.id for c in seen if c.record}
+    out: list[GuardRecord] = []
+    unread = []
+    for v in volumes:
+        text = engine.read_file(holders[v.name], f"{RECORD_INSIDE}/log") if v.name in holders else None
+        if text is None:
+            unread.append(v)
+        else:
+            out.append(read_record("", v.labels.get(labels.RUN, ""), text.splitlines(), v.name))
+    return out + _read_volumes(engine, unread)
+
+
+def _read_volumes(engine: Engine, volumes: list[VolumeInfo]) -> list[GuardRecord]:
+    """Records read in one short helper container of the guard's image that mounts them all (read-only)."""
     if not volumes or engine.image_id(GUARD_IMAGE) is None:
         return []
     binds = {v.name: f"/records/{n}" for n, v in enumerate(volumes)}

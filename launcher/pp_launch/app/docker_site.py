@@ -380,7 +380,8 @@ class DockerSite:
         ended = {}
         for engine in {id(e): e for e, _ in every}.values():
             live = guard.records(engine, name)
-            held = live or guard.dead_records(engine, name, live=set())  # its guard gone: its record volume
+            seen = [c for e, c in every if e is engine]
+            held = live or guard.dead_records(engine, name, live=set(), seen=seen)  # its guard gone: its record
             ended.update({r.id: r for g in held for r in g.ends})
         return _wait_exit(name, found, deadline, self.voice, ended)
 

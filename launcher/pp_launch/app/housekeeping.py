@@ -43,7 +43,7 @@ def vouch(engine: Engine, found: list[ContainerInfo], mine: dict[str, set[str]] 
     runs = {c.labels.get(labels.RUN, "") for c in found}
     recs = tuple(r for r in guard.records(engine) if r.run in runs)
     live = {r.run for r in recs}
-    lost = tuple(guard.dead_records(engine, among=runs - live, live=live)) if runs - live else ()
+    lost = tuple(guard.dead_records(engine, among=runs - live, live=live, seen=found)) if runs - live else ()
     owned = {ref: r.run for r in recs for ref in r.owned}
     for run, refs in (recorded_here() if mine is None else mine).items():
         owned.update(dict.fromkeys(refs, run))
