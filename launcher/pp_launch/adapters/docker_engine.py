@@ -315,6 +315,7 @@ class ContainerInfo:
     labels: Mapping[str, str]
     volumes: tuple[str, ...] = ()  # the named volumes it mounts (a run's record among them)
     record: str = ""  # the named volume it mounts where a stage sees its run's record (RECORD_INSIDE), if any
+    image_id: str = ""  # the image's id as the engine lists it ("sha256:...")
 
 
 @dataclass(frozen=True)
@@ -470,6 +471,7 @@ class Engine:
                 state=r.get("State", ""),
                 created=int(r.get("Created", 0)),
                 labels=r.get("Labels") or {},
+                image_id=r.get("ImageID", "") or "",
                 volumes=tuple(m.get("Name", "") for m in r.get("Mounts") or () if m.get("Type") == "volume"),
                 record=next(
                     (

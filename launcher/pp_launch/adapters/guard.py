@@ -529,9 +529,22 @@ class StageEnd:
     oom: bool = False
 
 
-def records(engine: Engine, run: str | None = None) -> list[GuardRecord]:
-    """Every running guard of pp-launch's own image on this engine (or of `run`), read back from its output.
-    A container that calls itself a guard from another image records nothing."""
+def records(engine: Engine, run: str | None = None, among: set[str] | None = None) -> list[GuardRecord]:
+    """Every running guard of pp-launch's own image on this engine (or of `run`, or of the runs `among`), read back
+    from its output. A container that calls itself a guard from another image records nothing."""
+    out = []
+    for c in _guards(engine, run):
+        if among is None or c.labels.get(labels.RUN, "") in among:
+            out.append(read_record(c.id, c.labels.get(labels.RUN, ""), engine.log_lines(c.id)))
+    return out
+
+
+def guarded_runs(engine: Engine) -> set[str]:
+    """The runs a running guard of ours holds on this engine (nothing of their logs is read)."""
+    return {c.labels.get(labels.RUN, "") for c in _guards(engine, None)}
+
+
+def _guards(engine: Engine, run: str | None) -> list[ContainerInfo]:
     ours = engine.image_id(GUARD_IMAGE)
     if ours is None:
         return []
@@ -540,13 +553,7 @@ def records(engine: Engine, run: str | None = None) -> list[GuardRecord]:
         for c in engine.containers([*labels.run_selector(run), f"{labels.STAGE}={labels.STAGE_GUARD}"])
         if c.state == "running"
     ]
-    out = []
-    for c in found:
-        info = engine.inspect(c.id) or {}
-        if info.get("Image") != ours:
-            continue
-        out.append(read_record(c.id, c.labels.get(labels.RUN, ""), engine.log_lines(c.id)))
-    return out
+    return [c for c in found if (c.image_id or (engine.inspect(c.id) or {}).get("Image")) == ours]
 
 
 def read_record(ref: str, run: str, lines: Iterable[bytes], volume: str = "") -> GuardRecord:
@@ -589,7 +596,7 @@ def dead_records(
     live: the runs whose guards run (read here when not given). seen: containers already listed; a record that
     one of them mounts where a stage sees it is read from that container (`docker cp`: no helper to start)."""
     if live is None:
-        live = {r.run for r in records(engine, run)}
+        live = guarded_runs(engine)
     volumes = [
         v
         for v in engine.volumes([*labels.run_selector(run), f"{labels.STAGE}={labels.STAGE_RECORD}"])

@@ -84,11 +84,12 @@ def sweep(run_id: str, grace: float, host: str | None, ids: list[str]) -> list[s
     return [c.name for c in found]
 
 
-def _unanswered(run_id: str, names: list[str], ids: list[str], host: str | None) -> list[str]:
+def _unanswered(run_id: str, names: list[str], ids: list[str], host: str | None) -> tuple[list[str], bool]:
     """Creates the launcher sent but never read the answer of (it died in between): by the exact name it was about
-    to create, with this run's label, never started (so holding nothing), and not already recorded."""
+    to create, with this run's label, never started (so holding nothing) or left Dead by an engine that died under
+    the create, and not already recorded. And whether the engine answered (if not, ask again once it is back)."""
     if not names:
-        return []
+        return [], True
     from pp_launch.adapters.docker_engine import connect
     from pp_launch.core import labels
 
@@ -100,11 +101,11 @@ def _unanswered(run_id: str, names: list[str], ids: list[str], host: str | None)
             tagged = ((info.get("Config") or {}).get("Labels") or {}).get(labels.RUN)
             state = (info.get("State") or {}).get("Status")
             ref = str(info.get("Id", ""))
-            if tagged == run_id and state == "created" and ref and ref not in ids:
+            if tagged == run_id and state in ("created", "dead") and ref and ref not in ids:
                 found.append(ref)
-    except Exception:  # the engine is lost: the recorded ids are still swept when it answers
-        return found
-    return found
+    except Exception:  # the engine is lost: asked again when it answers, as the recorded ids are swept then
+        return found, False
+    return found, True
 
 
 def main(argv: list[str]) -> int:
@@ -124,13 +125,18 @@ def main(argv: list[str]) -> int:
             ids.append(words[1])
         elif len(words) == 2 and words[0] == "expect":
             expected.append(words[1])
-    ids += _unanswered(run_id, expected, ids, host)
-    if not ids:
-        return 0
     patience = float(os.environ.get("PP_WATCHDOG_PATIENCE", PATIENCE))
     deadline = time.monotonic() + patience
+    asked = False
     while True:
+        if not asked:
+            found, asked = _unanswered(run_id, expected, ids, host)
+            ids += found
+        if asked and not ids:
+            return 0
         try:
+            if not asked:
+                raise ConnectionError("the engine does not answer yet")
             sweep(run_id, grace, host, ids)
             return 0
         except Exception:  # the engine is lost (or not back yet): try again while it may come back

@@ -41,7 +41,7 @@ def vouch(engine: Engine, found: list[ContainerInfo], mine: dict[str, set[str]] 
     there is the run's when the record names its id and it mounts that very volume (which no one can add to a
     container after its create)."""
     runs = {c.labels.get(labels.RUN, "") for c in found}
-    recs = tuple(r for r in guard.records(engine) if r.run in runs)
+    recs = tuple(guard.records(engine, among=runs))  # only the logs of these runs' guards are read
     live = {r.run for r in recs}
     lost = tuple(guard.dead_records(engine, among=runs - live, live=live, seen=found)) if runs - live else ()
     owned = {ref: r.run for r in recs for ref in r.owned}
@@ -113,7 +113,7 @@ def forget_ended(engines: list[Engine]) -> None:
     if not mine:
         return
     left = {c.id for e in engines for c in e.containers(labels.run_selector())}
-    guarded = {r.run for e in engines for r in guard.records(e)}
+    guarded = {run for e in engines for run in guard.guarded_runs(e)}
     for run, refs in mine.items():
         if run not in guarded and not (refs & left):
             with contextlib.suppress(errors.PpLaunchError):
