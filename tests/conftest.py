@@ -22,7 +22,7 @@ import pytest
 
 from pp_launch.testing import fake_nvml
 
-from .helpers import TESTCONTAINERS_LABEL, live_launchers, ours, wait_until, watchdogs
+from .helpers import TESTCONTAINERS_LABEL, live_launchers, ours, records_made_under, wait_until, watchdogs
 from .quick import quick
 from .story import Chapter
 
@@ -256,10 +256,7 @@ def _left_by_this_process(places: list[Path]) -> list[str]:
             engine.remove(c.id)
         # each run's record volume is kept by design (for `wait` and `ps -a`, until `gc` finds it old): the ones this
         # session's runs made (each state directory its launchers used lists them, as a user's does) go now
-        made = sorted(
-            {entry.name for place in places for folder in place.rglob("records") if folder.is_dir()
-             for entry in folder.iterdir() if entry.name.startswith("pp-launch-record-")}
-        )  # fmt: skip
+        made = records_made_under(*places)
         for volume in made:
             engine.remove_volume(volume)  # not there: on an engine of a test's own, gone with it
         left = {v.name for v in engine.volumes(["pp-launch.stage=record"])}

@@ -25,6 +25,7 @@ from pp_launch.adapters import inventory_file
 from pp_launch.testing import fake_nvml, fake_toolkit
 
 from .engines import SideEngine
+from .helpers import drop_records
 
 DATA = Path(__file__).resolve().parent / "data"
 DOCKER26 = Path(os.environ.get("PP_DOCKER26_DIR", "/opt/pp-launch/docker26"))
@@ -97,6 +98,7 @@ class FakeGpuHost:
         for side in self.engines.values():
             side.close()
             left += side.leftovers()
+        drop_records(self.root)  # its runs' records on the suite's engine
         shutil.rmtree(self.root, ignore_errors=True)
         if self.root.exists():
             left.append(f"folder {self.root}")

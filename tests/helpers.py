@@ -329,3 +329,26 @@ class Relay:
         self.accepting.join(5)
         for t in self.threads:
             t.join(5)
+
+
+def records_made_under(*places: Path) -> list[str]:
+    """The record volumes that runs whose state directory lies under `places` made (each state directory lists
+    its runs' records, as a user's does: docs/chain.md, "The record")."""
+    return sorted(
+        {
+            entry.name
+            for place in places
+            for folder in place.rglob("records")
+            if folder.is_dir()
+            for entry in folder.iterdir()
+            if entry.name.startswith("pp-launch-record-")
+        }
+    )
+
+
+def drop_records(*places: Path) -> None:
+    """A testbed's runs' record volumes, removed from the suite's engine before its folders go (on its own
+    engines they go with the engines)."""
+    names = records_made_under(*places)
+    if names:
+        docker("volume", "rm", *names)

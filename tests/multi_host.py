@@ -190,6 +190,7 @@ class ThreeHosts:
         for gpu in (self.gpu_b, self.gpu_a):  # b lives in a's network namespace: it goes first
             if gpu is not None:
                 left += gpu.close()
+        helpers.drop_records(self.root)  # its runs' records on the suite's engine
         shutil.rmtree(self.root, ignore_errors=True)
         if self.root.exists():
             left.append(f"folder {self.root}")

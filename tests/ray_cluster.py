@@ -29,6 +29,7 @@ from pathlib import Path
 from pp_launch.testing import fake_nvml
 
 from .gpu_host import DATA, FakeGpuHost
+from .helpers import drop_records
 
 PORT = 6379  # the namespace is the tests' own: nothing else listens there
 NODE_CPUS = 2  # each worker node's CPUs as Ray counts them: this machine's (8 made no difference to bring-up)
@@ -258,6 +259,7 @@ class RayCluster:
                 dirs_exist_ok=True,
                 ignore_dangling_symlinks=True,
             )
+        drop_records(self.root)  # its runs' records on the suite's engine
         shutil.rmtree(self.root, ignore_errors=True)
         return left
 

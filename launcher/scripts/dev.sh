@@ -60,6 +60,8 @@ check_real_work() {
     || { say "the detached run $REAL_RUN of another owner was touched (running: ${roles:-nothing})"; bad=1; }
   "$VENV/bin/pp-launch" down "$REAL_RUN" --grace 1 >/dev/null 2>&1 || true
   docker rm -f "$REAL_PLAIN" >/dev/null 2>&1 || true
+  # its record volume (kept by design, for wait and ps -a): the set-up's own run, so its own to remove
+  docker volume ls -q --filter "label=pp-launch.run=$REAL_RUN" | xargs -r docker volume rm >/dev/null 2>&1 || true
   [ "$bad" = 0 ] || exit 1
   say "real work beside the suite: untouched"
 }
