@@ -181,6 +181,21 @@ def test_a_record_a_listed_stage_mounts_is_read_from_that_stage_without_a_helper
     assert engine.copies == [(s0.id, "/run/pp-launch-record/log")] and engine.helpers == []
 
 
+def test_a_dead_container_mounting_its_runs_record_is_the_runs_and_a_dead_lookalike_is_not() -> None:
+    """A crashed engine can leave a create it never answered Dead: with the run's label and the run's record mounted,
+    it is the run's (down and gc remove it); Dead with the labels alone, or running with the record, it is not."""
+    run = "dddddddddddd"
+    volume = guard.record_volume(run, "0f0f0f0f")
+    left = dataclasses.replace(box("?", run, labels.STAGE_GUARD, "x"), state="dead", volumes=(volume,))
+    lookalike = dataclasses.replace(box("fake", run, "0", "x"), state="dead")
+    alive = dataclasses.replace(box("live", run, "1", "x"), volumes=(volume,))
+    other = dataclasses.replace(box("o", "eeeeeeeeeeee", "0", "x"), state="dead", volumes=(volume,))  # another run's
+    engine = FakeEngine(left, lookalike, alive, other)
+    vouched = housekeeping.vouch(engine, engine.containers([labels.RUN]), mine={})  # type: ignore[arg-type]
+    assert [c.name for c in vouched.ours] == ["?"]
+    assert sorted(c.name for c in vouched.unrecorded) == ["fake", "live", "o"]
+
+
 def test_a_record_whose_guard_runs_is_read_from_the_guard_not_the_volume() -> None:
     me = identity.current_owner().label()
     engine = guarded(box("g-0", "gggggggggggg", "0", me))

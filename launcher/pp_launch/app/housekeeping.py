@@ -55,11 +55,24 @@ def vouch(engine: Engine, found: list[ContainerInfo], mine: dict[str, set[str]] 
         if c.id in skip or role == labels.STAGE_LOCK:
             continue  # a run's guard goes by itself once its run is down; a live GPU lock is never touched
         its = c.labels.get(labels.RUN)
-        if owned.get(c.id) == its or _compose_service(c) or any(by_volume.get((c.id, v)) == its for v in c.volumes):
+        if (
+            owned.get(c.id) == its
+            or _compose_service(c)
+            or any(by_volume.get((c.id, v)) == its for v in c.volumes)
+            or _left_dead(c)
+        ):
             ours.append(c)
         else:
             other.append(c)
     return Vouched(tuple(ours), tuple(other), recs, lost)
+
+
+def _left_dead(c: ContainerInfo) -> bool:
+    """A container a crashed engine left Dead (it can never run again) that carries a run's label and mounts that
+    run's record: made by the run as the engine died (its create never answered, so its id is in no record).
+    Removing it touches nothing that runs; a container that merely carries the labels is never one."""
+    run = c.labels.get(labels.RUN, "")
+    return c.state == "dead" and any(guard.is_record_of(v, run) for v in c.volumes)
 
 
 def _compose_service(c: ContainerInfo) -> bool:
