@@ -46,7 +46,8 @@ start_real_work() {
   [ "${PP_TESTS_BESIDE_WORK:-}" = 1 ] || return 0
   docker rm -f "$REAL_PLAIN" >/dev/null 2>&1 || true
   docker run -d --name "$REAL_PLAIN" --network none -e STUB_MODE=hold pp-launch/stub-worker:latest >/dev/null
-  REAL_RUN=$(PP_LAUNCH_STATE_DIR="$(mktemp -d)" "$VENV/bin/pp-launch" chain --stages 2 --gpus none --detach \
+  REAL_STATE=$(mktemp -d)  # the other owner's own state, removed with its run
+  REAL_RUN=$(PP_LAUNCH_STATE_DIR="$REAL_STATE" "$VENV/bin/pp-launch" chain --stages 2 --gpus none --detach \
     --name pp-tests-real-work --env STUB_MODE=hold 2>/dev/null)
   say "real work beside the suite: run $REAL_RUN (detached, another owner) and container $REAL_PLAIN (no labels)"
 }
@@ -62,6 +63,7 @@ check_real_work() {
   docker rm -f "$REAL_PLAIN" >/dev/null 2>&1 || true
   # its record volume (kept by design, for wait and ps -a): the set-up's own run, so its own to remove
   docker volume ls -q --filter "label=pp-launch.run=$REAL_RUN" | xargs -r docker volume rm >/dev/null 2>&1 || true
+  rm -rf "$REAL_STATE"
   [ "$bad" = 0 ] || exit 1
   say "real work beside the suite: untouched"
 }
