@@ -675,7 +675,8 @@ def test_pp_gpu_node_takes_leading_env_files_and_leaves_the_command_alone(tmp_pa
 def test_global_host_and_context_as_docker_takes_them(monkeypatch: pytest.MonkeyPatch) -> None:
     """`pp-launch -H URL CMD` and `--context NAME`: the engine every command of that call talks to; both at once
     is a usage error."""
-    monkeypatch.delenv("DOCKER_CONTEXT", raising=False)  # the flags set it in this process: put back after
+    monkeypatch.setenv("DOCKER_CONTEXT", "")  # the flags set it in this process: recorded first, so that the
+    monkeypatch.delenv("DOCKER_CONTEXT")  # undo puts back what was there (nothing), not what the flag set
     monkeypatch.setenv("DOCKER_HOST", os.environ.get("DOCKER_HOST", "unix:///nonexistent/docker.sock"))
     via_host = run("-H", "unix:///nonexistent/other.sock", "ps")
     assert via_host.exit_code == 2 and "/nonexistent/other.sock" in via_host.output, via_host.output

@@ -559,33 +559,9 @@ class Engine:
         container says on stdout, in its first line, that it is ready (`ready`), or why not (EngineError with that
         line); it writes nothing more there. created: told the engine's id before the container starts (a record
         that outlives this process: until it starts, nothing ends the container when this process dies)."""
-        host_config = self.api.create_host_config(
-            init=True,
-            auto_remove=True,
-            network_mode="none",
-            binds={h: {"bind": c, "mode": "rw"} for h, c in (binds or {}).items()} or None,
-        )
-        config = self.api.create_container_config(
-            image=image,
-            command=None,
-            entrypoint=list(entrypoint),
-            labels=dict(labels),
-            host_config=host_config,
-            stdin_open=True,
-            environment=dict(env or {}),
-        )
-        config["StdinOnce"] = True
-        try:
-            ref = str(self.api.create_container_from_config(config, name)["Id"])
-        except docker.errors.ImageNotFound:
-            raise errors.ImageMissing(
-                f"image {image} is not present on the engine at {self.address}: run 'pp-launch images build' "
-                f"there, or load it (docker save {image} | docker -H ENGINE load)"
-            ) from None
-        except docker.errors.APIError as exc:
-            if exc.status_code == 409:
-                return None
-            raise errors.EngineError(f"the engine at {self.address} refused {name}: {_reason(exc)}") from None
+        ref = self._create_own(name, image, labels, entrypoint, binds, env, stdin=True)
+        if ref is None:
+            return None
         if created is not None:
             try:
                 created(ref)
@@ -648,31 +624,9 @@ class Engine:
         """A running container of ours with no stdin (a run's guard): tini as init, auto-remove, no network. Nothing
         of it is held by an attach: its lifeline is an exec session (`session`). None when the name is taken.
         created: told the engine's id before the container starts (see hold)."""
-        host_config = self.api.create_host_config(
-            init=True,
-            auto_remove=True,
-            network_mode="none",
-            binds={h: {"bind": c, "mode": "rw"} for h, c in (binds or {}).items()} or None,
-        )
-        config = self.api.create_container_config(
-            image=image,
-            command=None,
-            entrypoint=list(entrypoint),
-            labels=dict(labels),
-            host_config=host_config,
-            environment=dict(env or {}),
-        )
-        try:
-            ref = str(self.api.create_container_from_config(config, name)["Id"])
-        except docker.errors.ImageNotFound:
-            raise errors.ImageMissing(
-                f"image {image} is not present on the engine at {self.address}: run 'pp-launch images build' "
-                f"there, or load it (pp-launch images save, then pp-launch images load there)"
-            ) from None
-        except docker.errors.APIError as exc:
-            if exc.status_code == 409:
-                return None
-            raise errors.EngineError(f"the engine at {self.address} refused {name}: {_reason(exc)}") from None
+        ref = self._create_own(name, image, labels, entrypoint, binds, env, stdin=False)
+        if ref is None:
+            return None
         try:
             if created is not None:
                 created(ref)
@@ -685,6 +639,49 @@ class Engine:
                 ) from None
             raise
         return ref
+
+    def _create_own(
+        self,
+        name: str | None,
+        image: str,
+        labels: Mapping[str, str],
+        entrypoint: Sequence[str],
+        binds: Mapping[str, str] | None,
+        env: Mapping[str, str] | None,
+        stdin: bool,
+    ) -> str | None:
+        """A container of pp-launch's own (a lock, a guard) created, not started: tini as init, auto-remove, no
+        network, binds read-write; stdin: open, closed by the engine when its one attach ends. Its id; None when
+        the name is taken."""
+        host_config = self.api.create_host_config(
+            init=True,
+            auto_remove=True,
+            network_mode="none",
+            binds={h: {"bind": c, "mode": "rw"} for h, c in (binds or {}).items()} or None,
+        )
+        config = self.api.create_container_config(
+            image=image,
+            command=None,
+            entrypoint=list(entrypoint),
+            labels=dict(labels),
+            host_config=host_config,
+            stdin_open=stdin,
+            environment=dict(env or {}),
+        )
+        if stdin:
+            config["StdinOnce"] = True
+        try:
+            return str(self.api.create_container_from_config(config, name)["Id"])
+        except docker.errors.ImageNotFound:
+            raise errors.ImageMissing(
+                f"image {image} is not present on the engine at {self.address}: run 'pp-launch images build' "
+                f"there, or load it (pp-launch images save, then pp-launch images load there)"
+            ) from None
+        except docker.errors.APIError as exc:
+            if exc.status_code == 409:
+                return None
+            what = name or f"a container of {image}"
+            raise errors.EngineError(f"the engine at {self.address} refused {what}: {_reason(exc)}") from None
 
     def session(self, ref: str, argv: Sequence[str]) -> Session:
         """`docker exec -i REF ARGV...` held by this process alone: its stdin is ours to write and to end (when this
