@@ -387,7 +387,8 @@ class DockerSite:
 
     def _recorded_ends(self, run: str) -> tuple[str, dict[int, tuple[str, int | None]]] | None:
         """An ended run's stages and exit codes from its record volumes (every engine looked at); None when no
-        engine has a record of exactly one run by that id or prefix."""
+        engine has a record of exactly one run by that id or prefix; PpLaunchError (exit 1: cannot tell) when its
+        record holds no end."""
         found: dict[str, list[guard.GuardRecord]] = {}
         for _, engine in self.reached:
             for r in guard.dead_records(engine, live=set()):
@@ -402,7 +403,12 @@ class DockerSite:
             for end in sorted(r.ends, key=lambda e: e.at)  # a later attempt's end after an earlier one's
             if (k := labels.ascii_int(end.stage)) is not None
         }
-        return (name, codes) if codes else None
+        if not codes:
+            raise errors.PpLaunchError(
+                f"run {name} is over, and its record on the engine holds no stage's end: its guard was gone before "
+                "its stages ended (someone removed it), so their exit codes cannot be told"
+            )
+        return name, codes
 
 
 def _prefix(c: ContainerInfo) -> str:
