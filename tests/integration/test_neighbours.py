@@ -64,7 +64,14 @@ def test_prune_at_every_phase_of_a_detached_run_loses_nothing_and_leaves_nothing
     assert up.wait(60) == 0, up.stderr_text()
     run = up.stdout_lines[-1].strip()
     remember_run(run)
-    for prune in (["container", "prune", "-f"], ["system", "prune", "-f"], ["network", "prune", "-f"]):
+    # each prune scoped to this run's label (what a neighbour's would hit of it is all of it), never the whole engine:
+    # the suite's other workers share this engine, and a container of theirs made but not yet started is pruned too
+    mine = ("--filter", f"label=pp-launch.run={run}")
+    for prune in (
+        ["container", "prune", "-f", *mine],
+        ["system", "prune", "-f", *mine],
+        ["network", "prune", "-f", *mine],
+    ):
         assert docker(*prune).returncode == 0
         assert len(run_containers(engine, run)) == 2 and len(guard_of(engine, run)) == 1
     ps = Launcher("ps", "--json", "--run", run)

@@ -210,12 +210,15 @@ def test_an_xid_on_a_stages_gpu_fails_it_and_the_next_attempt_never_uses_that_gp
 def test_a_neighbour_pruning_and_forging_labels_during_the_backoff_changes_nothing(
     engine: Engine, stub_image: str
 ) -> None:
-    """Another client of the engine acts while nothing of the run's stages exists: `docker container prune -f`
-    (the guard runs, so it stays) and a container of its own carrying the run's labels. The next attempt comes up
+    """Another client of the engine acts while nothing of the run's stages exists: `docker container prune -f` of
+    all the run's (the guard runs, so it stays) and a container of its own carrying the run's labels. The next attempt comes up
     and completes; the neighbour's container is never touched."""
     chain = Launcher("chain", "--stages", "2", "--max-restarts", "1", "--restart-backoff", "3", *JSON, *FAIL_ONCE)
     run = chain.wait_event("chain_restarting", timeout=90)["run"]
-    pruned = subprocess.run(["docker", "container", "prune", "-f"], capture_output=True, text=True, check=False)
+    scoped = ["--filter", f"label=pp-launch.run={run}"]  # all of the run; nothing of the suite's other workers
+    pruned = subprocess.run(
+        ["docker", "container", "prune", "-f", *scoped], capture_output=True, text=True, check=False
+    )
     assert pruned.returncode == 0, pruned.stderr
     theirs = forged(run, unique("neighbour"), stage=1)
     try:
