@@ -211,8 +211,8 @@ def test_a_neighbour_pruning_and_forging_labels_during_the_backoff_changes_nothi
     engine: Engine, stub_image: str
 ) -> None:
     """Another client of the engine acts while nothing of the run's stages exists: `docker container prune -f` of
-    all the run's (the guard runs, so it stays) and a container of its own carrying the run's labels. The next attempt comes up
-    and completes; the neighbour's container is never touched."""
+    all the run's (the guard runs, so it stays) and a container of its own carrying the run's labels. The next
+    attempt comes up and completes; the neighbour's container is never touched."""
     chain = Launcher("chain", "--stages", "2", "--max-restarts", "1", "--restart-backoff", "3", *JSON, *FAIL_ONCE)
     run = chain.wait_event("chain_restarting", timeout=90)["run"]
     scoped = ["--filter", f"label=pp-launch.run={run}"]  # all of the run; nothing of the suite's other workers

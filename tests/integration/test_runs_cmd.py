@@ -313,7 +313,7 @@ def test_ps_all_lists_an_ended_run_whose_output_is_kept_and_plain_ps_does_not(en
 HEARD = b"detached: stdin is no longer a lifeline"
 
 
-def _hand_over_story(engine, run: str, launcher_said: str) -> str:  # type: ignore[no-untyped-def]
+def _hand_over_story(engine, run: str, launcher_said: str, since: float) -> str:  # type: ignore[no-untyped-def]
     """What each stage of a run that failed the hand-over check said (its chatter left out), its state, and what
     the launcher and `pp-launch logs` say: enough to tell a stage that ended from a line the engine has not logged."""
     told = [f"run {run}: a stage did not hear the hand-over", f"launcher's stderr: {launcher_said!r}"]
@@ -323,6 +323,32 @@ def _hand_over_story(engine, run: str, launcher_said: str) -> str:  # type: igno
     kept = cli("logs", run)
     told.append("pp-launch logs: " + repr([line for line in kept.stdout.splitlines() if "log line" not in line][-30:]))
     told.append(f"pp-launch logs stderr: {kept.stderr!r}")
+    for volume in engine.volumes([f"pp-launch.run={run}"]):  # what its guards recorded: every end, a teardown
+        read = subprocess.run(
+            [
+                *("docker", "run", "--rm", "--network", "none", "-v", f"{volume.name}:/r:ro"),
+                "pp-launch/guard",
+                "cat",
+                "/r/log",
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        told.append(f"record {volume.name}: {read.stdout!r} {read.stderr!r}")
+    events = subprocess.run(
+        [
+            *("docker", "events", "--since", f"{since:.0f}", "--until", f"{time.time():.0f}"),
+            "--filter",
+            f"label=pp-launch.run={run}",
+            "--format",
+            "{{.Time}} {{.Action}} {{.Actor.Attributes.name}}",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    told.append("events: " + repr([line for line in events.stdout.splitlines() if "exec_" not in line]))
     return "\n".join(told)
 
 
@@ -332,6 +358,7 @@ def test_every_stage_of_a_detached_run_hears_the_hand_over_before_its_stdin_ends
     line about once in fifteen 3-stage runs when the whole attach closed at once, about once in thirty when its stdin
     was half-closed first (every stage ended, exit 137, no kill; found by the full tier): here, eight runs beside two
     busy CPUs, every stage's stdin on an attach of its own."""
+    began = time.time()
     busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
     LOUD = ("--env", "STUB_LOG_RATE=1000")  # output flowing as the attach closes: the engine's side of the race
     runs: list[str] = []
@@ -356,7 +383,7 @@ def test_every_stage_of_a_detached_run_hears_the_hand_over_before_its_stdin_ends
                 said = [any(HEARD in line for line in engine.log_lines(c.id)) for c in stages]  # stops at the line
                 return len(stages) == 3 and all(said)
 
-            assert wait_until(heard, 30), _hand_over_story(engine, run, launched[run])
+            assert wait_until(heard, 30), _hand_over_story(engine, run, launched[run], began)
             running = [c for c in engine.containers([f"pp-launch.run={run}"]) if c.state == "running"]
             assert len(running) == 4, [c.name for c in running]  # 3 stages and the guard
     finally:

@@ -1289,9 +1289,24 @@ class DockerStageBackend:
     def close(self, timeout: float = 5.0) -> None:
         """Every thread of this backend ended: the handed-over stages let go first (a detached run's), then each
         joined, at most `timeout` seconds in all."""
+        deadline = time.monotonic() + timeout
         for ref in self._handed:
+            self._copied(ref, deadline)
             self._let_go(ref)
-        self._threads.join(timeout)
+        self._threads.join(max(deadline - time.monotonic(), 0.0))
+
+    def _copied(self, ref: str, deadline: float) -> None:
+        """Until the engine has copied the stage's HANDED_OVER and the end of its stdin (it ends its side of the stdin
+        attach once it has; seen as the end of our read), at most until `deadline`: this process lets go of nothing,
+        and does not exit, while the line may still be on its way (under load a stage took its stdin's end for the
+        launcher's death, every stage of a run at once)."""
+        feed = self._stdin.get(ref)
+        if feed is None:
+            return
+        with contextlib.suppress(OSError, ValueError):
+            feed[1].settimeout(max(deadline - time.monotonic(), 0.01))
+            while feed[1].recv(4096):
+                pass
 
     def hand_over(self, ref: str) -> None:
         """The stage's stdin stops being the lifeline: HANDED_OVER, then the end of stdin right behind it, on the
