@@ -6,7 +6,11 @@ seed's way); pp-launch is timed from spawning the launcher (interpreter start an
 roster event. STUB_ANNOUNCE_DELAY is the stand-in for a model load before the worker announces; it is the same
 on both sides. Medians; every chain is torn down and counted for leftovers.
 
-Usage: python bench/bench_bringup.py [--repeats 3] [--stages N ...] [--delay S ...] [--out bench/results/bringup.md]
+Every launch runs as a user's does: each run leaves a spare guard that the next one takes (docs/chain.md, "The
+spare guard"; PP_LAUNCH_SPARE_GUARD=0 in the environment measures without); the first launch of a table starts its
+own guard. --hog: a busy loop per CPU throughout (as `make test-load`).
+
+Usage: python bench/bench_bringup.py [--repeats 3] [--stages N ...] [--delay S ...] [--hog] [--out FILE]
 Only loopback traffic; stops by itself.
 """
 
@@ -81,8 +85,32 @@ def main() -> int:
     ap.add_argument("--out", default="bench/results/bringup.md")
     ap.add_argument("--stages", type=int, action="append", help="only these chain lengths (repeatable)")
     ap.add_argument("--delay", type=float, action="append", help="only these announce delays (repeatable)")
+    ap.add_argument("--hog", action="store_true", help="a busy loop on every CPU throughout")
     opts = ap.parse_args()
     client = docker.from_env()
+    hogs = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range((os.cpu_count() or 1) * opts.hog)
+    ]
+    try:
+        return measure(client, opts)
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+        drop_spare()
+
+
+def drop_spare() -> None:
+    """The spare guard the last launch left (and its record): the bench leaves nothing."""
+    from pp_launch.adapters import guard, host_state
+    from pp_launch.adapters.docker_engine import connect
+
+    kept = host_state.Spares().take(guard.spare_key(os.environ))
+    if kept:
+        guard.drop_spare(connect(), kept)
+
+
+def measure(client: docker.DockerClient, opts: argparse.Namespace) -> int:
     rows = [
         "| stages | announce delay s | CLI chain s | --handoff env s | ratio | --handoff stdin s | ratio | left |"
         " CLI chain left |",
@@ -109,9 +137,11 @@ def main() -> int:
         row += f"{left_total} | {base_left} |"
         print(row, flush=True)
         rows.append(row)
+    spares = "off" if os.environ.get("PP_LAUNCH_SPARE_GUARD", "").strip() == "0" else "on"
     note = (
         f"\nMedians ({opts.repeats} runs for 8 stages, 1 beyond); timed from process launch to the last "
-        f"announcement; {os.cpu_count()} CPUs; `python bench/bench_bringup.py`.\n"
+        f"announcement; {os.cpu_count()} CPUs; spare guards {spares}; {'a busy loop per CPU; ' * opts.hog}"
+        f"`python bench/bench_bringup.py`.\n"
     )
     text = "\n".join(rows) + "\n" + note
     Path(opts.out).parent.mkdir(parents=True, exist_ok=True)

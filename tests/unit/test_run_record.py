@@ -58,3 +58,12 @@ def test_a_record_volume_is_named_for_its_run_and_labelled_as_a_record() -> None
     made = guard.record_labels("0123abcd", "detached")
     assert made["pp-launch.run"] == "0123abcd" and made["pp-launch.stage"] == "record"
     assert made["pp-launch.owner"] == "detached" and made["pp-launch.launcher"]
+
+
+def test_a_spare_no_run_took_is_idle_and_one_taken_is_its_runs_guard() -> None:
+    waiting = [b"spare: waiting up to 900 s for a run to take it"]
+    assert guard.read_record("g", "r", waiting).idle
+    taken = [*waiting, b"claimed: the run's launcher took this spare guard", b"owned " + b"a" * 64]
+    record = guard.read_record("g", "r", taken)
+    assert not record.idle and record.owned == ("a" * 64,)
+    assert not guard.read_record("g", "r", [b"owned " + b"b" * 64]).idle  # a guard started for its run

@@ -25,13 +25,14 @@ when the guard is removed by someone else while its launcher dies.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import re
 import secrets
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,7 +55,7 @@ DEFAULT_SOCKET = "/var/run/docker.sock"
 INSIDE = "/var/run/docker.sock"
 PROGRAM = "/usr/local/lib/pp-guard/pp_guard.py"
 ENTRY = ("python3", "-u", PROGRAM)
-SESSION = ("python3", "-u", PROGRAM, "session")
+SESSION = ("python3", "-I", "-S", "-u", PROGRAM, "session")  # a relay: the standard library's sockets, nothing more
 READY_PATIENCE = 15.0  # seconds a new guard may take to say it is ready
 LOST_AFTER = 1.0  # seconds without a word from the guard before it counts as lost (paused, frozen, gone)
 LISTEN_SLICE = 0.25
@@ -160,16 +161,25 @@ class RunGuard:
 
     @classmethod
     def start(
-        cls, engine: Engine, run_id: str, owner: str, grace: float, host: str | None = None, orphan: bool = False
+        cls,
+        engine: Engine,
+        run_id: str,
+        owner: str,
+        grace: float,
+        host: str | None = None,
+        orphan: bool = False,
+        spare: Spare | None = None,
     ) -> RunGuard:
         """The guard on `engine`, running before any container of the run is created there. The watchdog comes
         first, and learns the guard's name before its create and its id before its start: a launcher killed in
         between leaves no guard that never started (nothing else would ever end it). orphan: the watchdog is not
-        this process's child (a Ray actor's children are killed with it)."""
+        this process's child (a Ray actor's children are killed with it). spare: the guard started ahead for this
+        run (take_spare), taken instead of starting one when it is there and well."""
         keeper = watchdog.spawn(run_id, grace, host=host, orphan=orphan)
         guard = cls(engine, run_id, owner, grace, keeper, host_state.RunIds())
         try:
-            guard._bring_up()
+            if spare is None or spare.run != run_id or not guard._join(spare):
+                guard._bring_up()
         except BaseException:
             _close(keeper)
             raise
@@ -198,13 +208,7 @@ class RunGuard:
             self.record = record_volume(self.run_id, secrets.token_hex(4))
             self._make_record(self.record)
         record = self.record
-        env = {
-            "PP_GUARD_RECORD": f"{RECORD_AT}/log",
-            "PP_GUARD_GRACE": f"{self.grace:g}",
-            "PP_GUARD_HEARTBEAT": f"{self.beat:g}",
-            "PP_GUARD_ENGINE": self.engine.identity()[0],
-            "PP_GUARD_RUN": self.run_id,
-        }
+        env = _guard_env(self.engine, self.run_id, self.grace, self.beat)
         if self.since:
             env["PP_GUARD_SINCE"] = f"{self.since:.3f}"
         if self.owned:  # a guard in another's place owns the run's ids from its start: this process may die next
@@ -245,17 +249,41 @@ class RunGuard:
                 session.write(f"own {known}\n".encode())
 
     def _make_record(self, name: str) -> None:
-        """The run's record volume on this engine, labelled with a mark of this launcher's own: a volume of that name
-        someone else made first (the engine answers such a create with the volume that is there) is refused."""
-        mark = secrets.token_hex(16)
-        made = self.engine.make_volume(name, {**record_labels(self.run_id, self.owner), labels.RECORD_MARK: mark})
-        if made.get(labels.RECORD_MARK) != mark:
-            raise errors.EngineError(
-                f"the engine at {self.engine.address} already has a volume named {name}: the run's record must be its "
-                "own (someone made that name first); launch again"
-            )
-        with contextlib.suppress(errors.PpLaunchError):  # a state directory that fails is no reason to stop the run
-            host_state.RunRecords().add(name)
+        make_record(self.engine, name, self.run_id, self.owner)
+
+    def _join(self, spare: Spare) -> bool:
+        """The spare guard started ahead for this run (its id is the spare's) taken as the run's guard: the watchdog
+        learns its id first, then it must be running, of this run and of the guard's image, and say `ready` on the
+        session this process opens (a spare another session took, or one gone, says nothing). False: not taken (the
+        caller starts a guard as usual; a spare that was there is removed)."""
+        if self.engine.identity()[0] != spare.engine:
+            return False  # the spare is on another engine than this run's (DOCKER_HOST's context changed)
+        self._tell_keeper(f"own {spare.guard}\n".encode())
+        if self.ids is not None:
+            with contextlib.suppress(errors.PpLaunchError):
+                self.ids.add(self.run_id, spare.guard)
+        info = self.engine.inspect(spare.guard) or {}
+        mine = ((info.get("Config") or {}).get("Labels") or {}).get(labels.RUN) == self.run_id  # its maker's id
+        ours = mine and _running(info) and info.get("Image") == self.engine.image_id(GUARD_IMAGE)  # today's image
+        session = None
+        try:
+            if ours:
+                session = self.engine.session(spare.guard, SESSION)
+                if session.line(READY_PATIENCE) == b"ready":
+                    session.write(f"grace {self.grace:g}\n".encode())
+                    self.ref, self.session, self._heard = spare.guard, session, time.monotonic()
+                    self.record, self.since = spare.record, _started(self.engine, spare.guard)
+                    return True
+        except (errors.EngineError, OSError):
+            pass
+        if session is not None:
+            session.close()
+        with contextlib.suppress(errors.PpLaunchError):
+            if mine:  # not taken (stopped, of an image since rebuilt, silent): this user's, ended now
+                self.engine.remove(spare.guard)
+            if mine or not info:  # a spare that went unclaimed, or was removed: its record holds no run's
+                drop_record(self.engine, spare.record)
+        return False
 
     # ------------------------------------------------------------------------------------------ the session
     def _listen(self) -> None:
@@ -514,6 +542,7 @@ class GuardRecord:
     ends: tuple[StageEnd, ...] = ()  # each owned container that ended, as the engine said it (its events)
     volume: str = ""  # read from the run's record volume: no running guard holds the run ("" : its guard's log)
     over: bool = False  # the guard recorded the run's end (torn down, or every container gone)
+    idle: bool = False  # a spare guard no run took (yet): no run's guard, and nothing of anyone's
 
 
 @dataclass(frozen=True)
@@ -561,7 +590,7 @@ def read_record(ref: str, run: str, lines: Iterable[bytes], volume: str = "") ->
     was detached, each owned container's end, whether the run's end was recorded. A line said twice (by a guard
     and the one put in its place) counts once."""
     owned: dict[str, None] = {}
-    detached = over = False
+    detached = over = spare = claimed = False
     ends: dict[str, StageEnd] = {}
     oom: set[str] = set()
     for line in lines:
@@ -576,7 +605,11 @@ def read_record(ref: str, run: str, lines: Iterable[bytes], volume: str = "") ->
             ends.setdefault(words[1], _end(words, words[1] in oom))
         elif words in (["torn", "down"], ["every", "container", "of", "the", "run", "is", "gone"]):
             over = True
-    return GuardRecord(ref, run, tuple(owned), detached, tuple(ends.values()), volume, over)
+        elif words[:1] == ["spare:"]:
+            spare = True
+        elif words[:1] == ["claimed:"]:
+            claimed = True
+    return GuardRecord(ref, run, tuple(owned), detached, tuple(ends.values()), volume, over, spare and not claimed)
 
 
 ID = re.compile(r"[0-9a-f]{64}")
@@ -646,13 +679,18 @@ def _end(words: list[str], oom: bool) -> StageEnd:
 
 
 def record_keep() -> float:
-    configured = os.environ.get(RECORD_KEEP_ENV, "").strip()
+    return _seconds(RECORD_KEEP_ENV, RECORD_KEEP, "give seconds")
+
+
+def _seconds(name: str, default: float, fix: str) -> float:
+    """A setting in seconds from the environment (0 or more); its default when unset."""
+    configured = os.environ.get(name, "").strip()
     if not configured:
-        return RECORD_KEEP
+        return default
     try:
         return max(0.0, float(configured))
     except ValueError:
-        raise errors.ConfigError(f"{RECORD_KEEP_ENV}={configured!r}: give seconds") from None
+        raise errors.ConfigError(f"{name}={configured!r}: {fix}") from None
 
 
 def stale_records(engine: Engine, keep: float, run: str | None = None) -> list[VolumeInfo]:
@@ -666,6 +704,115 @@ def stale_records(engine: Engine, keep: float, run: str | None = None) -> list[V
         and now - v.created >= keep
         and not engine.volume_users(v.name)
     ]
+
+
+def _guard_env(engine: Engine, run_id: str, grace: float, beat: float) -> dict[str, str]:
+    return {
+        "PP_GUARD_RECORD": f"{RECORD_AT}/log",
+        "PP_GUARD_GRACE": f"{grace:g}",
+        "PP_GUARD_HEARTBEAT": f"{beat:g}",
+        "PP_GUARD_ENGINE": engine.identity()[0],
+        "PP_GUARD_RUN": run_id,
+    }
+
+
+def make_record(engine: Engine, name: str, run_id: str, owner: str) -> None:
+    """A run's record volume on this engine, labelled with a mark of this launcher's own: a volume of that name
+    someone else made first (the engine answers such a create with the volume that is there) is refused."""
+    mark = secrets.token_hex(16)
+    made = engine.make_volume(name, {**record_labels(run_id, owner), labels.RECORD_MARK: mark})
+    if made.get(labels.RECORD_MARK) != mark:
+        raise errors.EngineError(
+            f"the engine at {engine.address} already has a volume named {name}: the run's record must be its "
+            "own (someone made that name first); launch again"
+        )
+    with contextlib.suppress(errors.PpLaunchError):  # a state directory that fails is no reason to stop the run
+        host_state.RunRecords().add(name)
+
+
+def drop_record(engine: Engine, name: str) -> None:
+    """The record volume of a spare that no run took (it recorded nothing of anyone's), once nothing mounts it."""
+    if name.startswith(RECORD_PREFIX) and engine.remove_volume(name):
+        with contextlib.suppress(errors.PpLaunchError):
+            host_state.RunRecords().forget(name)
+
+
+# ---------------------------------------------------------------------------------------------- spare guards
+SPARE_ENV = "PP_LAUNCH_SPARE_GUARD"  # seconds a spare guard waits for its user's next run on its engine; 0: none
+SPARE_IDLE = 900.0
+
+
+@dataclass(frozen=True)
+class Spare:
+    """A guard started ahead, at the end of a run, for this user's next run on the same engine: that run takes its
+    id, and its guard is up already (docs/chain.md, "The spare guard")."""
+
+    run: str
+    guard: str
+    record: str
+    engine: str  # the engine's identity: a spare is taken only on the engine it runs on
+    key: str
+
+
+def spare_idle() -> float:
+    return _seconds(SPARE_ENV, SPARE_IDLE, "give seconds (0 turns spare guards off)")
+
+
+def spare_key(environ: Mapping[str, str]) -> str:
+    """Which engine a launch with no --host reaches, as far as its environment says (an engine's identity is
+    checked again when the spare is taken)."""
+    text = "|".join(environ.get(k, "") for k in ("DOCKER_HOST", "DOCKER_CONTEXT", "DOCKER_CONFIG"))
+    return "engine-" + hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def take_spare(environ: Mapping[str, str]) -> Spare | None:
+    """The spare guard kept for the engine this environment reaches, now this launch's alone (None: none kept,
+    spares are off, or another launch took it first)."""
+    if spare_idle() <= 0:
+        return None
+    key = spare_key(environ)
+    found = host_state.Spares().take(key)
+    if not found or not found.get("guard"):
+        return None
+    return Spare(found.get("run", ""), found["guard"], found.get("record", ""), found.get("engine", ""), key)
+
+
+def stock_spare(engine: Engine, owner: str, grace: float, environ: Mapping[str, str]) -> None:
+    """A spare guard for this user's next run on this engine, unless one is kept and running: a new run id, its
+    record volume, its guard started (not waited for) with PP_GUARD_SPARE, so that it goes by itself when no run
+    takes it in time. A spare kept before that is gone (unclaimed, or removed by someone) has its record dropped."""
+    idle = spare_idle()
+    if idle <= 0:
+        return
+    spares, key = host_state.Spares(), spare_key(environ)
+    kept = spares.peek(key)
+    if kept and kept.get("guard") and _running(engine.inspect(kept["guard"]) or {}):
+        return
+    if kept:
+        spares.forget(key)
+        with contextlib.suppress(errors.PpLaunchError):
+            drop_record(engine, kept.get("record", ""))
+    run = identity.new_run_id()
+    record = record_volume(run, secrets.token_hex(4))
+    make_record(engine, record, run, owner)
+    env = {**_guard_env(engine, run, grace, heartbeat(engine)), "PP_GUARD_SPARE": f"{idle:g}"}
+    binds = {socket_path(engine): INSIDE, record: RECORD_AT}
+    ref = engine.keep(guard_name(run), GUARD_IMAGE, guard_labels(run, owner), ENTRY, binds, env)
+    if ref is None:
+        drop_record(engine, record)
+        return
+    spares.put(key, {"run": run, "guard": ref, "record": record, "engine": engine.identity()[0]})
+
+
+def drop_spare(engine: Engine, kept: Mapping[str, str]) -> None:
+    """A spare guard this user's state names (by the id the engine gave its maker), ended: removed when it is
+    still that run's, then its record."""
+    info = engine.inspect(kept.get("guard", "")) if kept.get("guard") else None
+    if info is not None:
+        if ((info.get("Config") or {}).get("Labels") or {}).get(labels.RUN) != kept.get("run"):
+            return  # not what this user made: never touched
+        engine.remove(str(info.get("Id", "")))
+    drop_record(engine, kept.get("record", ""))
 
 
 def image_check(engine: Engine, where: str) -> None:

@@ -332,3 +332,51 @@ class RunRecords:
         with self._dir() as d:
             d.remove(volume)
 
+
+class Spares:
+    """The spare guard this user's launchers started ahead on each engine (`spares/<key>`, JSON: its run id, the
+    guard's id, its record volume, the engine's identity), one per engine: the next run on that engine takes it
+    (adapters/guard.py). Taken by renaming the file aside first, so two launches never take one spare."""
+
+    def __init__(self, directory: Path | None = None) -> None:
+        self.base = directory
+
+    def _dir(self) -> contextlib.AbstractContextManager[StateDir]:
+        return _folder(self.base, "spares")
+
+    def put(self, key: str, spare: dict[str, str]) -> None:
+        with self._dir() as d:
+            d.write(key, json.dumps(spare).encode())
+
+    def peek(self, key: str) -> dict[str, str] | None:
+        with self._dir() as d:
+            return _spare(d.read(key))
+
+    def take(self, key: str) -> dict[str, str] | None:
+        """The spare kept for `key`, now this process's alone (None: there is none, or another launch took it)."""
+        with self._dir() as d:
+            mine = f".taken-{key}-{os.getpid()}"
+            try:
+                os.rename(key, mine, src_dir_fd=d.fd, dst_dir_fd=d.fd)
+            except FileNotFoundError:
+                return None
+            except OSError as exc:
+                raise _fault(d.path / key, exc, "take") from None
+            try:
+                return _spare(d.read(mine))
+            finally:
+                d.remove(mine)
+
+    def forget(self, key: str) -> None:
+        with self._dir() as d:
+            d.remove(key)
+
+
+def _spare(data: bytes | None) -> dict[str, str] | None:
+    try:
+        found = json.loads(data or b"null")
+    except ValueError:
+        return None
+    if not isinstance(found, dict) or not all(isinstance(v, str) for v in found.values()):
+        return None
+    return found

@@ -187,9 +187,7 @@ def build_stub(engine: Engine, progress: Progress, base: str = BASE_IMAGE, log: 
     return _build_on_base(engine, progress, base, STUB_CONTEXT, BUILTIN_IMAGE, log or progress)
 
 
-def build_guard(
-    engine: Engine, progress: Progress, base: str = BASE_IMAGE, log: Progress | None = None
-) -> BuildResult:
+def build_guard(engine: Engine, progress: Progress, base: str = BASE_IMAGE, log: Progress | None = None) -> BuildResult:
     """The guard of a run on its engine, and the body of the engine's GPU lock (python3 and cat only)."""
     return _build_on_base(engine, progress, base, GUARD_CONTEXT, GUARD_IMAGE, log or progress)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import calendar
 import contextlib
 import dataclasses
+import os
 import queue
 import signal
 import threading
@@ -73,6 +74,8 @@ class DockerSite:
         self.places: list[_Engine] = []  # a launch's engines, reached
         self.guarding: _Guarding | None = None
         self.owns_engines = True  # closed with the site
+        self.spare: guard.Spare | None = None  # the spare guard this launch took (its run id is the run's)
+        self.stocks_spare = False  # at its end, a launch leaves a spare guard for its user's next run (launch.py)
 
     @classmethod
     def to_launch(cls, request: LaunchRequest, dry_run: bool = False, strict: bool = False) -> Self:
@@ -138,7 +141,8 @@ class DockerSite:
             steps.ensure_image(_engine(self.places[0]), image, say)
         if request.gpu_node is None:
             owner = request.owner or steps.owner_label(request.detach)
-            self.guarding = _Guarding(self.places, request.run_id or "", owner, request.chain.grace)
+            spare = self.spare if len(self.places) == 1 else None
+            self.guarding = _Guarding(self.places, request.run_id or "", owner, request.chain.grace, spare)
 
     def guards(self) -> Mapping[str, RunGuard]:
         return self.guarding.guards if self.guarding is not None else {}
@@ -196,8 +200,21 @@ class DockerSite:
         try:
             if self.guarding is not None:
                 self.guarding.finish(None if final is None else final.outcome)
+                if self.stocks_spare and self.guarding.taken:
+                    self._stock_spare(final, self.guarding.grace)
         finally:
             self.close()
+
+    def _stock_spare(self, final: Launched | None, grace: float) -> None:
+        """A spare guard for this user's next run on this engine (adapters/guard.py): its bring-up then takes a
+        running guard instead of starting one. Never on an engine this run lost; a spare that cannot be made is
+        no reason to fail a run that ended."""
+        (site,) = self.places
+        lost = final is not None and final.outcome is not None and final.outcome.reason == "place_lost"
+        if site.engine is None or lost:
+            return
+        with contextlib.suppress(errors.PpLaunchError, OSError):
+            guard.stock_spare(site.engine, steps.owner_label(False), grace, os.environ)
 
     # ------------------------------------------------------------------------------------------------------ ps
     def stages(self, run: str | None, details: bool, ended_too: bool) -> list[dict[str, Any]]:
@@ -315,12 +332,32 @@ class DockerSite:
                     f"not touched{on}: {housekeeping.describe(c)}: {why}; if it is yours, remove it with: {rm}"
                 )
             stale = self._sweep_records(engine, on, dry_run)
-            anything = anything or bool(dead) or bool(loose) or stale
+            spare = self._end_spare(engine, on, dry_run)
+            anything = anything or bool(dead) or bool(loose) or stale or spare
         if not dry_run:
             housekeeping.forget_ended([e for _, e in self.reached])
         if not anything:
             self.voice.note("nothing to collect")
         return ok
+
+    def _end_spare(self, engine: Engine, on: str, dry_run: bool) -> bool:
+        """This user's spare guard on this engine, made ahead for their next run (docs/chain.md, "The spare
+        guard"), ended; whether there was one."""
+        if not (host_state.default_dir() / "spares").is_dir():
+            return False  # a look never makes the state directory
+        spares, key = host_state.Spares(), guard.spare_key(os.environ)
+        try:
+            kept = spares.peek(key)
+        except errors.PpLaunchError:
+            return False
+        if not kept or kept.get("engine") != engine.identity()[0]:
+            return False
+        what = f"this user's spare guard {kept.get('guard', '')[:12]}{on} (started ahead for their next run)"
+        self.voice.answer(f"{'would end' if dry_run else 'ending'} {what}")
+        taken = None if dry_run else spares.take(key)
+        if taken:
+            guard.drop_spare(engine, taken)
+        return True
 
     def _sweep_records(self, engine: Engine, on: str, dry_run: bool) -> bool:
         """The record volumes of runs that are gone, once older than the keep (PP_LAUNCH_RECORD_KEEP); whether any."""
@@ -925,20 +962,26 @@ class _GpuFaults:
 
 
 class _Guarding:
-    """The run's guards, started on every engine on a thread of their own while the launch plans. `take()` hands
-    them over (or raises why they could not start); `finish()` lets go of them at the run's end."""
+    """The run's guards, started on every engine on a thread of their own while the launch plans (or the spare
+    guard taken, on one engine). `take()` hands them over (or raises why they could not start); `finish()` lets go
+    of them at the run's end."""
 
-    def __init__(self, sites: Sequence[_Engine], run_id: str, owner: str, grace: float) -> None:
+    def __init__(
+        self, sites: Sequence[_Engine], run_id: str, owner: str, grace: float, spare: guard.Spare | None = None
+    ) -> None:
         self.guards: dict[str, RunGuard] = {}
         self.error: BaseException | None = None
         self.taken = False
-        self._thread = threading.Thread(target=self._start, args=(sites, run_id, owner, grace), name="guards")
+        self.grace = grace
+        self._thread = threading.Thread(target=self._start, args=(sites, run_id, owner, grace, spare), name="guards")
         self._thread.start()
 
-    def _start(self, sites: Sequence[_Engine], run_id: str, owner: str, grace: float) -> None:
+    def _start(
+        self, sites: Sequence[_Engine], run_id: str, owner: str, grace: float, spare: guard.Spare | None
+    ) -> None:
         try:
             for s in sites:
-                self.guards[s.name] = RunGuard.start(_engine(s), run_id, owner, grace, s.name or None)
+                self.guards[s.name] = RunGuard.start(_engine(s), run_id, owner, grace, s.name or None, spare=spare)
         except BaseException as exc:  # handed to take(), on the launch's own thread
             self.error = exc
 

@@ -33,6 +33,7 @@ class Vouched:
     unrecorded: tuple[ContainerInfo, ...]
     guards: tuple[guard.GuardRecord, ...]
     guardless: tuple[guard.GuardRecord, ...] = ()  # runs whose guard is gone, vouched by their record volume
+    spares: frozenset[str] = frozenset()  # spare guards no run took (yet): no run's, never listed
 
 
 def vouch(engine: Engine, found: list[ContainerInfo], mine: dict[str, set[str]] | None = None) -> Vouched:
@@ -41,14 +42,15 @@ def vouch(engine: Engine, found: list[ContainerInfo], mine: dict[str, set[str]] 
     there is the run's when the record names its id and it mounts that very volume (which no one can add to a
     container after its create)."""
     runs = {c.labels.get(labels.RUN, "") for c in found}
-    recs = tuple(guard.records(engine, among=runs))  # only the logs of these runs' guards are read
-    live = {r.run for r in recs}
+    every = tuple(guard.records(engine, among=runs))  # only the logs of these runs' guards are read
+    recs = tuple(r for r in every if not r.idle)  # a spare guard no run took is no run's (`down --all` passes it by)
+    live = {r.run for r in every}
     lost = tuple(guard.dead_records(engine, among=runs - live, live=live, seen=found)) if runs - live else ()
     owned = {ref: r.run for r in recs for ref in r.owned}
     for run, refs in (recorded_here() if mine is None else mine).items():
         owned.update(dict.fromkeys(refs, run))
     by_volume = {(ref, r.volume): r.run for r in lost for ref in r.owned}
-    skip = {r.id for r in recs}
+    skip = {r.id for r in every}
     ours, other = [], []
     for c in found:
         role = c.labels.get(labels.STAGE, "")
@@ -64,7 +66,7 @@ def vouch(engine: Engine, found: list[ContainerInfo], mine: dict[str, set[str]] 
             ours.append(c)
         else:
             other.append(c)
-    return Vouched(tuple(ours), tuple(other), recs, lost)
+    return Vouched(tuple(ours), tuple(other), recs, lost, frozenset(r.id for r in every if r.idle))
 
 
 def _left_dead(c: ContainerInfo) -> bool:
@@ -312,7 +314,7 @@ def list_stages(
     loose = {c.id for c in vouched.unrecorded}
     guardless = {r.run for r in vouched.guardless}
     for c in found:
-        if c.id in guarded:
+        if c.id in guarded or c.id in vouched.spares:
             continue  # a run's guard is its machinery, as a hand-over was: `down` ends it with its run
         owner = c.labels.get(labels.OWNER, "")
         stage = c.labels.get(labels.STAGE, "")

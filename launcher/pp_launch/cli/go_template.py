@@ -121,7 +121,7 @@ class Template:
             if term is None:
                 raise TemplateError(
                     f"--format {self.source!r}: {m.group(0)} at character {m.start() + 1} is not something ps can "
-                    "print: use {{.Field}}, {{.Label \"k\"}}, {{json .}}, {{json .Field}}, {{upper .Field}}, "
+                    'print: use {{.Field}}, {{.Label "k"}}, {{json .}}, {{json .Field}}, {{upper .Field}}, '
                     "{{lower .Field}} or {{title .Field}}"
                 )
             func, name, label = term.group(1), term.group(2), term.group(3)

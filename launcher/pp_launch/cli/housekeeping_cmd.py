@@ -36,7 +36,7 @@ from pp_launch.core import errors
     "template",
     metavar="TEMPLATE",
     help="Each row through TEMPLATE, as docker ps --format: docker's names ({{.ID}} {{.Names}} {{.Image}} {{.State}} "
-    "{{.Status}} {{.RunningFor}} {{.CreatedAt}} {{.Labels}} {{.Label \"k\"}}) or any --json field of ours "
+    '{{.Status}} {{.RunningFor}} {{.CreatedAt}} {{.Labels}} {{.Label "k"}}) or any --json field of ours '
     "({{.run}} {{.stage}} ...); {{json .}}, {{upper .X}}; 'table ...' adds a header and aligns \\t columns; 'json' "
     "prints one object per row with docker's field names (and ours where docker has none). A bad template, like a "
     "bad --filter, is exit 2 before any engine is asked.",
@@ -154,9 +154,7 @@ def _filters(values: tuple[str, ...]) -> dict[str, list[Any]]:
             )
         item: Any = wanted
         if key == "status" and wanted not in DOCKER_STATES:
-            raise click.BadParameter(
-                f"{value!r}: a status is one of {', '.join(DOCKER_STATES)}", param_hint="--filter"
-            )
+            raise click.BadParameter(f"{value!r}: a status is one of {', '.join(DOCKER_STATES)}", param_hint="--filter")
         if key == "name":
             try:
                 item = re.compile(wanted)
