@@ -17,12 +17,15 @@ from typing import Any
 
 from testcontainers.core.labels import SESSION_ID
 
+from pp_launch.adapters.identity import process_start_time
+
 TESTCONTAINERS_LABEL = f"org.testcontainers.session-id={SESSION_ID}"
 # What a busy 2-core machine (a CPU hog on both cores beside the suite) may add to a timed guarantee, on top of the
 # guarantee itself (a grace, a 2 s notice): bounds are the promise plus this, never a tight measured number.
 BUSY_SLACK = float(os.environ.get("PP_TESTS_BUSY_SLACK", "5"))
 _launchers: list[subprocess.Popen[bytes]] = []
 _runs: set[str] = set()  # runs whose owner is not one of our processes (detached, compose)
+_started: dict[int, str] = {}  # each spawned process's start time (/proc/PID/stat), as its owner label says it
 
 
 def live_launchers() -> list[subprocess.Popen[bytes]]:
@@ -42,6 +45,7 @@ def spawn(argv: list[str], env: dict[str, str], **kwargs: Any) -> subprocess.Pop
     recognise the containers it owned."""
     proc = subprocess.Popen(argv, env=env, **kwargs)
     _launchers.append(proc)
+    _started[proc.pid] = process_start_time(proc.pid) or ""
     return proc
 
 
@@ -74,10 +78,13 @@ def ours(labels: dict[str, str]) -> bool:
     if labels.get("pp-launch.run") in _runs:
         return True
     owner = labels.get("pp-launch.owner", "")
-    host, _, rest = owner.partition(":")
-    pid = rest.partition(":")[0]
-    pids = {os.getpid(), *(p.pid for p in _launchers)}
-    return host == socket.gethostname() and pid.isascii() and pid.isdigit() and int(pid) in pids
+    host, pid, start = [*owner.split(":"), "", ""][:3]
+    if host != socket.gethostname() or not (pid.isascii() and pid.isdigit()):
+        return False
+    # by pid and start time: pids come round again (pid_max is 32768 here), and a process that is not ours (the real
+    # work beside the suite, a user's launcher) may have had the pid a test's launcher has now
+    known = {os.getpid(): process_start_time(os.getpid()) or "", **_started}
+    return int(pid) in known and known[int(pid)] in ("", start)
 
 
 def unique(prefix: str = "t") -> str:
