@@ -529,6 +529,15 @@ class Engine:
         except docker.errors.APIError as exc:
             raise errors.EngineError(f"cannot list containers: {_reason(exc)}") from None
 
+    def has_volume(self, name: str) -> bool:
+        try:
+            self.api.inspect_volume(name)
+        except docker.errors.NotFound:
+            return False
+        except docker.errors.APIError as exc:
+            raise errors.EngineError(f"cannot inspect volume {name}: {_reason(exc)}") from None
+        return True
+
     def remove_volume(self, name: str) -> bool:
         """Removed; False when a container still uses it (or it is gone already: nothing to do)."""
         try:

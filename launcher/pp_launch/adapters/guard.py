@@ -730,11 +730,20 @@ def make_record(engine: Engine, name: str, run_id: str, owner: str) -> None:
         host_state.RunRecords().add(name)
 
 
-def drop_record(engine: Engine, name: str) -> None:
-    """The record volume of a spare that no run took (it recorded nothing of anyone's), once nothing mounts it."""
-    if name.startswith(RECORD_PREFIX) and engine.remove_volume(name):
-        with contextlib.suppress(errors.PpLaunchError):
-            host_state.RunRecords().forget(name)
+def drop_record(engine: Engine, name: str, patience: float = 5.0) -> None:
+    """The record volume of a spare that no run took (it recorded nothing of anyone's), once nothing mounts it: its
+    guard, just removed, may hold it a moment longer (the engine lets go of a removed container's volumes after
+    it says the container is gone), so a volume in use is asked again for `patience` seconds, while only
+    containers that are gone use it (one that runs keeps it: left to `gc`)."""
+    if not name.startswith(RECORD_PREFIX):
+        return
+    deadline = time.monotonic() + patience
+    while not engine.remove_volume(name) and engine.has_volume(name):
+        if any(engine.inspect(ref) is not None for ref in engine.volume_users(name)) or time.monotonic() >= deadline:
+            return
+        time.sleep(0.1)
+    with contextlib.suppress(errors.PpLaunchError):
+        host_state.RunRecords().forget(name)
 
 
 # ---------------------------------------------------------------------------------------------- spare guards
