@@ -263,8 +263,11 @@ class RunGuard:
             with contextlib.suppress(errors.PpLaunchError):
                 self.ids.add(self.run_id, spare.guard)
         info = self.engine.inspect(spare.guard) or {}
-        mine = ((info.get("Config") or {}).get("Labels") or {}).get(labels.RUN) == self.run_id  # its maker's id
-        ours = mine and _running(info) and info.get("Image") == self.engine.image_id(GUARD_IMAGE)  # today's image
+        ours = (
+            ((info.get("Config") or {}).get("Labels") or {}).get(labels.RUN) == self.run_id
+            and _running(info)
+            and info.get("Image") == self.engine.image_id(GUARD_IMAGE)  # today's image
+        )
         session = None
         try:
             if ours:
@@ -278,11 +281,8 @@ class RunGuard:
             pass
         if session is not None:
             session.close()
-        with contextlib.suppress(errors.PpLaunchError):
-            if mine:  # not taken (stopped, of an image since rebuilt, silent): this user's, ended now
-                self.engine.remove(spare.guard)
-            if mine or not info:  # a spare that went unclaimed, or was removed: its record holds no run's
-                drop_record(self.engine, spare.record)
+        with contextlib.suppress(errors.PpLaunchError):  # not taken (gone, stopped, of an older image, silent)
+            drop_spare(self.engine, {"run": spare.run, "guard": spare.guard, "record": spare.record})
         return False
 
     # ------------------------------------------------------------------------------------------ the session
@@ -760,7 +760,6 @@ class Spare:
     guard: str
     record: str
     engine: str  # the engine's identity: a spare is taken only on the engine it runs on
-    key: str
 
 
 def spare_idle() -> float:
@@ -783,7 +782,7 @@ def take_spare(environ: Mapping[str, str]) -> Spare | None:
     found = host_state.Spares().take(key)
     if not found or not found.get("guard"):
         return None
-    return Spare(found.get("run", ""), found["guard"], found.get("record", ""), found.get("engine", ""), key)
+    return Spare(found.get("run", ""), found["guard"], found.get("record", ""), found.get("engine", ""))
 
 
 def stock_spare(engine: Engine, owner: str, grace: float, environ: Mapping[str, str]) -> None:
