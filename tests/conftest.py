@@ -22,7 +22,7 @@ import pytest
 
 from pp_launch.testing import fake_nvml
 
-from .helpers import TESTCONTAINERS_LABEL, live_launchers, ours, records_made_under, wait_until, watchdogs
+from .helpers import FAILED, TESTCONTAINERS_LABEL, live_launchers, ours, records_made_under, wait_until, watchdogs
 from .quick import quick
 from .story import Chapter
 
@@ -187,6 +187,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> pytest.TestReport:
     """A failed test that used an engine or started a launcher says what its runs did (tests/story.py)."""
     report: pytest.TestReport = yield
+    item.stash[FAILED] = item.stash.get(FAILED, False) or report.failed  # for a fixture's teardown to tell more
     chapter = item.stash.get(_CHAPTER, None)
     if report.failed and chapter is not None and (chapter.launchers() or "engine" in getattr(item, "fixturenames", ())):
         try:

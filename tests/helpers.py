@@ -15,11 +15,13 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import pytest
 from testcontainers.core.labels import SESSION_ID
 
 from pp_launch.adapters.identity import process_start_time
 
 TESTCONTAINERS_LABEL = f"org.testcontainers.session-id={SESSION_ID}"
+FAILED = pytest.StashKey[bool]()  # a test failed so far (setup or call): its fixtures' teardowns may tell more
 # What a busy 2-core machine (a CPU hog on both cores beside the suite) may add to a timed guarantee, on top of the
 # guarantee itself (a grace, a 2 s notice): bounds are the promise plus this, never a tight measured number.
 BUSY_SLACK = float(os.environ.get("PP_TESTS_BUSY_SLACK", "5"))

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -34,6 +35,7 @@ from .helpers import drop_records
 PORT = 6379  # the namespace is the tests' own: nothing else listens there
 NODE_CPUS = 2  # each worker node's CPUs as Ray counts them: this machine's (8 made no difference to bring-up)
 RAY = str(Path(sys.executable).with_name("ray"))
+PP_LAUNCH = str(Path(sys.executable).with_name("pp-launch"))
 
 
 class RayCluster:
@@ -61,17 +63,18 @@ class RayCluster:
             self.close()
             raise
 
-    def _start_all(self) -> None:
+    def _start_all(self, head_cpus: int = 0) -> None:
+        """The head, then nodes a and b. `head_cpus`: the head runs CPU stages too, on node a's engine."""
         head = [
             "--head",
             f"--port={PORT}",
-            "--num-cpus=0",
+            f"--num-cpus={head_cpus}",
             "--num-gpus=0",
             f"--temp-dir={self.root / 'r'}",
             "--include-dashboard=false",
             "--ray-client-server-port=10001",
         ]
-        self._start("head", head, self._base_env())
+        self._start("head", head, self.node_env("a") if head_cpus else self._base_env())
         self.wait_nodes(1)
         for n, name in enumerate(("a", "b"), start=2):  # one at a time: raylets starting together collide
             self.start_node(name)
@@ -81,11 +84,11 @@ class RayCluster:
         """The head lost: its GCS, raylet and everything else of it SIGKILLed at once."""
         self.kill_node("head")
 
-    def restart(self) -> None:
+    def restart(self, head_cpus: int = 0) -> None:
         """A fresh cluster on the same engines (after the head was lost, the worker nodes cannot rejoin)."""
         for name in list(self.nodes):
             self.kill_node(name)
-        self._start_all()
+        self._start_all(head_cpus)
 
     # ------------------------------------------------------------------------------------------ nodes
     def _engine_pid(self, host: FakeGpuHost) -> int:
@@ -218,6 +221,55 @@ class RayCluster:
             argv = ["docker", "-H", side.host, "ps", "-aq", "--no-trunc", "--filter", "label=pp-launch.run"]
             out[name] = subprocess.run(argv, capture_output=True, text=True, check=False).stdout.split()
         return out
+
+    def driver_log(self) -> int:
+        """Where the launchers' shared Ray log ends now (its size): Ray's own lines (its driver's C++ log, its
+        Python loggers) go there, never to a launcher's terminal without -v."""
+        path = self.state_dir / "ray-driver.log"
+        return path.stat().st_size if path.exists() else 0
+
+    def post_mortem(self, since: float, log_from: int) -> str:
+        """What the containers left on the nodes are, and Ray's own words from the launchers that ran since
+        (the state folder's ray-driver.log from `log_from`, and their core drivers' error lines in the cluster's
+        session logs): why a launcher ended where pp-launch said nothing."""
+        lines: list[str] = []
+        for name, host in self.hosts.items():
+            side = host.engines.get("request")
+            if side is None:
+                continue
+            fmt = '{{.ID}} {{.Names}} {{.State}} {{.Status}} run={{.Label "pp-launch.run"}}'
+            argv = ["docker", "-H", side.host, "ps", "-a", "--filter", "label=pp-launch.run", "--format", fmt]
+            out = subprocess.run(argv, capture_output=True, text=True, check=False).stdout.splitlines()
+            lines += [f"node {name}: {row}" for row in out]
+        with contextlib.suppress(OSError), open(self.state_dir / "ray-driver.log", "rb") as log:
+            log.seek(log_from)
+            said = log.read().decode(errors="replace").splitlines()
+            lines += [f"ray-driver.log: {x[:300]}" for x in said[-30:]]
+        logs = self.root / "r" / "session_latest" / "logs"
+        for path in sorted(logs.glob("python-core-driver-*.log")):
+            with contextlib.suppress(OSError):
+                if path.stat().st_mtime < since:
+                    continue
+                bad = [x for x in path.read_text(errors="replace").splitlines() if re.match(r"\[[^]]* [EF] \d", x)]
+                lines += [f"driver {path.stem.rsplit('_', 1)[-1]}: {x[:300]}" for x in bad[-8:]]
+        return "\n".join(lines) or "(no container left, and nothing in Ray's own logs)"
+
+    def sweep(self) -> None:
+        """Whatever a failed test left on the cluster is ended, so that it fails that test alone: each run left
+        stopped with `down --ray`, any container still there removed by its id, every ended run's actors let go."""
+        runs: set[str] = set()
+        for name, ids in self.ours().items():
+            side = self.hosts[name].engines["request"]
+            for ref in ids:
+                argv = ["docker", "-H", side.host, "inspect", "-f", '{{index .Config.Labels "pp-launch.run"}}', ref]
+                runs.add(subprocess.run(argv, capture_output=True, text=True, check=False).stdout.strip())
+        for run in sorted(runs - {""}):
+            self.run(PP_LAUNCH, "down", run, "--ray", "auto", "--grace", "1", timeout=120)
+        for name, ids in self.ours().items():
+            if ids:
+                side = self.hosts[name].engines["request"]
+                subprocess.run(["docker", "-H", side.host, "rm", "-f", *ids], capture_output=True, check=False)
+        self.run(PP_LAUNCH, "gc", "--ray", "auto", env=self.env(PP_LAUNCH_RECORD_KEEP="0"), timeout=120)
 
     def actors(self) -> list[str]:
         """Every live actor of the cluster's pp-launch namespace, and every live actor of any job (by class)."""

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from ..gpu_host import wait_for
+from ..helpers import FAILED
 
 pytestmark = [pytest.mark.docker, pytest.mark.full, pytest.mark.timeout(900)]
 
@@ -51,12 +52,22 @@ def cluster(engine, our_images):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture(autouse=True)
-def nothing_left(cluster):  # type: ignore[no-untyped-def]
+def nothing_left(cluster, request):  # type: ignore[no-untyped-def]
+    """Nothing of the test's left on the cluster; what is left fails this test alone: it is told (with Ray's own
+    words from the test's launchers, as for any failed test), then swept, so the tests after it find the cluster
+    clean."""
+    began, log_from = time.time(), cluster.driver_log()
     yield
     gone = wait_for(lambda: not any(cluster.ours().values()), 30)
     actors = [a for a in cluster.actors() if "NodeAgent" in a or "RunRecord" in a]
-    assert gone, f"containers left on the nodes' engines: {cluster.ours()}"
-    assert not actors, f"node agents left on the cluster: {actors}"
+    if gone and not actors:
+        if request.node.stash.get(FAILED, False):
+            print(f"Ray's own words while the test ran:\n{cluster.post_mortem(began, log_from)}")
+        return
+    told = f"containers left on the nodes' engines: {cluster.ours()}; node agents left: {actors}\n"
+    told += cluster.post_mortem(began, log_from)
+    cluster.sweep()
+    pytest.fail(told, pytrace=False)
 
 
 def uuids(cluster, node: str) -> set[str]:  # type: ignore[no-untyped-def]
@@ -232,14 +243,15 @@ def test_two_runs_get_disjoint_gpus_a_third_is_refused_and_local_chains_see_them
 
 
 # ------------------------------------------------------------------------------------------------ nothing orphaned
-def _hold(cluster, *extra: str) -> subprocess.Popen[str]:  # type: ignore[no-untyped-def]
+def _hold(cluster, *extra: str, stages: int = 4) -> subprocess.Popen[str]:  # type: ignore[no-untyped-def]
+    """A chain of holding stages spread over the nodes, once all of them run."""
     proc = cluster.popen(
         PP,
         "chain",
         "--ray",
         "auto",
         "--stages",
-        "4",
+        str(stages),
         "--placement",
         "spread",
         "-e",
@@ -248,7 +260,7 @@ def _hold(cluster, *extra: str) -> subprocess.Popen[str]:  # type: ignore[no-unt
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
-    assert wait_for(lambda: running(cluster) == 4 or proc.poll() is not None, 120), cluster.ours()
+    assert wait_for(lambda: running(cluster) == stages or proc.poll() is not None, 120), cluster.ours()
     assert proc.poll() is None, proc.communicate()
     return proc
 
@@ -499,18 +511,26 @@ def test_everything_listens_on_loopback_only(cluster) -> None:  # type: ignore[n
 
 
 def test_the_head_lost_mid_run_ends_in_our_teardown_and_one_line(cluster) -> None:  # type: ignore[no-untyped-def]
-    """The head's GCS killed: the launcher's own look at the head sees it within seconds, stops the chain and tears
-    it down through the node agents (they answer without the head), and says so in a `pp-launch:` line; Ray's own
-    log lines stay off the terminal."""
-    proc = _hold(cluster)
-    t0 = time.monotonic()
+    """The head's GCS killed while it also runs a stage (a head with CPUs, CPU stages spread over it and both
+    nodes): the launcher's own look at the head sees it within seconds, its own node's stage is counted gone with
+    it (its agent is never asked: Ray would wait 60 s), the rest is torn down through the node agents (they answer
+    without the head); one `pp-launch:` line says so, `chain_stopped` carries the process's own exit code 1, nothing
+    is left on any engine (guards included); Ray's own log lines stay off the terminal."""
+    cluster.restart(head_cpus=2)
     try:
+        proc = _hold(cluster, "--json", "--gpus", "none", stages=3)  # one stage on each node, the head's too
+        t0 = time.monotonic()
         cluster.kill_head()
-        _, err = proc.communicate(timeout=120)
+        out, err = proc.communicate(timeout=120)
         ended = time.monotonic() - t0
         assert proc.returncode == 1, err
-        assert "pp-launch: " in err and "the Ray head at 127.0.0.1:" in err and "stopped answering" in err, err
-        assert running(cluster) == 0 and not any(stages_on(cluster, n) for n in ("a", "b")), cluster.ours()
+        said = [line for line in err.splitlines() if line.startswith("pp-launch: error: ")]
+        assert len(said) == 1 and "the Ray head at 127.0.0.1:" in said[0] and "stopped answering" in said[0], err
+        assert "the head's own node" in said[0], err  # its stage went with it, said
+        stopped = [json.loads(line) for line in out.splitlines() if '"chain_stopped"' in line]
+        assert [e["exit_code"] for e in stopped] == [1], out
+        assert ended < 10, f"ended {ended:.1f} s after the head was lost: {err}"
+        assert wait_for(lambda: not any(cluster.ours().values()), 15), cluster.ours()  # its stage's guard too
         theirs = [line for line in err.splitlines() if line.strip() and not line.startswith(("pp-launch", "["))]
         assert theirs == [], err  # nothing of Ray's own logging on the terminal without -v
         print(f"head lost -> chain torn down and ended after {ended:.2f} s")

@@ -147,3 +147,47 @@ def test_ray_and_its_timeout_are_chain_file_keys() -> None:
 
     keys = file_keys(chain)
     assert keys["ray"] == "ray_address" and keys["ray-timeout"] == "ray_timeout"
+
+
+def test_the_head_lost_is_a_failure_said_once_with_what_the_teardown_said() -> None:
+    """A place lost (the head) ends the chain with exit 1 (chain_stopped carries it too); its line names the head
+    once, then what the teardown had to add."""
+    from pp_launch.core.chain.scope import ChainOutcome
+
+    why = "the Ray head at 127.0.0.1:6379 stopped answering (Connection refused) for 3 s"
+    plain = on_ray._with_lost_head(ChainOutcome(1, "place_lost", why), why)
+    assert plain.exit_code == errors.EXIT_FAILURE and plain.message.count("the Ray head") == 1
+    assert plain.message.startswith(why + ": the chain was stopped and torn down through its node agents;")
+    more = on_ray._with_lost_head(ChainOutcome(1, "place_lost", f"{why}; teardown errors: X"), why)
+    assert "torn down through its node agents (teardown errors: X);" in more.message
+    other = ChainOutcome(143, "signal", "stopped")
+    assert on_ray._with_lost_head(other, why) is other  # a stop that was not the head's loss is left as it was
+
+
+def test_the_head_lost_takes_the_stages_on_its_own_node_and_nothing_more_is_asked_of_them() -> None:
+    """Ray would wait out a call to an agent that went with the head: such a stage is not asked at all, and is
+    counted as possibly left; the other nodes' agents are still asked."""
+    from pp_launch.adapters.ray_cluster import RayStageBackend
+
+    head = RayNode("id-h", "head", 0, 0, 2.0, "", head=True)
+    asked: list[str] = []
+
+    class Agent:
+        def __getattr__(self, method: str) -> object:
+            asked.append(method)
+            raise AssertionError("the lost head's agent was asked")
+
+    backend = RayStageBackend([StageHandle(Agent(), head), StageHandle(Agent(), node("a", 0))])
+    told: list[object] = []
+    backend._stage_of.update({"r0": 0, "r1": 1})  # both started, their output pulled into `told`
+    backend._sinks.update({"r0": told.append, "r1": told.append})
+    backend.lose_head("the Ray head at h:6379 stopped answering")
+    assert told == []  # its ends come after (the chain hears the head's loss first)
+    backend.end_head_stages()
+    backend.end_head_stages()  # said twice: each stage's end is told once
+    assert [(e.stage, e.exit_code) for e in told] == [(0, None)]  # type: ignore[attr-defined]
+    assert "went with the lost head" in told[0].detail  # type: ignore[attr-defined]
+    assert backend.lost == {"head": "the head's own node"}
+    with pytest.raises(errors.HostLost, match="Ray node head is lost"):
+        backend._ask(0, "stop", "signal", "ref", 15)
+    assert asked == []

@@ -323,10 +323,11 @@ class RunGuard:
             if self._closing or self._down or self._gone:
                 return not self._gone
             old = self.ref
-            try:
-                what = "stopped (docker stop)" if self._stopping == old else _what_happened(self.engine, old, ended)
+            try:  # asked even after the guard said `stopping`: an engine shutting down stops it, then answers no more
+                seen = _what_happened(self.engine, old, ended)
             except errors.PpLaunchError:
                 return False
+            what = "stopped (docker stop)" if self._stopping == old else seen
             if not what:
                 self._heard = time.monotonic()
                 return True
@@ -339,6 +340,9 @@ class RunGuard:
                       f"{len(self.owned)} containers")  # fmt: skip
             try:
                 self._bring_up()
+            except (errors.EngineLost, errors.HostLost):
+                self.session = None
+                return False  # the engine went meanwhile: the run's own to see and say
             except errors.PpLaunchError as exc:
                 self._gone = f"{where} was {what} by another client, and no new guard could be started ({exc})"
                 self.session = None

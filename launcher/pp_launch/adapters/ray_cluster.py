@@ -52,6 +52,7 @@ RAY_JOB = "pp-launch.ray-job"
 NODE_ID = "ray.io/node-id"
 CPU_SHARE = 0.01  # what a CPU stage's actor takes of its node's CPUs (a bundle needs something to hold)
 POLL = 1.0  # how long one pull of a stage's events waits on its agent
+HEAD_RESOURCE = "node:__internal_head__"  # what Ray gives the head's own node alone
 SILENCE = 4.0  # a pull not answered within this is an agent lost (frozen, its node cut off): our own liveness check
 TAIL = 2000  # lines of each stage an actor keeps for `logs --ray`
 MISSING = "--ray needs Ray on this machine and on every node: pip install 'pp-launch[ray]'"
@@ -66,6 +67,7 @@ class RayNode:
     free_gpus: int  # not granted to anyone now
     cpus: float
     engine: str  # its pp-launch.docker-host label ("" : its DOCKER_HOST)
+    head: bool = False  # the head's own node: it goes with the head
 
 
 def connect(address: str) -> Cluster:
@@ -204,7 +206,8 @@ class Cluster:
             name = lab.get(NODE_LABEL) or f"{n.get('NodeManagerAddress', '?')}/{node_id[:8]}"
             gpus = int(res.get("GPU", 0))
             left = int(free[node_id].get("GPU", 0)) if node_id in free else gpus  # none left: Ray omits the key
-            out.append(RayNode(node_id, name, gpus, left, float(res.get("CPU", 0)), lab.get(ENGINE_LABEL, "")))
+            cpus, engine, head = float(res.get("CPU", 0)), lab.get(ENGINE_LABEL, ""), HEAD_RESOURCE in res
+            out.append(RayNode(node_id, name, gpus, left, cpus, engine, head))
         return sorted(out, key=lambda n: n.name)
 
     def reserve(
@@ -599,12 +602,31 @@ class RayStageBackend:
         self.handles = list(handles)  # in stage order
         self.detached = detached
         self.lost: dict[str, str] = {}  # node name -> why: what was there may be left
+        self.head_gone = ""  # why the head is lost: the cluster itself is asked nothing more, only live agents
         self._stage_of: dict[str, int] = {}
         self._gone: set[str] = set()
+        self._sinks: dict[str, Sink] = {}  # where each started stage's output and end go
         self._handed: set[str] = set()
         self._stopping = threading.Event()
-        self._threads: list[threading.Thread] = []
+        self._threads: list[tuple[threading.Thread, int]] = []  # each stage's pump, with its stage
         self._lock = threading.Lock()
+
+    def lose_head(self, why: str) -> None:
+        """The head is lost: nothing more is asked of the cluster itself (its state is the head's), nor of the agents
+        on the head's own node (they went with it: Ray would wait for them); the agents on the other nodes still
+        answer, directly. Their stages' ends follow with `end_head_stages`."""
+        with self._lock:
+            self.head_gone = why
+            for h in self.handles:
+                if h.node.head:
+                    self.lost.setdefault(h.node.name, "the head's own node")
+
+    def end_head_stages(self) -> None:
+        """The stages on the lost head's own node are gone with it, each said once."""
+        for ref, stage in list(self._stage_of.items()):
+            sink = self._sinks.get(ref)
+            if sink is not None and self.handles[stage].node.head:
+                self._ended(ref, sink, StageGone(stage, None, "its agent went with the lost head's own node"))
 
     # ----------------------------------------------------------------------------------------- calls
     def _ask(self, stage: int, what: str, method: str, *args: Any, timeout: float | None = 60.0) -> Any:
@@ -620,7 +642,7 @@ class RayStageBackend:
             raise errors.EngineError(f"stage {stage} on Ray node {h.node.name}: {what} failed: {cause}") from None
         except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
             why = _why(exc)
-            if isinstance(exc, ray.exceptions.GetTimeoutError) or not _node_alive(h.node.node_id):
+            if isinstance(exc, ray.exceptions.GetTimeoutError) or self.head_gone or not _node_alive(h.node.node_id):
                 with self._lock:  # the node, not only this actor: its other stages are not asked again
                     self.lost.setdefault(h.node.name, why)
             raise errors.HostLost(f"the agent of Ray node {h.node.name} (stage {stage}) is gone ({why})") from None
@@ -649,45 +671,47 @@ class RayStageBackend:
         self._pull(ref, stage, sink)
 
     def _pull(self, ref: str, stage: int, sink: Sink) -> None:
+        self._sinks[ref] = sink
         t = threading.Thread(target=self._pump, args=(ref, stage, sink), daemon=True, name=f"ray-stage-{stage}")
-        self._threads.append(t)
+        self._threads.append((t, stage))
         t.start()
 
     def _pump(self, ref: str, stage: int, sink: Sink) -> None:
         h = self.handles[stage]
-        while ref not in self._handed:
+        while ref not in self._handed and ref not in self._gone:
             try:
                 batch = ray.get(h.actor.poll.remote(stage, POLL), timeout=SILENCE)
             except ray.exceptions.GetTimeoutError:  # frozen, or its node cut off: Ray alone would wait without end
                 why = f"its agent did not answer for {SILENCE:g} s"
                 with self._lock:
                     self.lost.setdefault(h.node.name, why)
-                with contextlib.suppress(Exception):
-                    ray.kill(h.actor, no_restart=True)  # its end closes its stages' lifelines and its guard's
-                self._gone.add(ref)
-                sink(
-                    StageGone(
-                        stage,
-                        None,
-                        f"the agent of Ray node {h.node.name} did not answer for {SILENCE:g} s "
-                        "(frozen, or its node cut off); it was ended",
-                    )
-                )
+                if not self.head_gone:  # without the head Ray cannot end an actor (and would wait for it)
+                    with contextlib.suppress(Exception):
+                        ray.kill(h.actor, no_restart=True)  # its end closes its stages' lifelines and its guard's
+                said = f"the agent of Ray node {h.node.name} did not answer for {SILENCE:g} s"
+                self._ended(ref, sink, StageGone(stage, None, f"{said} (frozen, or its node cut off); it was ended"))
                 return
             except Exception as exc:  # the actor died (killed, its worker or node gone): its container ends with it
                 why = _why(exc)
                 gone = StageGone(stage, None, f"its node's agent on Ray node {h.node.name} ended ({why})")
-                if not self._stopping.is_set() and not _node_alive(h.node.node_id):
+                if not self._stopping.is_set() and (self.head_gone or not _node_alive(h.node.node_id)):
                     with self._lock:
                         self.lost.setdefault(h.node.name, why)
-                self._gone.add(ref)
-                sink(gone)
+                self._ended(ref, sink, gone)
                 return
             for event in batch:
-                sink(event)
                 if isinstance(event, StageGone):
-                    self._gone.add(ref)
+                    self._ended(ref, sink, event)
                     return
+                sink(event)
+
+    def _ended(self, ref: str, sink: Sink, gone: StageGone) -> None:
+        """A stage's end, told once (its agent's word, its agent lost, or its node gone with the head)."""
+        with self._lock:
+            if ref in self._gone:
+                return
+            self._gone.add(ref)
+        sink(gone)
 
     def deliver(self, ref: str, data: bytes) -> None:
         self._ask(self._stage_of[ref], "hand off", "deliver", ref, data)
@@ -731,6 +755,9 @@ class RayStageBackend:
                 return list(self._ask(k, "list", "leftovers", run_id, timeout=30.0))
             except (errors.HostLost, errors.EngineError):
                 continue
+        if self.head_gone:  # no task can be placed without the head: what was created there may be left
+            self.lost.setdefault(node.name, f"its agent does not answer and the head is lost ({self.head_gone})")
+            return None
         if not _node_alive(node.node_id):
             self.lost.setdefault(node.name, "the node left the cluster")
             return None
@@ -750,7 +777,9 @@ class RayStageBackend:
     def close(self, timeout: float = 5.0) -> None:
         self._stopping.set()
         deadline = time.monotonic() + timeout
-        for t in self._threads:
+        for t, stage in self._threads:
+            if self.handles[stage].node.name in self.lost:
+                continue  # its pump may wait on a lost agent (SILENCE at most, or Ray's own wait): a daemon, not joined
             t.join(max(0.0, deadline - time.monotonic()))
         if self.detached:
             return

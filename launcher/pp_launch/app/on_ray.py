@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import signal
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -238,7 +237,9 @@ class _Stages:
     def watch(self, scope: ChainScope) -> None:
         def lost(why: str) -> None:
             self.head.append(why)
-            scope.request_stop(signal.SIGTERM, why)
+            self.backend.lose_head(why)  # before the teardown could ask what went with the head
+            scope.lose_place(why)  # a failure (exit 1, chain_stopped says so), as any place lost on any site
+            self.backend.end_head_stages()  # after it: the chain ends as the head's loss, not as a stage's
 
         self.watching = self.site._cluster().watch_head(lost)
 
@@ -421,9 +422,10 @@ def _with_lost_nodes(outcome: ChainOutcome, run: str, lost: Mapping[str, str]) -
 
 def _with_lost_head(outcome: ChainOutcome, why: str) -> ChainOutcome:
     """A chain stopped because the head was lost is a failure, and says what was done and what may remain."""
-    if not why or outcome.reason != "signal":
+    if not why or outcome.reason != "place_lost":
         return outcome
-    left = f" ({outcome.message})" if outcome.orphans else ""
+    rest = outcome.message.removeprefix(why).lstrip("; ")  # what the teardown had to say beyond the head's loss
+    left = f" ({rest})" if rest else ""
     message = (
         f"{why}: the chain was stopped and torn down through its node agents{left}; if the head comes back, "
         "'pp-launch gc --ray' releases what Ray still holds for the run"
