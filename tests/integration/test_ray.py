@@ -487,14 +487,19 @@ def test_sigterm_ends_a_ray_chain_with_128_plus_15_and_nothing_left(cluster) -> 
 
 
 def test_node_lost_mid_run(cluster) -> None:  # type: ignore[no-untyped-def]
-    proc = _hold(cluster)
+    """Node b's raylet and workers SIGKILLed: the chain fails once Ray declares the node dead, its one error line
+    naming the node first (the cause), `chain_stopped` carrying exit code 1, nothing left on either engine."""
+    proc = _hold(cluster, "--json")
     t0 = time.monotonic()
     try:
         cluster.kill_node("b")
-        _, err = proc.communicate(timeout=180)
+        out, err = proc.communicate(timeout=180)
         failed_after = time.monotonic() - t0
         assert proc.returncode == 1, err
-        assert "node b" in err, err
+        said = [line for line in err.splitlines() if line.startswith("pp-launch: error: ")]
+        assert len(said) == 1 and said[0].startswith("pp-launch: error: Ray node b was lost"), err
+        stopped = [json.loads(line) for line in out.splitlines() if '"chain_stopped"' in line]
+        assert [e["exit_code"] for e in stopped] == [1], out
         assert wait_for(lambda: not any(cluster.ours().values()), 60), cluster.ours()
         print(f"node b lost -> chain failed after {failed_after:.2f} s")
     finally:

@@ -191,3 +191,18 @@ def test_the_head_lost_takes_the_stages_on_its_own_node_and_nothing_more_is_aske
     with pytest.raises(errors.HostLost, match="Ray node head is lost"):
         backend._ask(0, "stop", "signal", "ref", 15)
     assert asked == []
+
+
+def test_a_place_lost_is_said_first_then_how_the_chain_ended() -> None:
+    """The cause leads the one error line (a stage's last lines come after it, never glued behind them)."""
+    from pp_launch.app.chain import with_places_lost
+    from pp_launch.core.chain.scope import ChainOutcome
+
+    ended = ChainOutcome(1, "stage_failed", "stage 2 (pp-x-2 on host b) exited with code unknown; its last lines:\n  x")
+    lost = with_places_lost(ended, ["Ray node b was lost (its raylet died)"])
+    assert lost.message.startswith("Ray node b was lost (its raylet died); stage 2 ") and lost.exit_code == 1
+    assert lost.message.endswith("its last lines:\n  x")
+    assert with_places_lost(ChainOutcome(0, "completed", ""), ["host h could not be reached"]).message == (
+        "host h could not be reached"
+    )
+    assert with_places_lost(ended, []) is ended

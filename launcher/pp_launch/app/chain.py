@@ -183,7 +183,8 @@ def say_plan(plan: ChainPlan, note: str, say: Callable[[str], None]) -> None:
 
 def with_places_lost(outcome: ChainOutcome, said: Sequence[str]) -> ChainOutcome:
     """A chain that lost a place on the way (a host's engine, a Ray node) failed whatever its stages did: exit 1,
-    each place said (what may be left there, what to run when it is back)."""
+    each place said first (what may be left there, what to run when it is back), then how the chain ended."""
     if not said:
         return outcome
-    return dataclasses.replace(outcome, exit_code=errors.EXIT_FAILURE, message=f"{outcome.message}; {'; '.join(said)}")
+    message = "; ".join([*said, outcome.message] if outcome.message else said)  # what was lost first: the cause
+    return dataclasses.replace(outcome, exit_code=errors.EXIT_FAILURE, message=message)
