@@ -12,6 +12,7 @@ import pytest
 from pp_launch.adapters import guard, identity
 from pp_launch.adapters.docker_engine import ContainerInfo, VolumeInfo
 from pp_launch.app import housekeeping
+from pp_launch.cli import tables
 from pp_launch.core import labels
 
 HOST = socket.gethostname()
@@ -116,7 +117,7 @@ def test_rows_say_whose_each_container_is_and_what_no_guard_vouches_for() -> Non
     )
     engine.logs[forged_guard.id] = ["owned " + "z" * 64]
     rows = housekeeping.list_stages(engine)  # type: ignore[arg-type]
-    status = {r["container"]: (r["stage"], r["owner_status"]) for r in rows}
+    status = {r.container: (r.stage, r.owner_status) for r in rows}
     unrecorded = "unrecorded"
     assert status == {
         "a-0": (0, "alive"),
@@ -129,14 +130,14 @@ def test_rows_say_whose_each_container_is_and_what_no_guard_vouches_for() -> Non
         "fake-guard": (None, unrecorded),  # another image: no guard of ours, whatever its labels say
         "lock": (None, "alive"),
     }
-    assert not any(r["container"].startswith("guard-") for r in rows)  # a run's guard is no row of its own
-    order = [r["container"] for r in rows]
+    assert not any(r.container.startswith("guard-") for r in rows)  # a run's guard is no row of its own
+    order = [r.container for r in rows]
     assert order.index("a-1") == order.index("a-0") + 1  # by run, then stage
-    assert next(r for r in rows if r["container"] == "a-1")["gpus"] == ["GPU-1", "GPU-2"]
+    assert next(r for r in rows if r.container == "a-1").gpus == ("GPU-1", "GPU-2")
     assert {c.name for c in housekeeping.unrecorded(engine)} == {"forged", "fake-guard"}  # type: ignore[arg-type]
     vouched = housekeeping.vouch(engine, engine.containers([f"{labels.RUN}=aaaaaaaaaaaa"]))  # type: ignore[arg-type]
     assert sorted(c.name for c in vouched.ours) == ["a-0", "a-1"]  # what `down` acts on: never the forged one
-    table = housekeeping.render(rows)
+    table = tables.render_ps(rows)
     assert "iiiiiiiiiiii  lock" in table  # a launch placing its stages: it holds the engine's GPU lock
 
 
@@ -155,13 +156,13 @@ def test_a_run_whose_guard_is_gone_is_vouched_by_its_record_volume_for_what_moun
     named = [f"owned {c.id}" for c in (s0, s1, forged, elsewhere)]
     engine.records[volume] = (guard.record_labels(run, labels.OWNER_DETACHED), [*named, "detached"])
     rows = housekeeping.list_stages(engine)  # type: ignore[arg-type]
-    status = {r["container"]: r["owner_status"] for r in rows}
+    status = {r.container: r.owner_status for r in rows}
     assert status == {"r-0": "guard-gone", "r-1": "guard-gone", "forged": "unrecorded", "o-0": "unrecorded"}
     vouched = housekeeping.vouch(engine, engine.containers([labels.RUN]), mine={})  # type: ignore[arg-type]
     assert sorted(c.name for c in vouched.ours) == ["r-0", "r-1"]
     assert [r.run for r in vouched.guardless] == [run] and vouched.guardless[0].detached
     assert len(engine.helpers) == 2  # one helper read every record needed, once per look
-    table = housekeeping.render(rows)
+    table = tables.render_ps(rows)
     assert "its guard is gone: 'pp-launch down RUN' ends it" in table
 
 
@@ -213,12 +214,12 @@ def test_a_live_lock_is_never_among_what_down_acts_on() -> None:
 
 def test_the_table_escapes_what_labels_carry() -> None:
     engine = FakeEngine(box("x-0", "r\x1b[2J", "0", "h\x07:1:1"))
-    text = housekeeping.render(housekeeping.list_stages(engine))  # type: ignore[arg-type]
+    text = tables.render_ps(housekeeping.list_stages(engine))  # type: ignore[arg-type]
     assert "\x1b" not in text and "\x07" not in text and "r\\x1b[2J" in text
 
 
 def test_no_containers_says_so() -> None:
-    assert housekeeping.render([]) == "no pp-launch containers"
+    assert tables.render_ps([]) == "no pp-launch containers"
 
 
 @pytest.mark.parametrize(

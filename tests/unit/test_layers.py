@@ -111,6 +111,17 @@ def test_no_import_reaches_up_or_out_of_its_floor(module: str, path: Path) -> No
                 assert theirs <= mine, f"{module} imports {target}: a lower floor must not reach a higher one"
 
 
+ENGINE_ADAPTERS = ("pp_launch.adapters.docker_engine", "pp_launch.adapters.docker_client")
+
+
+@pytest.mark.parametrize(("module", "path"), [m for m in modules() if m[0].startswith("testing.")])
+def test_the_testing_kit_reaches_engines_only_through_the_use_cases(module: str, path: Path) -> None:
+    """The kit is a user of pp-launch like the CLI: an engine is the app's to reach (app.hosts.engine_here), so
+    a user's tests meet the same engines, errors and timeouts as pp-launch itself."""
+    reached = [t for t in imports(path) if t.startswith(ENGINE_ADAPTERS)]
+    assert reached == [], f"{module} reaches an engine itself: {reached}"
+
+
 def test_every_module_lives_on_a_floor() -> None:
     loose = [m for m, _ in modules() if floor(m) is None and m not in ("pp_launch", "__main__")]
     assert loose == []

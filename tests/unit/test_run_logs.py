@@ -112,7 +112,7 @@ def test_ps_a_shows_an_ended_run_only_for_the_engines_asked(tmp_path: Path, monk
     monkeypatch.delenv("DOCKER_HOST", raising=False)
 
     def shown(asked: set[str | None]) -> set[str]:
-        return {r["run"] for r in ended_rows(set(), None, asked)}
+        return {r.run for r in ended_rows(set(), None, asked)}
 
     assert shown({None}) == {"here", "older"}
     assert shown({"gpu3"}) == {"hosts", "older"}
@@ -120,5 +120,5 @@ def test_ps_a_shows_an_ended_run_only_for_the_engines_asked(tmp_path: Path, monk
     monkeypatch.setenv("DOCKER_HOST", "unix:///tmp/side.sock")
     assert shown({None}) == {"side", "older"}
     row = next(r for r in ended_rows(set(), "side", {None}))
-    assert (row["container"], row["status"], row["exit_code"]) == ("pp-side-0", "Exited (3)", 3)
+    assert (row.container, row.status, row.exit_code) == ("pp-side-0", "Exited (3)", 3)
     assert run_logs.facts("side")[0].exit_code == 3  # the place line is not a stage's

@@ -67,3 +67,36 @@ def test_a_spare_no_run_took_is_idle_and_one_taken_is_its_runs_guard() -> None:
     record = guard.read_record("g", "r", taken)
     assert not record.idle and record.owned == ("a" * 64,)
     assert not guard.read_record("g", "r", [b"owned " + b"b" * 64]).idle  # a guard started for its run
+
+
+class _Releasing:
+    """An engine that refuses to remove a record volume while its guard's removal is under way (`removing`, then
+    gone), as an engine answers right after `docker rm -f` of an auto-removed container; or one whose user runs."""
+
+    def __init__(self, refusals: int, user_state: dict[str, object]) -> None:
+        self.refusals, self.user_state, self.removed = refusals, user_state, False
+
+    def remove_volume(self, name: str) -> bool:
+        if self.refusals:
+            self.refusals -= 1
+            return False
+        self.removed = True
+        return True
+
+    def has_volume(self, name: str) -> bool:
+        return not self.removed
+
+    def volume_users(self, name: str) -> list[str]:
+        return [A]
+
+    def inspect(self, ref: str) -> dict[str, object] | None:
+        return {"Id": ref, "State": self.user_state}
+
+
+def test_a_spares_record_is_dropped_once_its_guard_being_removed_lets_go_and_kept_while_one_runs() -> None:
+    removing = _Releasing(3, {"Running": False, "Status": "removing"})
+    guard.drop_record(removing, "pp-launch-record-r1-0a0b0c0d", patience=5.0)  # type: ignore[arg-type]
+    assert removing.removed and removing.refusals == 0
+    running = _Releasing(3, {"Running": True, "Status": "running"})
+    guard.drop_record(running, "pp-launch-record-r1-0a0b0c0d", patience=5.0)  # type: ignore[arg-type]
+    assert not running.removed and running.refusals == 2  # asked once: a container that runs keeps it

@@ -9,7 +9,14 @@ from typing import Any, ClassVar
 import pytest
 
 from pp_launch.app import docker_site, on_ray, runs
+from pp_launch.app.rows import StageRow
 from pp_launch.core import errors
+
+
+def row(run: str) -> StageRow:
+    return StageRow(
+        run=run, stage=0, container=f"pp-{run}-0", id="c0", image="i", owner="o", owner_status="alive", state="running"
+    )
 
 
 class FakeSite:
@@ -27,10 +34,10 @@ class FakeSite:
         if run in self.fail:
             raise self.fail[run]
 
-    def stages(self, run: str | None, details: bool, ended_too: bool) -> list[dict[str, Any]]:
+    def stages(self, run: str | None, details: bool, ended_too: bool) -> list[StageRow]:
         self.asked.append(("stages", run, details, ended_too))
         self._maybe_fail(run)
-        return [{"run": run or "r1", "stage": 0}]
+        return [row(run or "r1")]
 
     def down(self, run: str | None, grace: float, confirm: runs.Confirm | None) -> bool:
         self.asked.append(("down", run, grace))
@@ -122,8 +129,8 @@ def test_wait_gives_the_waits_code_and_at_least_1_when_a_place_did_not_answer() 
 
 def test_ps_gives_the_rows_and_whether_every_place_answered() -> None:
     v, _, _ = voice()
-    assert runs.stages(HERE, "r9", True, False, v, opener()) == ([{"run": "r9", "stage": 0}], True)
-    assert runs.stages(HERE, None, False, True, v, opener(answers=False)) == ([{"run": "r1", "stage": 0}], False)
+    assert runs.stages(HERE, "r9", True, False, v, opener()) == ([row("r9")], True)
+    assert runs.stages(HERE, None, False, True, v, opener(answers=False)) == ([row("r1")], False)
     assert FakeSite.opened[0].asked == [("stages", None, False, True)]
 
 

@@ -734,17 +734,19 @@ def make_record(engine: Engine, name: str, run_id: str, owner: str) -> None:
         host_state.RunRecords().add(name)
 
 
-def drop_record(engine: Engine, name: str, patience: float = 5.0) -> None:
+def drop_record(engine: Engine, name: str, patience: float = 10.0) -> None:
     """The record volume of a spare that no run took (it recorded nothing of anyone's), once nothing mounts it: its
     guard, just removed, may hold it a moment longer (the engine lets go of a removed container's volumes after
-    it says the container is gone), so a volume in use is asked again for `patience` seconds, while only
-    containers that are gone use it (one that runs keeps it: left to `gc`)."""
+    it says the container is gone, and `docker rm -f` of an auto-removed one may answer while its removal is under
+    way), so a volume in use is asked again for `patience` seconds, while no container that runs uses it (one
+    that runs keeps it: left to `gc`)."""
     if not name.startswith(RECORD_PREFIX):
         return
     deadline = time.monotonic() + patience
     while not engine.remove_volume(name) and engine.has_volume(name):
-        if any(engine.inspect(ref) is not None for ref in engine.volume_users(name)) or time.monotonic() >= deadline:
-            return
+        users = [engine.inspect(ref) for ref in engine.volume_users(name)]
+        if any(info is not None and _running(info) for info in users) or time.monotonic() >= deadline:
+            return  # one that runs keeps it (a dead or removing one lets go: an auto-remove still under way)
         time.sleep(0.1)
     with contextlib.suppress(errors.PpLaunchError):
         host_state.RunRecords().forget(name)

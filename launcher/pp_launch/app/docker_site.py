@@ -38,6 +38,7 @@ from pp_launch.app import hosts as across
 from pp_launch.app import housekeeping
 from pp_launch.app.locks import GpuLocks, LockSite, reserve
 from pp_launch.app.request import Hooks, Launched, LaunchRequest
+from pp_launch.app.rows import StageRow
 from pp_launch.app.site import Confirm, Held, LogView, Voice, Where
 from pp_launch.core import errors, labels
 from pp_launch.core.chain.plan import BUILTIN_IMAGE, ChainPlan, StageSpec, build_plan
@@ -217,8 +218,8 @@ class DockerSite:
             guard.stock_spare(site.engine, steps.owner_label(False), grace, os.environ)
 
     # ------------------------------------------------------------------------------------------------------ ps
-    def stages(self, run: str | None, details: bool, ended_too: bool) -> list[dict[str, Any]]:
-        rows: list[dict[str, Any]] = []
+    def stages(self, run: str | None, details: bool, ended_too: bool) -> list[StageRow]:
+        rows: list[StageRow] = []
         for name, engine in self.reached:
             try:
                 found = None if run is None else housekeeping.find_run(engine, run)[0]
@@ -230,10 +231,10 @@ class DockerSite:
             where = (name or "local") if self.several else None
             rows += housekeeping.list_stages(engine, found, details=details, gpus=gpus, host=where)
         if ended_too:
-            rows += ended_rows({r["run"] for r in rows}, run, {name for name, _ in self.reached})
+            rows += ended_rows({r.run for r in rows}, run, {name for name, _ in self.reached})
             for name, engine in self.reached:  # and each run the engine keeps a record of (any user's)
                 where = (name or "local") if self.several else None
-                rows += recorded_rows(engine, {r["run"] for r in rows}, run, where)
+                rows += recorded_rows(engine, {r.run for r in rows}, run, where)
         if run is not None and not rows and self.several:
             raise errors.ConfigError(f"no run {housekeeping.safe(run)!r} on any of these hosts")
         return rows
@@ -565,7 +566,7 @@ def _print_kept(prefix: str, view: LogView, voice: Voice) -> bool:
     return True
 
 
-def ended_rows(present: set[str], run: str | None, asked: set[str | None]) -> list[dict[str, Any]]:
+def ended_rows(present: set[str], run: str | None, asked: set[str | None]) -> list[StageRow]:
     """A row per stage of each run whose output this user keeps, that no engine here lists and no launcher
     keeps writing: it ended (`ps -a`). Only the runs of the engines asked (`asked`: host names, None for the
     engine DOCKER_HOST or DOCKER_CONTEXT names), as their launchers kept where they ran."""
@@ -580,32 +581,27 @@ def ended_rows(present: set[str], run: str | None, asked: set[str | None]) -> li
             fact = kept.get(k, run_logs.StageFacts(k))
             status = "Exited (?)" if fact.exit_code is None else f"Exited ({fact.exit_code})"
             rows.append(
-                {
-                    "run": ended,
-                    "stage": k,
-                    "role": "stage",
-                    "container": fact.container,
-                    "id": "",
-                    "image": fact.image,
-                    "gpus": [],
-                    "owner": "-",
-                    "owner_status": "ended",
-                    "state": "exited",
-                    "status": status,
-                    "exit_code": fact.exit_code,
-                    "age_s": max(0, int(now - last)),
-                    "address": None,
-                    "uptime_s": None,
-                    "labels": {},
-                }
+                StageRow(
+                    run=ended,
+                    stage=k,
+                    container=fact.container,
+                    id="",
+                    image=fact.image,
+                    owner="-",
+                    owner_status="ended",
+                    state="exited",
+                    status=status,
+                    exit_code=fact.exit_code,
+                    age_s=max(0, int(now - last)),
+                )
             )
     return rows
 
 
-def recorded_rows(engine: Engine, present: set[str], run: str | None, host: str | None) -> list[dict[str, Any]]:
+def recorded_rows(engine: Engine, present: set[str], run: str | None, host: str | None) -> list[StageRow]:
     """A row per recorded stage end of each run that the engine keeps a record of (its guards' record volume,
     whoever launched it) and that nothing here shows yet: the run is over (`ps -a`), newest first."""
-    now, rows = time.time(), list[dict[str, Any]]()
+    now, rows = time.time(), list[StageRow]()
     recs = [r for r in guard.dead_records(engine, live=set()) if r.run not in present and r.ends]
     for r in sorted(recs, key=lambda r: -max(e.at for e in r.ends)):
         if run is not None and not r.run.startswith(run):
@@ -613,25 +609,20 @@ def recorded_rows(engine: Engine, present: set[str], run: str | None, host: str 
         for end in sorted(r.ends, key=lambda e: (labels.ascii_int(e.stage) or 0, e.at)):
             code = end.exit_code
             rows.append(
-                {
-                    "run": r.run,
-                    "stage": labels.ascii_int(end.stage),
-                    "role": "stage",
-                    "container": end.name,
-                    "id": end.id[:12],
-                    "image": "-",
-                    "gpus": [],
-                    "owner": "-",
-                    "owner_status": "ended",
-                    "state": "exited",
-                    "status": ("Exited (?)" if code is None else f"Exited ({code})") + (" (OOM)" if end.oom else ""),
-                    "exit_code": code,
-                    "age_s": max(0, int(now - end.at)) if end.at else None,
-                    "address": None,
-                    "uptime_s": None,
-                    "labels": {},
-                    **({"host": host} if host is not None else {}),
-                }
+                StageRow(
+                    run=r.run,
+                    stage=labels.ascii_int(end.stage),
+                    container=end.name,
+                    id=end.id[:12],
+                    image="-",
+                    owner="-",
+                    owner_status="ended",
+                    state="exited",
+                    status=("Exited (?)" if code is None else f"Exited ({code})") + (" (OOM)" if end.oom else ""),
+                    exit_code=code,
+                    age_s=max(0, int(now - end.at)) if end.at else None,
+                    host=host,
+                )
             )
     return rows
 

@@ -152,6 +152,12 @@ def probe_inventory(host: Host, image: str, attach: str, run_id: str, owner: str
     return GpuInventory(note=f"host {host.name}: {doc.get('note', 'no GPU')}")
 
 
+def engine_here(timeout: float | None = None) -> Engine:
+    """DOCKER_HOST's engine (DOCKER_CONTEXT's, or the default), reached: EngineUnavailable when it does not answer
+    within `timeout`. How the testing kit reaches an engine."""
+    return connect(timeout=timeout)
+
+
 def live_gpu_labels(engine: Engine | None = None, timeout: float = 5.0) -> list[Mapping[str, str]]:
     """Labels of every existing pp-launch container that holds GPUs (exited ones hold nothing); on DOCKER_HOST's
     engine when none is given (EngineUnavailable when it does not answer within `timeout`)."""
@@ -166,6 +172,41 @@ def live_gpu_labels(engine: Engine | None = None, timeout: float = 5.0) -> list[
         for c in engine.containers([labels.GPUS])
         if c.state not in ("exited", "dead") and c.labels.get(labels.GPUS)
     ]
+
+
+@dataclass(frozen=True)
+class GpusSeen:
+    """`pp-launch gpus`: the GPUs of this machine (NVML or an inventory file) or of a host's engine (a probe), and
+    the labels of the containers that hold any there; `holders` None when the engine did not answer (`why_not`)."""
+
+    inventory: GpuInventory
+    holders: list[Mapping[str, str]] | None
+    why_not: str = ""
+
+
+def gpus_seen(
+    host: str | None, inventory_path: str | None, image: str, attach: str, owner: str, run_id: str
+) -> GpusSeen:
+    """The `gpus` use case: with `host`, its engine is reached, `image` checked there and the GPUs read by a probe
+    container given every GPU as `attach` gives them (unless `inventory_path` says them), the holders from that
+    engine; without, this machine's GPUs and DOCKER_HOST's holders (an engine that does not answer: said, not
+    fatal)."""
+    if host is None:
+        inventory = gpu_select.load_inventory(inventory_path)
+        try:
+            return GpusSeen(inventory, live_gpu_labels(timeout=5))
+        except errors.EngineUnavailable as exc:
+            return GpusSeen(inventory, None, str(exc))
+    reached = connect_all([host])
+    try:
+        check_image(reached, image)
+        if inventory_path:
+            inventory = gpu_select.load_inventory(inventory_path)
+        else:
+            inventory = probe_inventory(reached[0], image, attach, run_id, owner)
+        return GpusSeen(inventory, live_gpu_labels(reached[0].engine))
+    finally:
+        close_all(reached)
 
 
 def host_gpus(

@@ -16,6 +16,7 @@ from pp_launch.adapters import guard, host_state, identity
 from pp_launch.adapters.docker_engine import ContainerInfo, DockerStageBackend, Engine, connect
 from pp_launch.adapters.inbox import QueueInbox
 from pp_launch.adapters.runtime import ThreadRuntime
+from pp_launch.app.rows import StageRow
 from pp_launch.core import errors, hosts, labels
 from pp_launch.core.announce import AnnouncementError, parse_line
 from pp_launch.core.chain.scope import ChainOutcome, ChainScope, Found, QuietReporter
@@ -302,11 +303,11 @@ def list_stages(
     details: bool = False,
     gpus: GpuInventory | None = None,
     host: str | None = None,
-) -> list[dict[str, Any]]:
+) -> list[StageRow]:
     """Every stage container of every run (or of `run`). details: also each running stage's announced address
     and uptime (a look at each container); gpus: each GPU's index, memory and utilisation from that inventory."""
     now = time.time()
-    rows: list[dict[str, Any]] = []
+    rows: list[StageRow] = []
     by_uuid = {g.uuid: g for g in (gpus.gpus if gpus is not None else ())}
     found = engine.containers(labels.run_selector(run) if run else labels.run_selector())
     vouched = vouch(engine, found)
@@ -323,93 +324,34 @@ def list_stages(
             status = "unrecorded"
         elif c.labels.get(labels.RUN, "") in guardless:
             status = "guard-gone"
+        uuids = tuple(g for g in c.labels.get(labels.GPUS, "").split(",") if g)
+        held = [by_uuid[u] for u in uuids if u in by_uuid]
+        running = details and c.state == "running"
+        started = _started(engine.inspect(c.id)) if running else None
         rows.append(
-            {
-                "run": c.labels.get(labels.RUN, ""),
-                "stage": labels.ascii_int(stage),
-                "attempt": labels.ascii_int(c.labels.get(labels.ATTEMPT, "")),  # None: a lock, or an older container
-                "role": "lock" if stage == labels.STAGE_LOCK else "stage",
-                "container": c.name,
-                "id": c.id[:12],
-                "image": c.image,
-                "gpus": [g for g in c.labels.get(labels.GPUS, "").split(",") if g],
-                "owner": owner,
-                "owner_status": status,
-                "state": c.state,
-                "age_s": max(0, int(now - c.created)),
-                "labels": dict(c.labels),
-            }
+            StageRow(
+                run=c.labels.get(labels.RUN, ""),
+                stage=labels.ascii_int(stage),
+                attempt=labels.ascii_int(c.labels.get(labels.ATTEMPT, "")),
+                role="lock" if stage == labels.STAGE_LOCK else "stage",
+                container=c.name,
+                id=c.id[:12],
+                image=c.image,
+                gpus=uuids,
+                owner=owner,
+                owner_status=status,
+                state=c.state,
+                age_s=max(0, int(now - c.created)),
+                labels=dict(c.labels),
+                host=host,
+                uptime_s=None if started is None else max(0, int(now - started)),
+                address=announced(engine, c.id) if running else None,
+                gpu_index=tuple(g.index for g in held),
+                gpu_memory_used_mib=tuple(g.memory_used_mib for g in held),
+                gpu_utilization_pct=tuple(g.utilization_gpu_pct for g in held),
+            )
         )
-        row = rows[-1]
-        if host is not None:
-            row["host"] = host
-        if by_uuid:
-            held = [by_uuid[u] for u in row["gpus"] if u in by_uuid]
-            row["gpu_index"] = [g.index for g in held]
-            row["gpu_memory_used_mib"] = [g.memory_used_mib for g in held]
-            row["gpu_utilization_pct"] = [g.utilization_gpu_pct for g in held]
-        if details:
-            started = _started(engine.inspect(c.id)) if c.state == "running" else None
-            row["uptime_s"] = None if started is None else max(0, int(now - started))
-            row["address"] = announced(engine, c.id) if c.state == "running" else None
-    return sorted(rows, key=lambda r: (r["run"], r["stage"] if r["stage"] is not None else -1, r.get("host") or ""))
-
-
-def _gpus_cell(r: dict[str, Any]) -> str:
-    """GPU indices with memory and utilisation where NVML told them, else short UUIDs."""
-    if r.get("gpu_index"):
-        cells = []
-        for i, mem, util in zip(r["gpu_index"], r["gpu_memory_used_mib"], r["gpu_utilization_pct"], strict=True):
-            parts = (None if mem is None else f"{mem}MiB", None if util is None else f"{util}%")
-            extra = "/".join(x for x in parts if x)
-            cells.append(f"{i}" + (f"({extra})" if extra else ""))
-        return ",".join(cells)
-    return ",".join(g[:12] for g in r["gpus"]) or "-"
-
-
-def render(rows: list[dict[str, Any]]) -> str:
-    if not rows:
-        return "no pp-launch containers"
-    hosts = any(r.get("host") for r in rows)
-    restarted = any((r.get("attempt") or 1) > 1 for r in rows)  # the column shows once a run was restarted
-    header = (
-        "run",
-        "stage",
-        *(("attempt",) if restarted else ()),
-        *(("host",) if hosts else ()),
-        "container",
-        "image",
-        "gpus",
-        "address",
-        "owner",
-        "owner is",
-        "state",
-        "up",
-    )
-    table = [header] + [
-        (
-            r["run"],
-            str(r["stage"]) if r["stage"] is not None else (r["role"] if r.get("role") != "stage" else "?"),
-            *((str(r.get("attempt") or "-"),) if restarted else ()),
-            *((r.get("host") or "-",) if hosts else ()),
-            r["container"],
-            r["image"],
-            _gpus_cell(r),
-            r.get("address") or "-",
-            r["owner"],
-            OWNER_STATUS_SAID.get(r["owner_status"], r["owner_status"]),
-            r.get("status") or r["state"],
-            f"{r['uptime_s']}s"
-            if r.get("uptime_s") is not None
-            else "-"
-            if r.get("age_s") is None
-            else f"{r['age_s']}s old",
-        )
-        for r in rows
-    ]
-    table = [tuple(display(cell.encode("utf-8", "surrogateescape")) for cell in row) for row in table]
-    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in table)
+    return sorted(rows, key=StageRow.order)
 
 
 class Engines:

@@ -25,6 +25,7 @@ from pp_launch.app import chain as steps
 from pp_launch.app import gpus as gpu_select
 from pp_launch.app import housekeeping
 from pp_launch.app.request import Hooks, Launched, LaunchRequest
+from pp_launch.app.rows import StageRow
 from pp_launch.app.site import Confirm, Held, LogView, Voice, Where
 from pp_launch.core import errors, hosts, labels
 from pp_launch.core.chain.plan import ChainPlan, build_plan
@@ -114,10 +115,10 @@ class RaySite:
         finally:
             cluster.close()
 
-    def stages(self, run: str | None, details: bool, ended_too: bool) -> list[dict[str, Any]]:
+    def stages(self, run: str | None, details: bool, ended_too: bool) -> list[StageRow]:
         """`ps --ray`: a row per stage container of the detached runs (or of `run`), its node as the host; the agent
         that owns it answers for its node."""
-        rows: list[dict[str, Any]] = []
+        rows: list[StageRow] = []
         with self._detached(run) as (named, found):
             for run_id in [named] if named else sorted(found):
                 for answer in ray_cluster.run_status(found[run_id]):
@@ -202,25 +203,22 @@ class RaySite:
         return errors.EXIT_FAILURE if any(code != 0 for _, _, code in exits) else 0
 
 
-def _row(run_id: str, node: str, ref: str, name: str, state: str, tags: dict[str, str]) -> dict[str, Any]:
+def _row(run_id: str, node: str, ref: str, name: str, state: str, tags: dict[str, str]) -> StageRow:
     """A `ps` row for one stage container on a node."""
-    return {
-        "run": run_id,
-        "stage": labels.ascii_int(tags.get(labels.STAGE, "")),
-        "role": "stage",
-        "container": name,
-        "id": ref[:12],
-        "image": "-",
-        "gpus": [g for g in tags.get(labels.GPUS, "").split(",") if g],
-        "owner": tags.get(labels.OWNER, ""),
-        "owner_status": "detached",
-        "state": state,
-        "age_s": None,
-        "host": node,
-        "address": None,
-        "uptime_s": None,
-        "labels": dict(tags),
-    }
+    return StageRow(
+        run=run_id,
+        stage=labels.ascii_int(tags.get(labels.STAGE, "")),
+        attempt=labels.ascii_int(tags.get(labels.ATTEMPT, "")),
+        container=name,
+        id=ref[:12],
+        image="-",
+        gpus=tuple(g for g in tags.get(labels.GPUS, "").split(",") if g),
+        owner=tags.get(labels.OWNER, ""),
+        owner_status="detached",
+        state=state,
+        host=node,
+        labels=dict(tags),
+    )
 
 
 class _Stages:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from pp_launch.app.rows import StageRow
 from pp_launch.app.site import Confirm as Confirm
 from pp_launch.app.site import Housekeeping as Site
 from pp_launch.app.site import LogView as LogView
@@ -52,7 +53,7 @@ def _each(
 
 def stages(
     where: Where, run: str | None, details: bool, ended_too: bool, voice: Voice, opener: Opener | None = None
-) -> tuple[list[dict[str, Any]], bool]:
+) -> tuple[list[StageRow], bool]:
     """`ps`: the rows, and whether every place answered."""
     return _each(where, run, voice, lambda s: s.stages(run, details, ended_too), opener)
 

@@ -14,11 +14,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from pp_launch.adapters.guard import RunGuard
     from pp_launch.app.request import Hooks, Launched, LaunchRequest
+    from pp_launch.app.rows import StageRow
     from pp_launch.core.chain.plan import ChainPlan
     from pp_launch.core.chain.ports import StageBackend
     from pp_launch.core.chain.scope import ChainOutcome, ChainScope
@@ -64,7 +65,7 @@ Confirm = Callable[[str], None]  # asked "stop N containers of M runs (...), who
 class Housekeeping(Protocol):
     """A site as the housekeeping use cases ask it."""
 
-    def stages(self, run: str | None, details: bool, ended_too: bool) -> list[dict[str, Any]]:
+    def stages(self, run: str | None, details: bool, ended_too: bool) -> list[StageRow]:
         """A row per stage (and lock) of every run, or of `run`; details: addresses and uptimes too."""
         ...
 

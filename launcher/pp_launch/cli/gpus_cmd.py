@@ -92,25 +92,13 @@ def gpus(
             raise click.UsageError("--watch shows this machine's GPUs on a terminal: not with --host, --json, --record")
         _watch(gpu_inventory, interval, frames)
         return
-    if host is not None:
-        reached = across.connect_all(hosts.parse_hosts([host]))
-        try:
-            across.check_image(reached, image)
-            owner = identity.current_owner().label()
-            if gpu_inventory:
-                inventory = gpu_select.load_inventory(gpu_inventory)
-            else:
-                inventory = across.probe_inventory(reached[0], image, gpu_attach, identity.new_run_id(), owner)
-            held_rows = live_gpu_labels(reached[0].engine)
-            held = holders_by_uuid(held_rows)
-        finally:
-            across.close_all(reached)
-    else:
-        inventory = gpu_select.load_inventory(gpu_inventory)
-        rows = _live_labels()
-        held = holders_by_uuid(rows) if not isinstance(rows, str) else {}
-        if isinstance(rows, str):
-            click.echo(f"pp-launch: warning: which run holds each GPU is not shown: {rows}", err=True)
+    owner, run_id = identity.current_owner().label(), identity.new_run_id()  # the probe's, with --host
+    host_name = hosts.parse_hosts([host])[0] if host is not None else None
+    seen = across.gpus_seen(host_name, gpu_inventory, image, gpu_attach, owner, run_id)
+    inventory = seen.inventory
+    held = holders_by_uuid(seen.holders or [])
+    if seen.holders is None:
+        click.echo(f"pp-launch: warning: which run holds each GPU is not shown: {seen.why_not}", err=True)
     if record:
         if not inventory.gpus and inventory.note:
             raise errors.ConfigError(f"nothing recorded to {record}: {inventory.note}")
@@ -118,10 +106,7 @@ def gpus(
     if inventory.note:
         click.echo(inventory.note, err=True)
     if as_json:  # JSON lines, as every --json; an inventory file as it is, with who holds what beside it
-        local = None if host is not None or isinstance(rows, str) else _held_by(rows)
-        doc = {**_with_health(inventory), "held_by": local}
-        if host is not None:
-            doc["held_by"] = _held_by(held_rows)
+        doc = {**_with_health(inventory), "held_by": None if seen.holders is None else _held_by(seen.holders)}
         click.echo(json.dumps(doc, separators=(",", ":")))
     elif inventory.gpus:
         click.echo(render_table(inventory, held))

@@ -9,8 +9,9 @@ from typing import Any
 
 import click
 
-from pp_launch.app import housekeeping, runs
-from pp_launch.cli import go_template, runs_cmd
+from pp_launch.app import runs
+from pp_launch.app.rows import StageRow
+from pp_launch.cli import go_template, runs_cmd, tables
 from pp_launch.cli.engines import RAY_OPTION, host_choice, voice, where
 from pp_launch.cli.main import main
 from pp_launch.cli.options import Seconds
@@ -89,29 +90,27 @@ def ps(
         go_template.Template(template, PS_FIELDS)  # a template that cannot run is said before any engine is asked
     place = where(host_names, all_hosts, ray_address)
     rows, answered = runs.stages(place, run_id, not ids_only, ended_too, voice())
-    _show([r for r in rows if _kept(r, wanted)], ids_only, as_json, template)
+    _show([r for r in rows if _kept(r.as_json(), wanted)], ids_only, as_json, template)
     if not answered:
         sys.exit(errors.EXIT_FAILURE)
 
 
-def _show(rows: list[dict[str, Any]], ids_only: bool, as_json: bool, template: str | None) -> None:
+def _show(rows: list[StageRow], ids_only: bool, as_json: bool, template: str | None) -> None:
     shape = None if template is None else go_template.Template(template, PS_FIELDS)
     if ids_only:
-        for r in sorted({row["run"] for row in rows}):
+        for r in sorted({row.run for row in rows}):
             click.echo(r)
         return
-    ended = [r for r in rows if r.get("state") == "exited"]  # as the use case gives them: newest run first
-    live = [r for r in rows if r.get("state") != "exited"]
-    live.sort(key=lambda r: (r["run"], r["stage"] if r["stage"] is not None else -1, r.get("host") or ""))
-    rows[:] = live + ended
+    ended = [r for r in rows if r.ended]  # as the use case gives them: newest run first
+    rows = sorted((r for r in rows if not r.ended), key=StageRow.order) + ended
     if as_json:
         for row in rows:
-            click.echo(json.dumps(row))
+            click.echo(json.dumps(row.as_json()))
     elif shape is not None:
-        for line in shape.render(rows):
+        for line in shape.render([row.as_json() for row in rows]):
             click.echo(line)
     else:
-        click.echo(housekeeping.render(rows))
+        click.echo(tables.render_ps(rows))
 
 
 PS_FIELDS = (

@@ -1,13 +1,16 @@
-"""The `pp-launch gpus` table."""
+"""The tables the CLI prints: `pp-launch gpus` and `pp-launch ps`."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pp_launch.app.gpus import holdings_from_labels
+from pp_launch.app.housekeeping import OWNER_STATUS_SAID
+from pp_launch.app.rows import StageRow
 from pp_launch.core.gpu.allocator import PCIE_LEVELS
 from pp_launch.core.gpu.inventory import Gpu, GpuInventory, GpuProcess
+from pp_launch.core.lines import display
 
 
 def holders_by_uuid(rows: list[Mapping[str, str]]) -> dict[str, str]:
@@ -205,3 +208,64 @@ def render_watch(inventory: GpuInventory, held: Mapping[str, str]) -> Any:
                 Text(held.get(m.uuid, "-")),
             )
     return table
+
+
+def _gpus_cell(r: StageRow) -> str:
+    """GPU indices with memory and utilisation where NVML told them, else short UUIDs."""
+    if r.gpu_index:
+        cells = []
+        for i, mem, util in zip(r.gpu_index, r.gpu_memory_used_mib, r.gpu_utilization_pct, strict=True):
+            parts = (None if mem is None else f"{mem}MiB", None if util is None else f"{util}%")
+            extra = "/".join(x for x in parts if x)
+            cells.append(f"{i}" + (f"({extra})" if extra else ""))
+        return ",".join(cells)
+    return ",".join(g[:12] for g in r.gpus) or "-"
+
+
+def _up(r: StageRow) -> str:
+    if r.uptime_s is not None:
+        return f"{r.uptime_s}s"
+    return "-" if r.age_s is None else f"{r.age_s}s old"
+
+
+def render_ps(rows: Sequence[StageRow]) -> str:
+    """`pp-launch ps`'s table: the attempt column once a run was restarted, the host column where several places
+    were asked; every cell escaped for the terminal (labels are anyone's to write)."""
+    if not rows:
+        return "no pp-launch containers"
+    hosts = any(r.host for r in rows)
+    restarted = any((r.attempt or 1) > 1 for r in rows)
+    header = (
+        "run",
+        "stage",
+        *(("attempt",) if restarted else ()),
+        *(("host",) if hosts else ()),
+        "container",
+        "image",
+        "gpus",
+        "address",
+        "owner",
+        "owner is",
+        "state",
+        "up",
+    )
+    table = [header] + [
+        (
+            r.run,
+            str(r.stage) if r.stage is not None else (r.role if r.role != "stage" else "?"),
+            *((str(r.attempt or "-"),) if restarted else ()),
+            *((r.host or "-",) if hosts else ()),
+            r.container,
+            r.image,
+            _gpus_cell(r),
+            r.address or "-",
+            r.owner,
+            OWNER_STATUS_SAID.get(r.owner_status, r.owner_status),
+            r.status or r.state,
+            _up(r),
+        )
+        for r in rows
+    ]
+    table = [tuple(display(cell.encode("utf-8", "surrogateescape")) for cell in row) for row in table]
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in table)

@@ -117,9 +117,9 @@ class LeakGuard:
 
     def _list(self) -> dict[str, dict[str, Any]]:
         if self._engine is None:
-            from pp_launch.adapters import docker_engine
+            from pp_launch.app.hosts import engine_here
 
-            self._engine = docker_engine.connect(timeout=10)
+            self._engine = engine_here(timeout=10)
         return _containers(self._engine)
 
     @staticmethod
@@ -221,11 +221,11 @@ class LeakGuard:
 def pp_engine() -> Any:
     """The Docker engine (DOCKER_HOST or the default), one connection for the session; fails under CI=true when
     none answers, skips elsewhere."""
-    from pp_launch.adapters import docker_engine
+    from pp_launch.app.hosts import engine_here
     from pp_launch.core import errors
 
     try:
-        return docker_engine.connect(timeout=10)
+        return engine_here(timeout=10)
     except errors.PpLaunchError as exc:
         if os.environ.get("CI") == "true":
             pytest.fail(f"no Docker engine answers (CI=true: Docker tests fail, never skip): {exc}", pytrace=False)

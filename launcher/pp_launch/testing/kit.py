@@ -26,9 +26,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from pp_launch.adapters import docker_engine, identity
+from pp_launch.adapters import identity
 from pp_launch.app import launch, worker_check
 from pp_launch.app.docker_site import Described
+from pp_launch.app.hosts import engine_here
 from pp_launch.app.worker_driver import WorkerDriver
 from pp_launch.core import errors, events
 from pp_launch.core.announce import StageAnnouncement, parse_line
@@ -413,7 +414,7 @@ class WorkerUnderTest:
 
     def __init__(self, image: str, env: Mapping[str, str] | None = None, timeout: float = worker_check.STEP_TIMEOUT):
         self.conformance = worker_check.Conformance(
-            docker_engine.connect(), image, dict(env or {}), lambda text: None, timeout=timeout
+            engine_here(), image, dict(env or {}), lambda text: None, timeout=timeout
         )
 
     def __getattr__(self, name: str) -> Any:
@@ -437,7 +438,7 @@ class WorkerUnderTest:
 
 def engine_answers() -> bool:
     try:
-        docker_engine.connect(timeout=5)
+        engine_here(timeout=5)
     except errors.PpLaunchError:
         return False
     return True
