@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -554,8 +555,12 @@ def test_a_missing_or_wrong_token_is_one_line_exit_2_naming_the_fix(cluster, tmp
         "the mode, no token anywhere": {**plain, "RAY_AUTH_MODE": "token", "HOME": str(tmp_path)},
         "a wrong token": {**plain, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(wrong)},
     }
-    for case, env in cases.items():
-        r = cluster.run(PP, "chain", "--ray", "auto", "--stages", "2", "--gpus", "none", env=env, timeout=120)
+    def launch(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+        return cluster.run(PP, "chain", "--ray", "auto", "--stages", "2", "--gpus", "none", env=env, timeout=120)
+
+    with ThreadPoolExecutor(len(cases)) as pool:  # each waits out Ray's refusal: at once, not one after another
+        refused = dict(zip(cases, pool.map(launch, cases.values()), strict=True))
+    for case, r in refused.items():
         lines = r.stderr.strip().splitlines()
         assert r.returncode == 2, (case, r.stderr)
         assert len(lines) == 1 and lines[0].startswith("pp-launch: error: "), (case, r.stderr)
