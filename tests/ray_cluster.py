@@ -42,6 +42,7 @@ class RayCluster:
     def __init__(self, images: tuple[str, ...]) -> None:
         self.root = Path(tempfile.mkdtemp(prefix="ppr-", dir="/tmp"))  # short: Ray's socket paths must fit
         self.hosts: dict[str, FakeGpuHost] = {}
+        self.head_up = False  # whether a head was started and not killed since (Ray can be asked)
         self.nodes: dict[str, subprocess.Popen[bytes]] = {}
         self.state_dir = self.root / "state"
         self.state_dir.mkdir()
@@ -75,13 +76,16 @@ class RayCluster:
             "--ray-client-server-port=10001",
         ]
         self._start("head", head, self.node_env("a") if head_cpus else self._base_env())
+        self.head_up = True
         self.wait_nodes(1)
         for n, name in enumerate(("a", "b"), start=2):  # one at a time: raylets starting together collide
             self.start_node(name)
             self.wait_nodes(n)
 
     def kill_head(self) -> None:
-        """The head lost: its GCS, raylet and everything else of it SIGKILLed at once."""
+        """The head lost: its GCS, raylet and everything else of it SIGKILLed at once (nothing of Ray answers
+        until `restart`)."""
+        self.head_up = False
         self.kill_node("head")
 
     def restart(self, head_cpus: int = 0) -> None:
@@ -263,13 +267,14 @@ class RayCluster:
             for ref in ids:
                 argv = ["docker", "-H", side.host, "inspect", "-f", '{{index .Config.Labels "pp-launch.run"}}', ref]
                 runs.add(subprocess.run(argv, capture_output=True, text=True, check=False).stdout.strip())
-        for run in sorted(runs - {""}):
+        for run in sorted(runs - {""}) if self.head_up else ():
             self.run(PP_LAUNCH, "down", run, "--ray", "auto", "--grace", "1", timeout=120)
         for name, ids in self.ours().items():
             if ids:
                 side = self.hosts[name].engines["request"]
                 subprocess.run(["docker", "-H", side.host, "rm", "-f", *ids], capture_output=True, check=False)
-        self.run(PP_LAUNCH, "gc", "--ray", "auto", env=self.env(PP_LAUNCH_RECORD_KEEP="0"), timeout=120)
+        if self.head_up:
+            self.run(PP_LAUNCH, "gc", "--ray", "auto", env=self.env(PP_LAUNCH_RECORD_KEEP="0"), timeout=120)
 
     def actors(self) -> list[str]:
         """Every live actor of the cluster's pp-launch namespace, and every live actor of any job (by class)."""
