@@ -368,13 +368,16 @@ def test_every_stage_of_a_detached_run_hears_the_hand_over_before_its_stdin_ends
         return cli("chain", "--stages", "3", "--gpus", "none", "--detach", "-q", "--env", "STUB_MODE=hold", *LOUD)
 
     try:
+        failed: list[str] = []
         with ThreadPoolExecutor(max_workers=4) as pool:  # four launches at a time: more load, less waiting
             for up in pool.map(launch, range(8)):
                 if up.returncode == 0:
                     runs.append(up.stdout.strip())
                     remember_run(runs[-1])
                     launched[runs[-1]] = up.stderr
-        assert len(runs) == 8, "a launch failed"
+                else:  # said in full: a failed launch explains itself
+                    failed.append(f"exit {up.returncode}; stdout {up.stdout!r}; stderr {up.stderr!r}")
+        assert len(runs) == 8, "a launch failed: " + "; ".join(failed)
         for run in runs:  # each stage says it heard the hand-over (the stub's line, early in its log), and runs on
 
             def heard(run: str = run) -> bool:
