@@ -11,7 +11,6 @@ import click
 from pp_launch.adapters import identity, inventory_file
 from pp_launch.app import gpus as gpu_select
 from pp_launch.app import hosts as across
-from pp_launch.app.hosts import live_gpu_labels
 from pp_launch.cli.main import main
 from pp_launch.core import errors, hosts
 from pp_launch.core.chain.plan import BUILTIN_IMAGE
@@ -92,9 +91,9 @@ def gpus(
             raise click.UsageError("--watch shows this machine's GPUs on a terminal: not with --host, --json, --record")
         _watch(gpu_inventory, interval, frames)
         return
-    owner, run_id = identity.current_owner().label(), identity.new_run_id()  # the probe's, with --host
     host_name = hosts.parse_hosts([host])[0] if host is not None else None
-    seen = across.gpus_seen(host_name, gpu_inventory, image, gpu_attach, owner, run_id)
+    probe = (identity.current_owner().label(), identity.new_run_id()) if host_name else ("", "")  # --host's probe
+    seen = across.gpus_seen(host_name, gpu_inventory, image, gpu_attach, *probe)
     inventory = seen.inventory
     held = holders_by_uuid(seen.holders or [])
     if seen.holders is None:
@@ -115,14 +114,6 @@ def gpus(
             click.echo(render_topology(inventory))
     if record:
         click.echo(f"recorded {len(inventory.gpus)} GPUs to {record}", err=True)
-
-
-def _live_labels() -> list[Mapping[str, str]] | str:
-    """The labels of DOCKER_HOST's containers that hold GPUs; why not, when the engine does not answer."""
-    try:
-        return live_gpu_labels(timeout=5)
-    except errors.EngineUnavailable as exc:
-        return str(exc)
 
 
 def _with_health(inventory: GpuInventory) -> dict[str, Any]:
@@ -149,9 +140,8 @@ def _watch(gpu_inventory: str | None, interval: float, frames: int) -> None:
     from pp_launch.cli.tables import holders_by_uuid, render_watch
 
     def frame() -> Any:
-        rows = _live_labels()
-        held = holders_by_uuid([] if isinstance(rows, str) else rows)
-        return render_watch(gpu_select.load_inventory(gpu_inventory), held)
+        seen = across.gpus_seen(None, gpu_inventory, "", "", "", "")  # this machine's, read again
+        return render_watch(seen.inventory, holders_by_uuid(seen.holders or []))
 
     shown = 0
     try:
