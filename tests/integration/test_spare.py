@@ -37,9 +37,9 @@ def spare_of(state: Path) -> dict[str, str] | None:
 
 
 def chain(env: dict[str, str], *extra: str) -> Launcher:
-    return Launcher(
-        "chain", "--stages", "2", "--gpus", "none", "--json", "--env", "STUB_EXIT_AFTER=0.5", *extra, env=env
-    )
+    """A two-stage demo that ends by itself, exit 0, once its tokens are through the ring (a timed exit of one stage
+    could cut the ring while the other still reads)."""
+    return Launcher("chain", "--stages", "2", "--gpus", "none", "--json", *extra, env=env)
 
 
 def test_a_run_leaves_a_spare_the_next_run_takes_and_an_unclaimed_one_goes(engine, stub_image, own_state) -> None:
