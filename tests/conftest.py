@@ -330,7 +330,7 @@ def broken_engine(side_engine):  # type: ignore[no-untyped-def]
     side_engine.ensure_running()
     yield side_engine
     side_engine.ensure_running()
-    ids = side_engine.docker("ps", "-aq", "--filter", "label=pp-launch.run", check=False).stdout.split()
+    ids = side_engine.ours_listed()
     if ids:
         from .helpers import DESCRIBE
 

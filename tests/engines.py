@@ -157,6 +157,28 @@ class SideEngine:
                 time.sleep(0.1)
             pidfile.unlink()
 
+    def ghosts(self, ids: list[str]) -> list[str]:
+        """Of `ids` that `docker ps -a` listed, those the engine has no container for (`docker inspect`: no such
+        container). An engine that was killed lists, now and then, a container its restart removed as Dead,
+        nameless, until its next restart (moby's in-memory view got the container back after its removal; the same
+        as docker/for-linux#555). Nothing of it is left to remove: `docker rm` says there is no such container."""
+        return [ref for ref in ids if self.docker("inspect", "--type", "container", ref, check=False).returncode]
+
+    def restart(self) -> None:
+        """A graceful stop, then a start: a listing's ghosts (ghosts()) go with it."""
+        self.ensure_running()
+        self.stop()
+        self.ensure_running()
+
+    def ours_listed(self) -> list[str]:
+        """Every container with a run label the engine lists, after a restart that clears the ghosts of a listing,
+        if there were any: what is left of pp-launch's there."""
+        ids = self.docker("ps", "-aq", "--filter", "label=pp-launch.run", check=False).stdout.split()
+        if ids and len(self.ghosts(ids)) == len(ids):
+            self.restart()
+            ids = self.docker("ps", "-aq", "--filter", "label=pp-launch.run", check=False).stdout.split()
+        return ids
+
     # ------------------------------------------------------------------------------------------ the end
     def close(self) -> None:
         with contextlib.suppress(Exception):

@@ -24,20 +24,33 @@ def on(engine_host: str) -> dict[str, str]:
     return {"DOCKER_HOST": engine_host, "PP_ENGINE_TIMEOUT": "5", "PP_WATCHDOG_PATIENCE": "120"}
 
 
+def listed(side, run: str, *filters: str) -> list[str]:  # type: ignore[no-untyped-def]
+    return side.docker("ps", "-aq", "--filter", f"label={labels.RUN}={run}", *filters).stdout.split()
+
+
 def run_left(side, run: str) -> list[str]:  # type: ignore[no-untyped-def]
     """The run's containers the engine still has, but for those the engine itself marked Dead after its crash
     (its own removal failed): those are checked by gone_or_removable()."""
-    ids = side.docker("ps", "-aq", "--filter", f"label={labels.RUN}={run}").stdout.split()
-    dead = side.docker("ps", "-aq", "--filter", f"label={labels.RUN}={run}", "--filter", "status=dead").stdout.split()
-    return [i for i in ids if i not in dead]
+    dead = listed(side, run, "--filter", "status=dead")
+    return [i for i in listed(side, run) if i not in dead]
 
 
 def gone_or_removable(side, run: str) -> None:  # type: ignore[no-untyped-def]
-    """A container the crashed engine left Dead is ours to remove: `pp-launch down RUN` does, by id."""
-    if side.docker("ps", "-aq", "--filter", f"label={labels.RUN}={run}").stdout.split():
+    """A container the crashed engine left Dead is ours to remove: `pp-launch down RUN` does, by id. One the engine
+    lists but has not (a ghost of its listing after the crash: SideEngine.ghosts) is gone: `down` has nothing
+    to remove, and the engine's next restart lists it no more."""
+    said = ""
+    if listed(side, run):
         down = Launcher("down", run, "--grace", "1", env=on(side.host))
         assert down.wait(60) == 0, down.stderr_text()
-    assert side.docker("ps", "-aq", "--filter", f"label={labels.RUN}={run}").stdout.split() == []
+        said = "\n".join(down.stdout_lines + down.stderr_lines)
+    left = listed(side, run)
+    assert side.ghosts(left) == left, side.docker("ps", "-a").stdout  # nothing the engine still has
+    for ghost in left:  # `down` said so, and counted it among no removal
+        assert f"{ghost[:12]}: 'No such container'" in said, said
+    if left:
+        side.restart()
+        assert listed(side, run) == [], side.docker("ps", "-a").stdout
 
 
 def plain_failure(launcher: Launcher, side, run: str) -> None:  # type: ignore[no-untyped-def]

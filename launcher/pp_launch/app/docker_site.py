@@ -265,12 +265,23 @@ class DockerSite:
         anything to stop, whether everything went)."""
         on, say = f" on host {host}" if host else "", self.voice.note
         vouched = self._vouched(engine, run, confirm, on)
-        targets = list(vouched.ours)
+        listed = vouched.ours + vouched.unrecorded
+        ghosts = [c for c in listed if c.state == "dead" and engine.inspect(c.id) is None]
+        targets = [c for c in vouched.ours if c not in ghosts]
+        unrecorded = [c for c in vouched.unrecorded if c not in ghosts]
+        if ghosts:  # see docs/troubleshooting.md, "Nothing left behind?"
+            say(
+                f"pp-launch: the engine{on} lists {count(len(ghosts), 'Dead container')} it no longer has "
+                f"({', '.join(c.id[:12] for c in ghosts)}: 'No such container'), a listing left by its crash: "
+                "nothing to remove; its next restart lists them no more"
+            )
         if not targets and not vouched.guards:
-            if run is not None and vouched.unrecorded:  # asked by name: nothing of it is provably pp-launch's
+            if ghosts:
+                return True, True
+            if run is not None and unrecorded:  # asked by name: nothing of it is provably pp-launch's
                 say(
                     f"pp-launch: error{on}: nothing stopped: no guard of run {housekeeping.safe(run)} recorded the "
-                    f"{count(len(vouched.unrecorded), 'container')} carrying its labels, so pp-launch cannot tell "
+                    f"{count(len(unrecorded), 'container')} carrying its labels, so pp-launch cannot tell "
                     "they are its own (a neighbour's forged labels, or a run whose guard was removed)"
                 )
                 return True, False
