@@ -70,8 +70,19 @@ def print(*args: object, sep: str = " ", end: str = "\n", file: Any = None, flus
             out.flush()
 
 
+def emit(data: bytes) -> None:
+    """To stdout, every byte, in one piece among the threads' writes. Under `python3 -u` stdout is a raw file: a
+    signal that lands amid a write to a full pipe cuts it short, and print() neither finishes it nor writes the
+    newline with the line (a flood's block could land between them)."""
+    with _lines:  # print's lock: its lines and these never interleave
+        sys.stdout.flush()
+        view = memoryview(data)
+        while view:
+            view = view[os.write(1, view) :]
+
+
 def log(msg: str) -> None:
-    print(f"stub[{STAGE}/{NUM_STAGES}] {msg}", flush=True)
+    emit(f"stub[{STAGE}/{NUM_STAGES}] {msg}\n".encode())
 
 
 def fail(msg: str, code: int = 1) -> None:
@@ -341,6 +352,9 @@ def run_hold(listener: Listener) -> int:
     while not _stop.wait(0.5):
         pass
     log("stopping on request")
+    if _flooding is not None and ENV.get("STUB_FLOOD") == "lines":  # it ends at its next block; how much it wrote
+        _flooding.join()
+        emit(f"PP_FLOOD_STOPPED lines={_flood_lines}\n".encode())
     return 0
 
 
@@ -427,27 +441,34 @@ def take_peer_line(line: str) -> bool:
     return True
 
 
+_flooding: threading.Thread | None = None  # STUB_FLOOD's thread
+_flood_lines = 0  # the lines STUB_FLOOD=lines has written
+
+
 def run_flood(kind: str, megabytes: int) -> None:
     """STUB_FLOOD=endless: one line of STUB_FLOOD_MB MB with no newline; random: that many random bytes; lines:
     STUB_FLOOD_LINES lines (default a million) of STUB_FLOOD_WIDTH characters (default 0: empty lines), then
-    `PP_FLOOD_DONE lines=N` as the last line, and with STUB_FLOOD_EXIT=1 exit 0 right after it."""
-    out = sys.stdout.buffer
+    `PP_FLOOD_DONE lines=N` as the last line, and with STUB_FLOOD_EXIT=1 exit 0 right after it. A hold's stop
+    request ends a flood of lines after its block (1000 lines): the hold then says `PP_FLOOD_STOPPED lines=N`."""
+    global _flood_lines
     if kind == "lines":
         count, width = int(ENV.get("STUB_FLOOD_LINES", "1000000")), int(ENV.get("STUB_FLOOD_WIDTH", "0"))
         block = (b"y" * width + b"\n") * 1000
         for _ in range(count // 1000):
-            out.write(block)
-        out.write((b"y" * width + b"\n") * (count % 1000))
-        out.write(f"PP_FLOOD_DONE lines={count}\n".encode())
-        out.flush()
+            if _stop.is_set():
+                return
+            emit(block)
+            _flood_lines += 1000
+        emit((b"y" * width + b"\n") * (count % 1000))
+        _flood_lines = count
+        emit(f"PP_FLOOD_DONE lines={count}\n".encode())
         if ENV.get("STUB_FLOOD_EXIT") == "1":
             os._exit(0)
         return
     chunk = 1 << 20
     rng = __import__("random").Random(STAGE)
     for _ in range(megabytes):
-        out.write(b"x" * chunk if kind == "endless" else rng.randbytes(chunk))
-    out.flush()
+        emit(b"x" * chunk if kind == "endless" else rng.randbytes(chunk))
     print(f"stub[{STAGE}/{NUM_STAGES}] flood of {megabytes} MB done", file=sys.stderr, flush=True)
 
 
@@ -501,9 +522,7 @@ def run_pp_worker() -> int:
     role = "First" if stage == 0 else ("Last" if stage == num_stages - 1 else "Middle")
     announce(listener, role=role)
     if len(seed) != 64 or not all(ch in "0123456789abcdefABCDEF" for ch in seed):
-        print(
-            "thread 'main' panicked: SEED_ADDR must be 64 hex characters (32 bytes)", file=sys.stderr, flush=True
-        )
+        print("thread 'main' panicked: SEED_ADDR must be 64 hex characters (32 bytes)", file=sys.stderr, flush=True)
         os._exit(101)
     for hex_var, direct_var, label in (
         ("PEER_NODE_ID", "PEER_DIRECT", "peer"),
@@ -588,7 +607,9 @@ def main() -> int:
     announce(listener)
     if flood := ENV.get("STUB_FLOOD"):
         megabytes = int(ENV.get("STUB_FLOOD_MB", "100") or 100)
-        threading.Thread(target=run_flood, args=(flood, megabytes), daemon=True).start()
+        global _flooding
+        _flooding = threading.Thread(target=run_flood, args=(flood, megabytes), daemon=True)
+        _flooding.start()
     return run_demo(listener) if mode == "demo" else run_hold(listener)
 
 

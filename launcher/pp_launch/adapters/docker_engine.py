@@ -1202,9 +1202,9 @@ class DockerStageBackend:
     def _pump_output(self, ref: str, sock: Any, raw: socket.socket, stage: int, sink: Sink) -> None:
         splitters = {1: LineSplitter(self.max_line), 2: LineSplitter(self.max_line)}
         try:
+            # read to the end, teardown or not (a stalled stream holds up the container's exit): the sink never
+            # blocks while the chain stops (its inbox keeps each stage's last lines, and counts what it drops)
             for stream, data in _frames(raw):
-                if self._tearing_down.is_set():
-                    continue  # keep draining the engine (a stalled stream holds up the container's exit)
                 if not self.split_lines:
                     sink(StageOutput(stage, _STREAMS[stream], data))  # type: ignore[arg-type]
                     continue

@@ -381,6 +381,7 @@ class NodeAgent:
         self._done_lock = threading.Lock()
         self._winding = False  # a detached run's stages here all ended: handing over to the run's record
         self.handed_over = threading.Event()  # a detached run is up: nobody reads the queues any more
+        self._stopping = threading.Event()  # the run's teardown began: a full queue holds no stage back
         self.owner = identity.current_owner().label()
         self.guard: Any = None
         self.backend: Any = None
@@ -449,7 +450,8 @@ class NodeAgent:
                     events.put(event, timeout=0.5)
                     return
                 except queue.Full:
-                    continue
+                    if self._stopping.is_set():
+                        return  # stopping: nothing holds the stage back; its last lines are in the tail
 
         return put
 
@@ -523,6 +525,7 @@ class NodeAgent:
         self.backend.remove(ref)
 
     def tearing_down(self) -> None:
+        self._stopping.set()
         if self.backend is not None:
             self.backend.tearing_down()
 

@@ -265,16 +265,7 @@ class DockerSite:
         anything to stop, whether everything went)."""
         on, say = f" on host {host}" if host else "", self.voice.note
         vouched = self._vouched(engine, run, confirm, on)
-        listed = vouched.ours + vouched.unrecorded
-        ghosts = [c for c in listed if c.state == "dead" and engine.inspect(c.id) is None]
-        targets = [c for c in vouched.ours if c not in ghosts]
-        unrecorded = [c for c in vouched.unrecorded if c not in ghosts]
-        if ghosts:  # see docs/troubleshooting.md, "Nothing left behind?"
-            say(
-                f"pp-launch: the engine{on} lists {count(len(ghosts), 'Dead container')} it no longer has "
-                f"({', '.join(c.id[:12] for c in ghosts)}: 'No such container'), a listing left by its crash: "
-                "nothing to remove; its next restart lists them no more"
-            )
+        targets, unrecorded, ghosts = self._without_ghosts(engine, vouched, on)
         if not targets and not vouched.guards:
             if ghosts:
                 return True, True
@@ -301,6 +292,22 @@ class DockerSite:
         say(f"pp-launch: stopped and removed {count(len(targets), 'container')}{on}")
         housekeeping.forget_ended([engine])
         return True, True
+
+    def _without_ghosts(
+        self, engine: Engine, vouched: housekeeping.Vouched, on: str
+    ) -> tuple[list[ContainerInfo], list[ContainerInfo], list[ContainerInfo]]:
+        """What `down` found, less what a crashed engine lists but no longer has (Dead, 'No such container' by its
+        id: docs/troubleshooting.md, "Nothing left behind?"), said: (ours, unrecorded, those ghosts)."""
+        listed = vouched.ours + vouched.unrecorded
+        ghosts = [c for c in listed if c.state == "dead" and engine.inspect(c.id) is None]
+        if ghosts:
+            self.voice.note(
+                f"pp-launch: the engine{on} lists {count(len(ghosts), 'Dead container')} it no longer has "
+                f"({', '.join(c.id[:12] for c in ghosts)}: 'No such container'), a listing left by its crash: "
+                "nothing to remove; its next restart lists them no more"
+            )
+        keep = [c for c in vouched.ours if c not in ghosts], [c for c in vouched.unrecorded if c not in ghosts]
+        return keep[0], keep[1], ghosts
 
     def _vouched(self, engine: Engine, run: str | None, confirm: Confirm | None, on: str) -> housekeeping.Vouched:
         """What `down` may stop on one engine (every run's, once confirmed), what it names and leaves alone said."""

@@ -650,10 +650,11 @@ class ChainScope:
         row = self._row(Happening.TORN_DOWN_UNCLEAN if orphans or self._td.errors else Happening.TORN_DOWN)
         if row.exit_code is not None:
             exit_code = concrete(row.exit_code)  # not a clean teardown: never 0 and never 128+N
-        self._drain_output()
-        # every thread it started for this run has ended (bounded); a lost engine's reads and waits never end by
-        # themselves: they are not waited for (daemons, they end with the process)
+        # every thread it started for this run has ended (bounded), so that each stage's output has all come in
+        # (its removal is confirmed before the engine has sent the end of its stream); a lost engine's reads and
+        # waits never end by themselves: they are not waited for (daemons, they end with the process)
         self.backend.close(0.0 if self._td.lost is not None else 5.0)
+        self._drain_output()
         self.reporter.event(
             events.ChainStopped(
                 reason=events.StopReason(reason),
