@@ -234,8 +234,8 @@ class RayCluster:
 
     def post_mortem(self, since: float, log_from: int) -> str:
         """What the containers left on the nodes are, and Ray's own words from the launchers that ran since
-        (the state folder's ray-driver.log from `log_from`, and their core drivers' error lines in the cluster's
-        session logs): why a launcher ended where pp-launch said nothing."""
+        (the state folder's ray-driver.log from `log_from`, and their core drivers' error lines and last lines in the
+        cluster's session logs): why a launcher ended where pp-launch said nothing."""
         lines: list[str] = []
         for name, host in self.hosts.items():
             side = host.engines.get("request")
@@ -254,8 +254,10 @@ class RayCluster:
             with contextlib.suppress(OSError):
                 if path.stat().st_mtime < since:
                     continue
-                bad = [x for x in path.read_text(errors="replace").splitlines() if re.match(r"\[[^]]* [EF] \d", x)]
-                lines += [f"driver {path.stem.rsplit('_', 1)[-1]}: {x[:300]}" for x in bad[-8:]]
+                said = path.read_text(errors="replace").splitlines()
+                bad = [x for x in said if re.match(r"\[[^]]* [EF] \d", x)]
+                last = [x for x in said[-3:] if x not in bad[-8:]]  # how it ended, whatever the level
+                lines += [f"driver {path.stem.rsplit('_', 1)[-1]}: {x[:300]}" for x in bad[-8:] + last]
         return "\n".join(lines) or "(no container left, and nothing in Ray's own logs)"
 
     def sweep(self) -> None:

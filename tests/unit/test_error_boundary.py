@@ -111,3 +111,21 @@ def test_exit_codes_follow_the_contract() -> None:
     assert {c: e.exit_code for c, e in EXAMPLES.items() if e.exit_code == errors.EXIT_USAGE} == {
         c: 2 for c in EXAMPLES if issubclass(c, errors.ConfigError)
     }
+
+
+def test_a_broken_pipe_from_inside_a_command_is_said_with_where_never_a_silent_exit_1(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Click ends a process whose command raised a broken pipe with exit 1 and not a word (it takes it for a
+    closed stdout, which never raises here: cli/streams.py). One from inside is said, with its traceback."""
+
+    def boom() -> None:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(housekeeping, "connect", boom)
+    result = CliRunner().invoke(main, ["ps"], catch_exceptions=False)
+    assert result.exit_code == 1
+    assert "in boom" in result.output  # the traceback: where it broke
+    assert result.output.endswith(
+        "pp-launch: error: a pipe broke inside pp-launch ([Errno 32] Broken pipe); the traceback above says where\n"
+    )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import traceback
 from collections.abc import Iterator
 
 import click
@@ -30,6 +31,12 @@ def mapped_errors(prog: str = "pp-launch") -> Iterator[None]:
         if isinstance(exc, errors.UsageError):  # options that do not go together: the same hint as Click's errors
             click.echo(f"{prog}: hint: '{_command_path(prog)} --help' lists its options", err=True)
         sys.exit(exc.exit_code)
+    except BrokenPipeError as exc:
+        # Click would end the process with 1 and say nothing: it takes a broken pipe for a closed stdout, which
+        # never raises here (cli/streams.py). So this one came from inside, where nothing expected it: said, where
+        traceback.print_exc()
+        click.echo(f"{prog}: error: a pipe broke inside {prog} ({exc}); the traceback above says where", err=True)
+        sys.exit(errors.EXIT_FAILURE)
 
 
 def _command_path(prog: str) -> str:
