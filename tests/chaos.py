@@ -280,8 +280,12 @@ def adversarial(side: Any, rng: random.Random, gpu_node: str, decoy: str) -> tup
             problems.append(f"left behind: {_describe(side, left())}")
         if left("dead") and mix.fault != "collision":  # the crashed engine's own failed removal: down removes it
             down = Launcher("down", run, "--grace", "1", env=env)
-            if down.wait(60) != 0 or left():
+            if down.wait(60) != 0 or side.ghosts(left()) != left():  # a listing's ghost is gone (SideEngine.ghosts)
                 problems.append(f"a Dead container of the run could not be removed: {down.stderr_text()[-300:]}")
+            if left():  # only ghosts: the engine's restart lists them no more
+                side.restart()
+                if left():
+                    problems.append(f"the engine's restart still lists {left()}")
         # the engine is back and nothing of the run is left (a Dead one removed above): the watchdog's next sweep
         # finds nothing and it ends; waited for here, so the side engine's teardown never races it
         if run and not wait_until(lambda: not _watchdogs_of(run), 60):

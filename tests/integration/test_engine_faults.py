@@ -135,7 +135,7 @@ def test_pp_gpu_node_says_why_when_its_engine_is_killed(broken_engine, stub_imag
     assert text.startswith("pp-gpu-node: error:") or "\npp-gpu-node: error:" in text, text
     assert "Traceback" not in text
     side.ensure_running()
-    assert wait_until(lambda: side.docker("ps", "-aq", "--filter", "label=pp-launch.run").stdout.split() == [], 60)
+    assert wait_until(lambda: side.ours_listed() == [], 60)  # a listing's ghost aside (SideEngine.ghosts)
     # its watchdog, which waited for the engine, finds nothing left and goes
     assert wait_until(lambda: watchdogs(**on(side.host)) == [], 60), watchdogs(**on(side.host))
 
