@@ -73,3 +73,14 @@ def test_the_measure_sees_a_function_that_is_too_long_or_too_branchy(tmp_path: P
     (tmp_path / "m.py").write_text(f"def branchy(x):\n{branches}    return -1\n")
     (f,) = functions(tmp_path / "m.py")
     assert f.complexity > MAX_COMPLEXITY and f.endline - f.lineno + 1 > MAX_LINES
+
+
+def test_no_function_in_the_package_is_above_rank_c() -> None:
+    """Beyond the chain path too (its length aside): every module of the package, the testing kit's included."""
+    too = [
+        f"{path.relative_to(PKG)}: {f.fullname} (line {f.lineno}): complexity {f.complexity}"
+        for path in sorted(PKG.rglob("*.py"))
+        for f in functions(path)
+        if f.complexity > MAX_COMPLEXITY
+    ]
+    assert too == []

@@ -25,6 +25,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 
 import pp_launch
 
@@ -108,23 +109,32 @@ def _unanswered(run_id: str, names: list[str], ids: list[str], host: str | None)
     return found, True
 
 
+def _told(lines: Iterable[bytes]) -> tuple[list[str], list[str]] | None:
+    """What the launcher told, until its end (EOF: it is gone): the ids it created (`own ID`) and the names it was
+    about to create (`expect NAME`); None when it let go (`detach`: the run's guard owns it; `done`: it saw every
+    recorded container gone, its guard too, so there is nothing to ask the engine)."""
+    ids: list[str] = []
+    expected: list[str] = []
+    for raw in lines:
+        words = raw.decode("ascii", "replace").split()
+        if words in (["detach"], ["done"]):
+            return None
+        if len(words) == 2 and words[0] == "own" and len(words[1]) == 64:
+            ids.append(words[1])
+        elif len(words) == 2 and words[0] == "expect":
+            expected.append(words[1])
+    return ids, expected
+
+
 def main(argv: list[str]) -> int:
     hosts = [a.removeprefix("--host=") for a in argv if a.startswith("--host=")]
     argv = [a for a in argv if not a.startswith("--host=")]
     host = hosts[0] if hosts else None
     run_id, grace = argv[0], float(argv[1]) if len(argv) > 1 else MAX_GRACE
-    ids: list[str] = []
-    expected: list[str] = []
-    for raw in sys.stdin.buffer:  # EOF means the launcher is gone
-        words = raw.decode("ascii", "replace").split()
-        if words == ["detach"]:
-            return 0  # the run's guard owns it now
-        if words == ["done"]:
-            return 0  # the launcher saw every recorded container gone, its guard too: nothing to ask the engine
-        if len(words) == 2 and words[0] == "own" and len(words[1]) == 64:
-            ids.append(words[1])
-        elif len(words) == 2 and words[0] == "expect":
-            expected.append(words[1])
+    told = _told(sys.stdin.buffer)
+    if told is None:
+        return 0
+    ids, expected = told
     patience = float(os.environ.get("PP_WATCHDOG_PATIENCE", PATIENCE))
     deadline = time.monotonic() + patience
     asked = False

@@ -7,7 +7,7 @@ import contextlib
 import re
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -20,7 +20,7 @@ from pp_launch.app.rows import StageRow
 from pp_launch.core import errors, hosts, labels
 from pp_launch.core.announce import AnnouncementError, parse_line
 from pp_launch.core.chain.scope import ChainOutcome, ChainScope, Found, QuietReporter
-from pp_launch.core.gpu.inventory import GpuInventory
+from pp_launch.core.gpu.inventory import Gpu, GpuInventory
 from pp_launch.core.lines import display
 
 
@@ -47,27 +47,36 @@ def vouch(engine: Engine, found: list[ContainerInfo], mine: dict[str, set[str]] 
     recs = tuple(r for r in every if not r.idle)  # a spare guard no run took is no run's (`down --all` passes it by)
     live = {r.run for r in every}
     lost = tuple(guard.dead_records(engine, among=runs - live, live=live, seen=found)) if runs - live else ()
-    owned = {ref: r.run for r in recs for ref in r.owned}
-    for run, refs in (recorded_here() if mine is None else mine).items():
-        owned.update(dict.fromkeys(refs, run))
+    owned = _owned(recs, recorded_here() if mine is None else mine)
     by_volume = {(ref, r.volume): r.run for r in lost for ref in r.owned}
     skip = {r.id for r in every}
-    ours, other = [], []
+    ours: list[ContainerInfo] = []
+    other: list[ContainerInfo] = []
     for c in found:
-        role = c.labels.get(labels.STAGE, "")
-        if c.id in skip or role == labels.STAGE_LOCK:
+        if c.id in skip or c.labels.get(labels.STAGE, "") == labels.STAGE_LOCK:
             continue  # a run's guard goes by itself once its run is down; a live GPU lock is never touched
-        its = c.labels.get(labels.RUN)
-        if (
-            owned.get(c.id) == its
-            or _compose_service(c)
-            or any(by_volume.get((c.id, v)) == its for v in c.volumes)
-            or _left_dead(c)
-        ):
-            ours.append(c)
-        else:
-            other.append(c)
+        (ours if _vouched_for(c, owned, by_volume) else other).append(c)
     return Vouched(tuple(ours), tuple(other), recs, lost, frozenset(r.id for r in every if r.idle))
+
+
+def _owned(recs: tuple[guard.GuardRecord, ...], mine: dict[str, set[str]]) -> dict[str, str]:
+    """Container id -> run: what the running guards recorded, and this user's own record of its runs' creates."""
+    owned = {ref: r.run for r in recs for ref in r.owned}
+    for run, refs in mine.items():
+        owned.update(dict.fromkeys(refs, run))
+    return owned
+
+
+def _vouched_for(c: ContainerInfo, owned: Mapping[str, str], by_volume: Mapping[tuple[str, str], str]) -> bool:
+    """The container is its run's: recorded as its, a Compose service of pp-launch's, in the record volume of its
+    run (whose guard is gone), or left Dead by a crashed engine with that record mounted."""
+    its = c.labels.get(labels.RUN)
+    return (
+        owned.get(c.id) == its
+        or _compose_service(c)
+        or any(by_volume.get((c.id, v)) == its for v in c.volumes)
+        or _left_dead(c)
+    )
 
 
 def _left_dead(c: ContainerInfo) -> bool:
@@ -307,51 +316,61 @@ def list_stages(
     """Every stage container of every run (or of `run`). details: also each running stage's announced address
     and uptime (a look at each container); gpus: each GPU's index, memory and utilisation from that inventory."""
     now = time.time()
-    rows: list[StageRow] = []
     by_uuid = {g.uuid: g for g in (gpus.gpus if gpus is not None else ())}
     found = engine.containers(labels.run_selector(run) if run else labels.run_selector())
     vouched = vouch(engine, found)
     guarded = {r.id for r in vouched.guards}
     loose = {c.id for c in vouched.unrecorded}
     guardless = {r.run for r in vouched.guardless}
+    rows: list[StageRow] = []
     for c in found:
         if c.id in guarded or c.id in vouched.spares:
             continue  # a run's guard is its machinery, as a hand-over was: `down` ends it with its run
         owner = c.labels.get(labels.OWNER, "")
-        stage = c.labels.get(labels.STAGE, "")
         status = owner_status(owner)
         if c.id in loose:
             status = "unrecorded"
         elif c.labels.get(labels.RUN, "") in guardless:
             status = "guard-gone"
-        uuids = tuple(g for g in c.labels.get(labels.GPUS, "").split(",") if g)
-        held = [by_uuid[u] for u in uuids if u in by_uuid]
-        running = details and c.state == "running"
-        started = _started(engine.inspect(c.id)) if running else None
-        rows.append(
-            StageRow(
-                run=c.labels.get(labels.RUN, ""),
-                stage=labels.ascii_int(stage),
-                attempt=labels.ascii_int(c.labels.get(labels.ATTEMPT, "")),
-                role="lock" if stage == labels.STAGE_LOCK else "stage",
-                container=c.name,
-                id=c.id[:12],
-                image=c.image,
-                gpus=uuids,
-                owner=owner,
-                owner_status=status,
-                state=c.state,
-                age_s=max(0, int(now - c.created)),
-                labels=dict(c.labels),
-                host=host,
-                uptime_s=None if started is None else max(0, int(now - started)),
-                address=announced(engine, c.id) if running else None,
-                gpu_index=tuple(g.index for g in held),
-                gpu_memory_used_mib=tuple(g.memory_used_mib for g in held),
-                gpu_utilization_pct=tuple(g.utilization_gpu_pct for g in held),
-            )
-        )
+        rows.append(_stage_row(engine, c, status, by_uuid, now, host, details and c.state == "running"))
     return sorted(rows, key=StageRow.order)
+
+
+def _stage_row(
+    engine: Engine,
+    c: ContainerInfo,
+    status: str,
+    by_uuid: Mapping[str, Gpu],
+    now: float,
+    host: str | None,
+    look: bool,
+) -> StageRow:
+    """One container's `ps` row; look: its announced address and uptime too (a look at the container)."""
+    stage = c.labels.get(labels.STAGE, "")
+    uuids = tuple(g for g in c.labels.get(labels.GPUS, "").split(",") if g)
+    held = [by_uuid[u] for u in uuids if u in by_uuid]
+    started = _started(engine.inspect(c.id)) if look else None
+    return StageRow(
+        run=c.labels.get(labels.RUN, ""),
+        stage=labels.ascii_int(stage),
+        attempt=labels.ascii_int(c.labels.get(labels.ATTEMPT, "")),
+        role="lock" if stage == labels.STAGE_LOCK else "stage",
+        container=c.name,
+        id=c.id[:12],
+        image=c.image,
+        gpus=uuids,
+        owner=c.labels.get(labels.OWNER, ""),
+        owner_status=status,
+        state=c.state,
+        age_s=max(0, int(now - c.created)),
+        labels=dict(c.labels),
+        host=host,
+        uptime_s=None if started is None else max(0, int(now - started)),
+        address=announced(engine, c.id) if look else None,
+        gpu_index=tuple(g.index for g in held),
+        gpu_memory_used_mib=tuple(g.memory_used_mib for g in held),
+        gpu_utilization_pct=tuple(g.utilization_gpu_pct for g in held),
+    )
 
 
 class Engines:

@@ -238,26 +238,10 @@ class NodeConfig:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str], args: tuple[str, ...] = ()) -> NodeConfig:
-        raw_stage = environ.get("STAGE")
-        if raw_stage is None or raw_stage.strip() == "":
-            raise errors.ConfigError("STAGE is not set: set it to this stage's index (0, 1, ...)")
-        if labels.ascii_int(raw_stage.strip()) is None:
-            raise errors.ConfigError(f"STAGE={raw_stage!r} is not a stage index (0, 1, ...)")
-        try:
-            grace = float(environ.get("PP_STOP_GRACE", DEFAULT_GRACE))
-        except ValueError:
-            raise errors.ConfigError(f"PP_STOP_GRACE={environ['PP_STOP_GRACE']!r} is not a number of seconds") from None
-        if grace < 0:
-            raise errors.ConfigError("PP_STOP_GRACE must not be negative")
-        if not math.isfinite(grace):
-            raise errors.ConfigError(f"PP_STOP_GRACE={environ['PP_STOP_GRACE']!r} is not a finite number of seconds")
+        raw_stage = _stage_of(environ)
+        grace = _grace_of(environ)
         home = environ.get("HOME", os.path.expanduser("~"))
         network = environ.get("PP_STAGE_NETWORK") or environ.get("PP_DIAG_NETWORK") or "host"
-        # comma-separated, as documented; spaces separate names too ("FOO BAR" forwarded nothing before)
-        forward = tuple(environ.get(FORWARD_ENV, "").replace(",", " ").split())
-        bad = [n for n in forward if not (n.replace("_", "a").isalnum() and n.isascii() and not n[0].isdigit())]
-        if bad:
-            raise errors.ConfigError(f"{FORWARD_ENV}: {bad[0]!r} is not a variable name (give names, comma-separated)")
         return cls(
             stage=int(raw_stage),
             image=environ.get("PP_IMAGE") or DEFAULT_IMAGE,
@@ -268,7 +252,7 @@ class NodeConfig:
             gpus=parse_gpus(environ.get("PP_GPUS")),
             model_cache_dir=environ.get("PP_MODEL_CACHE_DIR") or None,
             entrypoint=environ.get("PP_ENTRYPOINT") or None,
-            forward_extra=forward,
+            forward_extra=_forwarded_names(environ),
             grace=grace,
             run_id=environ.get(RUN_ENV) or None,
             command=tuple(args),
@@ -327,3 +311,36 @@ def _exit_code(outcome: ChainOutcome, say: Callable[[str], None]) -> int:
     ):
         say(f"error: {outcome.message}")
     return outcome.exit_code
+
+
+def _stage_of(environ: Mapping[str, str]) -> str:
+    """STAGE, as given: an index (0, 1, ...), else why not."""
+    raw = environ.get("STAGE")
+    if raw is None or raw.strip() == "":
+        raise errors.ConfigError("STAGE is not set: set it to this stage's index (0, 1, ...)")
+    if labels.ascii_int(raw.strip()) is None:
+        raise errors.ConfigError(f"STAGE={raw!r} is not a stage index (0, 1, ...)")
+    return raw
+
+
+def _grace_of(environ: Mapping[str, str]) -> float:
+    """PP_STOP_GRACE: finite, non-negative seconds (DEFAULT_GRACE unset)."""
+    try:
+        grace = float(environ.get("PP_STOP_GRACE", DEFAULT_GRACE))
+    except ValueError:
+        raise errors.ConfigError(f"PP_STOP_GRACE={environ['PP_STOP_GRACE']!r} is not a number of seconds") from None
+    if grace < 0:
+        raise errors.ConfigError("PP_STOP_GRACE must not be negative")
+    if not math.isfinite(grace):
+        raise errors.ConfigError(f"PP_STOP_GRACE={environ['PP_STOP_GRACE']!r} is not a finite number of seconds")
+    return grace
+
+
+def _forwarded_names(environ: Mapping[str, str]) -> tuple[str, ...]:
+    """PP_FORWARD_ENV's names: comma-separated, as documented; spaces separate them too ("FOO BAR" forwarded
+    nothing before)."""
+    forward = tuple(environ.get(FORWARD_ENV, "").replace(",", " ").split())
+    bad = [n for n in forward if not (n.replace("_", "a").isalnum() and n.isascii() and not n[0].isdigit())]
+    if bad:
+        raise errors.ConfigError(f"{FORWARD_ENV}: {bad[0]!r} is not a variable name (give names, comma-separated)")
+    return forward

@@ -70,33 +70,46 @@ def _problems(r: LaunchRequest) -> list[str]:
     stdin, gpu = r.chain.handoff == "stdin", r.gpu
     steps.check_request(r.chain)
     gpu_select.parse_gpus_flag(gpu.mode, gpu.per_stage)  # ConfigError for a --gpus it cannot read
-    unknown = sorted({h for h, _ in gpu.host_inventories} - set(r.hosts))
     mode = gpu_select.parse_gpus_flag(gpu.mode, gpu.per_stage)[0]
     return [
         *_ray_problems(r, mode),
         "--handoff stdin needs --bring-up parallel: it starts every worker at once" if stdin and not r.chain.parallel
         else "",
-        "--handoff stdin and --gpu-node do not go together: pp-gpu-node children take their peers from the "
-        "environment" if stdin and r.gpu_node else "",
-        "--detach and --gpu-node do not go together: child processes end with the launcher"
-        if r.detach and r.gpu_node else "",
-        "docker run's options (--volume, --mount, --shm-size, ...) and --gpu-node do not go together: a pp-gpu-node "
-        "child mounts its caches alone (PP_CACHE_DIR, PP_MODEL_CACHE_DIR)"
-        if r.gpu_node and r.chain.container != ContainerOptions() else "",
+        *_gpu_node_problems(r),
         "--stages-per-host needs --host or --ray (a chain across hosts)"
         if r.stages_per_host is not None and not (r.hosts or r.ray) else "",
-        "--host and --gpu-node do not go together: child processes run on this machine" if r.hosts and r.gpu_node
-        else "",
         f"--placement {r.placement!r}: use one of {', '.join(hosts.PLACEMENTS)}" if r.placement not in hosts.PLACEMENTS
         else "",
         f"--gpu-attach {gpu.attach!r}: use one of {', '.join(gpu_select.ATTACH_MODES)}"
         if gpu.attach not in gpu_select.ATTACH_MODES else "",
-        f"--gpu-inventory {unknown[0]}=FILE: {unknown[0]} is not one of the hosts ({', '.join(r.hosts)})"
-        if unknown and r.hosts else "",
-        f"--gpu-inventory {unknown[0]}=FILE names a host, but this chain has no --host" if unknown and not r.hosts
-        else "",
+        *_inventory_problems(r),
         *_restart_problems(r),
     ]  # fmt: skip
+
+
+def _gpu_node_problems(r: LaunchRequest) -> list[str]:
+    """What --gpu-node (stages as pp-gpu-node child processes) does not go with."""
+    if not r.gpu_node:
+        return []
+    return [
+        "--handoff stdin and --gpu-node do not go together: pp-gpu-node children take their peers from the "
+        "environment" if r.chain.handoff == "stdin" else "",
+        "--detach and --gpu-node do not go together: child processes end with the launcher" if r.detach else "",
+        "docker run's options (--volume, --mount, --shm-size, ...) and --gpu-node do not go together: a pp-gpu-node "
+        "child mounts its caches alone (PP_CACHE_DIR, PP_MODEL_CACHE_DIR)"
+        if r.chain.container != ContainerOptions() else "",
+        "--host and --gpu-node do not go together: child processes run on this machine" if r.hosts else "",
+    ]  # fmt: skip
+
+
+def _inventory_problems(r: LaunchRequest) -> list[str]:
+    """--gpu-inventory HOST=FILE names one of the chain's hosts."""
+    unknown = sorted({h for h, _ in r.gpu.host_inventories} - set(r.hosts))
+    if not unknown:
+        return []
+    if r.hosts:
+        return [f"--gpu-inventory {unknown[0]}=FILE: {unknown[0]} is not one of the hosts ({', '.join(r.hosts)})"]
+    return [f"--gpu-inventory {unknown[0]}=FILE names a host, but this chain has no --host"]
 
 
 def _restart_problems(r: LaunchRequest) -> list[str]:

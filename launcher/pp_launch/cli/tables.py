@@ -228,6 +228,24 @@ def _up(r: StageRow) -> str:
     return "-" if r.age_s is None else f"{r.age_s}s old"
 
 
+def _ps_cells(r: StageRow, restarted: bool, hosts: bool) -> tuple[str, ...]:
+    """One row of `ps`'s table, as it is shown (not escaped yet)."""
+    return (
+        r.run,
+        str(r.stage) if r.stage is not None else (r.role if r.role != "stage" else "?"),
+        *((str(r.attempt or "-"),) if restarted else ()),
+        *((r.host or "-",) if hosts else ()),
+        r.container,
+        r.image,
+        _gpus_cell(r),
+        r.address or "-",
+        r.owner,
+        OWNER_STATUS_SAID.get(r.owner_status, r.owner_status),
+        r.status or r.state,
+        _up(r),
+    )
+
+
 def render_ps(rows: Sequence[StageRow]) -> str:
     """`pp-launch ps`'s table: the attempt column once a run was restarted, the host column where several places
     were asked; every cell escaped for the terminal (labels are anyone's to write)."""
@@ -249,23 +267,7 @@ def render_ps(rows: Sequence[StageRow]) -> str:
         "state",
         "up",
     )
-    table = [header] + [
-        (
-            r.run,
-            str(r.stage) if r.stage is not None else (r.role if r.role != "stage" else "?"),
-            *((str(r.attempt or "-"),) if restarted else ()),
-            *((r.host or "-",) if hosts else ()),
-            r.container,
-            r.image,
-            _gpus_cell(r),
-            r.address or "-",
-            r.owner,
-            OWNER_STATUS_SAID.get(r.owner_status, r.owner_status),
-            r.status or r.state,
-            _up(r),
-        )
-        for r in rows
-    ]
+    table = [header] + [_ps_cells(r, restarted, hosts) for r in rows]
     table = [tuple(display(cell.encode("utf-8", "surrogateescape")) for cell in row) for row in table]
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in table)

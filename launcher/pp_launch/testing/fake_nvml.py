@@ -134,13 +134,9 @@ def system_text(inv: GpuInventory, fail: Iterable[str] = ()) -> str:
     return "\n".join(lines) + "\n"
 
 
-def gpu_text(inv: GpuInventory, position: int) -> str:
-    """One GPU, self-contained: its topology and NVLinks name their peers by UUID and bus id, so any subset of
-    GPUs (what a container may see) is the concatenation of their texts."""
-    g: Gpu = inv.gpus[position]
-    lines = [f"gpu {g.uuid}"]
-    if g.name:
-        lines.append(f"name {g.name}")
+def _facts(g: Gpu) -> list[str]:
+    """What the GPU is and does now: name, bus, memory, use, temperature and power (those known)."""
+    lines = [f"name {g.name}"] if g.name else []
     if g.pci_bus_id:
         lines.append(f"bus {g.pci_bus_id}")
     if g.memory_total_mib is not None and g.memory_used_mib is not None:
@@ -151,15 +147,27 @@ def gpu_text(inv: GpuInventory, position: int) -> str:
         lines.append(f"temp {g.temperature_c}")
     if g.power_w is not None or g.power_limit_w is not None:
         lines.append(f"power {_mw(g.power_w)} {_mw(g.power_limit_w)}")  # milliwatts, as NVML counts them
+    return lines
+
+
+def _health(g: Gpu) -> list[str]:
+    """Its health (those known): uncorrected ECC errors, pages pending retirement, a failed row remap, MIG."""
+    known = {
+        "ecc": g.ecc_uncorrected,
+        "retired_pending": g.retired_pages_pending,
+        "remap_failure": g.row_remap_failure,
+        "mig": g.mig_enabled,
+    }
+    return [f"{key} {int(value)}" for key, value in known.items() if value is not None]
+
+
+def gpu_text(inv: GpuInventory, position: int) -> str:
+    """One GPU, self-contained: its topology and NVLinks name their peers by UUID and bus id, so any subset of
+    GPUs (what a container may see) is the concatenation of their texts."""
+    g: Gpu = inv.gpus[position]
+    lines = [f"gpu {g.uuid}", *_facts(g)]
     _procs(lines, g.processes)
-    if g.ecc_uncorrected is not None:
-        lines.append(f"ecc {g.ecc_uncorrected}")
-    if g.retired_pages_pending is not None:
-        lines.append(f"retired_pending {int(g.retired_pages_pending)}")
-    if g.row_remap_failure is not None:
-        lines.append(f"remap_failure {int(g.row_remap_failure)}")
-    if g.mig_enabled is not None:
-        lines.append(f"mig {int(g.mig_enabled)}")
+    lines += _health(g)
     if inv.topology is not None:
         lines += [f"topo {peer.uuid} {inv.topology[position][j]}" for j, peer in enumerate(inv.gpus) if j != position]
     if inv.nvlink is not None:

@@ -113,45 +113,55 @@ def _plain(value: Any) -> Any:
 
 
 def _check(value: Any, hint: Any, path: str) -> None:
+    """TypeError, naming `path`, when `value` (decoded JSON) is not of the field's type `hint`."""
     origin = typing.get_origin(hint)
     if hint is Any:
         return
     if origin is Literal:
         if value not in typing.get_args(hint):
             raise TypeError(f"{path} must be one of {list(typing.get_args(hint))}, not {value!r}")
-        return
-    if origin in (types.UnionType, typing.Union):
-        errors = []
-        for arg in typing.get_args(hint):
-            try:
-                _check(value, arg, path)
-                return
-            except TypeError as exc:
-                errors.append(str(exc))
-        raise TypeError(errors[0])
-    if hint is type(None):
+    elif origin in (types.UnionType, typing.Union):
+        _check_union(value, hint, path)
+    elif hint is type(None):
         if value is not None:
             raise TypeError(f"{path} must be null")
-        return
-    if origin is list:
-        if not isinstance(value, list):
-            raise TypeError(f"{path} must be a list, not {type(value).__name__}")
-        (item,) = typing.get_args(hint) or (Any,)
-        for i, v in enumerate(value):
-            _check(v, item, f"{path}[{i}]")
-        return
-    if origin is dict or hint is dict:
+    elif origin is list:
+        _check_list(value, hint, path)
+    elif origin is dict or hint is dict:
         if not isinstance(value, dict):
             raise TypeError(f"{path} must be an object, not {type(value).__name__}")
-        return
-    if hint is int:
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise TypeError(f"{path} must be an integer, not {type(value).__name__}")
-        if value < 0:
-            raise TypeError(f"{path} must not be negative")
-        return
-    if not isinstance(value, hint):
+    elif hint is int:
+        _check_count(value, path)
+    elif not isinstance(value, hint):
         raise TypeError(f"{path} must be {hint.__name__}, not {type(value).__name__}")
+
+
+def _check_union(value: Any, hint: Any, path: str) -> None:
+    """One of the union's types; else the first one's complaint."""
+    errors = []
+    for arg in typing.get_args(hint):
+        try:
+            _check(value, arg, path)
+            return
+        except TypeError as exc:
+            errors.append(str(exc))
+    raise TypeError(errors[0])
+
+
+def _check_list(value: Any, hint: Any, path: str) -> None:
+    if not isinstance(value, list):
+        raise TypeError(f"{path} must be a list, not {type(value).__name__}")
+    (item,) = typing.get_args(hint) or (Any,)
+    for i, v in enumerate(value):
+        _check(v, item, f"{path}[{i}]")
+
+
+def _check_count(value: Any, path: str) -> None:
+    """An int field: a JSON integer (not a boolean), never negative."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{path} must be an integer, not {type(value).__name__}")
+    if value < 0:
+        raise TypeError(f"{path} must not be negative")
 
 
 def _check_fields(obj: Any) -> None:
