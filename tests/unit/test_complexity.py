@@ -4,6 +4,7 @@ planning and GPU selection, the reservation, the scope and its teardown, the hos
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 import pytest
@@ -84,3 +85,11 @@ def test_no_function_in_the_package_is_above_rank_c() -> None:
         if f.complexity > MAX_COMPLEXITY
     ]
     assert too == []
+
+
+def test_every_module_opens_with_what_it_owns() -> None:
+    """Each module and package of pp_launch opens with a docstring: what it owns (docs/architecture.md)."""
+    silent = [
+        str(p.relative_to(PKG)) for p in sorted(PKG.rglob("*.py")) if not ast.get_docstring(ast.parse(p.read_text()))
+    ]
+    assert silent == []
