@@ -130,7 +130,7 @@ def test_xid_meanings_and_which_fail_a_stage() -> None:
 
 
 WATCH = """
-import json, sys, time
+import json, sys, threading, time
 from pp_launch.adapters.gpu_watch import GpuWatch
 seen = []
 expected = int(sys.argv[1])  # how many events the test injects: the wait ends when they came, never on a clock
@@ -142,7 +142,8 @@ while len(seen) < expected and time.monotonic() < deadline:
     time.sleep(0.01)
 began = time.monotonic()
 watch.stop()
-print(json.dumps({"seen": seen, "stop_s": time.monotonic() - began, "alive": watch._thread.is_alive()}), flush=True)
+alive = any(t.name == "gpu-watch" for t in threading.enumerate())
+print(json.dumps({"seen": seen, "stop_s": time.monotonic() - began, "alive": alive}), flush=True)
 """
 
 

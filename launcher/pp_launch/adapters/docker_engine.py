@@ -31,7 +31,7 @@ import requests
 
 from pp_launch.adapters import docker_client
 from pp_launch.adapters.docker_client import docker  # imported there first: its ssh transport only when used
-from pp_launch.adapters.runtime import Threads
+from pp_launch.adapters.runtime import Nursery
 from pp_launch.core import errors, labels
 from pp_launch.core.chain import handoff
 from pp_launch.core.chain.plan import StageSpec
@@ -856,13 +856,13 @@ class Engine:
                     out["stdout"] += chunk_out or b""
                     out["stderr"] += chunk_err or b""
 
-        reader = threading.Thread(target=read, daemon=True, name="helper-output")
-        reader.start()
+        helper = Nursery(f"the helper {ref[:12]} on {self.address}")
+        reader = helper.start(read, name="helper-output")
         reader.join(timeout)
         code = None
         if reader.is_alive():
             self.remove(ref)  # the helper gone, its stream ends, and so does the reader: joined, never abandoned
-            reader.join(READY_PATIENCE)
+            helper.join(READY_PATIENCE)
         else:
             with contextlib.suppress(Exception):
                 status = json.loads(wait.content or b"{}").get("StatusCode")
@@ -1073,7 +1073,7 @@ class DockerStageBackend:
         self._handed: list[str] = []  # stages handed over (a detached run): let go at close()
         self._toolkit_hint = toolkit_hint or NVIDIA_TOOLKIT_HINT
         self._tearing_down = threading.Event()
-        self._threads = Threads()  # every reader and wait of this backend, joined by close()
+        self._threads = Nursery(f"the stages on {engine.address}")  # every reader and wait, joined by close()
         self._image_configs: dict[str, Mapping[str, Any] | None] = {}  # one inspect per image, not per stage
         self._record = record
         self._expect = expect  # told each name before its create: a create whose answer never came back is found
@@ -1196,7 +1196,8 @@ class DockerStageBackend:
             return
         except docker.errors.APIError as exc:
             raise errors.EngineError(f"cannot wait for {ref[:12]}: {_reason(exc)}") from None
-        done = self._threads.start(lambda: None)  # no output to wait for: the stage's lines are not ours to read
+        # no output to wait for: the stage's lines are not ours to read
+        done = self._threads.start(lambda: None, name=f"stage-{stage}-no-output")
         self._threads.start(self._wait_removed, wait, done, stage, sink, name=f"stage-{stage}-wait")
 
     def _pump_output(self, ref: str, sock: Any, raw: socket.socket, stage: int, sink: Sink) -> None:

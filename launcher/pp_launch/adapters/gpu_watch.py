@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from pp_launch.adapters import nvml as nvml_reader
+from pp_launch.adapters.runtime import Nursery
 
 XID_CRITICAL = 0x8  # nvmlEventTypeXidCriticalError
 WAIT_MS = 200  # each wait; stop() is seen within this
@@ -23,20 +24,18 @@ class GpuWatch:
         self.note = ""  # why some or all of the GPUs are not watched ("" when every one is)
         self._stop = threading.Event()
         self._ready = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._threads = Nursery("the GPUs' Xid watch")
 
     def start(self) -> GpuWatch:
         """Begin watching (returns once the event set is registered, or watching proved impossible: `note`)."""
         if self.uuids:
-            self._thread = threading.Thread(target=self._run, name="gpu-watch", daemon=True)
-            self._thread.start()
+            self._threads.start(self._run, name="gpu-watch")
             self._ready.wait(10)
         return self
 
     def stop(self) -> None:
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(5)
+        self._threads.join(5.0)  # a wait on the event set is bounded (its timeout)
 
     def _run(self) -> None:
         try:

@@ -45,6 +45,7 @@ from pp_launch.adapters.docker_engine import (
     Session,
     VolumeInfo,
 )
+from pp_launch.adapters.runtime import Nursery
 from pp_launch.core import errors, labels
 from pp_launch.core.chain.plan import GUARD_IMAGE
 
@@ -148,7 +149,7 @@ class RunGuard:
         self._on_down: Callable[[], None] = lambda: None
         self._say: Callable[[str], None] = lambda text: None
         self._on_gone: Callable[[str], None] = lambda why: None
-        self._threads: list[threading.Thread] = []
+        self._threads = Nursery(f"run {run_id}'s guard")  # its listener and heartbeat, joined by close()
 
     def when_down(self, call: Callable[[], None]) -> None:
         """`call` (once) when the guard says it was told to stop (`pp-launch down`), from the listener's thread."""
@@ -189,9 +190,7 @@ class RunGuard:
         return guard
 
     def _spawn(self, target: Callable[[], None], name: str) -> None:
-        t = threading.Thread(target=target, name=name, daemon=True)
-        self._threads.append(t)
-        t.start()
+        self._threads.start(target, name=name)
 
     def _bring_up(self) -> None:
         """A guard container for this run, its session ready, told every id the run owns that still exists."""
@@ -442,8 +441,7 @@ class RunGuard:
             self._quiet.set()
             if self.session is not None:
                 self.session.close()
-        for t in self._threads:
-            t.join()
+        self._threads.join(None)  # the session closed: the listener's read ends, and the heartbeat sees _closing
         clean = wait > 0 and bool(self.ref) and self._gone_within(wait) and self._none_left()
         if clean:
             self._tell_keeper(b"done\n")  # nothing for it to do: it ends without asking the engine anything

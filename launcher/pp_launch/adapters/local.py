@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import os
-import threading
 from collections.abc import Callable, Iterable
+
+from pp_launch.adapters.runtime import Nursery
 
 
 def write_all(fd: int, data: bytes) -> None:
@@ -29,7 +30,10 @@ def on_stdin_end(callback: Callable[[], None]) -> None:
                 pass
         callback()
 
-    threading.Thread(target=watch, daemon=True, name="parent-lifeline").start()
+    _LIFELINE.start(watch, name="parent-lifeline")  # it ends the process: never joined
+
+
+_LIFELINE = Nursery("a pp-gpu-node child's lifeline")
 
 
 def ensure_dirs(paths: Iterable[str]) -> None:

@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from pp_launch.adapters.docker_engine import DockerStageBackend, connect
+from pp_launch.adapters.runtime import Nursery
 from pp_launch.core import errors
 from pp_launch.core.chain.plan import StageSpec
 from pp_launch.core.chain.ports import Sink, StageGone
@@ -62,7 +63,7 @@ class MultiHostBackend:
         self._heartbeat = float(os.environ.get("PP_HOST_HEARTBEAT", "5")) if heartbeat is None else heartbeat
         self._stopping = threading.Event()
         self._beating = False
-        self._heart: threading.Thread | None = None
+        self._threads = Nursery("the hosts' heartbeat")
         self._expected = expected
         self._on_all_created: Callable[[], None] | None = on_all_created
 
@@ -151,8 +152,7 @@ class MultiHostBackend:
         host, backend = self._on(ref)
         if not self._beating and self._heartbeat > 0:
             self._beating = True
-            self._heart = threading.Thread(target=self._beat, daemon=True, name="host-heartbeat")
-            self._heart.start()
+            self._threads.start(self._beat, name="host-heartbeat")
         self._call(host, "start", backend.start, ref, stage, self._sink(ref, host, stage, sink))
 
     def watch(self, ref: str, stage: int, sink: Sink) -> None:
@@ -185,8 +185,7 @@ class MultiHostBackend:
 
     def close(self, timeout: float = 5.0) -> None:
         self._stopping.set()
-        if self._heart is not None:
-            self._heart.join(timeout)
+        self._threads.join(timeout)
         for host, backend in self.backends.items():
             if host not in self.lost:  # a lost host's waits end with the process: never waited on again
                 backend.close(timeout)

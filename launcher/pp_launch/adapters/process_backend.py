@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Literal
 
-from pp_launch.adapters.runtime import Threads
+from pp_launch.adapters.runtime import Nursery
 from pp_launch.core import errors, stage_env
 from pp_launch.core.chain.plan import StageSpec
 from pp_launch.core.chain.ports import Sink, StageGone, StageOutput
@@ -61,7 +61,7 @@ class ProcessStageBackend:
         self.settle = settle
         self._pending: dict[str, dict[str, str]] = {}  # created, not yet started: its environment
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
-        self._threads = Threads()  # every reader and wait, joined by close()
+        self._threads = Nursery("the pp-gpu-node children")  # every reader and wait, joined by close()
 
     def create(self, spec: StageSpec, env: Mapping[str, str]) -> str:
         full = dict(os.environ)

@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from pp_launch.adapters.runtime import Nursery
 from pp_launch.core import errors, labels
 from pp_launch.core.chain.plan import StageSpec
 from pp_launch.core.chain.ports import ChainEvent, Sink, StageGone, StageOutput
@@ -316,8 +317,8 @@ class HeadWatch:
     def __init__(self, head: str, on_lost: Callable[[str], None]) -> None:
         self.head, self.on_lost = head, on_lost
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, name="ray-head-watch", daemon=True)
-        self._thread.start()
+        self._threads = Nursery(f"the watch of the Ray head at {head}")
+        self._threads.start(self._watch, name="ray-head-watch")
 
     def _watch(self) -> None:
         missed = 0
@@ -331,7 +332,7 @@ class HeadWatch:
 
     def close(self) -> None:
         self._stop.set()
-        self._thread.join()
+        self._threads.join(None)  # a look is bounded (EVERY seconds)
 
 
 def _free_per_node() -> Mapping[str, Mapping[str, float]]:
@@ -380,6 +381,7 @@ class NodeAgent:
         self.exits: dict[int, int | None] = {}  # each stage's exit code, once it is gone (`wait --ray`)
         self._done_lock = threading.Lock()
         self._winding = False  # a detached run's stages here all ended: handing over to the run's record
+        self._threads = Nursery(f"run {run_id}'s agent on Ray node {node}")
         self.handed_over = threading.Event()  # a detached run is up: nobody reads the queues any more
         self._stopping = threading.Event()  # the run's teardown began: a full queue holds no stage back
         self.owner = identity.current_owner().label()
@@ -475,7 +477,7 @@ class NodeAgent:
             if self._winding or not self.handed_over.is_set() or len(self.exits) < len(self.names):
                 return
             self._winding = True
-        threading.Thread(target=self._wind_up, name="agent-wind-up", daemon=True).start()
+        self._threads.start(self._wind_up, name="agent-wind-up")
 
     def _wind_up(self) -> None:
         """The node's part of a detached run that ended by itself: the guard goes (nothing is left), the exit codes
@@ -556,6 +558,7 @@ class NodeAgent:
             self.backend.close(5.0)
         if self.guard is not None:
             self.guard.close(wait=10.0)
+        self._threads.join(5.0)
 
 
 def record_name(run_id: str) -> str:
@@ -611,7 +614,7 @@ class RayStageBackend:
         self._sinks: dict[str, Sink] = {}  # where each started stage's output and end go
         self._handed: set[str] = set()
         self._stopping = threading.Event()
-        self._threads: list[tuple[threading.Thread, int]] = []  # each stage's pump, with its stage
+        self._pumps: dict[str, Nursery] = {}  # each node's stages' pumps
         self._lock = threading.Lock()
 
     def lose_head(self, why: str) -> None:
@@ -675,9 +678,9 @@ class RayStageBackend:
 
     def _pull(self, ref: str, stage: int, sink: Sink) -> None:
         self._sinks[ref] = sink
-        t = threading.Thread(target=self._pump, args=(ref, stage, sink), daemon=True, name=f"ray-stage-{stage}")
-        self._threads.append((t, stage))
-        t.start()
+        node = self.handles[stage].node.name
+        pumps = self._pumps.setdefault(node, Nursery(f"the stages on Ray node {node}"))
+        pumps.start(self._pump, ref, stage, sink, name=f"ray-stage-{stage}")
 
     def _pump(self, ref: str, stage: int, sink: Sink) -> None:
         h = self.handles[stage]
@@ -780,10 +783,9 @@ class RayStageBackend:
     def close(self, timeout: float = 5.0) -> None:
         self._stopping.set()
         deadline = time.monotonic() + timeout
-        for t, stage in self._threads:
-            if self.handles[stage].node.name in self.lost:
-                continue  # its pump may wait on a lost agent (SILENCE at most, or Ray's own wait): a daemon, not joined
-            t.join(max(0.0, deadline - time.monotonic()))
+        for node, pumps in self._pumps.items():
+            # a lost node's pumps may wait on its agent (SILENCE at most, or Ray's own wait): not waited for
+            pumps.join(0.0 if node in self.lost else max(0.0, deadline - time.monotonic()))
         if self.detached:
             return
         calls = [h.actor.close.remote() for h in _agent_handles(self.handles) if h.node.name not in self.lost]

@@ -37,31 +37,57 @@ class ThreadRuntime:
             return list(pool.map(guarded, calls))
 
 
-class Threads:
-    """The threads one backend starts, so that it can join them all at its end (bounded)."""
+class Nursery:
+    """One owner's threads, in the manner of a trio nursery: every thread the owner runs is started here, and
+    `join` waits for all of them within one bound. A thread that cannot be joined in it (a read from an engine that
+    was lost never ends) is never silently left: `report` is told its name and its owner's, once, and `join`
+    returns the names; it is a daemon, and ends with the process. The default report is the `pp_launch` logger
+    (shown with -v: cli/main.py)."""
 
-    def __init__(self) -> None:
+    def __init__(self, owner: str, report: Callable[[str], None] | None = None) -> None:
+        self.owner = owner
+        self._report = report or _log
         self._started: list[threading.Thread] = []
+        self._reported: set[int] = set()
         self._lock = threading.Lock()
 
-    def start(self, target: Callable[..., Any], *args: Any, name: str | None = None) -> threading.Thread:
-        thread = threading.Thread(target=target, args=args, daemon=True, name=name)
+    def start(self, target: Callable[..., Any], *args: Any, name: str, daemon: bool = True) -> threading.Thread:
+        """daemon=False: the process waits for it at its exit too (a run's own thread, whose teardown must end)."""
+        thread = threading.Thread(target=target, args=args, daemon=daemon, name=name)
         with self._lock:
             self._started.append(thread)
         thread.start()
         return thread
 
-    def join(self, timeout: float = 5.0) -> list[str]:
-        """Wait until every thread has ended, at most `timeout` seconds in all; the names of those still running
-        (a lost engine's waits), which are daemons and end with the process."""
-        deadline = time.monotonic() + timeout
+    def join(self, timeout: float | None = 5.0) -> list[str]:
+        """Wait until every thread has ended, at most `timeout` seconds in all (None: however long it takes); the
+        names of those still running, each reported (once)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
             started = list(self._started)
         for thread in started:
-            thread.join(max(0.0, deadline - time.monotonic()))
+            if thread.ident is not None:  # started (an interrupt may land between its making and its start)
+                thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
         with self._lock:
             self._started = [t for t in self._started if t.is_alive()]
-            return [t.name for t in self._started]
+            left = [t for t in self._started if id(t) not in self._reported]
+            self._reported.update(id(t) for t in left)
+            names = [t.name for t in self._started]
+        for t in left:
+            self._report(f"{self.owner}: thread {t.name} still runs after {timeout:g} s; it ends with the process")
+        return names
+
+    def __enter__(self) -> Nursery:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.join(None)
+
+
+def _log(text: str) -> None:
+    import logging
+
+    logging.getLogger("pp_launch.threads").info(text)
 
 
 class StopLatch:

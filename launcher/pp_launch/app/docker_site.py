@@ -31,7 +31,7 @@ from pp_launch.adapters.guard import RunGuard, StageEnd
 from pp_launch.adapters.guard import image_check as guard_image_check
 from pp_launch.adapters.multi_host import MultiHostBackend
 from pp_launch.adapters.process_backend import ProcessStageBackend
-from pp_launch.adapters.runtime import ThreadRuntime
+from pp_launch.adapters.runtime import Nursery, ThreadRuntime
 from pp_launch.app import chain as steps
 from pp_launch.app import gpus as gpu_select
 from pp_launch.app import hosts as across
@@ -524,9 +524,8 @@ def _follow(found: list[tuple[Engine, ContainerInfo]], view: LogView, voice: Voi
         finally:
             lines.put(None)
 
-    pumps = [threading.Thread(target=pump, args=(e, c), daemon=True, name=f"logs-{c.name}") for e, c in found]
-    for t in pumps:
-        t.start()
+    nursery = Nursery("logs -f")
+    pumps = [nursery.start(pump, e, c, name=f"logs-{c.name}") for e, c in found]
     try:
         running = len(found)
         while running:
@@ -537,6 +536,7 @@ def _follow(found: list[tuple[Engine, ContainerInfo]], view: LogView, voice: Voi
             voice.answer(item[0] + display(item[1]))
     finally:  # every stage ended, or Ctrl-C: each stream closed, the queue drained until each pump ended, joined
         end_pumps(pumps, closers, lines)
+        nursery.join(0.0)  # each pump joined by end_pumps; one that is not (30 s) is reported
 
 
 def end_pumps(pumps: list[threading.Thread], closers: list[Any], lines: queue.Queue[Any]) -> None:
@@ -718,11 +718,9 @@ def _wait_exit(
         with contextlib.suppress(errors.PpLaunchError):
             codes[c.id] = engine.wait_removed(c.id, left, "not-running" if kept else "removed")
 
-    threads = [threading.Thread(target=one, args=(e, c), daemon=True) for e, c in found]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    with Nursery(f"wait {run}") as waits:  # every wait joined: each ends by the engine's answer or its deadline
+        for e, c in found:
+            waits.start(one, e, c, name=f"wait-{c.name}")
     worst = 0
     for _, c in found:
         if c.id not in codes:
@@ -982,8 +980,8 @@ class _Guarding:
         self.error: BaseException | None = None
         self.taken = False
         self.grace = grace
-        self._thread = threading.Thread(target=self._start, args=(sites, run_id, owner, grace, spare), name="guards")
-        self._thread.start()
+        self._threads = Nursery(f"run {run_id}'s guards")
+        self._threads.start(self._start, sites, run_id, owner, grace, spare, name="guards")
 
     def _start(
         self, sites: Sequence[_Engine], run_id: str, owner: str, grace: float, spare: guard.Spare | None
@@ -995,7 +993,7 @@ class _Guarding:
             self.error = exc
 
     def take(self) -> dict[str, RunGuard]:
-        self._thread.join()
+        self._threads.join(None)
         if self.error is not None:
             raise self.error
         self.taken = True
@@ -1004,7 +1002,7 @@ class _Guarding:
     def finish(self, outcome: ChainOutcome | None) -> None:
         """The run's end, after its last attempt (idempotent): the launcher lets go of each guard. One never taken
         (the launch stopped before its run) finds nothing to tear down and goes, waited for (bounded)."""
-        self._thread.join()
+        self._threads.join(None)
         _let_guards_go(self.guards, outcome if self.taken else None)
         self.guards.clear()
 

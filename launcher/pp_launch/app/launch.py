@@ -20,7 +20,7 @@ from typing import Any
 
 from pp_launch.adapters import identity
 from pp_launch.adapters.inbox import QueueInbox
-from pp_launch.adapters.runtime import ThreadRuntime
+from pp_launch.adapters.runtime import Nursery, ThreadRuntime
 from pp_launch.app import attempts
 from pp_launch.app import chain as steps
 from pp_launch.app.request import GpuOptions as GpuOptions
@@ -146,16 +146,16 @@ class Foreground:
             stop_pending=lambda: signal.SIGTERM if self._stop is not None else None,
             passthrough=passthrough,
         )
-        self._thread = threading.Thread(target=self._run, args=(go, hooks), name=name)
+        self._threads = Nursery(name)
         try:
-            self._thread.start()
+            self._thread = self._threads.start(self._run, go, hooks, name=name, daemon=False)
             while not self._settled.wait(0.2):  # in slices: Ctrl-C must reach this thread while it waits
                 pass
         except BaseException:  # Ctrl-C while it comes up: it stops, as a chain does, before this goes up
             self.stop("an interrupt while it started")
             raise
         if not self._started:  # it ended before its container ran: the run's own error
-            self._thread.join()
+            self._threads.join(None)
             raise self.error or errors.PpLaunchError(f"{name} ended before its container started")
         assert self.scope is not None
         self.ref = self.scope.stages[0].ref or ""
@@ -197,8 +197,7 @@ class Foreground:
         self._stop = by
         if self.scope is not None:
             self.scope.request_stop(signal.SIGTERM, by)
-        if self._thread.ident is not None:  # it started (an interrupt may come before)
-            self._thread.join()  # the chain's teardown is bounded (the grace, then the kill wait)
+        self._threads.join(None)  # the chain's teardown is bounded (the grace, then the kill wait)
 
 
 class _OnStart(QuietReporter):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import os
+import sys
 from typing import Any
 
 import click
@@ -167,6 +168,8 @@ def main(ctx: click.Context, verbose: int, quiet: bool, docker_host: str | None,
       pp-launch -H ssh://gpu2 ps           # another engine, as docker -H
     """
     ctx.obj = {"verbosity": -1 if quiet else verbose}
+    if verbose > 0 and not quiet:
+        _notes_on_stderr()
     if docker_host is not None and docker_context is not None:
         raise click.UsageError("-H/--host and --context do not go together (as with docker): give one")
     if docker_host is not None:  # as docker: the flag wins over the environment, and is what children see
@@ -177,6 +180,18 @@ def main(ctx: click.Context, verbose: int, quiet: bool, docker_host: str | None,
         os.environ.pop("DOCKER_HOST", None)
     if ctx.invoked_subcommand not in ("chain", "node"):
         signals.release()  # nothing of theirs needs a teardown: Ctrl-C interrupts them as usual
+
+
+def _notes_on_stderr() -> None:
+    """-v: pp-launch's own log (a thread not joined at its owner's end: adapters/runtime.py) said on stderr."""
+    import logging
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("pp-launch: note: %(message)s"))
+    log = logging.getLogger("pp_launch")
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
 
 
 def load_all() -> click.Group:

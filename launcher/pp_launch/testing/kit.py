@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pp_launch.adapters import identity
+from pp_launch.adapters.runtime import Nursery
 from pp_launch.app import launch, worker_check
 from pp_launch.app.docker_site import Described
 from pp_launch.app.hosts import engine_here
@@ -383,8 +384,8 @@ def Chain(
         with collect.cond:
             collect.cond.notify_all()
 
-    thread = threading.Thread(target=run, name=f"pp-chain-{run_id}", daemon=True)
-    thread.start()
+    nursery = Nursery(f"the testing kit's chain {run_id}")
+    thread = nursery.start(run, name=f"pp-chain-{run_id}")
     try:
         deadline = time.monotonic() + timeout
         with collect.cond:
@@ -398,7 +399,7 @@ def Chain(
     finally:
         if scopes and thread.is_alive():
             scopes[-1].request_stop(signal.SIGTERM)
-        thread.join(grace + 60)
+        nursery.join(grace + 60)  # its teardown is bounded; a chain still running then is reported by name
 
 
 # ---------------------------------------------------------------------------------------------- workers
