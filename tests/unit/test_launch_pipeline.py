@@ -184,3 +184,35 @@ def test_an_interrupt_while_a_foreground_stage_comes_up_stops_its_run_there_and_
         signal.signal(signal.SIGINT, before)
     assert stopped == [signal.SIGTERM]
     assert not [t for t in threading.enumerate() if t.name == "pp-test-foreground"]
+
+
+def test_a_background_run_settles_on_its_event_times_out_without_it_and_stops_joined() -> None:
+    """Background (the kit's Chain, StageContainer, the worker driver's generations): `settled()` is true once an
+    event settles it, false when its wait ran out or the run ended first; `stop()` reaches the run and joins it."""
+    seen: list[object] = []
+    release = threading.Event()
+
+    def go(hooks: Hooks) -> Launched:
+        reporter = hooks.reporter(None)  # type: ignore[arg-type]
+        reporter.event("planning")
+        release.wait(10)
+        reporter.event("up")
+        while hooks.stop_pending() is None:
+            release.wait(0.01)
+        raise errors.Interrupted(signal.SIGTERM)
+
+    class Seen:
+        def event(self, event: object) -> None:
+            seen.append(event)
+
+    run = launch.Background(go, Seen(), lambda event: event == "up", "pp-test-background")
+    assert run.settled(0.05) is False and not run.ended.is_set()  # still planning: not up, and its wait ran out
+    release.set()
+    assert run.settled(10) is True and seen == ["planning", "up"]
+    run.stop("the test")
+    assert run.ended.is_set() and isinstance(run.error, errors.Interrupted)
+    assert not [t for t in threading.enumerate() if t.name == "pp-test-background"]
+
+    ended = launch.Background(lambda hooks: (_ for _ in ()).throw(errors.ConfigError("no")), Seen(), bool, "pp-t2")
+    assert ended.settled(10) is False and isinstance(ended.error, errors.ConfigError)  # it ended first
+    assert ended.join(10)

@@ -15,6 +15,7 @@ import dataclasses
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -115,61 +116,58 @@ def _attempt(request: LaunchRequest, hooks: Hooks, *, place: Launching, environ:
     return Launched(plan, note, told, restartable=restartable, faults=faults)
 
 
-class Foreground:
-    """A run of one stage in the foreground, on a thread of its own (the testing kit's StageContainer, each generation
-    of the worker driver): `go(hooks)` runs it (launch(), or an attempt of a Run) with hooks that pass its output to
-    `passthrough`. Made, the stage's container runs (`ref`, its `scope` and `backend`); the run's own error is
-    raised if it ended first. When it ends, `on_end(self)` is called on that thread; `stop()` asks its scope to stop
-    (the chain's one teardown) and joins the thread. After it: `done` (the run's result) or `error`, and
-    `exit_code` (the stage's own; None when the engine could not say)."""
+class Background:
+    """A run on a thread of its own: the one type behind the testing kit's Chain and StageContainer and each
+    generation of the worker driver. `go(hooks)` runs it (launch(), or an attempt of a Run); its events go to
+    `reporter`, its foreground stage's output to `passthrough` (when it has one). `settled()` waits until an event
+    for which `settles(event)` holds (its container started; its roster) or its end. When it ends, `on_end(self)` is
+    called on that thread; `stop()` asks its scope to stop (the chain's one teardown) and joins the thread. After
+    it: `done` (the run's result) or `error`."""
 
     def __init__(
         self,
         go: Callable[[Hooks], Launched],
-        passthrough: Callable[[str, bytes], None],
-        on_end: Callable[[Foreground], None],
+        reporter: Any,
+        settles: Callable[[events.Event], bool],
         name: str,
+        on_end: Callable[[Background], None] = lambda run: None,
+        passthrough: Callable[[str, bytes], None] | None = None,
     ) -> None:
         self.on_end = on_end
         self.scope: ChainScope | None = None
-        self.ref = ""
         self.done: Launched | None = None
         self.error: BaseException | None = None
-        self.exit_code: int | None = None
         self.ended = threading.Event()
-        self._started = False
-        self._settled = threading.Event()  # it started, or it ended first
+        self.is_settled = False  # an event settled it (else it ended first, or has not yet)
+        self._settled = threading.Event()  # it settled, or it ended first
         self._stop: str | None = None  # who asked it to stop, once someone did
         hooks = Hooks(
-            reporter=lambda plan: _OnStart(self._on_start),
+            reporter=lambda plan: _Settling(reporter, settles, self._settle),
             on_scope=self._on_scope,
             stop_pending=lambda: signal.SIGTERM if self._stop is not None else None,
             passthrough=passthrough,
         )
         self._threads = Nursery(name)
         try:
-            self._thread = self._threads.start(self._run, go, hooks, name=name, daemon=False)
-            while not self._settled.wait(0.2):  # in slices: Ctrl-C must reach this thread while it waits
-                pass
-        except BaseException:  # Ctrl-C while it comes up: it stops, as a chain does, before this goes up
+            self._threads.start(self._run, go, hooks, name=name, daemon=False)
+        except BaseException:  # Ctrl-C while its thread starts (Thread.start waits for it): it stops, joined
             self.stop("an interrupt while it started")
             raise
-        if not self._started:  # it ended before its container ran: the run's own error
-            self._threads.join(None)
-            raise self.error or errors.PpLaunchError(f"{name} ended before its container started")
-        assert self.scope is not None
-        self.ref = self.scope.stages[0].ref or ""
 
-    @property
-    def started(self) -> bool:
-        """Its container ran (else the run ended before: `error` says why)."""
-        return self._started
+    def settled(self, timeout: float | None = None) -> bool:
+        """Waits (in slices: Ctrl-C reaches the caller) until it settled or ended, at most `timeout` seconds;
+        whether it settled."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._settled.is_set():
+            left = 0.2 if deadline is None else min(0.2, deadline - time.monotonic())
+            if left <= 0:
+                break
+            self._settled.wait(left)
+        return self.is_settled
 
-    @property
-    def backend(self) -> Any:
-        """The stage's backend (which writes to its container's stdin)."""
-        assert self.scope is not None
-        return self.scope.backend
+    def _settle(self) -> None:
+        self.is_settled = True
+        self._settled.set()
 
     def _on_scope(self, scope: Stoppable) -> None:
         assert isinstance(scope, ChainScope)
@@ -177,19 +175,23 @@ class Foreground:
         if self._stop is not None:  # asked before its scope existed
             scope.request_stop(signal.SIGTERM, self._stop)
 
-    def _on_start(self) -> None:
-        self._started = True
-        self._settled.set()
-
     def _run(self, go: Callable[[Hooks], Launched], hooks: Hooks) -> None:
         try:
             self.done = go(hooks)
         except BaseException as exc:  # handed to the caller, on its own thread
             self.error = exc
-        self.exit_code = self.scope.stages[0].exit_code if self.scope is not None else None
+        self._ended()
         self.ended.set()
         self._settled.set()
         self.on_end(self)
+
+    def _ended(self) -> None:
+        """What a kind of run sets at its end, before it is said ended."""
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Waits until it ended, at most `timeout` seconds; whether it did."""
+        self._threads.join(timeout)
+        return self.ended.is_set()
 
     def stop(self, by: str) -> None:
         """SIGTERM through the chain's one teardown (asked before the scope exists, the run stops there: nothing
@@ -200,13 +202,62 @@ class Foreground:
         self._threads.join(None)  # the chain's teardown is bounded (the grace, then the kill wait)
 
 
-class _OnStart(QuietReporter):
-    def __init__(self, started: Callable[[], None]) -> None:
-        self.started = started
+class Foreground(Background):
+    """A run of one stage in the foreground (the testing kit's StageContainer, each generation of the worker
+    driver): its output passed to `passthrough`. Made, the stage's container runs (`ref`, its `scope` and `backend`);
+    the run's own error is raised if it ended first. After it: `exit_code` too (the stage's own; None when the
+    engine could not say)."""
+
+    def __init__(
+        self,
+        go: Callable[[Hooks], Launched],
+        passthrough: Callable[[str, bytes], None],
+        on_end: Callable[[Foreground], None],
+        name: str,
+    ) -> None:
+        self.ref = ""
+        self.exit_code: int | None = None
+        started = lambda event: isinstance(event, events.StageStarted)  # noqa: E731
+        super().__init__(go, QuietReporter(), started, name, on_end, passthrough)  # type: ignore[arg-type]
+        try:
+            self.settled()
+        except BaseException:  # Ctrl-C while it comes up: it stops, as a chain does, before this goes up
+            self.stop("an interrupt while it started")
+            raise
+        if not self.is_settled:  # it ended before its container ran: the run's own error
+            self.join(None)
+            raise self.error or errors.PpLaunchError(f"{name} ended before its container started")
+        assert self.scope is not None
+        self.ref = self.scope.stages[0].ref or ""
+
+    @property
+    def started(self) -> bool:
+        """Its container ran (else the run ended before: `error` says why)."""
+        return self.is_settled
+
+    @property
+    def backend(self) -> Any:
+        """The stage's backend (which writes to its container's stdin)."""
+        assert self.scope is not None
+        return self.scope.backend
+
+    def _ended(self) -> None:
+        self.exit_code = self.scope.stages[0].exit_code if self.scope is not None else None
+
+
+class _Settling:
+    """The run's reporter, passed every call, and told when an event settles the run (Background)."""
+
+    def __init__(self, inner: Any, settles: Callable[[events.Event], bool], settle: Callable[[], None]) -> None:
+        self.inner, self.settles, self.settle = inner, settles, settle
 
     def event(self, event: events.Event) -> None:
-        if isinstance(event, events.StageStarted):
-            self.started()
+        self.inner.event(event)
+        if self.settles(event):
+            self.settle()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
 
 
 def plan_launch(request: LaunchRequest, environ: Mapping[str, str] | None = None, dry_run: bool = True) -> Launched:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import shlex
-import signal
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -27,7 +26,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pp_launch.adapters import identity
-from pp_launch.adapters.runtime import Nursery
 from pp_launch.app import launch, worker_check
 from pp_launch.app.docker_site import Described
 from pp_launch.app.hosts import engine_here
@@ -264,9 +262,7 @@ class RunningChain:
     run_id: str
     roster: tuple[events.RosterEntry, ...]
     _collect: _Collect = field(repr=False)
-    _thread: threading.Thread | None = field(default=None, repr=False)
-    _outcome: list[Any] = field(default_factory=list, repr=False)  # the launch's result, once it ended
-    _failure: list[BaseException] = field(default_factory=list, repr=False)
+    _run: launch.Background | None = field(default=None, repr=False)
 
     def all_events(self) -> list[events.Event]:
         """The events so far (docs/formats.md), typed."""
@@ -282,7 +278,7 @@ class RunningChain:
         return [e for e in self.all_events() if isinstance(e, events.StageAnnounced)]
 
     def _ended(self) -> bool:
-        return self._thread is not None and not self._thread.is_alive()
+        return self._run is not None and self._run.ended.is_set()
 
     def wait_for_line(self, stage: int, predicate: Any, timeout: float = 60.0, what: str = "such a line") -> str:
         """The first line of `stage` for which `predicate` holds (a str: the line contains it). StageExited when
@@ -299,7 +295,8 @@ class RunningChain:
                         return line
                 last = "".join(f"\n  | {line}" for line in seen[-20:]) or " (it printed nothing)"
                 if self._ended():
-                    done = self._outcome[0].outcome if self._outcome else None
+                    assert self._run is not None
+                    done = self._run.done.outcome if self._run.done is not None else None
                     code = done.exit_code if done is not None else None
                     why = f": {done.message}" if done is not None and done.message else ""
                     raise StageExited(
@@ -322,13 +319,13 @@ class RunningChain:
         """Until the chain ends by itself (every stage exited, or one failed): its exit code (docs/chain.md).
         StageTimeout when it still runs after `timeout` seconds; what stopped the launch, raised, when it could
         not finish."""
-        assert self._thread is not None
-        self._thread.join(timeout)
-        if self._thread.is_alive():
+        assert self._run is not None
+        if not self._run.join(timeout):
             raise StageTimeout(f"chain {self.run_id} still runs after {timeout:g} s", [])
-        if self._failure:
-            raise self._failure[0]
-        return int(self._outcome[0].outcome.exit_code)
+        if self._run.error is not None:
+            raise self._run.error
+        assert self._run.done is not None and self._run.done.outcome is not None
+        return int(self._run.done.outcome.exit_code)
 
 
 @contextmanager
@@ -369,37 +366,18 @@ def Chain(
         keep_logs=False,  # a suite's chains leave nothing in the user's state
     )  # every rule between the options holds here as on the command line
     collect = _Collect()
-    scopes: list[Any] = []
-    outcome: list[Any] = []
-    failure: list[BaseException] = []
-
-    def reporter(plan: Any) -> _Collect:
-        return collect
-
-    def run() -> None:
-        try:
-            outcome.append(launch.launch(request, launch.Hooks(reporter=reporter, on_scope=scopes.append)))
-        except BaseException as exc:
-            failure.append(exc)
+    roster = lambda event: isinstance(event, events.StageRoster)  # noqa: E731
+    run = launch.Background(lambda hooks: launch.launch(request, hooks), collect, roster, name=f"pp-chain-{run_id}")
+    try:  # from here on, whatever happens (a Ctrl-C too), the chain is stopped and joined
+        if not run.settled(timeout):
+            ended = run.done.outcome.message if run.done is not None and run.done.outcome else ""
+            why = run.error or ended or f"no roster within {timeout}s"
+            raise RuntimeError(f"chain {run_id} of {image} did not come up: {why}")
         with collect.cond:
-            collect.cond.notify_all()
-
-    nursery = Nursery(f"the testing kit's chain {run_id}")
-    thread = nursery.start(run, name=f"pp-chain-{run_id}")
-    try:
-        deadline = time.monotonic() + timeout
-        with collect.cond:
-            while not any(isinstance(e, events.StageRoster) for e in collect.events):
-                if not thread.is_alive() or time.monotonic() > deadline:
-                    ended = outcome[0].outcome.message if outcome else f"no roster within {timeout}s"
-                    raise RuntimeError(f"chain {run_id} of {image} did not come up: {failure[0] if failure else ended}")
-                collect.cond.wait(0.2)
-            roster = next(e for e in collect.events if isinstance(e, events.StageRoster)).stages
-        yield RunningChain(run_id, roster, collect, thread, outcome, failure)
+            up = next(e for e in collect.events if isinstance(e, events.StageRoster)).stages
+        yield RunningChain(run_id, up, collect, run)
     finally:
-        if scopes and thread.is_alive():
-            scopes[-1].request_stop(signal.SIGTERM)
-        nursery.join(grace + 60)  # its teardown is bounded; a chain still running then is reported by name
+        run.stop("the Chain's with block ended")  # its teardown is bounded (the grace, then the kill wait)
 
 
 # ---------------------------------------------------------------------------------------------- workers
