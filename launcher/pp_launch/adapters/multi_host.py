@@ -20,11 +20,10 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from pp_launch.adapters.docker_engine import DockerStageBackend, connect
-from pp_launch.adapters.runtime import Nursery
+from pp_launch.adapters.runtime import Nursery, map_all
 from pp_launch.core import errors
 from pp_launch.core.chain.plan import StageSpec
 from pp_launch.core.chain.ports import Sink, StageGone
@@ -209,8 +208,7 @@ class MultiHostBackend:
                     return list(found)
             return sorted(ref for ref, h in self._host_of.items() if h == host and ref not in self._gone)
 
-        with ThreadPoolExecutor(max_workers=min(len(self.backends), 16) or 1, thread_name_prefix="leftovers") as pool:
-            return [ref for refs in pool.map(ask, self.backends) for ref in refs]
+        return [ref for refs in map_all(ask, list(self.backends), "leftovers") for ref in refs]
 
     def where(self, ref: str) -> str:
         return self._host_of.get(ref, "?")

@@ -7,9 +7,11 @@ import os
 import select
 import threading
 import time
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 class ThreadRuntime:
@@ -25,16 +27,55 @@ class ThreadRuntime:
         return self._clock()
 
     def run_all(self, calls: Sequence[Callable[[], Any]]) -> list[Any]:
-        def guarded(call: Callable[[], Any]) -> Any:
-            try:
-                return call()
-            except BaseException as exc:  # handed back: the caller decides what each failure means
-                return exc
+        return run_all(calls, self._name, self._max_workers)
 
-        if len(calls) <= 1:
-            return [guarded(c) for c in calls]
-        with ThreadPoolExecutor(max_workers=min(self._max_workers, len(calls)), thread_name_prefix=self._name) as pool:
-            return list(pool.map(guarded, calls))
+
+def run_all(calls: Sequence[Callable[[], Any]], name: str, max_workers: int = 16) -> list[Any]:
+    """Every call at once, on up to `max_workers` threads of one nursery, all joined before this returns: their
+    results in order, an exception standing as its call's result (the caller decides what each failure means)."""
+
+    def guarded(call: Callable[[], Any]) -> Any:
+        try:
+            return call()
+        except BaseException as exc:  # handed back
+            return exc
+
+    if len(calls) <= 1:
+        return [guarded(c) for c in calls]
+    results: list[Any] = [None] * len(calls)
+    todo = iter(range(len(calls)))
+    lock = threading.Lock()
+
+    def worker() -> None:
+        while True:
+            with lock:
+                k = next(todo, None)
+            if k is None:
+                return
+            results[k] = guarded(calls[k])
+
+    with Nursery(name) as nursery:
+        for i in range(min(max_workers, len(calls))):
+            nursery.start(worker, name=f"{name}-{i}")
+    return results
+
+
+def map_all(fn: Callable[[T], R], items: Iterable[T], name: str, max_workers: int = 16) -> list[R]:
+    """fn(item) for every item at once (run_all), the results in order; the first exception, in order, raised
+    once every call has ended (as a thread pool's map)."""
+    raised: dict[int, BaseException] = {}  # a call's own exception (a result may be an exception object too)
+
+    def call(k: int, item: T) -> R | None:
+        try:
+            return fn(item)
+        except BaseException as exc:
+            raised[k] = exc
+            return None
+
+    results = run_all([lambda k=k, item=item: call(k, item) for k, item in enumerate(items)], name, max_workers)  # type: ignore[misc]
+    if raised:
+        raise raised[min(raised)]
+    return results
 
 
 class Nursery:

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from pp_launch.adapters import inventory_file
 from pp_launch.adapters.docker_engine import Engine, connect
 from pp_launch.adapters.probe import PROBE_BOOT, probe_files
+from pp_launch.adapters.runtime import map_all
 from pp_launch.app import gpus as gpu_select
 from pp_launch.core import errors, labels
 from pp_launch.core.chain.plan import BUILTIN_IMAGE
@@ -55,8 +55,7 @@ def connect_all(names: Sequence[str], timeout: float | None = None) -> list[Host
             return exc
         return Host(name, engine, engine_id, api)
 
-    with ThreadPoolExecutor(max_workers=min(len(names), 16) or 1, thread_name_prefix="host-connect") as pool:
-        reached = list(pool.map(reach, names))
+    reached = map_all(reach, names, "host-connect")
     failures = [str(r) for r in reached if isinstance(r, errors.PpLaunchError)]
     hosts = [r for r in reached if isinstance(r, Host)]
     if failures:
@@ -227,5 +226,4 @@ def host_gpus(
         engine = h.engine
         return gpu_select.HostGpus(h.name, inventory, lambda: live_gpu_labels(engine))
 
-    with ThreadPoolExecutor(max_workers=min(len(hosts), 16) or 1, thread_name_prefix="host-probe") as pool:
-        return list(pool.map(one, hosts))
+    return map_all(one, hosts, "host-probe")

@@ -8,14 +8,13 @@ import re
 import signal
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from pp_launch.adapters import guard, host_state, identity
 from pp_launch.adapters.docker_engine import ContainerInfo, DockerStageBackend, Engine, connect
 from pp_launch.adapters.inbox import QueueInbox
-from pp_launch.adapters.runtime import ThreadRuntime
+from pp_launch.adapters.runtime import ThreadRuntime, map_all
 from pp_launch.app.rows import StageRow
 from pp_launch.core import errors, hosts, labels
 from pp_launch.core.announce import AnnouncementError, parse_line
@@ -227,8 +226,7 @@ def _stop_runs(
 
     if not runs:
         return []
-    with ThreadPoolExecutor(max_workers=max(1, min(len(runs), 8)), thread_name_prefix="down") as pool:
-        return list(pool.map(lambda item: stop(*item), runs.items()))
+    return map_all(lambda item: stop(*item), list(runs.items()), "down", max_workers=8)
 
 
 def local_inventory() -> GpuInventory | None:
