@@ -330,8 +330,9 @@ def serve() -> int:
     why = ready()
     if why:  # said to the session when it comes (this container must still run then), and in the log
         say(why)
-        with open(VERDICT, "w") as f:
+        with open(VERDICT + ".part", "w") as f:  # whole, or not there: a session may look for it at any moment
             f.write(why + "\n")
+        os.replace(VERDICT + ".part", VERDICT)
         server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         server.bind(LISTEN)
         server.listen(1)
