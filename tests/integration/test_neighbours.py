@@ -26,6 +26,7 @@ from ..helpers import (
     running,
     unique,
     wait_until,
+    watchdogs,
 )
 
 pytestmark = pytest.mark.docker
@@ -207,6 +208,8 @@ def test_an_engine_over_the_network_gets_a_guard_that_checks_its_socket_and_hear
         right.signal(signal.SIGINT)
         assert right.wait(30) == 130
         assert run_containers(engine, right.run_id) == [] and guard_of(engine, right.run_id) == []
+        # the runs' watchdogs reach the engine through the relay: each has ended (its sweep done) before it closes
+        assert wait_until(lambda: watchdogs(DOCKER_HOST=relay.url) == [], 60), watchdogs(DOCKER_HOST=relay.url)
     finally:
         relay.close()
 
