@@ -175,12 +175,14 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     item.stash[_CHAPTER] = Chapter()
     if not CPU_LOG:
         return (yield)
-    cpu, wall = _machine_cpu(), time.monotonic()
+    cpu, wall, began = _machine_cpu(), time.monotonic(), time.time()
     try:
         return (yield)
     finally:  # measured with one test at a time (no xdist): the machine's CPU is then this test's
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "-")  # and when, on which worker: the parallel run's timeline
         with open(CPU_LOG, "a") as log:
-            log.write(f"{_machine_cpu() - cpu:.2f}\t{time.monotonic() - wall:.2f}\t{item.nodeid}\n")
+            took = f"{_machine_cpu() - cpu:.2f}\t{time.monotonic() - wall:.2f}"
+            log.write(f"{took}\t{item.nodeid}\t{began:.1f}\t{worker}\n")
 
 
 @pytest.hookimpl(wrapper=True)

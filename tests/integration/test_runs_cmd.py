@@ -4,6 +4,7 @@ drive them from scripts."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -357,9 +358,13 @@ def test_every_stage_of_a_detached_run_hears_the_hand_over_before_its_stdin_ends
     of its stdin for the launcher's death. Under load, with stdin and output on one attach, the engine dropped the
     line about once in fifteen 3-stage runs when the whole attach closed at once, about once in thirty when its stdin
     was half-closed first (every stage ended, exit 137, no kill; found by the full tier): here, eight runs beside two
-    busy CPUs, every stage's stdin on an attach of its own."""
+    busy CPUs, every stage's stdin on an attach of its own. Beside the parallel run's other workers, which keep the
+    machine busy themselves, the two hogs run at the lowest priority: the CPUs stay busy, and the hogs take only
+    what the other tests leave idle (at full priority they took a core of the suite for a minute)."""
     began = time.time()
-    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    nice = 19 if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1 else 0
+    hog = f"import os\nos.nice({nice})\nwhile True: pass"
+    busy = [subprocess.Popen([sys.executable, "-c", hog]) for _ in range(2)]
     LOUD = ("--env", "STUB_LOG_RATE=1000")  # output flowing as the attach closes: the engine's side of the race
     runs: list[str] = []
     launched: dict[str, str] = {}
