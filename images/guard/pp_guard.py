@@ -60,7 +60,9 @@ RUN = os.environ.get("PP_GUARD_RUN", "")  # the run's id: an id to own must be o
 LISTEN = "/run/pp-guard/session.sock"  # inside the container: reached only by a process in it (the session)
 VERDICT = "/run/pp-guard/verdict"  # why serve could not start, for the session to say
 ALIVE = 0.25  # seconds between two `alive` lines to the launcher
-SESSION_PATIENCE = 30.0  # seconds a new guard waits for its launcher's session
+# seconds a new guard waits for its launcher's session; less for a guard put in another's place (its launcher opens
+# the session the moment the guard starts, and nothing else tears the run down if that launcher was killed meanwhile)
+SESSION_PATIENCE = float(os.environ.get("PP_GUARD_SESSION_PATIENCE") or 30)
 # > 0: a spare, started ahead for its user's next run (its id chosen already): it waits this long for that run's
 # launcher to take it, then goes (a spare, like any guard, owns nothing until its launcher names what is its own)
 SPARE = float(os.environ.get("PP_GUARD_SPARE", "0") or 0)
@@ -174,6 +176,8 @@ class Guard:
             return
         if SPARE:
             say("claimed: the run's launcher took this spare guard")
+        else:
+            say("session: the launcher holds this guard's lifeline")
         conn.settimeout(None)
         server.settimeout(None)
         with self.session_lock:

@@ -7,6 +7,7 @@ nothing); when no new guard can be had, the run ends with the one teardown, exit
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import time
@@ -111,19 +112,39 @@ def test_a_guard_another_client_ends_is_replaced_within_a_second_and_said(
     assert docker("inspect", guard).returncode != 0  # the paused one too: removed by its id
 
 
-def test_a_launcher_and_watchdog_killed_after_the_guard_was_removed_leave_nothing_within_15_s(engine, stub_image):
+@pytest.mark.parametrize("when", ["as-it-starts", "once-it-holds-the-session"])
+def test_a_launcher_and_watchdog_killed_after_the_guard_was_removed_leave_nothing_within_15_s(
+    engine, stub_image, when: str
+) -> None:
     """Stages deaf to SIGTERM and to the end of their stdin: only a guard (or the watchdog) can remove them. The
-    neighbour's `docker rm -f` of the guard, then SIGKILL of the launcher and of its watchdog: the new guard does."""
+    neighbour's `docker rm -f` of the guard, then SIGKILL of the launcher and of its watchdog: the new guard does,
+    whether its launcher was stopped the moment the new guard started (before its session, mostly: it holds the
+    run's ids from its start, and tears the run down when no session comes) or once it held the session."""
     chain, run, guard = held(*DEAF)
-    assert docker("rm", "-f", guard).returncode == 0
-    assert wait_until(lambda: "a new guard takes its place" in chain.stderr_text(), LOST_WINDOW), chain.stderr_text()
-    assert wait_until(lambda: [g for g in guard_of(engine, run) if g != guard and running(g)], 30)
+    started = subprocess.Popen(
+        ["docker", "events", "--format", "{{.ID}}", "--filter", "type=container", "--filter", "event=start",
+         "--filter", f"label=pp-launch.run={run}", "--filter", "label=pp-launch.stage=guard"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert docker("rm", "-f", guard).returncode == 0
+        assert started.stdout is not None
+        seen = select.select([started.stdout], [], [], 30)[0]  # the new guard started (nothing within 30 s: "")
+        new = started.stdout.readline().strip() if seen else ""
+        if when == "as-it-starts":
+            chain.signal(signal.SIGSTOP)  # frozen right there, its session to the new guard most likely not yet open
+    finally:
+        started.kill()
+        started.wait()
+    assert new and new != guard, chain.stderr_text()
+    if when == "once-it-holds-the-session":
+        assert wait_until(lambda: "session: the launcher holds" in docker("logs", new).stderr, 30), chain.stderr_text()
     began = time.monotonic()
     os.kill(_watchdog_of(run), signal.SIGKILL)
     chain.signal(signal.SIGKILL)
     chain.wait(10)
-    assert wait_until(lambda: run_containers(engine, run) == [] and guard_of(engine, run) == [], 15)
-    assert time.monotonic() - began < 15
+    gone = wait_until(lambda: run_containers(engine, run) == [] and guard_of(engine, run) == [], 15)
+    assert gone and time.monotonic() - began < 15, (run_containers(engine, run), chain.stderr_text())
 
 
 def test_with_no_new_guard_to_be_had_the_run_ends_exit_1_naming_why(broken_engine) -> None:

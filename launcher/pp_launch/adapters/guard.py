@@ -58,6 +58,7 @@ PROGRAM = "/usr/local/lib/pp-guard/pp_guard.py"
 ENTRY = ("python3", "-u", PROGRAM)
 SESSION = ("python3", "-I", "-S", "-u", PROGRAM, "session")  # a relay: the standard library's sockets, nothing more
 READY_PATIENCE = 15.0  # seconds a new guard may take to say it is ready
+REPLACEMENT_PATIENCE = 10.0  # seconds a guard put in another's place waits for its launcher's session
 LOST_AFTER = 1.0  # seconds without a word from the guard before it counts as lost (paused, frozen, gone)
 LISTEN_SLICE = 0.25
 
@@ -212,6 +213,8 @@ class RunGuard:
             env["PP_GUARD_SINCE"] = f"{self.since:.3f}"
         if self.owned:  # a guard in another's place owns the run's ids from its start: this process may die next
             env["PP_GUARD_OWN"] = ",".join(self.owned)
+            # and, should it die before its session, the new guard tears the run down soon, not after 30 s
+            env["PP_GUARD_SESSION_PATIENCE"] = f"{REPLACEMENT_PATIENCE:g}"
         ref = self.engine.keep(
             name, GUARD_IMAGE, guard_labels(self.run_id, self.owner), ENTRY,
             {socket_path(self.engine): INSIDE, record: RECORD_AT}, env, created,
