@@ -3,6 +3,7 @@ the backend over several engines (one lost), and Docker contexts as the CLI stor
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import signal
@@ -128,6 +129,24 @@ def test_gpus_held_on_a_host_by_labels_are_never_given_again() -> None:
     assert not mine & {g[0] for g in second.stage_gpus}
     with pytest.raises(errors.NotEnoughGpus, match="a: 0; b: 5"):
         select([host("a", FOUR, on_a), host("b", EIGHT, on_b)], 6)
+
+
+def test_stages_that_do_not_fit_across_hosts_name_each_gpu_passed_over_and_why() -> None:
+    """As one engine's "not enough GPUs": a host's unhealthy GPUs and those faulted in the run are named, with the
+    --allow-unhealthy advice, and --allow-unhealthy then places on them (never on a faulted one)."""
+    sick = dataclasses.replace(EIGHT.gpus[1], ecc_uncorrected=2)
+    eight = dataclasses.replace(EIGHT, gpus=(EIGHT.gpus[0], sick, *EIGHT.gpus[2:]))
+    faulted = ((EIGHT.gpus[2].uuid, "GPU 2 reported Xid 79 on attempt 1"),)
+    with pytest.raises(errors.NotEnoughGpus) as refused:
+        select([host("a", FOUR), host("b", eight)], 10, avoid=faulted)
+    text = str(refused.value)
+    assert "a: 3; b: 6" in text, text
+    assert f"  host b: GPU 1 ({sick.uuid}) unhealthy: 2 uncorrected ECC errors since the driver loaded" in text
+    assert f"  host b: GPU 2 ({EIGHT.gpus[2].uuid}) faulted in this run: GPU 2 reported Xid 79" in text
+    assert f"  host a: GPU 0 ({FOUR.gpus[0].uuid}) busy" in text
+    assert text.endswith("--allow-unhealthy (docs/recovery.md).")
+    where, _ = select([host("a", FOUR), host("b", eight)], 10, avoid=faulted, allow_unhealthy=True)
+    assert where == ["a"] * 3 + ["b"] * 7
 
 
 def test_hosts_without_gpus_take_no_gpu_stage_but_cpu_chains_use_every_host() -> None:

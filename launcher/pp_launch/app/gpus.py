@@ -23,6 +23,7 @@ from pp_launch.core.gpu.allocator import (
     allocate,
     free_units,
     parse_visible,
+    passed_over_now,
 )
 from pp_launch.core.gpu.inventory import GpuInventory
 from pp_launch.core.gpu.requests import device_requests, read_gpus
@@ -159,7 +160,10 @@ def select(
         any_number = cpu or mode == "all"
         pairs = zip(hosts_gpus, holdings, strict=True)
         capacity = [_capacity(h.inventory, ask.request, got, any_number) for h, got in pairs]
-        assignment = hosts.assign(stages, [h.host for h in hosts_gpus], capacity, placement, stages_per_host)
+        try:
+            assignment = hosts.assign(stages, [h.host for h in hosts_gpus], capacity, placement, stages_per_host)
+        except errors.NotEnoughGpus as exc:
+            raise _with_passed_over(exc, ask.request, hosts_gpus, holdings, any_number) from None
     blocks = [
         (block, _place(hosts_gpus[h].inventory, len(block), ask, holdings[h], cpu))
         for h, block in hosts.blocks(assignment)
@@ -246,6 +250,24 @@ def _combine(blocks: list[tuple[list[int], Placement]], stages: int, attach: str
         )
     shown = tuple(hops) if stages > 1 and not whole else ()
     return GpuSelection(stage_gpus, requests, shown, cost=cost)
+
+
+def _with_passed_over(
+    exc: errors.NotEnoughGpus,
+    request: AllocationRequest,
+    hosts_gpus: Sequence[HostGpus],
+    holdings: Sequence[Mapping[str, Holding]],
+    any_number: bool,
+) -> errors.NotEnoughGpus:
+    """Stages that do not fit across hosts, with each GPU passed over on each host and why (held, busy, unhealthy,
+    faulted in this run), as one engine's "not enough GPUs" says them."""
+    lines = [str(exc)]
+    for h, held in zip(hosts_gpus, holdings, strict=True):
+        if h.inventory.gpus and not any_number:
+            lines += [f"  host {h.host}: {why}" for why in passed_over_now(h.inventory, request, held)]
+    if any(") unhealthy: " in line for line in lines[1:]):
+        lines.append("Use unhealthy GPUs anyway with --allow-unhealthy (docs/recovery.md).")
+    return errors.NotEnoughGpus("\n".join(lines))
 
 
 def _capacity(

@@ -145,6 +145,16 @@ def free_units(inventory: GpuInventory, request: AllocationRequest, holdings: Ma
     return sum(1 for unit in units(inventory) if _why_not(unit, inventory, request, holdings) is None)
 
 
+def passed_over_now(inventory: GpuInventory, request: AllocationRequest, holdings: Mapping[str, Holding]) -> list[str]:
+    """Each unit `request` could not be given now, and why, as the "not enough GPUs" message says it."""
+    out = []
+    for unit in units(inventory):
+        why = _why_not(unit, inventory, request, holdings)
+        if why is not None:
+            out.append(f"{unit.label} ({unit.uuid}) {why}")
+    return out
+
+
 def allocate(inventory: GpuInventory, request: AllocationRequest, holdings: Mapping[str, Holding]) -> Placement:
     """Raise NotEnoughGpus naming how many were needed, how many were free, and why each other one was
     passed over."""
@@ -328,13 +338,31 @@ def split_granted(
     inventory: GpuInventory, granted: Sequence[str], stages: int, per_stage: int
 ) -> list[tuple[str, ...]]:
     """GPUs granted to a block of stages by someone else (a Ray cluster), shared out: `stages` groups of `per_stage`,
-    the closest ring over them on this machine's topology. UUIDs the inventory lacks are taken in the order given."""
+    the closest ring over them on this machine's topology (of more granted than needed, the closest ring of as many
+    as needed). UUIDs the inventory lacks are taken in the order given."""
     by_uuid = {u.uuid: u for u in units(inventory)}
     known = [by_uuid[g] for g in granted if g in by_uuid]
     order = list(granted)
+    need = min(len(known), stages * per_stage)
     if per_stage and known and len(known) == len(granted):
-        order = [u.uuid for u in _closest_ring(inventory, known, len(known), per_stage)]
+        order = [u.uuid for u in _closest_ring(inventory, known, need, per_stage)]
     return [tuple(order[i * per_stage : (i + 1) * per_stage]) for i in range(stages)]
+
+
+def passed_over(
+    inventory: GpuInventory, uuids: Sequence[str], avoid: Sequence[tuple[str, str]], allow_unhealthy: bool
+) -> dict[str, str]:
+    """Of GPUs someone else chose (a Ray grant), those this run must not use, UUID -> why, as the allocator says it
+    of its own choice: faulted in this run (always), unhealthy (unless allowed)."""
+    gpus = {g.uuid: g for g in inventory.gpus}
+    faulted = dict(avoid)
+    out = {}
+    for uuid in uuids:
+        if (why := faulted.get(uuid)) is not None:
+            out[uuid] = f"faulted in this run: {why}"
+        elif (g := gpus.get(uuid)) is not None and g.health and not allow_unhealthy:
+            out[uuid] = f"unhealthy: {g.health}"
+    return out
 
 
 EXACT_MAX = 16  # exact search (branch and bound) up to this many candidate units; greedy above
