@@ -39,6 +39,8 @@ class FakeGpuHost:
         self.inventory = inventory_file.load(self.inventory_path)
         self.lib_dir = fake_nvml.build(self.root / "lib").parent
         self.config = fake_nvml.write_config(self.inventory, self.root / "host-nvml.conf")
+        self.events = self.root / "xid-events"  # the host's Xid events: fake_nvml.inject_xid(host.events, UUID, CODE)
+        self.events.touch()
         self.state_dir = self.root / "state"
         self.state_dir.mkdir()
         self.bin = fake_toolkit.install(self.root / "bin", self.inventory_path, self.lib_dir / fake_nvml.LIBRARY)
@@ -83,12 +85,22 @@ class FakeGpuHost:
 
     # ------------------------------------------------------------------------------------------ launchers
     def env(self, mode: str | None = None, **extra: str) -> dict[str, str]:
-        env = fake_nvml.environ(self.lib_dir, self.config)
+        env = fake_nvml.environ(self.lib_dir, self.config, events=self.events)
         env["PP_LAUNCH_STATE_DIR"] = str(self.state_dir)
         if mode is not None:
             env["DOCKER_HOST"] = self.engine(mode).host
         env.update(extra)
         return env
+
+    def inject_xid(self, uuid: str, code: int) -> None:
+        """An Xid on GPU `uuid`, as the driver reports it: to this host's NVML, and inside every running container
+        of its engines the toolkit gave that GPU."""
+        fake_nvml.inject_xid(self.events, uuid, code)
+        line = f"xid {uuid} {code}"
+        inside = f"{fake_nvml.CONTAINER_CONFIG}/{fake_toolkit.CONTAINER_EVENTS}"
+        for ref in fake_toolkit.given(self.bin, uuid):
+            for side in self.engines.values():
+                side.docker("exec", ref, "sh", "-c", f"echo '{line}' >> {inside}", check=False)
 
     def hook_log(self) -> list[dict[str, object]]:
         return fake_toolkit.hook_log(self.bin)

@@ -5,6 +5,7 @@ reach each other on 127.0.0.1, as stages of two real hosts reach each other over
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -112,6 +113,61 @@ def test_a_stage_that_fails_once_across_hosts_is_restarted_on_every_host(clean: 
     assert re.search(r"\[stage 0\] PP_DEMO_RESULT tokens=\[.*\] match=true", done.stdout + done.stderr)
     assert "completed on attempt 2 of at most 2; before it: attempt 1: stage 2 (" in done.stderr
     assert gone_everywhere(bed)
+
+
+def test_an_xid_on_a_hosts_gpu_fails_its_stage_and_the_next_attempt_passes_that_gpu_over(clean: ThreeHosts) -> None:
+    """GPUs on --host engines are watched as this machine's are: a watcher container on each host (the probe's kind,
+    owned by the run's guard there) waits on that host's NVML. Xid 79 on stage 2's GPU on b (delivered by the fake
+    driver to every container given that GPU) fails stage 2 naming it; the next attempt runs on other GPUs."""
+    bed = clean
+    assert bed.gpu_b is not None
+    run = chain(bed, "--stages", "4", "--host", f"{bed.a},{bed.b}", "--stages-per-host", "2", "--grace", "1",
+                "--max-restarts", "1", "--restart-backoff", "0", "--env", "STUB_EXIT_AFTER=8")  # fmt: skip
+    run.wait_event("pp_stage_roster", timeout=120)
+    started = {e["stage"]: e["gpus"] for e in run.events_named("stage_started")}
+    bad = started[2][0]
+    watchers = ["docker", "-H", bed.b_host, "ps", "-q", "--filter", "label=pp-launch.stage=gpu-watch"]
+
+    def watching() -> bool:  # the watcher registered its event set: an Xid from now on reaches it
+        ids = subprocess.run(watchers, capture_output=True, text=True, check=False).stdout.split()
+        logs = [subprocess.run(["docker", "-H", bed.b_host, "logs", i], capture_output=True, text=True) for i in ids]
+        return len(ids) == 1 and "watching" in logs[0].stdout
+
+    assert wait_until(watching, 30), run.stderr_text()
+    bed.gpu_b.inject_xid(bad, 79)
+    assert run.wait(120) == 0, run.stderr_text()
+    failed = run.events_named("chain_stopped")[0]
+    index = [g.uuid for g in bed.gpu_b.inventory.gpus].index(bad)
+    assert failed["reason"] == "stage_failed" and failed["message"].startswith(
+        f"stage 2 (pp-{failed['run']}-2 on host {bed.b}) failed: its GPU {index} ({bad}) reported Xid 79"
+    ), failed
+    second = run.events_named("stage_started")[4:]
+    assert len(second) == 4 and all(bad not in e["gpus"] for e in second), second
+    assert gone_everywhere(bed)
+
+
+def test_unhealthy_gpus_on_a_host_are_shown_passed_over_and_refused_naming_them(clean: ThreeHosts) -> None:
+    """GPU health before placement on --host engines, read by the probe through the host's NVML: the same column,
+    refusals and words as for this machine's GPUs."""
+    bed = clean
+    assert bed.gpu_b is not None
+    b = bed.gpu_b
+    sick = [dataclasses.replace(g, ecc_uncorrected=2) if g.index < 2 else g for g in b.inventory.gpus]
+    original = b.inventory_path.read_text()
+    b.inventory_path.write_text(json.dumps(dataclasses.replace(b.inventory, gpus=tuple(sick)).to_json()))
+    try:
+        shown = pp(bed, "gpus", "--host", bed.b)
+        six = pp(bed, "chain", "--stages", "6", "--host", bed.b, "--dry-run", "--json")
+        seven = pp(bed, "chain", "--stages", "7", "--host", bed.b, "--dry-run")
+    finally:
+        b.inventory_path.write_text(original)
+    assert shown.returncode == 0 and shown.stdout.count("UNHEALTHY: 2 uncorrected ECC errors") == 2, shown.stdout
+    assert six.returncode == 0, six.stderr
+    placed = {g for s in json.loads(six.stdout)["stages"] for g in s["gpus"]}
+    assert len(placed) == 6 and not placed & {g.uuid for g in sick[:2]}, placed
+    assert seven.returncode == 2, seven.stderr
+    assert "unhealthy: 2 uncorrected ECC errors since the driver loaded" in seven.stderr, seven.stderr
+    assert "--allow-unhealthy" in seven.stderr
 
 
 def test_the_dry_run_places_consecutive_blocks_and_marks_hops_between_hosts(clean: ThreeHosts, tmp_path) -> None:

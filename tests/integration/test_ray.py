@@ -9,10 +9,12 @@ it is missing.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.util
 import json
 import os
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -21,6 +23,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+
+from pp_launch.testing import fake_nvml
 
 from ..gpu_host import wait_for
 from ..helpers import FAILED
@@ -477,6 +481,92 @@ def test_a_stage_that_fails_once_on_ray_is_restarted_and_the_run_completes(clust
     assert "match=true" in r.stdout
     assert "attempt 1 of run" in r.stderr and "attempt 2 of 2 in 0 s" in r.stderr
     assert "completed on attempt 2 of at most 2; before it: attempt 1: stage 1 (" in r.stderr
+
+
+def _events_until(proc: subprocess.Popen[str], event: str, timeout: float) -> list[dict[str, object]]:
+    """The launcher's --json events up to the first `event` (all of them, if it exits first)."""
+    assert proc.stdout is not None
+    seen: list[dict[str, object]] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not any(e.get("event") == event for e in seen):
+        if not select.select([proc.stdout], [], [], max(0.0, deadline - time.monotonic()))[0]:
+            break
+        line = proc.stdout.readline()
+        if not line:
+            break
+        with contextlib.suppress(json.JSONDecodeError):
+            seen.append(json.loads(line))
+    return seen
+
+
+def test_an_xid_on_a_ray_stages_gpu_fails_it_and_the_next_attempt_never_uses_that_gpu(cluster) -> None:  # type: ignore[no-untyped-def]
+    """Each node agent watches the GPUs Ray granted it through its node's NVML (the fake library, its Xid events
+    delivered by nvmlEventSetWait): Xid 79 on stage 1's GPU fails that stage naming the GPU, the whole chain is torn
+    down, and the next attempt passes the GPU over (Ray may grant it again: it is then asked for one more)."""
+    a = cluster.hosts["a"]
+    proc = cluster.popen(
+        PP, "chain", "--ray", "auto", "--stages", "2", "--gpus-per-stage", "1", "--placement", "pack", "--json",
+        "--grace", "1", "--max-restarts", "1", "--restart-backoff", "0", "-e", "STUB_MODE=hold",
+        "-e", "STUB_EXIT_AFTER=8", stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        first = _events_until(proc, "pp_stage_roster", 120)
+        started = {e["stage"]: e["gpus"] for e in first if e.get("event") == "stage_started"}
+        assert len(started) == 2, (first, proc.poll())
+        bad = started[1][0]  # type: ignore[index]
+        assert bad in uuids(cluster, "a")
+        fake_nvml.inject_xid(a.events, str(bad), 79)
+        out, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    events = first + [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    failed = next(e for e in events if e.get("event") == "chain_stopped")
+    index = [g.uuid for g in a.inventory.gpus].index(str(bad))
+    assert failed["reason"] == "stage_failed", failed
+    assert str(failed["message"]).startswith(
+        f"stage 1 (pp-{failed['run']}-1 on host a) failed: its GPU {index} ({bad}) reported Xid 79 "
+        "(GPU has fallen off the bus); that GPU is not used again in this run"
+    ), failed
+    second = [e for e in events if e.get("event") == "stage_started"][2:]
+    assert len(second) == 2 and all(bad not in e["gpus"] for e in second), second  # type: ignore[operator]
+    assert events[-1]["event"] == "chain_stopped" and events[-1]["exit_code"] == 0, events[-1]
+
+
+@contextlib.contextmanager
+def _unhealthy(cluster, node: str, count_: int):  # type: ignore[no-untyped-def]
+    """The node's NVML says its first `count_` GPUs have uncorrected ECC errors, while the block runs."""
+    host = cluster.hosts[node]
+    sick = [dataclasses.replace(g, ecc_uncorrected=2) if i < count_ else g for i, g in enumerate(host.inventory.gpus)]
+    fake_nvml.write_config(dataclasses.replace(host.inventory, gpus=tuple(sick)), host.config)
+    try:
+        yield [g.uuid for g in sick[:count_]]
+    finally:
+        fake_nvml.write_config(host.inventory, host.config)
+
+
+def test_unhealthy_gpus_ray_grants_are_passed_over_or_refused_naming_them(cluster) -> None:  # type: ignore[no-untyped-def]
+    """GPU health read before placement on Ray, by each node agent from its node's NVML, with the allocator's rule:
+    of 4 GPUs on node b, 3 with uncorrected ECC errors. A stage there runs on the healthy one, whatever Ray grants
+    first; two stages there (of four, two per node) are refused (exit 2) naming each GPU passed over and why, and
+    --allow-unhealthy runs them anyway."""
+    with _unhealthy(cluster, "b", 3) as sick:
+        one = cluster.run(PP, "chain", "--ray", "auto", "--stages", "2", "--gpus-per-stage", "1",
+                          "--placement", "spread")  # fmt: skip
+        assert one.returncode == 0, one.stderr
+        gpus = stage_gpus(one.stdout)
+        assert gpus[1][0] in uuids(cluster, "b") and gpus[1][0] not in sick, (gpus, sick)
+        two = cluster.run(PP, "chain", "--ray", "auto", "--stages", "4", "--gpus-per-stage", "1",
+                          "--stages-per-host", "2")  # fmt: skip
+        allowed = cluster.run(PP, "chain", "--ray", "auto", "--stages", "4", "--gpus-per-stage", "1",
+                              "--stages-per-host", "2", "--allow-unhealthy")  # fmt: skip
+    assert two.returncode == 2, two.stderr
+    said = [line for line in two.stderr.splitlines() if line.startswith("pp-launch: error: ")]
+    assert said and "not enough GPUs on Ray node b" in said[0], two.stderr
+    assert "uncorrected ECC error" in two.stderr and "--allow-unhealthy" in two.stderr
+    assert allowed.returncode == 0, allowed.stderr
 
 
 def test_sigterm_ends_a_ray_chain_with_128_plus_15_and_nothing_left(cluster) -> None:  # type: ignore[no-untyped-def]

@@ -4,6 +4,8 @@ test_ray.py.)"""
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 from pathlib import Path
 
 import pytest
@@ -14,7 +16,15 @@ from pp_launch.app import on_ray
 from pp_launch.app.launch import GpuOptions, LaunchRequest
 from pp_launch.core import errors
 from pp_launch.core.chain.plan import ChainRequest
-from pp_launch.core.gpu.allocator import HOST_LEVEL, distance, order_groups, plan_cost, split_granted, units
+from pp_launch.core.gpu.allocator import (
+    HOST_LEVEL,
+    distance,
+    order_groups,
+    passed_over,
+    plan_cost,
+    split_granted,
+    units,
+)
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 
@@ -116,6 +126,49 @@ def test_a_node_agents_grant_is_shared_out_round_the_closest_ring() -> None:
             assert ours < plan_cost(inv, [u[g] for g in granted], per_stage)
     assert split_granted(inv, ["GPU-not-known", by_index[0]], 2, 1) == [("GPU-not-known",), (by_index[0],)]
     assert split_granted(inv, [], 3, 0) == [(), (), ()]  # CPU stages
+
+
+def test_of_more_granted_than_needed_the_closest_ring_of_as_many_is_taken() -> None:
+    """A node asked for more GPUs than its stages need (to pass some over) shares out only as many as they need,
+    the closest of them: no 4 of the 5 granted, in any order, make a closer ring."""
+    inv = inventory_file.load(DATA / "nvlink-8gpu.json")
+    by_index = [g.uuid for g in inv.gpus]
+    granted = [by_index[i] for i in (7, 0, 1, 2, 3)]
+    shares = split_granted(inv, granted, 2, 2)
+    assert len(shares) == 2 and all(len(s) == 2 for s in shares)
+    taken = {g for s in shares for g in s}
+    assert len(taken) == 4 and taken <= set(granted)
+    u = {x.uuid: x for x in units(inv)}
+    best = min(plan_cost(inv, [u[g] for g in o], 2) for o in itertools.permutations(granted, 4))
+    assert plan_cost(inv, [u[g] for s in shares for g in s], 2) == best  # no 4 of the 5, in no order, do better
+
+
+def test_granted_gpus_faulted_or_unhealthy_are_passed_over_with_the_allocators_words() -> None:
+    inv = inventory_file.load(DATA / "nvlink-8gpu.json")
+    sick = dataclasses.replace(inv.gpus[2], ecc_uncorrected=3)
+    inv = dataclasses.replace(inv, gpus=(*inv.gpus[:2], sick, *inv.gpus[3:]))
+    g = [x.uuid for x in inv.gpus]
+    avoid = ((g[1], "GPU 1 reported Xid 79 on attempt 1"),)
+    assert passed_over(inv, g[:4], avoid, False) == {
+        g[1]: "faulted in this run: GPU 1 reported Xid 79 on attempt 1",
+        g[2]: "unhealthy: 3 uncorrected ECC errors since the driver loaded",
+    }
+    assert passed_over(inv, g[:4], avoid, True) == {g[1]: "faulted in this run: GPU 1 reported Xid 79 on attempt 1"}
+    assert passed_over(inv, ["GPU-unknown"], (), False) == {}  # nothing held against a GPU NVML does not list
+
+
+def test_a_node_is_asked_for_as_many_more_as_were_passed_over_until_it_has_no_more() -> None:
+    b = node("b", 4)
+    bad = [{"GPU-1": "unhealthy: 2 uncorrected ECC errors since the driver loaded"}]
+    assert on_ray._more([(b, 2)], 1, [0], bad) == [1]
+    assert on_ray._more([(b, 2)], 1, [1], bad) == [2]
+    with pytest.raises(errors.NotEnoughGpus) as refused:
+        on_ray._more([(b, 2)], 1, [2], bad)
+    text = str(refused.value)
+    assert text.startswith("not enough GPUs on Ray node b: 2 stages x 1 need 2, and of its 4 the run must pass over 3")
+    assert "GPU-1 on node b (unhealthy: 2 uncorrected ECC errors" in text and "--allow-unhealthy" in text
+    with pytest.raises(errors.NotEnoughGpus):  # nothing passed over, and still too few: never asked again
+        on_ray._more([(b, 2)], 1, [0], [{}])
 
 
 def test_cpu_stages_have_no_hops() -> None:

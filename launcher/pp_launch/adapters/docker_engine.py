@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import requests
 
@@ -38,6 +38,20 @@ from pp_launch.core.chain.plan import StageSpec
 from pp_launch.core.chain.ports import HANDED_OVER, Sink, StageGone, StageOutput
 from pp_launch.core.lines import LineSplitter
 from pp_launch.core.stage_env import LIFELINE
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Watcher:
+    """A long-lived helper container (Engine.watcher): its image, command, labels, environment and GPUs."""
+
+    image: str
+    argv: list[str]
+    labels: Mapping[str, str]
+    env: Mapping[str, str]
+    device_requests: list[Mapping[str, Any]]
+
 
 _STREAMS = {1: "stdout", 2: "stderr"}
 
@@ -798,11 +812,14 @@ class Engine:
         env: Mapping[str, str],
         device_requests: list[Mapping[str, Any]],
         binds: Mapping[str, str] | None = None,
+        stdin: bool = False,
     ) -> str:
+        """stdin: open, closed by the engine when its one attach ends (and tini as init)."""
         host_config = self.api.create_host_config(
             auto_remove=True,
             network_mode="none",
             binds={h: {"bind": c, "mode": "ro"} for h, c in (binds or {}).items()} or None,
+            init=stdin or None,
         )
         if device_requests:
             host_config["DeviceRequests"] = [dict(r) for r in device_requests]
@@ -813,7 +830,10 @@ class Engine:
             environment=dict(env),
             labels=dict(labels),
             host_config=host_config,
+            stdin_open=stdin,
         )
+        if stdin:
+            config["StdinOnce"] = True
         try:
             return str(self.api.create_container_from_config(config, None)["Id"])
         except docker.errors.ImageNotFound:
@@ -838,17 +858,12 @@ class Engine:
         binds: volumes (or host paths) mounted read-only, source -> path inside."""
         ref = self._create_helper(image, argv, labels, env, device_requests, binds)
         out: dict[str, bytearray] = {"stdout": bytearray(), "stderr": bytearray()}
-        try:
-            self.api.put_archive(ref, "/tmp", _tar(files))
+
+        def attach() -> tuple[Any, Any]:
             stream = self.api.attach(ref, stdout=True, stderr=True, stream=True, demux=True)
-            wait = removal_wait(self.api, ref, self.timeout)
-            self.api.start(ref)
-        except docker.errors.APIError as exc:
-            self.remove(ref)
-            raise errors.EngineError(f"the helper did not start: {_reason(exc)}") from None
-        except BaseException:
-            self.remove(ref)
-            raise
+            return stream, removal_wait(self.api, ref, self.timeout)
+
+        stream, wait = self._start_helper(ref, files, attach, "the helper")
 
         def read() -> None:
             with contextlib.suppress(Exception):  # the stream ends (or breaks) when the helper is gone
@@ -868,6 +883,36 @@ class Engine:
                 status = json.loads(wait.content or b"{}").get("StatusCode")
                 code = int(status) if isinstance(status, int) else None
         return code, bytes(out["stdout"]), bytes(out["stderr"])
+
+    def watcher(self, spec: Watcher, files: Mapping[str, bytes], created: Callable[[str], None]) -> tuple[str, Session]:
+        """A long-lived helper container (`--rm`, no network, tini as init) with `files` put under /tmp: its id,
+        told to `created` before it starts (the run's guard owns it), and a session on its stdout. Its stdin is this
+        process's alone: when this process ends, however it ends, the engine closes it. The caller removes it."""
+        ref = self._create_helper(spec.image, spec.argv, spec.labels, spec.env, spec.device_requests, stdin=True)
+
+        def attach() -> tuple[Any, socket.socket]:
+            created(ref)
+            sock = self.api.attach_socket(ref, params={"stdin": 1, "stdout": 1, "stream": 1})
+            return sock, raw_socket(sock)
+
+        sock, raw = self._start_helper(ref, files, attach, f"the watcher on the engine at {self.address}")
+        raw.settimeout(None)
+        return ref, Session(raw, sock)
+
+    def _start_helper(self, ref: str, files: Mapping[str, bytes], attach: Callable[[], T], what: str) -> T:
+        """A helper made by _create_helper: `files` put under /tmp, `attach()` (what it returns is returned), then
+        started; removed (and EngineError said) when any of it fails."""
+        try:
+            self.api.put_archive(ref, "/tmp", _tar(files))
+            attached = attach()
+            self.api.start(ref)
+        except docker.errors.APIError as exc:
+            self.remove(ref)
+            raise errors.EngineError(f"{what} did not start: {_reason(exc)}") from None
+        except BaseException:
+            self.remove(ref)
+            raise
+        return attached
 
     def remove(self, ref: str, patience: float = 5.0) -> None:
         """Removed by id (a running one killed first), its anonymous volumes too, as auto-remove does; returns once

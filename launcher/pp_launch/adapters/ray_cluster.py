@@ -61,6 +61,26 @@ MISSING = "--ray needs Ray on this machine and on every node: pip install 'pp-la
 
 # ------------------------------------------------------------------------------------------------ the cluster
 @dataclass(frozen=True)
+class GpuXid:
+    """An Xid a node agent's watch saw on one of the GPUs Ray granted it: handed to the backend's `on_xid`, never
+    to the chain (app/gpu_faults.py decides what it means)."""
+
+    uuid: str
+    index: int
+    code: int
+    node: str
+
+
+class GrantPassedOver(Exception):
+    """Ray granted GPUs this attempt must not use (faulted in the run, or unhealthy), and too few others: `bad`,
+    per block, UUID -> why. The agents and the group are released; the caller asks again for that many more."""
+
+    def __init__(self, bad: list[dict[str, str]]) -> None:
+        super().__init__("granted GPUs passed over")
+        self.bad = bad
+
+
+@dataclass(frozen=True)
 class RayNode:
     node_id: str
     name: str  # its pp-launch.node label, else its address and the start of its id
@@ -212,11 +232,22 @@ class Cluster:
         return sorted(out, key=lambda n: n.name)
 
     def reserve(
-        self, run_id: str, blocks: Sequence[tuple[RayNode, int]], per_stage: int, detached: bool, timeout: float
+        self,
+        run_id: str,
+        blocks: Sequence[tuple[RayNode, int]],
+        per_stage: int,
+        detached: bool,
+        timeout: float,
+        extra: Sequence[int] = (),
     ) -> PlacementGroup:
-        """One placement group for the run: a bundle per block, pinned to its node. NotEnoughGpus (exit 2) when
-        Ray cannot grant it within `timeout` seconds (others hold the GPUs, or a node left)."""
-        bundles = [{"GPU": float(per_stage * k)} if per_stage else {"CPU": CPU_SHARE * k} for _, k in blocks]
+        """One placement group for the run: a bundle per block, pinned to its node, with `extra[b]` GPUs more than
+        its stages need (to pass over GPUs it must not use). NotEnoughGpus (exit 2) when Ray cannot grant it within
+        `timeout` seconds (others hold the GPUs, or a node left)."""
+        more = list(extra) or [0] * len(blocks)
+        bundles = [
+            {"GPU": float(per_stage * k + more[b])} if per_stage else {"CPU": CPU_SHARE * k}
+            for b, (_, k) in enumerate(blocks)
+        ]
         pg = placement_group(
             bundles,
             strategy="PACK",
@@ -245,11 +276,16 @@ class Cluster:
         grace: float,
         image: str,
         detached: bool,
+        extra: Sequence[int] = (),
+        passed_over: Callable[[GpuInventory, Sequence[str]], dict[str, str]] = lambda inventory, granted: {},
     ) -> list[list[StageHandle]]:
-        """One agent per block (per node), placed in its bundle with the block's GPUs; each stage of the block gets
-        its share of what Ray granted the agent, the closest ring over the node's topology (our allocator).
-        ConfigError names the node when its engine does not answer, lacks the image, or the guard cannot start."""
+        """One agent per block (per node), placed in its bundle with the block's GPUs (`extra[b]` more); each stage
+        of the block gets its share of what Ray granted the agent that `passed_over` does not name (UUID -> why),
+        the closest ring over the node's topology (our allocator). ConfigError names the node when its engine does
+        not answer, lacks the image, or the guard cannot start; GrantPassedOver when too few granted GPUs are left."""
         from pp_launch.core.gpu.allocator import split_granted
+
+        more = list(extra) or [0] * len(blocks)
 
         if detached:  # the run's record first: the agents report to it when their stages end by themselves
             ray.remote(RunRecord).options(name=record_name(run_id), lifetime="detached", num_cpus=0).remote(
@@ -261,7 +297,7 @@ class Cluster:
             options: dict[str, Any] = {
                 "scheduling_strategy": PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=b),
                 "num_cpus": 0 if per_stage else CPU_SHARE * k,
-                "num_gpus": per_stage * k,
+                "num_gpus": per_stage * k + more[b],
                 "max_concurrency": 16 + 2 * k,  # each stage's pull waits in a call of its own
                 "max_restarts": 0,
             }
@@ -270,13 +306,19 @@ class Cluster:
             agents.append(remote.options(**options).remote(run_id, grace, node.engine, node.name))
         try:
             facts = ray.get([a.describe.remote(image) for a in agents])
-            rows = []
+            rows, bad, short = [], [], False
             for agent, (node, k), said in zip(agents, blocks, facts, strict=True):
                 if said.get("problem"):
                     raise errors.ConfigError(f"Ray node {node.name}: {said['problem']}")
                 inventory = GpuInventory.from_json(said.get("inventory") or {"gpus": []}, f"node {node.name}")
-                shares = split_granted(inventory, said.get("gpus", []), k, per_stage)
+                granted = list(said.get("gpus", []))
+                bad.append(passed_over(inventory, granted) if per_stage else {})
+                usable = [g for g in granted if g not in bad[-1]]
+                short = short or len(usable) < per_stage * k
+                shares = split_granted(inventory, usable, k, per_stage)
                 rows.append([StageHandle(agent, node, {**said, "gpus": list(g)}) for g in shares])
+            if short:
+                raise GrantPassedOver(bad)
         except BaseException:
             self.release(None, [StageHandle(a, node) for a, (node, _) in zip(agents, blocks, strict=True)], run_id)
             raise
@@ -387,6 +429,8 @@ class NodeAgent:
         self.owner = identity.current_owner().label()
         self.guard: Any = None
         self.backend: Any = None
+        self.gpu_watch: Any = None  # the granted GPUs watched for Xid errors (adapters/gpu_watch.py) while it lives
+        self.xids: queue.Queue[GpuXid] = queue.Queue()  # what the watch saw, for the launcher's next pull
         try:
             self.engine = connect(timeout=30, host=engine or None)
             self.guard = RunGuard.start(self.engine, run_id, self.owner, grace, engine or None, orphan=True)
@@ -415,6 +459,10 @@ class NodeAgent:
                 why = inventory.note or "no match"
                 return {"problem": f"Ray granted GPU {g}, which its NVML does not list ({why})"}
             uuids.append(match[0])
+        if uuids:  # watched from the grant on, as the launcher watches its own engine's GPUs
+            from pp_launch.adapters.gpu_watch import GpuWatch
+
+            self.gpu_watch = GpuWatch(uuids, self._on_xid).start()
         node_id = ray.get_runtime_context().get_node_id()
         return {
             "gpus": uuids,
@@ -423,6 +471,9 @@ class NodeAgent:
             "engine": self.engine.address,
             "pid": os.getpid(),
         }
+
+    def _on_xid(self, uuid: str, index: int, code: int) -> None:
+        self.xids.put(GpuXid(uuid, index, code, self.node))
 
     def _labelled(self, spec: StageSpec) -> StageSpec:
         extra = {labels.OWNER: self.owner, RAY_NODE: self.node, RAY_JOB: ray.get_runtime_context().get_job_id()}
@@ -502,12 +553,17 @@ class NodeAgent:
             out += [(self.node, n, stage, e.stream, e.data.decode("utf-8", "replace").rstrip("\n")) for n, e in kept]
         return out
 
-    def poll(self, stage: int, timeout: float) -> list[ChainEvent]:
-        """The stage's next events: waits up to `timeout` for the first, then takes what is there."""
-        out: list[ChainEvent] = []
+    def poll(self, stage: int, timeout: float) -> list[ChainEvent | GpuXid]:
+        """The stage's next events: waits up to `timeout` for the first, then takes what is there. An Xid the GPU
+        watch saw comes with the first pull of any of the node's stages (the launcher's pumps: within a pull)."""
+        out: list[ChainEvent | GpuXid] = []
+        with contextlib.suppress(queue.Empty):
+            while True:
+                out.append(self.xids.get_nowait())
         try:
             events = self.queues[stage]
-            out.append(events.get(timeout=timeout))
+            if not out:
+                out.append(events.get(timeout=timeout))
             while len(out) < 2000:
                 out.append(events.get_nowait())
         except (queue.Empty, KeyError):
@@ -554,6 +610,8 @@ class NodeAgent:
 
     def close(self) -> None:
         """A clean end: every thread joined; the guard let go (it finds nothing left and goes), waited for."""
+        if self.gpu_watch is not None:
+            self.gpu_watch.stop()
         if self.backend is not None:
             self.backend.close(5.0)
         if self.guard is not None:
@@ -616,6 +674,8 @@ class RayStageBackend:
         self._stopping = threading.Event()
         self._pumps: dict[str, Nursery] = {}  # each node's stages' pumps
         self._lock = threading.Lock()
+        # what the agents' GPU watches saw, handed on as it comes: (UUID, index, code, where)
+        self.on_xid: Callable[[str, int, int, str], None] | None = None
 
     def lose_head(self, why: str) -> None:
         """The head is lost: nothing more is asked of the cluster itself (its state is the head's), nor of the agents
@@ -706,6 +766,10 @@ class RayStageBackend:
                 self._ended(ref, sink, gone)
                 return
             for event in batch:
+                if isinstance(event, GpuXid):
+                    if self.on_xid is not None:
+                        self.on_xid(event.uuid, event.index, event.code, f"Ray node {event.node}")
+                    continue
                 if isinstance(event, StageGone):
                     self._ended(ref, sink, event)
                     return

@@ -31,11 +31,12 @@ from pp_launch.adapters.guard import RunGuard, StageEnd
 from pp_launch.adapters.guard import image_check as guard_image_check
 from pp_launch.adapters.multi_host import MultiHostBackend
 from pp_launch.adapters.process_backend import ProcessStageBackend
-from pp_launch.adapters.runtime import Nursery, ThreadRuntime
+from pp_launch.adapters.runtime import Nursery, ThreadRuntime, run_all
 from pp_launch.app import chain as steps
 from pp_launch.app import gpus as gpu_select
 from pp_launch.app import hosts as across
 from pp_launch.app import housekeeping
+from pp_launch.app.gpu_faults import GpuFaults
 from pp_launch.app.locks import GpuLocks, LockSite, reserve
 from pp_launch.app.request import Hooks, Launched, LaunchRequest
 from pp_launch.app.rows import StageRow
@@ -44,7 +45,6 @@ from pp_launch.core import errors, labels
 from pp_launch.core.chain.plan import BUILTIN_IMAGE, ChainPlan, StageSpec, build_plan
 from pp_launch.core.chain.ports import StageBackend
 from pp_launch.core.chain.scope import ChainOutcome, ChainScope
-from pp_launch.core.gpu import xid
 from pp_launch.core.gpu.inventory import GpuInventory
 from pp_launch.core.lines import count, display
 
@@ -166,9 +166,9 @@ class DockerSite:
             for s in self.places:
                 steps.check_names_free(_engine(s), plan, s.name or None, ThreadRuntime())
             guards = self.guarding.take()
-        return _Stages(
-            request, plan, self.stage_backend(request, plan, held, guards), guards, held, say, self.watch_gpus
-        )
+        hosts = {s.name: s.host for s in self.places if s.host is not None}
+        backend = self.stage_backend(request, plan, held, guards)
+        return _Stages(request, plan, backend, guards, held, say, self.watch_gpus, hosts)
 
     def stage_backend(
         self, request: LaunchRequest, plan: ChainPlan, held: Held, guards: Mapping[str, RunGuard]
@@ -893,11 +893,13 @@ class _Stages:
         held: Held,
         say: Callable[[str], None],
         watch_gpus: bool = True,
+        hosts: Mapping[str, across.Host] | None = None,
     ) -> None:
         self.request, self.plan, self.backend, self.guards, self.held = request, plan, backend, guards, held
         self.say = say
-        self.faults = _GpuFaults(plan, say)
-        self.watch_gpus = watch_gpus and not request.hosts
+        self.faults = GpuFaults(plan, say)
+        self.watches: list[GpuWatch | across.HostGpuWatch] = []  # this machine's NVML, or a watcher on each --host
+        self.watch_gpus, self.hosts = watch_gpus, hosts or {}
         self.record = host_state.RunHosts() if request.hosts else None
 
     def watch(self, scope: ChainScope) -> None:
@@ -906,8 +908,26 @@ class _Stages:
             g.when_lost(self.say, lambda why: scope.lose_place(f"{why}: the run is ended rather than left unguarded"))
         if self.record is not None:
             self.record.write(self.plan.run_id, self.plan.hosts)
+        self.faults.watching(scope)
         if self.watch_gpus:
-            self.faults.start(scope)
+            self._watch_gpus()
+
+    def _watch_gpus(self) -> None:
+        """The GPUs of the attempt's stages watched for Xid errors where they are: this machine's NVML for the one
+        engine, a watcher container on each --host engine (started in the background: bring-up never waits)."""
+        by_host: dict[str, list[str]] = {}
+        for s in self.plan.stages:
+            by_host.setdefault(s.host, []).extend(s.gpus)
+        request, say, on_xid = self.request, self.say, self.faults.on_xid
+        run = (self.plan.run_id, request.owner or "", self.plan.attempt)
+        for name, uuids in by_host.items():
+            if not uuids:
+                continue
+            if not request.hosts:
+                self.watches.append(GpuWatch(uuids, on_xid).start())
+            elif (host := self.hosts.get(name)) is not None and (g := self.guards.get(name)) is not None:
+                image, attach = request.chain.image, request.gpu.attach
+                self.watches.append(across.HostGpuWatch(host, uuids, run, image, attach, g.own, on_xid, say).start())
 
     def end(self, outcome: ChainOutcome | None) -> tuple[ChainOutcome, bool, tuple[tuple[str, str], ...]] | None:
         backend, guards = self.backend, self.guards
@@ -919,7 +939,7 @@ class _Stages:
                         g.detach()  # from here on the run is its guards' (and `down`'s)
                     backend.close()  # this process lets the stages go: their readers and waits end and are joined
         finally:
-            self.faults.stop()
+            run_all([w.stop for w in self.watches], "gpu-watch-stop")
             self.held.check_and_release()
             lost = isinstance(backend, MultiHostBackend) and bool(backend.lost)
             clean = outcome is not None and not (outcome.orphans or lost) and outcome.reason != "detached"
@@ -928,44 +948,7 @@ class _Stages:
         if outcome is None:
             return None
         restartable = outcome.reason == "stage_failed" and clean and all(g.alive() for g in guards.values())
-        return _with_lost_hosts(outcome, self.plan.run_id, backend), restartable, tuple(self.faults.faults.items())
-
-
-class _GpuFaults:
-    """The run's GPUs watched for Xid errors while its stages run (adapters/gpu_watch.py): a fatal one fails every
-    stage on that GPU, naming it, and the run's next attempt passes the GPU over; any other is said."""
-
-    def __init__(self, plan: ChainPlan, say: Callable[[str], None]) -> None:
-        self.plan, self.say = plan, say
-        self.faults: dict[str, str] = {}  # UUID -> what it reported
-        self.watch: GpuWatch | None = None
-        self.scope: ChainScope | None = None
-
-    def start(self, scope: ChainScope) -> None:
-        uuids = [u for s in self.plan.stages for u in s.gpus]
-        if uuids:
-            self.scope = scope
-            self.watch = GpuWatch(uuids, self._on_xid).start()
-
-    def stop(self) -> None:
-        if self.watch is not None:
-            self.watch.stop()
-
-    def _on_xid(self, uuid: str, index: int, code: int) -> None:
-        stages = [s for s in self.plan.stages if uuid in s.gpus]
-        gpu = f"GPU {index} ({uuid})" if index >= 0 else uuid
-        which = ", ".join(f"stage {s.index} ({s.where()})" for s in stages) or "no stage of this run"
-        if not xid.fails_stage(code):
-            self.say(f"warning: {gpu}, under {which}, reported {xid.describe(code)}; the stage runs on")
-            return
-        self.faults[uuid] = f"{gpu} reported {xid.describe(code)} on attempt {self.plan.attempt}"
-        assert self.scope is not None
-        for s in stages:
-            self.scope.fail_stage(
-                s.index,
-                f"stage {s.index} ({s.where()}) failed: its {gpu} reported "
-                f"{xid.describe(code)}; that GPU is not used again in this run",
-            )
+        return _with_lost_hosts(outcome, self.plan.run_id, backend), restartable, self.faults.seen()
 
 
 class _Guarding:

@@ -4,20 +4,24 @@ No code of ours is installed on a host: the Docker API is the only channel. A ho
 short-lived probe container (labelled, `--rm`, no network) of the chain's image, with every GPU attached as
 the NVIDIA toolkit attaches them (`--gpus all`, CDI `nvidia.com/gpu=all`, or NVIDIA_VISIBLE_DEVICES=all);
 inside it, our NVML reader (adapters/nvml.py with nvidia-ml-py's pynvml.py, copied in with the create call's
-archive) prints the inventory of docs/formats.md. The GPUs held there are read from that engine's labels.
+archive) prints the inventory of docs/formats.md. The GPUs held there are read from that engine's labels. While
+a chain's stages run, a watcher container of the same kind on each host watches the run's GPUs there for Xid errors
+(`HostGpuWatch`), as the launcher watches its own machine's.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from pp_launch.adapters import inventory_file
-from pp_launch.adapters.docker_engine import Engine, connect
-from pp_launch.adapters.probe import PROBE_BOOT, probe_files
-from pp_launch.adapters.runtime import map_all
+from pp_launch.adapters.docker_engine import Engine, Session, Watcher, connect
+from pp_launch.adapters.probe import PROBE_BOOT, WATCH_BOOT, WATCH_MODULES, probe_files
+from pp_launch.adapters.runtime import Nursery, map_all
 from pp_launch.app import gpus as gpu_select
 from pp_launch.core import errors, labels
 from pp_launch.core.chain.plan import BUILTIN_IMAGE
@@ -149,6 +153,77 @@ def probe_inventory(host: Host, image: str, attach: str, run_id: str, owner: str
     if "inventory" in doc:
         return GpuInventory.from_json(doc["inventory"], source=f"host {host.name}")
     return GpuInventory(note=f"host {host.name}: {doc.get('note', 'no GPU')}")
+
+
+class HostGpuWatch:
+    """A host's GPUs of a run watched for Xid errors while its stages run: a watcher container on that host's engine
+    (the chain's image, every GPU attached as the probe attaches them, our NVML reader and GPU watch copied in),
+    owned by the run's guard there (`own`), its stdin this process's lifeline. `on_xid(uuid, index, code, where)`
+    for each Xid it prints, on a thread of its own; a watch that cannot run there is said once (`say`). Started in
+    the background (`start`: a bring-up never waits for it); `stop` removes the watcher and joins its thread."""
+
+    def __init__(
+        self,
+        host: Host,
+        uuids: Sequence[str],
+        run: tuple[str, str, int],  # run id, owner, attempt
+        image: str,
+        attach: str,
+        own: Callable[[str], None],
+        on_xid: Callable[[str, int, int, str], None],
+        say: Callable[[str], None],
+    ) -> None:
+        self.host, self.uuids, self.run, self.image, self.attach = host, tuple(uuids), run, image, attach
+        self.own, self.on_xid, self.say = own, on_xid, say
+        self.ref = ""
+        self.session: Session | None = None
+        self.stopped = False
+        self._lock = threading.Lock()
+        self._threads = Nursery(f"the GPU watch on host {host.name}")
+
+    def start(self) -> HostGpuWatch:
+        self._threads.start(self._watch, name=f"gpu-watch-{self.host.name}")
+        return self
+
+    def _watch(self) -> None:
+        where = f"host {self.host.name}"
+        run_id, owner, attempt = self.run
+        requests, env = probe_requests(self.attach)
+        tags = {labels.RUN: run_id, labels.STAGE: labels.STAGE_WATCH, labels.OWNER: owner, labels.GPUS: ""}
+        tags[labels.ATTEMPT] = str(attempt)
+        argv = ["python3", "-u", "-c", WATCH_BOOT, *self.uuids]
+        try:
+            spec = Watcher(self.image, argv, tags, env, requests)
+            ref, session = self.host.engine.watcher(spec, probe_files(WATCH_MODULES), self.own)
+        except errors.PpLaunchError as exc:
+            if not self.stopped:
+                self.say(f"warning: the GPUs on {where} are not watched for Xid errors: {exc}")
+            return
+        with self._lock:
+            self.ref, self.session, late = ref, session, self.stopped
+        if late:  # the attempt ended while the watcher started: it goes at once
+            self._end(ref, session)
+            return
+        while (line := session.line(None)) is not None:
+            words = line.decode("ascii", "replace").split()
+            if words[:1] == ["note"]:
+                self.say(f"warning: on {where}, {' '.join(words[1:])}")
+            elif len(words) == 4 and words[0] == "xid" and (code := labels.ascii_int(words[3])) is not None:
+                index = labels.ascii_int(words[2])  # -1 (unknown) reads as None
+                self.on_xid(words[1], -1 if index is None else index, code, where)
+
+    def stop(self) -> None:
+        with self._lock:
+            self.stopped = True
+            ref, session = self.ref, self.session
+        if session is not None:
+            self._end(ref, session)
+        self._threads.join(10.0)  # a watcher still starting is ended by its thread, which sees `stopped`
+
+    def _end(self, ref: str, session: Session) -> None:
+        with contextlib.suppress(errors.PpLaunchError):
+            self.host.engine.remove(ref)
+        session.close()
 
 
 def engine_here(timeout: float | None = None) -> Engine:

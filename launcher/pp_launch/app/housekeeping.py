@@ -352,7 +352,7 @@ def _stage_row(
         run=c.labels.get(labels.RUN, ""),
         stage=labels.ascii_int(stage),
         attempt=labels.ascii_int(c.labels.get(labels.ATTEMPT, "")),
-        role="lock" if stage == labels.STAGE_LOCK else "stage",
+        role={labels.STAGE_LOCK: "lock", labels.STAGE_WATCH: "watch"}.get(stage, "stage"),
         container=c.name,
         id=c.id[:12],
         image=c.image,

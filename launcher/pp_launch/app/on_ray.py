@@ -24,13 +24,14 @@ from pp_launch.adapters import ray_cluster
 from pp_launch.app import chain as steps
 from pp_launch.app import gpus as gpu_select
 from pp_launch.app import housekeeping
+from pp_launch.app.gpu_faults import GpuFaults
 from pp_launch.app.request import Hooks, Launched, LaunchRequest
 from pp_launch.app.rows import StageRow
 from pp_launch.app.site import Confirm, Held, LogView, Voice, Where
 from pp_launch.core import errors, hosts, labels
 from pp_launch.core.chain.plan import ChainPlan, build_plan
 from pp_launch.core.chain.scope import ChainOutcome, ChainScope
-from pp_launch.core.gpu.allocator import HOST_LEVEL, order_groups
+from pp_launch.core.gpu.allocator import HOST_LEVEL, order_groups, passed_over
 from pp_launch.core.gpu.requests import device_requests
 from pp_launch.core.lines import count
 
@@ -86,7 +87,7 @@ class RaySite:
 
     def place_stages(self, request: LaunchRequest, plan: ChainPlan, held: Held, say: Callable[[str], None]) -> _Stages:
         assert isinstance(held, _Placed)
-        return _Stages(self, request, plan, held)
+        return _Stages(self, request, plan, held, say)
 
     def dry_plan(self, request: LaunchRequest, environ: Mapping[str, str], strict: bool) -> Launched:
         return _dry_plan(self._cluster(), request, environ)
@@ -226,13 +227,19 @@ class _Stages:
     head is lost the chain is stopped (and torn down through the agents, which answer without it) before Ray ends
     this process."""
 
-    def __init__(self, site: RaySite, request: LaunchRequest, plan: ChainPlan, placed: _Placed) -> None:
+    def __init__(
+        self, site: RaySite, request: LaunchRequest, plan: ChainPlan, placed: _Placed, say: Callable[[str], None]
+    ) -> None:
         self.site, self.plan, self.placed = site, plan, placed
         self.backend = ray_cluster.RayStageBackend(placed.handles, detached=request.detach)
         self.head: list[str] = []
         self.watching: ray_cluster.HeadWatch | None = None
+        self.faults = GpuFaults(plan, say)  # each node agent watches the GPUs Ray granted it
 
     def watch(self, scope: ChainScope) -> None:
+        self.faults.watching(scope)
+        self.backend.on_xid = self.faults.on_xid
+
         def lost(why: str) -> None:
             self.head.append(why)
             self.backend.lose_head(why)  # before the teardown could ask what went with the head
@@ -253,7 +260,7 @@ class _Stages:
         restartable = outcome.reason == "stage_failed" and not lost and not head and not outcome.orphans
         outcome = _with_lost_head(_with_lost_nodes(outcome, self.plan.run_id, lost), head)
         self.site.code = outcome.exit_code
-        return outcome, restartable, ()
+        return outcome, restartable, self.faults.seen()
 
 
 def _dry_plan(cluster: ray_cluster.Cluster, request: LaunchRequest, environ: Mapping[str, str]) -> Launched:
@@ -318,10 +325,7 @@ class _Placed:
             f"run {run_id}: asking the Ray cluster at {request.ray} for "
             + "; ".join(f"{node.name}: {a}" for (node, _), a in zip(blocks, asked, strict=True))
         )
-        self.pg = self.cluster.reserve(run_id, blocks, per_stage, request.detach, request.ray_timeout)
-        rows = self.cluster.node_agents(
-            self.pg, blocks, per_stage, run_id, request.chain.grace, request.chain.image, request.detach
-        )
+        rows = self._granted(request, blocks, per_stage)
         self.handles, hops = _order(rows, per_stage)
         stage_gpus = [h.gpus for h in self.handles]
         launcher = steps.launcher_label(owner)
@@ -338,9 +342,60 @@ class _Placed:
             launcher,
         )
 
+    def _granted(
+        self, request: LaunchRequest, blocks: list[tuple[ray_cluster.RayNode, int]], per_stage: int
+    ) -> list[list[ray_cluster.StageHandle]]:
+        """The attempt's group and agents, each stage's GPUs shared out of what Ray granted. Ray chooses which GPUs
+        it grants: those this attempt must not use (faulted in the run, or unhealthy: the allocator's rule) are passed
+        over, and when too few are left the group is asked again with as many more on that node, until the node has
+        no more to give (NotEnoughGpus, naming each GPU passed over and why)."""
+        run_id, avoid, allowed = request.run_id or "", request.avoid_gpus, request.gpu.allow_unhealthy
+        extra = [0] * len(blocks)
+        while True:
+            self.pg = self.cluster.reserve(run_id, blocks, per_stage, request.detach, request.ray_timeout, extra)
+            try:
+                return self.cluster.node_agents(
+                    self.pg, blocks, per_stage, run_id, request.chain.grace, request.chain.image, request.detach,
+                    extra, lambda inventory, granted: passed_over(inventory, granted, avoid, allowed),
+                )  # fmt: skip
+            except ray_cluster.GrantPassedOver as exc:
+                self.cluster.release(self.pg, [])  # its agents are gone (node_agents ended them): the group too
+                self.pg = None
+                extra = _more(blocks, per_stage, extra, exc.bad)
+                self.say(f"run {run_id}: asking again, passing over {_passed(blocks, exc.bad)}")
+
     def release(self) -> None:
         """The group and its agents, removed."""
         self.cluster.release(self.pg, self.handles, self.run_id)
+
+
+def _passed(blocks: Sequence[tuple[ray_cluster.RayNode, int]], bad: Sequence[Mapping[str, str]]) -> str:
+    """`GPU-… on node b (unhealthy: …)`, each GPU passed over."""
+    pairs = zip(blocks, bad, strict=True)
+    return "; ".join(f"{u} on node {node.name} ({why})" for (node, _), no in pairs for u, why in no.items())
+
+
+def _more(
+    blocks: Sequence[tuple[ray_cluster.RayNode, int]],
+    per_stage: int,
+    extra: Sequence[int],
+    bad: Sequence[Mapping[str, str]],
+) -> list[int]:
+    """The extra GPUs to ask of each node next: as many more as were passed over there; NotEnoughGpus when a node
+    has no more to give."""
+    more = [e + len(no) for e, no in zip(extra, bad, strict=True)]
+    short = [(node, k, m) for (node, k), m in zip(blocks, more, strict=True) if per_stage * k + m > node.gpus]
+    if more == list(extra):  # nothing passed over, yet too few granted: not to be asked again
+        short = [(node, k, m) for (node, k), m in zip(blocks, more, strict=True)][:1]
+    if short:
+        node, k, m = short[0]
+        raise errors.NotEnoughGpus(
+            f"not enough GPUs on Ray node {node.name}: {count(k, 'stage')} x {per_stage} need "
+            f"{per_stage * k}, and of its {node.gpus} the run must pass over {m}: {_passed(blocks, bad)}. "
+            + ("Use unhealthy GPUs anyway (--allow-unhealthy; docs/recovery.md), " if "unhealthy:" in str(bad) else "")
+            + "ask for fewer (--stages, --gpus-per-stage), or add nodes"
+        )
+    return more
 
 
 def _gpus_per_stage(request: LaunchRequest) -> int:

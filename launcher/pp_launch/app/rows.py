@@ -20,7 +20,7 @@ class StageRow:
     owner: str
     owner_status: str  # one word (housekeeping.OWNER_STATUS_SAID)
     state: str  # docker's (running, exited, ...)
-    role: str = "stage"  # or "lock"
+    role: str = "stage"  # or "lock" (an engine's GPU lock), "watch" (a run's GPU watcher on a --host engine)
     attempt: int | None = None  # None: a lock, or an older container
     gpus: tuple[str, ...] = ()  # UUIDs
     age_s: int | None = None

@@ -21,6 +21,7 @@ ATTEMPT = "pp-launch.attempt"  # which attempt of its run made it: 1, then 2... 
 
 STAGE_LOCK = "lock"  # the stage label of an engine's GPU lock container (app/locks.py)
 STAGE_GUARD = "guard"  # the stage label of a run's guard on an engine (adapters/guard.py)
+STAGE_WATCH = "gpu-watch"  # the stage label of a run's GPU watcher on a --host engine (app/hosts.py)
 STAGE_RECORD = "record"  # the stage label of a run's record volume on an engine (adapters/guard.py)
 RECORD_MARK = "pp-launch.record"  # on a record volume: the mark its launcher made it with (a taken name has another)
 

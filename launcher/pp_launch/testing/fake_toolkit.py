@@ -42,6 +42,9 @@ RUNTIME = "nvidia-container-runtime"
 SETTINGS = "fake-toolkit.json"  # next to the executables: inventory, library, delay
 
 
+CONTAINER_EVENTS = "xid-events"  # in the config folder inside a container the hook gave GPUs
+
+
 class UnknownDevice(ValueError):
     pass
 
@@ -130,7 +133,10 @@ def hook_main(bin_dir: str, argv: Sequence[str]) -> int:
     root = root if root.is_absolute() else bundle / root
     target = root / fake_nvml.CONTAINER_CONFIG.lstrip("/")
     target.mkdir(parents=True, exist_ok=True)
-    (target / "config").write_text(visible_config(inv, positions, migs))
+    # the container's Xid events (a driver reports an Xid to every process with the GPU): inject_xid appends there
+    events = f"events {fake_nvml.CONTAINER_CONFIG}/{CONTAINER_EVENTS}\n"
+    (target / "config").write_text(visible_config(inv, positions, migs) + events)
+    (target / CONTAINER_EVENTS).touch()
     lib = root / fake_nvml.CONTAINER_LIBRARY.lstrip("/")
     lib.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(settings["library"], lib)
@@ -197,6 +203,11 @@ def set_delay(bin_dir: str | Path, delay: float) -> None:
     doc = json.loads(path.read_text())
     doc["delay"] = delay
     path.write_text(json.dumps(doc))
+
+
+def given(bin_dir: str | Path, uuid: str) -> list[str]:
+    """The containers the hook gave GPU `uuid` (their ids, from its log), to deliver an Xid into."""
+    return [str(e["id"]) for e in hook_log(bin_dir) if uuid in (e.get("gave") or ())]
 
 
 def hook_log(bin_dir: str | Path) -> list[dict[str, Any]]:
