@@ -13,7 +13,14 @@ from pp_launch.app import attempts
 from pp_launch.app.launch import Hooks, Launched, LaunchRequest
 from pp_launch.core import events
 from pp_launch.core.chain.plan import ChainPlan, ChainRequest
-from pp_launch.core.chain.restarts import BACKOFF_CAP, Attempt, RestartPolicy, final_message, first_line
+from pp_launch.core.chain.restarts import (
+    BACKOFF_CAP,
+    Attempt,
+    RestartPolicy,
+    final_message,
+    first_line,
+    may_restart,
+)
 from pp_launch.core.chain.scope import ChainOutcome
 
 
@@ -29,6 +36,23 @@ def test_only_a_restartable_end_restarts_and_only_while_attempts_are_left() -> N
     assert policy.after(3, restartable=True) is None  # the third attempt was the last
     assert policy.after(1, restartable=False) is None
     assert RestartPolicy().after(1, restartable=True) is None  # the default: no restart, today's behaviour
+
+
+@pytest.mark.parametrize(
+    ("reason", "orphans", "lost", "held", "may"),
+    [
+        ("stage_failed", False, False, True, True),
+        ("stage_failed", True, False, True, False),  # a container not confirmed gone
+        ("stage_failed", False, True, True, False),  # an engine, host, Ray node or head lost
+        ("stage_failed", False, False, False, False),  # a guard another client ended, not replaced
+        ("signal", False, False, True, False),
+        ("down", False, False, True, False),
+        ("place_lost", False, False, True, False),
+        ("completed", False, False, True, False),
+    ],
+)
+def test_may_restart_is_one_rule_for_every_site(reason: str, orphans: bool, lost: bool, held: bool, may: bool) -> None:
+    assert may_restart(reason, orphans, lost, held) is may
 
 
 def test_an_attempts_reason_is_one_line() -> None:

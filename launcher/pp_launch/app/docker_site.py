@@ -44,6 +44,7 @@ from pp_launch.app.site import Confirm, Held, LogView, Voice, Where
 from pp_launch.core import errors, labels
 from pp_launch.core.chain.plan import BUILTIN_IMAGE, ChainPlan, StageSpec, build_plan
 from pp_launch.core.chain.ports import StageBackend
+from pp_launch.core.chain.restarts import may_restart
 from pp_launch.core.chain.scope import ChainOutcome, ChainScope
 from pp_launch.core.gpu.inventory import GpuInventory
 from pp_launch.core.lines import count, display
@@ -947,7 +948,8 @@ class _Stages:
                 self.record.forget(self.plan.run_id)
         if outcome is None:
             return None
-        restartable = outcome.reason == "stage_failed" and clean and all(g.alive() for g in guards.values())
+        held = all(g.alive() for g in guards.values())
+        restartable = clean and may_restart(outcome.reason, bool(outcome.orphans), lost, held)
         return _with_lost_hosts(outcome, self.plan.run_id, backend), restartable, self.faults.seen()
 
 

@@ -30,6 +30,7 @@ from pp_launch.app.rows import StageRow
 from pp_launch.app.site import Confirm, Held, LogView, Voice, Where
 from pp_launch.core import errors, hosts, labels
 from pp_launch.core.chain.plan import ChainPlan, build_plan
+from pp_launch.core.chain.restarts import may_restart
 from pp_launch.core.chain.scope import ChainOutcome, ChainScope
 from pp_launch.core.gpu.allocator import HOST_LEVEL, order_groups, passed_over
 from pp_launch.core.gpu.requests import device_requests
@@ -257,7 +258,7 @@ class _Stages:
         if outcome is None:
             return None
         lost = self.backend.lost
-        restartable = outcome.reason == "stage_failed" and not lost and not head and not outcome.orphans
+        restartable = may_restart(outcome.reason, bool(outcome.orphans), bool(lost) or bool(head))
         outcome = _with_lost_head(_with_lost_nodes(outcome, self.plan.run_id, lost), head)
         self.site.code = outcome.exit_code
         return outcome, restartable, self.faults.seen()

@@ -34,6 +34,13 @@ class RestartPolicy:
         return self.max_restarts + 1
 
 
+def may_restart(reason: str, orphans: bool, places_lost: bool, guards_held: bool = True) -> bool:
+    """Whether another attempt may follow an attempt that ended with `reason`, on any site: only a stage's failure,
+    with every container confirmed gone (no orphans), no place lost (an engine, a host, a Ray node or head), and
+    the run's guards still up (a guard that another client ended, and that could not be replaced, ends the run)."""
+    return reason == "stage_failed" and not orphans and not places_lost and guards_held
+
+
 @dataclass(frozen=True)
 class Attempt:
     """One attempt that failed and was followed by another: its number, why, which stage (None: not one stage)."""
