@@ -80,6 +80,11 @@ class DockerSite:
         self.stocks_spare = False  # at its end, a launch leaves a spare guard for its user's next run (launch.py)
 
     @classmethod
+    def for_runs(cls, where: Where, run: str | None, voice: Voice) -> Self:
+        """The engines `where` names, reached as each is asked (for --all-hosts, those recorded for `run` too)."""
+        return cls(where, run, voice)
+
+    @classmethod
     def to_launch(cls, request: LaunchRequest, dry_run: bool = False, strict: bool = False) -> Self:
         """The chain's engines: every --host reached and checked at once (exit 2 naming each that does not answer),
         or DOCKER_HOST's (a dry run tolerates none: a plan needs no engine; strict: but one that runs and refuses

@@ -316,10 +316,6 @@ def _spared(site: Launching, request: LaunchRequest, spare: Any) -> Launching:
 
 def _site(request: LaunchRequest, dry_run: bool, strict: bool = False) -> Launching:
     """The site the request names, reached."""
-    if request.ray is not None:
-        from pp_launch.app.on_ray import RaySite
+    from pp_launch.app import sites
 
-        return RaySite.to_launch(request)
-    from pp_launch.app.docker_site import DockerSite
-
-    return DockerSite.to_launch(request, dry_run, strict)
+    return sites.for_launch(request, dry_run, strict)

@@ -55,7 +55,13 @@ class RaySite:
         self.head_lost, self.code = "", errors.EXIT_FAILURE
 
     @classmethod
-    def to_launch(cls, request: LaunchRequest) -> RaySite:
+    def for_runs(cls, where: Where, run: str | None, voice: Voice) -> RaySite:
+        """The cluster `where` names, for the detached runs on it (any run: a cluster keeps no per-run hosts)."""
+        return cls(where, voice)
+
+    @classmethod
+    def to_launch(cls, request: LaunchRequest, dry_run: bool = False, strict: bool = False) -> RaySite:
+        """The cluster the request names, connected (a dry run too: it asks the cluster what is free)."""
         assert request.ray is not None
         place = cls(Where(ray=request.ray), Voice(lambda text: None, lambda text: None))
         place.cluster = ray_cluster.connect(request.ray)

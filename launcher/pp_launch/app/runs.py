@@ -27,13 +27,9 @@ from pp_launch.core import errors
 
 def site(where: Where, run: str | None, voice: Voice) -> Site:
     """The place `where` names, opened (for --all-hosts, the hosts recorded for `run` too)."""
-    if where.ray is not None:
-        from pp_launch.app.on_ray import RaySite
+    from pp_launch.app import sites
 
-        return RaySite(where, voice)
-    from pp_launch.app.docker_site import DockerSite
-
-    return DockerSite(where, run, voice)
+    return sites.for_housekeeping(where, run, voice)
 
 
 Opener = Callable[[Where, "str | None", Voice], Site]  # how a use case opens its site: `site`, or a test's own
