@@ -20,8 +20,17 @@ from ..helpers import Launcher, guard_of, remember_run, run_containers, wait_unt
 pytestmark = pytest.mark.docker
 
 
+CALL_LOG = os.environ.get("PP_TESTS_CALL_LOG")  # a file: how long each command of these tests took, and in which
+
+
 def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pp_launch", *args], capture_output=True, text=True, timeout=timeout)
+    began = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "pp_launch", *args], capture_output=True, text=True, timeout=timeout)
+    if CALL_LOG:
+        with open(CALL_LOG, "a") as log:
+            test = os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0]
+            log.write(f"{time.monotonic() - began:.2f}\t{time.time():.1f}\t{test}\t{' '.join(args)[:120]}\n")
+    return done
 
 
 @pytest.fixture
