@@ -7,8 +7,10 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -17,7 +19,7 @@ import pytest
 
 from pp_launch.adapters import docker_client, docker_engine
 
-from ..helpers import run_containers, unique
+from ..helpers import Relay, run_containers, unique
 
 pytestmark = pytest.mark.docker
 
@@ -114,3 +116,47 @@ def test_an_absent_socket_is_said_in_words(tmp_path) -> None:  # type: ignore[no
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
     assert r.returncode != 0
     assert re.search(r"cannot reach the Docker engine at unix://.*absent\.sock: no engine socket there", r.stderr)
+
+
+class Joining(Relay):
+    """A relay to the engine that holds each answer a moment and passes it on in one piece, as a busy client or a
+    network joins packets: an upgraded stream's first frames arrive with its headers."""
+
+    def _pipe(self, src: socket.socket, dst: socket.socket, muted: threading.Event, asking: bool) -> None:
+        if asking:
+            return super()._pipe(src, dst, muted, asking)
+        try:
+            while data := src.recv(65536):
+                src.settimeout(0.5)  # what else comes within the moment goes with it
+                with contextlib.suppress(TimeoutError):
+                    while more := src.recv(65536):
+                        data += more
+                src.settimeout(None)
+                dst.sendall(data)
+            dst.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+
+
+def test_an_exec_session_loses_nothing_its_process_wrote_before_its_answer_was_read(engine, stub_image) -> None:  # type: ignore[no-untyped-def]
+    """A guard's session says `ready` at once: that line may come in the same read as the exec's upgrade headers
+    (docker-py reads them through a buffer, then hands on the socket under it). Through a relay that joins them,
+    the session still reads its first line."""
+    local = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock").removeprefix("unix://")
+    server = socket.create_server(("127.0.0.1", 0))
+    relay = Joining(server, local)
+    name = f"pp-test-exec-{unique()}"
+    subprocess.run(["docker", "run", "-d", "--rm", "--network", "none", "--name", name, "--entrypoint", "sleep",
+                    stub_image, "120"], check=True, capture_output=True)  # fmt: skip
+    far = docker_engine.connect(timeout=30, host=f"tcp://127.0.0.1:{server.getsockname()[1]}")
+    try:
+        session = far.session(name, ["sh", "-c", "echo ready; echo second; cat"])
+        assert session.line(10) == b"ready"
+        assert session.line(10) == b"second"
+        session.write(b"echoed\n")
+        assert session.line(10) == b"echoed"
+        session.close()
+    finally:
+        far.close()
+        subprocess.run(["docker", "rm", "-f", name], capture_output=True, check=False)
+        relay.close()

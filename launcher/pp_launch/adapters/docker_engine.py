@@ -105,6 +105,26 @@ def raw_socket(attached: Any) -> socket.socket:
     return raw  # type: ignore[no-any-return]
 
 
+def read_ahead(attached: Any, raw: socket.socket) -> bytes:
+    """What the engine sent right behind its answer's headers, read with them into the HTTP response's buffer
+    (docker-py hands on the socket under that buffer, and those bytes would be lost): the first frames of a stream
+    whose process wrote at once, and a client that read late (a busy machine, a relay that joins packets). Taken
+    from the buffer without waiting for more."""
+    response = getattr(attached, "_response", None)
+    fp = getattr(getattr(getattr(response, "raw", None), "_fp", None), "fp", None)
+    if fp is None or not hasattr(fp, "peek"):
+        return b""
+    timeout = raw.gettimeout()
+    raw.setblocking(False)
+    try:
+        early = fp.peek(_READ_CHUNK)  # what is buffered (a read that would wait gives nothing)
+        return bytes(fp.read(len(early))) if early else b""
+    except (OSError, ValueError):
+        return b""
+    finally:
+        raw.settimeout(timeout)
+
+
 _READ_CHUNK = 64 * 1024
 
 TOOLKIT_MISSING = (
@@ -718,8 +738,9 @@ class Engine:
                 f"the engine at {self.address} could not exec in {ref[:12]}: {_reason(exc)}"
             ) from None
         raw = raw_socket(sock)
+        early = read_ahead(sock, raw)
         raw.settimeout(None)
-        return Session(raw, sock)
+        return Session(raw, sock, early)
 
     def clock(self) -> str:
         """The engine's own time (RFC 3339): ages of its containers are judged on its clock, never ours."""
@@ -963,9 +984,9 @@ class Session:
     """An exec session of ours (Engine.session): lines in, the process's stdout lines out. Frames are read from a
     buffer of its own, so that a read that times out loses nothing and leaves the stream readable."""
 
-    def __init__(self, raw: socket.socket, keep: Any) -> None:
+    def __init__(self, raw: socket.socket, keep: Any, early: bytes = b"") -> None:
         self.raw, self._keep = raw, keep
-        self._buf = b""  # what the engine sent that is not yet a whole frame
+        self._buf = early  # what the engine sent that is not yet a whole frame (read_ahead: what came first)
         self._pending = b""  # stdout that is not yet a whole line
         self._ended = False
         self._write = threading.Lock()
