@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from ..helpers import unique
+from ..helpers import docker, unique
 
 pytestmark = pytest.mark.docker
 
@@ -60,3 +60,49 @@ def test_attach_socket_on_a_real_engine_unwraps_to_a_plain_socket(engine, stub_i
     finally:
         engine.remove(ref)
         api.close()
+
+
+def test_an_image_replaced_while_in_use_goes_once_nothing_uses_it_and_never_if_tagged_again(
+    engine, stub_image, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rebuild while a container of the old image runs (a spare guard) keeps that image, recorded in the user's
+    state; the next build (or gc) removes it by its id once nothing uses it. One tagged again meanwhile is someone's
+    now: left, and forgotten."""
+    from pp_launch.adapters import images
+
+    monkeypatch.setenv("PP_LAUNCH_STATE_DIR", str(tmp_path / "state"))
+    tag, other = f"pp-launch-test/replaced:{unique()}", f"pp-launch-test/theirs:{unique()}"
+    (tmp_path / "ctx").mkdir()
+    (tmp_path / "ctx" / "Dockerfile").write_text("FROM pp-launch/base:bookworm\nCOPY a /a\n")
+    built: list[str] = []
+
+    def build(content: str) -> None:
+        (tmp_path / "ctx" / "a").write_text(content)
+        old = engine.image_id(tag)
+        engine.build(str(tmp_path / "ctx"), tag, {}, {}, lambda text: None)
+        if not engine.drop_replaced_image(old, tag) and old is not None:
+            images._replaced(engine, old)
+        built.append(str(engine.image_id(tag)))
+
+    user = ""
+    try:
+        build("first")
+        user = docker("run", "-d", "--rm", "--network", "none", built[0], "sleep", "120").stdout.strip()
+        build("second")
+        assert engine.image_id(built[0]) is not None  # in use: kept, and recorded
+        assert images.drop_replaced(engine) == {built[0]: "in use"}
+        docker("rm", "-f", user)
+        assert images.drop_replaced(engine) == {built[0]: "gone"}  # nothing uses it now: removed by its id
+        assert engine.image_id(built[0]) is None and images.drop_replaced(engine) == {}
+        user = docker("run", "-d", "--rm", "--network", "none", built[1], "sleep", "120").stdout.strip()
+        build("third")
+        docker("rm", "-f", user)
+        docker("tag", built[1], other)  # someone tagged the replaced image: theirs now
+        assert images.drop_replaced(engine) == {built[1]: "tagged"}
+        assert engine.image_id(other) == built[1] and images.drop_replaced(engine) == {}
+    finally:
+        if user:
+            docker("rm", "-f", user)
+        for name in (tag, other):
+            engine.remove_image(name)
+    assert all(engine.image_id(i) is None for i in built)

@@ -484,12 +484,31 @@ class Engine:
         except docker.errors.ImageNotFound:
             return None
 
-    def drop_replaced_image(self, old_id: str | None, tag: str) -> None:
-        """After a rebuild under `tag`: the image it replaced, now untagged, goes too (unless something uses it)."""
+    def drop_replaced_image(self, old_id: str | None, tag: str) -> bool:
+        """After a rebuild under `tag`: the image it replaced goes too. False when it stays because a container
+        still uses it (a spare guard of the old image)."""
         if old_id is None or old_id == self.image_id(tag):
-            return
-        with contextlib.suppress(docker.errors.APIError):  # in use by a container (404 and 409 alike): keep it
-            self.api.remove_image(old_id, force=False)
+            return True
+        return self.drop_untagged_image(old_id) != "in use"
+
+    def drop_untagged_image(self, image_id: str) -> str:
+        """An image we replaced, removed by its id if it has no tag and no container uses it: "gone" (removed, or
+        not there), "in use" (kept: try again later), or "tagged" (someone tagged it again: theirs now, kept)."""
+        try:
+            tags = [t for t in self.api.inspect_image(image_id).get("RepoTags") or [] if t != "<none>:<none>"]
+        except docker.errors.ImageNotFound:
+            return "gone"
+        except docker.errors.APIError:
+            return "in use"
+        if tags:
+            return "tagged"
+        try:
+            self.api.remove_image(image_id, force=False)
+        except docker.errors.ImageNotFound:
+            return "gone"
+        except docker.errors.APIError:  # in use by a container (409)
+            return "in use"
+        return "gone"
 
     # ------------------------------------------------------------------------------ containers
     def containers(self, label_filters: list[str]) -> list[ContainerInfo]:

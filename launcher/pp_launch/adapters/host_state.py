@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import json
 import os
 import stat
@@ -305,6 +306,41 @@ class RunIds:
     def forget(self, run_id: str) -> None:
         with self._dir() as d:
             d.remove(run_id)
+
+
+class ReplacedImages:
+    """Images of ours that a rebuild replaced while a container still used them (a spare guard of the old image):
+    `replaced-images/<engine>-<image id>` in this user's private state, empty files. The next `images build` (or
+    `gc`) on that engine removes each by its id once nothing uses it and nobody tagged it again."""
+
+    def __init__(self, directory: Path | None = None) -> None:
+        self.base = directory
+
+    def _dir(self) -> contextlib.AbstractContextManager[StateDir]:
+        return _folder(self.base, "replaced-images")
+
+    @staticmethod
+    def _name(engine: str, image_id: str) -> str:
+        return f"{hashlib.sha256(engine.encode()).hexdigest()[:16]}-{image_id.removeprefix('sha256:')}"
+
+    def add(self, engine: str, image_id: str) -> None:
+        with self._dir() as d:
+            name = self._name(engine, image_id)
+            try:
+                os.close(os.open(name, os.O_WRONLY | os.O_CREAT | NOFOLLOW, 0o600, dir_fd=d.fd))
+            except OSError as exc:
+                raise _fault(d.path / name, exc, "write") from None
+
+    def of(self, engine: str) -> list[str]:
+        """The image ids recorded for this engine (its identity)."""
+        prefix = self._name(engine, "")
+        with self._dir() as d:
+            found = [n.removeprefix(prefix) for n in d.names("") if n.startswith(prefix)]
+        return [f"sha256:{i}" for i in found if len(i) == 64 and all(c in "0123456789abcdef" for c in i)]
+
+    def forget(self, engine: str, image_id: str) -> None:
+        with self._dir() as d:
+            d.remove(self._name(engine, image_id))
 
 
 class RunRecords:

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from pp_launch.adapters import host_state
 from pp_launch.adapters.docker_engine import Engine
 from pp_launch.core import errors
 from pp_launch.core.chain.plan import BUILTIN_IMAGE, GUARD_IMAGE
@@ -206,8 +207,32 @@ def _build_on_base(
     progress(f"docker build on {base}")
     old = engine.image_id(image)
     engine.build(str(context), image, {"BASE": base}, {HASH_LABEL: digest}, log)
-    engine.drop_replaced_image(old, image)  # a rebuild leaves no untagged image behind
+    if not engine.drop_replaced_image(old, image) and old is not None:  # a rebuild leaves no untagged image behind:
+        _replaced(engine, old)  # one still in use goes at the next build (drop_replaced)
     return BuildResult(image, True)
+
+
+def _replaced(engine: Engine, image_id: str) -> None:
+    with contextlib.suppress(errors.PpLaunchError):  # a state directory that fails: the image stays, as before
+        host_state.ReplacedImages().add(engine.identity()[0], image_id)
+
+
+def drop_replaced(engine: Engine) -> dict[str, str]:
+    """The images of ours a rebuild replaced while they were in use, removed now where nothing uses them and nobody
+    tagged them again: each recorded id and what became of it (Engine.drop_untagged_image). Only one still in use
+    stays recorded."""
+    try:
+        record = host_state.ReplacedImages()
+        engine_id = engine.identity()[0]
+        recorded = record.of(engine_id)
+    except errors.PpLaunchError:
+        return {}
+    done = {image_id: engine.drop_untagged_image(image_id) for image_id in recorded}
+    for image_id, what in done.items():
+        if what != "in use":
+            with contextlib.suppress(errors.PpLaunchError):
+                record.forget(engine_id, image_id)
+    return done
 
 
 @dataclass(frozen=True)
@@ -235,6 +260,7 @@ def build_all(
     BuildLog, shown when a build fails)."""
     own = log is None
     log = log or BuildLog()
+    drop_replaced(engine)
     try:
         steps: list[tuple[str, Callable[[Progress, Progress], BuildResult]]] = []
         if base is None:

@@ -24,7 +24,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Self
 
-from pp_launch.adapters import guard, host_state, identity, run_logs
+from pp_launch.adapters import guard, host_state, identity, images, run_logs
 from pp_launch.adapters.docker_engine import ContainerInfo, Engine, connect
 from pp_launch.adapters.gpu_watch import GpuWatch
 from pp_launch.adapters.guard import RunGuard, StageEnd
@@ -358,7 +358,8 @@ class DockerSite:
                 )
             stale = self._sweep_records(engine, on, dry_run)
             spare = self._end_spare(engine, on, dry_run)
-            anything = anything or bool(dead) or bool(loose) or stale or spare
+            replaced = self._drop_replaced(engine, on, dry_run)
+            anything = anything or bool(dead) or bool(loose) or stale or spare or replaced
         if not dry_run:
             housekeeping.forget_ended([e for _, e in self.reached])
         if not anything:
@@ -382,6 +383,24 @@ class DockerSite:
         taken = None if dry_run else spares.take(key)
         if taken:
             guard.drop_spare(engine, taken)
+        return True
+
+    def _drop_replaced(self, engine: Engine, on: str, dry_run: bool) -> bool:
+        """pp-launch's images that a rebuild replaced while a container still used them, removed now that nothing
+        does (recorded in this user's state at the rebuild); whether there were any."""
+        if not (host_state.default_dir() / "replaced-images").is_dir():
+            return False  # a look never makes the state directory
+        try:
+            recorded = host_state.ReplacedImages().of(engine.identity()[0])
+        except errors.PpLaunchError:
+            return False
+        if not recorded:
+            return False
+        done = dict.fromkeys(recorded, "would remove") if dry_run else images.drop_replaced(engine)
+        words = {"gone": "removed", "in use": "kept (a container still uses it)", "tagged": "left (tagged again since)"}
+        for image_id, what in done.items():
+            said = words.get(what, what)
+            self.voice.answer(f"{said}: pp-launch's replaced image {image_id.removeprefix('sha256:')[:12]}{on}")
         return True
 
     def _sweep_records(self, engine: Engine, on: str, dry_run: bool) -> bool:
