@@ -332,6 +332,11 @@ def broken_engine(side_engine):  # type: ignore[no-untyped-def]
     side_engine.ensure_running()
     yield side_engine
     side_engine.ensure_running()
+    from .helpers import wait_until
+
+    # a test that failed before the engine was back leaves its run to the run's watchdog, which removes it now:
+    # only what it has not removed within its patience was left
+    wait_until(lambda: not side_engine.ours_listed(), 60)
     ids = side_engine.ours_listed()
     if ids:
         from .helpers import DESCRIBE

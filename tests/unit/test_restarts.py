@@ -52,7 +52,14 @@ def test_only_a_restartable_end_restarts_and_only_while_attempts_are_left() -> N
     ],
 )
 def test_may_restart_is_one_rule_for_every_site(reason: str, orphans: bool, lost: bool, held: bool, may: bool) -> None:
-    assert may_restart(reason, orphans, lost, held) is may
+    asked: list[bool] = []
+
+    def guards_held() -> bool:  # an engine call each: asked only when nothing else rules a restart out
+        asked.append(True)
+        return held
+
+    assert may_restart(reason, orphans, lost, guards_held) is may
+    assert asked == ([True] if reason == "stage_failed" and not orphans and not lost else [])
 
 
 def test_an_attempts_reason_is_one_line() -> None:

@@ -972,7 +972,10 @@ class _Stages:
                 self.record.forget(self.plan.run_id)
         if outcome is None:
             return None
-        held = all(g.alive() for g in guards.values())
+
+        def held() -> bool:  # an engine call per guard: asked only when all else allows a restart
+            return all(g.alive() for g in guards.values())
+
         restartable = clean and may_restart(outcome.reason, bool(outcome.orphans), lost, held)
         return _with_lost_hosts(outcome, self.plan.run_id, backend), restartable, self.faults.seen()
 

@@ -9,6 +9,7 @@ names every attempt's reason.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 BACKOFF_CAP = 30.0  # seconds: the backoff doubles after each attempt up to this
@@ -34,11 +35,13 @@ class RestartPolicy:
         return self.max_restarts + 1
 
 
-def may_restart(reason: str, orphans: bool, places_lost: bool, guards_held: bool = True) -> bool:
+def may_restart(reason: str, orphans: bool, places_lost: bool, guards_held: Callable[[], bool] = lambda: True) -> bool:
     """Whether another attempt may follow an attempt that ended with `reason`, on any site: only a stage's failure,
     with every container confirmed gone (no orphans), no place lost (an engine, a host, a Ray node or head), and
-    the run's guards still up (a guard that another client ended, and that could not be replaced, ends the run)."""
-    return reason == "stage_failed" and not orphans and not places_lost and guards_held
+    the run's guards still up (a guard that another client ended, and that could not be replaced, ends the run).
+    `guards_held` asks the places (an engine call each), so only when all else allows a restart: an attempt stopped
+    by a signal on a frozen engine must not wait on it."""
+    return reason == "stage_failed" and not orphans and not places_lost and guards_held()
 
 
 @dataclass(frozen=True)
