@@ -337,34 +337,47 @@ class DockerSite:
         anything, ok = False, True
         for name, engine in self.reached:
             on = self._on(name)
-            dead = housekeeping.left_by_the_dead(engine)
-            for c in dead:
-                self.voice.answer(
-                    f"{'would remove' if dry_run else 'removing'} {housekeeping.describe(c)}{on}: its run's "
-                    "guard and launcher are gone"
-                )
-            if dead and not dry_run:
-                outcomes = housekeeping.stop_runs(engine, dead, 1.0, reason="launcher gone")
-                for ref in (r for o in outcomes for r in o.orphans):
-                    self.voice.note(f"pp-launch: error: could not remove {ref[:12]}{on}")
-                    ok = False
-            loose = housekeeping.unrecorded(engine)
-            for c in loose:
-                why = "no guard of its run recorded it (not made by that run, or its guard was removed)"
-                to = f" -H {name}" if "://" in (name or "") else f" --context {name}" if name else ""
-                rm = f"docker{to} rm -f {c.id[:12]}"
-                self.voice.answer(
-                    f"not touched{on}: {housekeeping.describe(c)}: {why}; if it is yours, remove it with: {rm}"
-                )
+            dead, removed = self._collect_dead(engine, on, dry_run)
+            ok = ok and removed
+            loose = self._name_unrecorded(engine, name, on)
             stale = self._sweep_records(engine, on, dry_run)
             spare = self._end_spare(engine, on, dry_run)
             replaced = self._drop_replaced(engine, on, dry_run)
-            anything = anything or bool(dead) or bool(loose) or stale or spare or replaced
+            anything = anything or dead or loose or stale or spare or replaced
         if not dry_run:
             housekeeping.forget_ended([e for _, e in self.reached])
         if not anything:
             self.voice.note("nothing to collect")
         return ok
+
+    def _collect_dead(self, engine: Engine, on: str, dry_run: bool) -> tuple[bool, bool]:
+        """The containers of runs whose guard and launcher are gone, removed: (whether any, whether all went)."""
+        dead = housekeeping.left_by_the_dead(engine)
+        for c in dead:
+            self.voice.answer(
+                f"{'would remove' if dry_run else 'removing'} {housekeeping.describe(c)}{on}: its run's "
+                "guard and launcher are gone"
+            )
+        ok = True
+        if dead and not dry_run:
+            outcomes = housekeeping.stop_runs(engine, dead, 1.0, reason="launcher gone")
+            for ref in (r for o in outcomes for r in o.orphans):
+                self.voice.note(f"pp-launch: error: could not remove {ref[:12]}{on}")
+                ok = False
+        return bool(dead), ok
+
+    def _name_unrecorded(self, engine: Engine, name: str | None, on: str) -> bool:
+        """Containers with our labels that no guard of their run recorded: named with how to remove them, never
+        touched; whether any."""
+        loose = housekeeping.unrecorded(engine)
+        for c in loose:
+            why = "no guard of its run recorded it (not made by that run, or its guard was removed)"
+            to = f" -H {name}" if "://" in (name or "") else f" --context {name}" if name else ""
+            rm = f"docker{to} rm -f {c.id[:12]}"
+            self.voice.answer(
+                f"not touched{on}: {housekeeping.describe(c)}: {why}; if it is yours, remove it with: {rm}"
+            )
+        return bool(loose)
 
     def _end_spare(self, engine: Engine, on: str, dry_run: bool) -> bool:
         """This user's spare guard on this engine, made ahead for their next run (docs/chain.md, "The spare
