@@ -374,7 +374,10 @@ def test_every_stage_of_a_detached_run_hears_the_hand_over_before_its_stdin_ends
     nice = 19 if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1 else 0
     hog = f"import os\nos.nice({nice})\nwhile True: pass"
     busy = [subprocess.Popen([sys.executable, "-c", hog]) for _ in range(2)]
-    LOUD = ("--env", "STUB_LOG_RATE=1000")  # output flowing as the attach closes: the engine's side of the race
+    # output flowing as the attach closes (the engine's side of the race): a line every 5 ms per stage. (1000 a
+    # second each, 24 stages, kept the suite's engine writing logs flat out for the whole test: every other test's
+    # engine call took 15-20 s meanwhile in CI)
+    LOUD = ("--env", "STUB_LOG_RATE=200")
     runs: list[str] = []
     launched: dict[str, str] = {}
 
