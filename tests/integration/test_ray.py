@@ -526,7 +526,9 @@ def test_an_xid_on_a_ray_stages_gpu_fails_it_and_the_next_attempt_never_uses_tha
             proc.communicate()
     assert proc.returncode == 128 + signal.SIGTERM, err
     events = first + again
-    failed = next(e for e in events if e.get("event") == "chain_stopped")
+    stopped = [e for e in events if e.get("event") == "chain_stopped"]
+    assert stopped, f"no attempt ended on the Xid; the launcher said:\n{err}\nevents: {events}"
+    failed = stopped[0]
     index = [g.uuid for g in a.inventory.gpus].index(bad)
     assert failed["reason"] == "stage_failed", (failed, err)
     assert str(failed["message"]).startswith(

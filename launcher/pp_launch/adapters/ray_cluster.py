@@ -466,6 +466,7 @@ class NodeAgent:
         node_id = ray.get_runtime_context().get_node_id()
         return {
             "gpus": uuids,
+            "watch": self.gpu_watch.note if self.gpu_watch is not None else "",  # why some GPUs are not watched
             "inventory": inventory.to_json(),
             "node_id": node_id,
             "engine": self.engine.address,

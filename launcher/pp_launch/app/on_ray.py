@@ -333,6 +333,9 @@ class _Placed:
             + "; ".join(f"{node.name}: {a}" for (node, _), a in zip(blocks, asked, strict=True))
         )
         rows = self._granted(request, blocks, per_stage)
+        for row in rows:
+            if row and (note := str(row[0].facts.get("watch", ""))):
+                say(f"warning: on Ray node {row[0].node.name}, {note}")
         self.handles, hops = _order(rows, per_stage)
         stage_gpus = [h.gpus for h in self.handles]
         launcher = steps.launcher_label(owner)
