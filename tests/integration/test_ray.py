@@ -484,19 +484,26 @@ def test_a_stage_that_fails_once_on_ray_is_restarted_and_the_run_completes(clust
 
 
 def _events_until(proc: subprocess.Popen[str], event: str, timeout: float) -> list[dict[str, object]]:
-    """The launcher's --json events up to the first `event` (all of them, if it exits first)."""
+    """The launcher's --json events up to the first `event` (all of them, if it exits first). Read from the pipe's
+    descriptor with a buffer of the test's own (kept on `proc` for the next call): a text stream's readline buffers
+    lines that select() then no longer sees, and a burst of events would wait for the next write."""
     assert proc.stdout is not None
+    fd, buf = proc.stdout.fileno(), getattr(proc, "pending", b"")
     seen: list[dict[str, object]] = []
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and not any(e.get("event") == event for e in seen):
-        if not select.select([proc.stdout], [], [], max(0.0, deadline - time.monotonic()))[0]:
-            break
-        line = proc.stdout.readline()
-        if not line:
-            break
-        with contextlib.suppress(json.JSONDecodeError):
-            seen.append(json.loads(line))
-    return seen
+    while True:
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            with contextlib.suppress(json.JSONDecodeError):
+                seen.append(json.loads(line))
+            if seen and seen[-1].get("event") == event:
+                proc.pending = buf  # type: ignore[attr-defined]
+                return seen
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0] or not (chunk := os.read(fd, 65536)):
+            proc.pending = buf  # type: ignore[attr-defined]
+            return seen
+        buf += chunk
 
 
 def test_an_xid_on_a_ray_stages_gpu_fails_it_and_the_next_attempt_never_uses_that_gpu(cluster) -> None:  # type: ignore[no-untyped-def]
@@ -538,6 +545,7 @@ def test_an_xid_on_a_ray_stages_gpu_fails_it_and_the_next_attempt_never_uses_tha
     assert any(e.get("event") == "chain_restarting" for e in again), again
     second = [e for e in again if e.get("event") == "stage_started"]
     assert len(second) == 2 and all(bad not in e["gpus"] for e in second), second  # type: ignore[operator]
+    out = getattr(proc, "pending", b"").decode() + out  # what the last look read past the roster
     last = [json.loads(line) for line in out.splitlines() if '"chain_stopped"' in line]
     assert [(e["reason"], e["exit_code"]) for e in last] == [("signal", 143)], out
 
