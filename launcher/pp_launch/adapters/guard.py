@@ -735,12 +735,12 @@ def make_record(engine: Engine, name: str, run_id: str, owner: str) -> None:
         host_state.RunRecords().add(name)
 
 
-def drop_record(engine: Engine, name: str, patience: float = 10.0) -> None:
+def drop_record(engine: Engine, name: str, patience: float = 30.0) -> None:
     """The record volume of a spare that no run took (it recorded nothing of anyone's), once nothing mounts it: its
     guard, just removed, may hold it a moment longer (the engine lets go of a removed container's volumes after
     it says the container is gone, and `docker rm -f` of an auto-removed one may answer while its removal is under
     way), so a volume in use is asked again for `patience` seconds, while no container that runs uses it (one
-    that runs keeps it: left to `gc`)."""
+    that runs keeps it: left to `gc`). A busy engine took over 10 s to let go of one (CI)."""
     if not name.startswith(RECORD_PREFIX):
         return
     deadline = time.monotonic() + patience
