@@ -217,16 +217,21 @@ def _replaced(engine: Engine, image_id: str) -> None:
         host_state.ReplacedImages().add(engine.identity()[0], image_id)
 
 
-def drop_replaced(engine: Engine) -> dict[str, str]:
+def drop_replaced(engine: Engine, dry_run: bool = False) -> dict[str, str]:
     """The images of ours a rebuild replaced while they were in use, removed now where nothing uses them and nobody
-    tagged them again: each recorded id and what became of it (Engine.drop_untagged_image). Only one still in use
-    stays recorded."""
+    tagged them again: each recorded id and what became of it (Engine.drop_untagged_image; "would remove" in a dry
+    run). Only one still in use stays recorded. Nothing recorded: nothing asked (a look never makes the state
+    directory, nor asks the engine what it is)."""
+    if not (host_state.default_dir() / "replaced-images").is_dir():
+        return {}
     try:
         record = host_state.ReplacedImages()
         engine_id = engine.identity()[0]
         recorded = record.of(engine_id)
     except errors.PpLaunchError:
         return {}
+    if dry_run:
+        return dict.fromkeys(recorded, "would remove")
     done = {image_id: engine.drop_untagged_image(image_id) for image_id in recorded}
     for image_id, what in done.items():
         if what != "in use":

@@ -401,15 +401,9 @@ class DockerSite:
     def _drop_replaced(self, engine: Engine, on: str, dry_run: bool) -> bool:
         """pp-launch's images that a rebuild replaced while a container still used them, removed now that nothing
         does (recorded in this user's state at the rebuild); whether there were any."""
-        if not (host_state.default_dir() / "replaced-images").is_dir():
-            return False  # a look never makes the state directory
-        try:
-            recorded = host_state.ReplacedImages().of(engine.identity()[0])
-        except errors.PpLaunchError:
+        done = images.drop_replaced(engine, dry_run)
+        if not done:
             return False
-        if not recorded:
-            return False
-        done = dict.fromkeys(recorded, "would remove") if dry_run else images.drop_replaced(engine)
         words = {"gone": "removed", "in use": "kept (a container still uses it)", "tagged": "left (tagged again since)"}
         for image_id, what in done.items():
             said = words.get(what, what)
