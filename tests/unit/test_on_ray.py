@@ -259,3 +259,63 @@ def test_a_place_lost_is_said_first_then_how_the_chain_ended() -> None:
         "host h could not be reached"
     )
     assert with_places_lost(ended, []) is ended
+
+
+def test_a_pull_waiting_on_an_agent_answers_as_soon_as_the_run_is_handed_over(tmp_path: Path) -> None:
+    """A detached run's launcher joins its pumps before it closes Ray: a pull waiting on the agent must not hold
+    that up for its whole wait."""
+    import threading
+    import time
+
+    from pp_launch.adapters.ray_cluster import NodeAgent
+
+    agent = NodeAgent("run1", 1.0, f"unix://{tmp_path}/no-engine.sock", "a")  # no engine: the agent alone
+    assert agent.problem
+    agent.queues[0], agent.names[0] = __import__("queue").Queue(), "pp-run1-0"  # one stage, still running
+    answers: list[object] = []
+    pull = threading.Thread(target=lambda: answers.append(agent.poll(0, 30.0)))
+    t0 = time.monotonic()
+    pull.start()
+    agent.hand_over()
+    pull.join(10.0)
+    assert answers == [[]] and time.monotonic() - t0 < 10.0  # nothing to hand on, at once (not after 30 s)
+
+
+class _Cluster:
+    def __init__(self) -> None:
+        self.ended: list[str] = []
+
+    def close(self) -> None:
+        self.ended.append("close")
+
+    def abandon(self, exit_code: int) -> None:
+        self.ended.append(f"abandon {exit_code}")
+
+
+class _Pumps:
+    def __init__(self, straggling: list[str]) -> None:
+        self.straggling, self.asked = straggling, 0
+
+    def settle(self, timeout: float) -> list[str]:
+        self.asked += 1
+        return self.straggling
+
+
+@pytest.mark.parametrize(
+    ("straggling", "head_lost", "ended", "asked"),
+    [([], "", "close", 1), (["ray-stage-0"], "", "abandon 0", 1), ([], "the head is gone", "abandon 0", 0)],
+    ids=["settled", "a-pump-still-in-ray", "head-lost"],
+)
+def test_ray_is_shut_down_only_once_no_pump_of_the_run_is_inside_it(
+    straggling: list[str], head_lost: str, ended: str, asked: int
+) -> None:
+    """Ray's shutdown under a thread still inside one of its calls ends the process with exit 1 and nothing said
+    (its core worker "has already been shutdown"): a detached run's launcher did so right after its roster. With a
+    pump still inside Ray the process ends with the run's own code instead; a lost head is never waited for."""
+    from pp_launch.app.site import Voice, Where
+
+    site = on_ray.RaySite(Where(ray="auto"), Voice(lambda text: None, lambda text: None))
+    cluster, pumps = _Cluster(), _Pumps(straggling)
+    site.cluster, site.backends, site.code, site.head_lost = cluster, [pumps], 0, head_lost  # type: ignore[assignment,list-item]
+    site.finish(None)
+    assert cluster.ended == [ended] and pumps.asked == asked

@@ -416,7 +416,7 @@ class NodeAgent:
 
         self.run_id, self.node = run_id, node
         self.problem = ""
-        self.queues: dict[int, queue.Queue[ChainEvent]] = {}  # a full queue holds that stage's reader back
+        self.queues: dict[int, queue.Queue[ChainEvent | None]] = {}  # a full queue holds that stage's reader back
         self.tails: dict[int, deque[tuple[int, StageOutput]]] = {}  # each stage's last lines, numbered: `logs --ray`
         self.seq = itertools.count(1)  # one numbering over the node's stages: `logs -f --ray` asks for what is new
         self.names: dict[int, str] = {}  # each stage's container name
@@ -521,6 +521,8 @@ class NodeAgent:
             with contextlib.suppress(queue.Empty):
                 while True:
                     events.get_nowait()
+            with contextlib.suppress(queue.Full):
+                events.put_nowait(None)  # a waiting pull answers now: the pumps end at once
         self._maybe_done()
 
     def _maybe_done(self) -> None:
@@ -557,7 +559,7 @@ class NodeAgent:
     def poll(self, stage: int, timeout: float) -> list[ChainEvent | GpuXid]:
         """The stage's next events: waits up to `timeout` for the first, then takes what is there. An Xid the GPU
         watch saw comes with the first pull of any of the node's stages (the launcher's pumps: within a pull)."""
-        out: list[ChainEvent | GpuXid] = []
+        out: list[ChainEvent | GpuXid | None] = []
         with contextlib.suppress(queue.Empty):
             while True:
                 out.append(self.xids.get_nowait())
@@ -569,7 +571,7 @@ class NodeAgent:
                 out.append(events.get_nowait())
         except (queue.Empty, KeyError):
             pass
-        return out
+        return [e for e in out if e is not None]  # None: handed over (see hand_over)
 
     def deliver(self, ref: str, data: bytes) -> None:
         self.backend.deliver(ref, data)
@@ -856,6 +858,13 @@ class RayStageBackend:
         calls = [h.actor.close.remote() for h in _agent_handles(self.handles) if h.node.name not in self.lost]
         with contextlib.suppress(Exception):
             ray.wait(calls, num_returns=len(calls), timeout=max(0.1, deadline - time.monotonic()))
+
+    def settle(self, timeout: float) -> list[str]:
+        """Each pump given up to `timeout` seconds more to end (each of its calls is bounded by SILENCE); the names
+        of those still inside a call to Ray. Ray's shutdown under such a thread ends the process (its core worker
+        "has already been shutdown": exit 1, nothing said), so the cluster is closed only once this is empty."""
+        deadline = time.monotonic() + timeout
+        return [name for pumps in self._pumps.values() for name in pumps.join(max(0.0, deadline - time.monotonic()))]
 
 
 def _sweep_node(run_id: str, engine: str) -> list[str]:

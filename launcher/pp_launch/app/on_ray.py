@@ -53,6 +53,7 @@ class RaySite:
         where.quiet_ray()
         self.cluster: ray_cluster.Cluster | None = None  # a launch's connection
         self.head_lost, self.code = "", errors.EXIT_FAILURE
+        self.backends: list[ray_cluster.RayStageBackend] = []  # each attempt's: its pumps are settled before Ray closes
 
     @classmethod
     def for_runs(cls, where: Where, run: str | None, voice: Voice) -> RaySite:
@@ -102,7 +103,10 @@ class RaySite:
     def finish(self, final: Launched | None) -> None:
         if self.cluster is None:
             return
-        if self.head_lost:  # nothing to ask a lost head (Ray would wait): the run's actors and group went with it
+        straggling = [] if self.head_lost else [n for b in self.backends for n in b.settle(ray_cluster.SILENCE + 1.0)]
+        if self.head_lost or straggling:
+            # nothing to ask a lost head (Ray would wait): the run's actors and group went with it; and a pump still
+            # inside a call to Ray would end this process at Ray's shutdown (exit 1, nothing said)
             self.cluster.abandon(self.code)
         else:
             self.cluster.close()
@@ -239,6 +243,7 @@ class _Stages:
     ) -> None:
         self.site, self.plan, self.placed = site, plan, placed
         self.backend = ray_cluster.RayStageBackend(placed.handles, detached=request.detach)
+        site.backends.append(self.backend)
         self.head: list[str] = []
         self.watching: ray_cluster.HeadWatch | None = None
         self.faults = GpuFaults(plan, say)  # each node agent watches the GPUs Ray granted it
@@ -261,6 +266,8 @@ class _Stages:
         head = self.head[0] if self.head else ""
         self.site.head_lost = head
         self.placed.keep = outcome is not None and outcome.reason == "detached"
+        if self.placed.keep:
+            self.backend.close()  # this process lets the stages go: their pumps end (handed over) and are joined
         if outcome is None:
             return None
         lost = self.backend.lost
