@@ -8,9 +8,12 @@ on both sides. Medians; every chain is torn down and counted for leftovers.
 
 Every launch runs as a user's does: each run leaves a spare guard that the next one takes (docs/chain.md, "The
 spare guard"; PP_LAUNCH_SPARE_GUARD=0 in the environment measures without); the first launch of a table starts its
-own guard. --hog: a busy loop per CPU throughout (as `make test-load`).
+own guard. --hog: a busy loop per CPU throughout (as `make test-load`). --fake-gpus: every stage of ours asks for a
+GPU (`--gpus auto --gpu-attach env`), so that the engine's GPU lock is taken and let go by every launch, from a
+fake NVML library (pp_launch.testing.fake_nvml) of as many GPUs as the longest chain; the CLI chain is given each
+stage's GPU the same way (NVIDIA_VISIBLE_DEVICES), picked by hand as its user would.
 
-Usage: python bench/bench_bringup.py [--repeats 3] [--stages N ...] [--delay S ...] [--hog] [--out FILE]
+Usage: python bench/bench_bringup.py [--repeats 3] [--stages N ...] [--delay S ...] [--hog] [--fake-gpus] [--out FILE]
 Only loopback traffic; stops by itself.
 """
 
@@ -23,6 +26,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -34,12 +38,46 @@ from bench_chain import leftovers, reap
 CASES = [(8, 0.0, 3), (8, 2.0, 3), (16, 0.0, 1), (32, 0.0, 1)]  # stages, announce delay, repeats (x --repeats/3)
 
 
+GPU_ENV: dict[str, str] = {}  # --fake-gpus: the launcher's environment with the fake NVML
+
+
 def baseline(client: docker.DockerClient, n: int, delay: float) -> tuple[float, int]:
-    sample = chain_baseline(client, n, 2.0, False, (f"STUB_ANNOUNCE_DELAY={delay}",))
+    env: tuple[str, ...] = (f"STUB_ANNOUNCE_DELAY={delay}",)
+    if GPU_ENV:
+        env += ("NVIDIA_VISIBLE_DEVICES={index}",)  # each stage its own GPU, by hand (bench_chain formats it)
+    sample = chain_baseline(client, n, 2.0, False, env)
     return sample.bring_up_s, sample.left
 
 
+def fake_gpus(count: int, where: Path) -> dict[str, str]:
+    """The environment of a launcher on a host with `count` fake GPUs (one PCIe switch each, as plain hosts)."""
+    from pp_launch.adapters import inventory_file
+    from pp_launch.testing import fake_nvml
+
+    gpus = [
+        {
+            "index": k,
+            "uuid": f"GPU-{k:08x}-0000-4000-8000-{k:012x}",
+            "name": "NVIDIA A100-SXM4-40GB",
+            "pci_bus_id": f"00000000:{k + 1:02x}:00.0",
+            "memory_total_mib": 40960,
+            "memory_used_mib": 512,
+            "utilization_gpu_pct": 0,
+            "processes": [],
+            "mig_enabled": False,
+        }
+        for k in range(count)
+    ]
+    topology = [[0 if i == j else 40 for j in range(count)] for i in range(count)]
+    doc = {"driver_version": "550.54.15", "cuda_version": "12.4", "gpus": gpus, "topology": topology}
+    (where / "inventory.json").write_text(json.dumps(doc))
+    inv = inventory_file.load(where / "inventory.json")
+    lib = fake_nvml.build(where / "lib")
+    return fake_nvml.environ(lib.parent, fake_nvml.write_config(inv, where / "nvml.conf"))
+
+
 def ours(client: docker.DockerClient, n: int, delay: float, handoff: str) -> tuple[float, int]:
+    gpus = ["--gpus", "auto", "--gpu-attach", "env"] if GPU_ENV else ["--gpus", "none"]
     args = [
         sys.executable,
         "-m",
@@ -48,8 +86,7 @@ def ours(client: docker.DockerClient, n: int, delay: float, handoff: str) -> tup
         "--stages",
         str(n),
         "--json",
-        "--gpus",
-        "none",
+        *gpus,
         "--grace",
         "2",
         "--env",
@@ -61,7 +98,12 @@ def ours(client: docker.DockerClient, n: int, delay: float, handoff: str) -> tup
     ]
     t0 = time.monotonic()
     proc = subprocess.Popen(
-        args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, text=True
+        args,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        env=GPU_ENV or None,
     )
     assert proc.stdout is not None
     run, took = None, float("nan")
@@ -86,8 +128,13 @@ def main() -> int:
     ap.add_argument("--stages", type=int, action="append", help="only these chain lengths (repeatable)")
     ap.add_argument("--delay", type=float, action="append", help="only these announce delays (repeatable)")
     ap.add_argument("--hog", action="store_true", help="a busy loop on every CPU throughout")
+    ap.add_argument("--fake-gpus", action="store_true", help="every stage asks for a GPU: the GPU lock is taken")
     opts = ap.parse_args()
     client = docker.from_env()
+    scratch = tempfile.TemporaryDirectory(prefix="pp-bench-gpus-")
+    if opts.fake_gpus:
+        longest = max(n for n, _, _ in CASES if not opts.stages or n in opts.stages)
+        GPU_ENV.update(fake_gpus(longest, Path(scratch.name)))
     hogs = [
         subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range((os.cpu_count() or 1) * opts.hog)
     ]
@@ -98,6 +145,7 @@ def main() -> int:
             hog.kill()
             hog.wait()
         drop_spare()
+        scratch.cleanup()
 
 
 def drop_spare() -> None:
@@ -141,6 +189,7 @@ def measure(client: docker.DockerClient, opts: argparse.Namespace) -> int:
     note = (
         f"\nMedians ({opts.repeats} runs for 8 stages, 1 beyond); timed from process launch to the last "
         f"announcement; {os.cpu_count()} CPUs; spare guards {spares}; {'a busy loop per CPU; ' * opts.hog}"
+        f"{'every stage a fake GPU (the GPU lock taken); ' * opts.fake_gpus}"
         f"`python bench/bench_bringup.py`.\n"
     )
     text = "\n".join(rows) + "\n" + note

@@ -77,7 +77,7 @@ def baseline(
         if ignore:
             env += ["-e", "STUB_IGNORE_SIGTERM=1"]
         for item in extra_env:
-            env += ["-e", item]
+            env += ["-e", item.format(index=k)]
         if k:
             assert prev is not None and first is not None
             env += ["-e", f"PEER_NODE_ID={prev[0]}", "-e", f"PEER_DIRECT={prev[1]}"]

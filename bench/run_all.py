@@ -12,6 +12,7 @@ BENCHES = [
     "bench_planning.py",
     "bench_placement.py",
     "bench_bringup.py",
+    "bench_engine_floor.py",
     "bench_gpu_bringup.py",
     "bench_hosts.py",
     "bench_output.py",

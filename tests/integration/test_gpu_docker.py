@@ -108,14 +108,19 @@ def test_a_launch_waits_for_the_engines_gpu_lock_says_on_whom_and_never_gets_a_h
     engine, stub_image, state_dir
 ) -> None:
     """The first chain comes up in turn (its stage 1 is created only once stage 0 announced, 8 s
-    later), holding the engine's GPU lock all that time; the second, started meanwhile from another state directory
-    (another machine), waits on the lock, names its holder, then gets the two GPUs the first does not hold."""
+    later), holding the engine's GPU lock all that time (its run's guard, renamed); the second, started meanwhile
+    from another state directory (another machine), waits on the lock, names its holder, then gets the two GPUs the
+    first does not hold. Once its stages exist, the first's guard goes back to a guard's name, still running."""
     first = Launcher(
         "chain", "--stages", "2", *GPU_ARGS, "--bring-up", "in-turn", "--env", "STUB_ANNOUNCE_DELAY=8", env=state_dir
     )
     second = None
     try:
         first.wait_event("stage_started", stage=0, timeout=60)
+        lock = engine.inspect("pp-launch-gpu-lock")
+        assert lock is not None and lock["State"]["Running"], lock
+        assert lock["Config"]["Labels"]["pp-launch.stage"] == "guard"
+        assert lock["Config"]["Labels"]["pp-launch.run"] == first.run_id
         other = {**state_dir, "PP_LAUNCH_STATE_DIR": state_dir["PP_LAUNCH_STATE_DIR"] + "-machine-2"}
         second = Launcher("chain", "--stages", "2", *GPU_ARGS, env=other)
         assert wait_until(lambda: "waiting for the GPU lock" in second.stderr_text(), 30), second.stderr_text()
@@ -137,6 +142,8 @@ def test_a_launch_waits_for_the_engines_gpu_lock_says_on_whom_and_never_gets_a_h
         assert wait_until(lambda: watchdogs(PP_CONTAINER_PREFIX=prefix) == [], 20)  # its guard's watchdog is done
         first.wait_event("pp_stage_roster", timeout=60)
         second.wait_event("pp_stage_roster", timeout=60)
+        guard = engine.inspect(lock["Id"])
+        assert guard is not None and guard["State"]["Running"] and guard["Name"].startswith("/pp-guard-"), guard
         mine = [g for e in first.events_named("stage_started") for g in e["gpus"]]
         theirs = [g for e in second.events_named("stage_started") for g in e["gpus"]]
         assert len(mine) == len(theirs) == 2 and not set(mine) & set(theirs)

@@ -145,3 +145,106 @@ def test_a_lock_removed_by_another_client_is_lost_and_stops_the_launch() -> None
         gl.check_and_release()
     assert gl.held == {}  # let go either way
     assert engine.lock == lock("running")  # the other launch's lock was never touched
+
+
+# ------------------------------------------------------------------------------------ held by the run's guard
+class NamingEngine:
+    """Containers by id with names, unique per engine as Docker keeps them: `rename` is a test-and-set."""
+
+    def __init__(self) -> None:
+        self.names: dict[str, str] = {}  # id -> name
+        self.running: set[str] = set()
+        self.lab: dict[str, dict[str, str]] = {}
+        self.holds, self.renames = 0, 0
+
+    def add(self, ref: str, name: str, stage: str, running: bool = True) -> None:
+        self.names[ref], self.lab[ref] = name, {labels.RUN: ref[:12], labels.STAGE: stage, labels.OWNER: "o:1:1"}
+        if running:
+            self.running.add(ref)
+
+    def rename(self, ref: str, name: str) -> bool:
+        self.renames += 1
+        if ref not in self.names:
+            raise errors.EngineError(f"cannot rename container {ref[:12]}: it is gone")
+        if name in self.names.values():
+            return False
+        self.names[ref] = name
+        return True
+
+    def inspect(self, ref: str) -> dict[str, Any] | None:
+        by_name = {n: r for r, n in self.names.items()}
+        ref = by_name.get(ref, ref)
+        if ref not in self.names:
+            return None
+        state = {"Running": ref in self.running, "Status": "running" if ref in self.running else "exited"}
+        return {"Id": ref, "Name": "/" + self.names[ref], "State": state, "Config": {"Labels": self.lab[ref]}}
+
+    def hold(self, *args: object) -> None:
+        self.holds += 1
+        raise AssertionError("a launch with a guard makes no lock container")
+
+    def remove(self, ref: str) -> None:
+        self.names.pop(ref, None)
+        self.running.discard(ref)
+
+    def clock(self) -> str:
+        return "2026-12-03T12:00:00.000000000Z"
+
+
+def guarded(engine: NamingEngine, guard: str, timeout: float = 0.5) -> locks.GpuLocks:
+    site = locks.LockSite("gpu1", engine, "id-1", lambda: guard)  # type: ignore[arg-type]
+    return locks.GpuLocks([site], "aaaaaaaaaaaa", "me:1:1", timeout=timeout)
+
+
+def test_the_runs_guard_holds_the_lock_by_its_name_and_is_named_back_once_its_stages_exist() -> None:
+    engine = NamingEngine()
+    engine.add("g" * 64, "pp-guard-aaaaaaaaaaaa-1234abcd", labels.STAGE_GUARD)
+    gl = guarded(engine, "g" * 64)
+    gl.acquire()
+    assert engine.names["g" * 64] == locks.LOCK_NAME and engine.holds == 0  # one rename, no container
+    gl.check()
+    gl.check_and_release()
+    assert engine.names["g" * 64].startswith("pp-guard-aaaaaaaaaaaa-") and "g" * 64 in engine.running
+    assert engine.inspect(locks.LOCK_NAME) is None  # free for the next launch
+
+
+def test_a_guard_waits_on_a_lock_held_by_anyone_and_names_the_holder() -> None:
+    engine = NamingEngine()
+    engine.add("g" * 64, "pp-guard-aaaaaaaaaaaa-1234abcd", labels.STAGE_GUARD)
+    engine.add("h" * 64, locks.LOCK_NAME, labels.STAGE_GUARD)  # another run's guard holds it
+    with pytest.raises(errors.LockTimeout, match=r"held by run hhhhhhhhhhhh of o:1:1 \(its guard hhhhhhhhhhhh\)"):
+        guarded(engine, "g" * 64).acquire()
+    assert engine.names["h" * 64] == locks.LOCK_NAME and "h" * 64 in engine.running  # never touched
+    assert engine.names["g" * 64].startswith("pp-guard-")
+
+
+def test_an_ended_guard_left_under_the_locks_name_holds_nothing() -> None:
+    """Its auto-remove did not happen (an engine restarted under it): ended, it is cleared as an ended lock is."""
+    engine = NamingEngine()
+    engine.add("g" * 64, "pp-guard-aaaaaaaaaaaa-1234abcd", labels.STAGE_GUARD)
+    engine.add("h" * 64, locks.LOCK_NAME, labels.STAGE_GUARD, running=False)
+    gl = guarded(engine, "g" * 64)
+    gl.acquire()
+    assert "h" * 64 not in engine.names and engine.names["g" * 64] == locks.LOCK_NAME
+
+
+@pytest.mark.parametrize("how", ["removed", "renamed-away"])
+def test_a_guard_that_holds_the_lock_and_is_removed_or_renamed_by_another_client_is_a_lost_lock(how: str) -> None:
+    engine = NamingEngine()
+    engine.add("g" * 64, "pp-guard-aaaaaaaaaaaa-1234abcd", labels.STAGE_GUARD)
+    gl = guarded(engine, "g" * 64)
+    gl.acquire()
+    if how == "removed":
+        engine.remove("g" * 64)
+    else:
+        engine.names["g" * 64] = "someone-elses-name"
+    engine.add("h" * 64, locks.LOCK_NAME, labels.STAGE_GUARD)  # and another launch took the lock meanwhile
+    with pytest.raises(errors.LockLost, match="removed by another client"):
+        gl.check_and_release()
+    assert engine.names["h" * 64] == locks.LOCK_NAME  # the other launch's lock was never touched
+
+
+def test_a_guard_removed_before_it_could_take_the_lock_stops_the_launch_saying_so() -> None:
+    engine = NamingEngine()
+    with pytest.raises(errors.LockLost, match=r"the run's guard on gpu1 \(container gggggggggggg\) is gone"):
+        guarded(engine, "g" * 64).acquire()

@@ -954,6 +954,19 @@ class Engine:
             raise
         return attached
 
+    def rename(self, ref: str, name: str) -> bool:
+        """The container `ref` (by id) named `name`: False when another container has that name (names are unique
+        per engine, so a rename is a test-and-set: the GPU lock, app/locks.py); EngineError when `ref` is gone."""
+        try:
+            self.api.rename(ref, name)
+        except docker.errors.NotFound:
+            raise errors.EngineError(f"cannot rename container {ref[:12]}: it is gone") from None
+        except docker.errors.APIError as exc:
+            if exc.status_code == 409:
+                return False
+            raise errors.EngineError(f"cannot rename container {ref[:12]} to {name}: {_reason(exc)}") from None
+        return True
+
     def remove(self, ref: str, patience: float = 5.0) -> None:
         """Removed by id (a running one killed first), its anonymous volumes too, as auto-remove does; returns once
         the engine no longer has it. A removal already under way (auto-remove got there first) is waited for; a

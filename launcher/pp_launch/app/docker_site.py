@@ -14,6 +14,7 @@ from __future__ import annotations
 import calendar
 import contextlib
 import dataclasses
+import functools
 import os
 import queue
 import signal
@@ -156,7 +157,12 @@ class DockerSite:
 
     def reserve(self, request: LaunchRequest, hooks: Hooks) -> AbstractContextManager[Held]:
         """The engines' GPU locks (app/locks.py), taken when GPUs are picked (`plan`)."""
-        sites = [LockSite(s.lock_name, s.engine, s.engine_id) for s in self.places if s.engine is not None]
+        g = self.guarding
+        sites = [
+            LockSite(s.lock_name, s.engine, s.engine_id, None if g is None else functools.partial(g.ref, s.name))
+            for s in self.places
+            if s.engine is not None
+        ]
         owner, attempt = identity.current_owner().label(), request.chain.attempt
         return reserve(sites, request.run_id or "", owner, hooks.say, hooks.stop_pending, attempt)
 
@@ -1017,6 +1023,15 @@ class _Guarding:
             raise self.error
         self.taken = True
         return self.guards
+
+    def ref(self, name: str) -> str:
+        """The container of the guard on the engine `name`, once it runs (waited for): it holds that engine's GPU
+        lock (app/locks.py); "" when it has none."""
+        self._threads.join(None)
+        if self.error is not None:
+            raise self.error
+        g = self.guards.get(name)
+        return g.ref if g is not None else ""
 
     def finish(self, outcome: ChainOutcome | None) -> None:
         """The run's end, after its last attempt (idempotent): the launcher lets go of each guard. One never taken

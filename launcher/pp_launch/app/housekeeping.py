@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import calendar
 import contextlib
+import dataclasses
 import re
 import signal
 import time
@@ -15,6 +16,7 @@ from pp_launch.adapters import guard, host_state, identity
 from pp_launch.adapters.docker_engine import ContainerInfo, DockerStageBackend, Engine, connect
 from pp_launch.adapters.inbox import QueueInbox
 from pp_launch.adapters.runtime import ThreadRuntime, map_all
+from pp_launch.app.locks import LOCK_NAME
 from pp_launch.app.rows import StageRow
 from pp_launch.core import errors, hosts, labels
 from pp_launch.core.announce import AnnouncementError, parse_line
@@ -322,7 +324,8 @@ def list_stages(
     guardless = {r.run for r in vouched.guardless}
     rows: list[StageRow] = []
     for c in found:
-        if c.id in guarded or c.id in vouched.spares:
+        lock = c.id in guarded and c.name == LOCK_NAME  # a run's guard holding the engine's GPU lock (app/locks.py)
+        if (c.id in guarded or c.id in vouched.spares) and not lock:
             continue  # a run's guard is its machinery, as a hand-over was: `down` ends it with its run
         owner = c.labels.get(labels.OWNER, "")
         status = owner_status(owner)
@@ -330,7 +333,8 @@ def list_stages(
             status = "unrecorded"
         elif c.labels.get(labels.RUN, "") in guardless:
             status = "guard-gone"
-        rows.append(_stage_row(engine, c, status, by_uuid, now, host, details and c.state == "running"))
+        row = _stage_row(engine, c, status, by_uuid, now, host, details and c.state == "running")
+        rows.append(dataclasses.replace(row, role="lock") if lock else row)
     return sorted(rows, key=StageRow.order)
 
 

@@ -15,6 +15,13 @@ our labels is waited on and named, never touched). Only a lock container that is
 that ended, or one whose launcher died between creating and starting it (still unstarted 30 s after its creation
 on the engine's clock). Engines are locked in a fixed order (their identity), so two launches never wait on each
 other.
+
+A launch with a guard on the engine (adapters/guard.py: a chain's run has one from before its GPUs are picked)
+holds the lock with it instead of a container of its own: its guard is renamed `pp-launch-gpu-lock` (a rename is a
+test-and-set: names are unique per engine) and renamed back once its stages exist. The guard lives exactly as long
+as its launcher (the same lifeline), so the lock does too, and one engine call replaces a container's create and
+start (docs/benchmarks.md, "The GPU lock"). To everyone else it is a lock like any other: a running container of
+that name, waited on and named.
 """
 
 from __future__ import annotations
@@ -25,27 +32,75 @@ import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
 
-from pp_launch.adapters.docker_engine import Engine, Held
+from pp_launch.adapters.docker_engine import Engine
+from pp_launch.adapters.guard import guard_name
 from pp_launch.core import errors, labels
 from pp_launch.core.announce import escape
 from pp_launch.core.chain.plan import GUARD_IMAGE
 
 LOCK_NAME = "pp-launch-gpu-lock"
 LOCK_STAGE = "lock"
+GUARD_STAGE = labels.STAGE_GUARD  # a run's guard holding the lock (renamed)
 TIMEOUT_ENV = "PP_LOCK_TIMEOUT"
 DEFAULT_TIMEOUT = 300.0
 UNSTARTED = 30.0  # seconds a lock container may sit created but not started before its creator counts as dead
 POLL = 0.2
 
 
+class Holder(Protocol):
+    """What holds a lock: `Held` (a lock container of its own) or `GuardHeld` (the run's guard, renamed)."""
+
+    id: str
+
+    def alive(self) -> bool: ...
+
+    def release(self) -> None: ...
+
+
 @dataclass(frozen=True)
 class LockSite:
-    """One engine to lock: its name in messages (a --host, or the engine's address) and its identity."""
+    """One engine to lock: its name in messages (a --host, or the engine's address) and its identity; `guard`: the
+    id of the run's guard there, once it runs (waited for), when the launch has one: it holds the lock."""
 
     name: str
     engine: Engine
     engine_id: str
+    guard: Callable[[], str] | None = None
+
+
+class GuardHeld:
+    """The lock held by the run's guard, renamed: it holds it while the engine says that very container (by id)
+    runs under the lock's name; let go by naming it back (a fresh guard name: nobody can have taken it)."""
+
+    def __init__(self, engine: Engine, ref: str, run_id: str) -> None:
+        self.engine, self.id, self.run_id = engine, ref, run_id
+        self._held = True
+
+    def alive(self) -> bool:
+        info = self._info()
+        return bool((info.get("State") or {}).get("Running")) and info.get("Name") == f"/{LOCK_NAME}"
+
+    def running(self) -> bool:
+        """The guard still runs, under whatever name."""
+        return bool((self._info().get("State") or {}).get("Running"))
+
+    def _info(self) -> dict[str, Any]:
+        try:
+            return self.engine.inspect(self.id) or {}
+        except errors.PpLaunchError:
+            return {}
+
+    def release(self) -> None:
+        """Idempotent; a guard that is gone holds nothing (its container went with its name)."""
+        if not self._held:
+            return
+        self._held = False
+        for _ in range(3):
+            with contextlib.suppress(errors.PpLaunchError):
+                if self.engine.rename(self.id, guard_name(self.run_id)):
+                    return
 
 
 def age(created: str, now: str) -> float:
@@ -71,7 +126,8 @@ def holder(info: dict[str, object]) -> str:
     ident = str(info.get("Id", ""))[:12]
     if labels.RUN not in held:
         return f"a container not made by pp-launch (id {ident})"
-    return f"run {escape(held[labels.RUN])} of {escape(held.get(labels.OWNER, '?'))} (lock container {ident})"
+    what = "its guard" if held.get(labels.STAGE) == GUARD_STAGE else "lock container"
+    return f"run {escape(held[labels.RUN])} of {escape(held.get(labels.OWNER, '?'))} ({what} {ident})"
 
 
 class GpuLocks:
@@ -98,7 +154,7 @@ class GpuLocks:
         self.say = say
         self.stop_requested = stop_requested
         self.timeout = float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT)) if timeout is None else timeout
-        self.held: dict[str, Held] = {}
+        self.held: dict[str, Holder] = {}
 
     def acquire(self) -> None:
         try:
@@ -108,16 +164,22 @@ class GpuLocks:
             self.release()
             raise
 
-    def _take(self, site: LockSite, deadline: float) -> Held:
+    def _take(self, site: LockSite, deadline: float) -> Holder:
         said = ""
+        guard = site.guard() if site.guard is not None else ""
         while True:
             if (signum := self.stop_requested()) is not None:
                 raise errors.Interrupted(signum)
-            got = site.engine.hold(LOCK_NAME, self.image, self.labels)
+            got = self._hold(site, guard)
             if got is not None:
                 return got
             info = site.engine.inspect(LOCK_NAME)
             if info is None:
+                if guard and not GuardHeld(site.engine, guard, self.run_id).running():
+                    raise errors.LockLost(
+                        f"the run's guard on {site.name or 'this engine'} (container {guard[:12]}) is gone: removed "
+                        "by another client before it could hold the GPU lock. Nothing was started; run it again"
+                    )
                 continue  # released in between
             if self._dead_lock(site, info):
                 site.engine.remove(str(info.get("Id", "")))
@@ -137,11 +199,20 @@ class GpuLocks:
                 )
             time.sleep(POLL)
 
+    def _hold(self, site: LockSite, guard: str) -> Holder | None:
+        """The lock taken by this launch's guard there (renamed), or by a lock container of its own; None: taken."""
+        if not guard:
+            return site.engine.hold(LOCK_NAME, self.image, self.labels)
+        try:
+            return GuardHeld(site.engine, guard, self.run_id) if site.engine.rename(guard, LOCK_NAME) else None
+        except errors.EngineError:  # the guard is gone: said by the caller, once it sees the lock free
+            return None
+
     def _dead_lock(self, site: LockSite, info: dict[str, object]) -> bool:
         """A lock container of ours that is not running: it holds nothing (ended, or never started)."""
         state = dict(info.get("State") or {})  # type: ignore[call-overload]
         held = dict((info.get("Config") or {}).get("Labels") or {})  # type: ignore[attr-defined]
-        if state.get("Running") or labels.RUN not in held or held.get(labels.STAGE) != LOCK_STAGE:
+        if state.get("Running") or labels.RUN not in held or held.get(labels.STAGE) not in (LOCK_STAGE, GUARD_STAGE):
             return False
         status = str(state.get("Status", ""))
         if status in ("exited", "dead"):
