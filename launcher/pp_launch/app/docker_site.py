@@ -41,7 +41,7 @@ from pp_launch.app.gpu_faults import GpuFaults
 from pp_launch.app.locks import GpuLocks, LockSite, reserve
 from pp_launch.app.request import Hooks, Launched, LaunchRequest
 from pp_launch.app.rows import StageRow
-from pp_launch.app.site import Confirm, Held, LogView, Voice, Where
+from pp_launch.app.site import Confirm, LogView, Voice, Where
 from pp_launch.core import errors, labels
 from pp_launch.core.chain.plan import BUILTIN_IMAGE, ChainPlan, StageSpec, build_plan
 from pp_launch.core.chain.ports import StageBackend
@@ -155,7 +155,7 @@ class DockerSite:
     def guards(self) -> Mapping[str, RunGuard]:
         return self.guarding.guards if self.guarding is not None else {}
 
-    def reserve(self, request: LaunchRequest, hooks: Hooks) -> AbstractContextManager[Held]:
+    def reserve(self, request: LaunchRequest, hooks: Hooks) -> AbstractContextManager[GpuLocks]:
         """The engines' GPU locks (app/locks.py), taken when GPUs are picked (`plan`)."""
         g = self.guarding
         sites = [
@@ -166,11 +166,12 @@ class DockerSite:
         owner, attempt = identity.current_owner().label(), request.chain.attempt
         return reserve(sites, request.run_id or "", owner, hooks.say, hooks.stop_pending, attempt)
 
-    def plan(self, request: LaunchRequest, environ: Mapping[str, str], held: Held | None) -> tuple[ChainPlan, str]:
-        assert held is None or isinstance(held, GpuLocks)
+    def plan(self, request: LaunchRequest, environ: Mapping[str, str], held: GpuLocks | None) -> tuple[ChainPlan, str]:
         return _plan(request, self.places, environ, held)
 
-    def place_stages(self, request: LaunchRequest, plan: ChainPlan, held: Held, say: Callable[[str], None]) -> _Stages:
+    def place_stages(
+        self, request: LaunchRequest, plan: ChainPlan, held: GpuLocks, say: Callable[[str], None]
+    ) -> _Stages:
         """The run's guards taken (started before anything of the run exists on their engine) once no name of the
         plan is taken on any engine; the backend records every id it creates with its engine's guard."""
         guards: dict[str, RunGuard] = {}
@@ -183,7 +184,7 @@ class DockerSite:
         return _Stages(request, plan, backend, guards, held, say, self.watch_gpus, hosts)
 
     def stage_backend(
-        self, request: LaunchRequest, plan: ChainPlan, held: Held, guards: Mapping[str, RunGuard]
+        self, request: LaunchRequest, plan: ChainPlan, held: GpuLocks, guards: Mapping[str, RunGuard]
     ) -> StageBackend:
         """Where the attempt's stages run (each engine's backend records every id it creates with its guard)."""
         return _backend(request, plan, self.places, held, guards, self.backend_options)
@@ -880,7 +881,7 @@ def _backend(
     request: LaunchRequest,
     plan: ChainPlan,
     sites: Sequence[_Engine],
-    held: Held,
+    held: GpuLocks,
     guards: Mapping[str, RunGuard],
     options: Mapping[str, Any],
 ) -> StageBackend:
@@ -910,7 +911,7 @@ class Described(DockerSite):
     watch_gpus = False
     specs: dict[int, StageSpec]  # set by the caller
 
-    def plan(self, request: LaunchRequest, environ: Mapping[str, str], held: Held | None) -> tuple[ChainPlan, str]:
+    def plan(self, request: LaunchRequest, environ: Mapping[str, str], held: GpuLocks | None) -> tuple[ChainPlan, str]:
         spec = self.specs[request.chain.attempt]
         return ChainPlan(run_id=request.run_id or "", stages=(spec,), grace=request.chain.grace), ""
 
@@ -928,7 +929,7 @@ class _Stages:
         plan: ChainPlan,
         backend: StageBackend,
         guards: Mapping[str, RunGuard],
-        held: Held,
+        held: GpuLocks,
         say: Callable[[str], None],
         watch_gpus: bool = True,
         hosts: Mapping[str, across.Host] | None = None,

@@ -29,7 +29,7 @@ from pp_launch.app.request import Hooks as Hooks
 from pp_launch.app.request import Launched as Launched
 from pp_launch.app.request import LaunchRequest as LaunchRequest
 from pp_launch.app.request import Stoppable as Stoppable
-from pp_launch.app.site import Launching
+from pp_launch.app.site import AnySite
 from pp_launch.core import errors, events
 from pp_launch.core.chain.scope import ChainOutcome, ChainScope, QuietReporter
 from pp_launch.core.container import CACHE_DIR_ENV, MODEL_CACHE_DIR_ENV
@@ -39,7 +39,7 @@ def launch(
     request: LaunchRequest,
     hooks: Hooks | None = None,
     environ: Mapping[str, str] | None = None,
-    place: Launching | None = None,
+    place: AnySite | None = None,
 ) -> Launched:
     """Run the chain to its end (or, detached, until it is up), restarting it as `--max-restarts` allows. Errors found
     before anything starts raise (exit 2 for configuration); everything after is in the outcome, and nothing is
@@ -64,7 +64,7 @@ class Run:
     engines the run's guards start, kept from the first attempt to the last); `finish()` lets go of it."""
 
     def __init__(
-        self, request: LaunchRequest, place: Launching, hooks: Hooks, environ: Mapping[str, str] | None = None
+        self, request: LaunchRequest, place: AnySite, hooks: Hooks, environ: Mapping[str, str] | None = None
     ) -> None:
         self.request, self.place = _named(request), place
         self.environ = launch_environ(os.environ if environ is None else environ)
@@ -83,7 +83,7 @@ class Run:
         self.place.finish(final)
 
 
-def _attempt(request: LaunchRequest, hooks: Hooks, *, place: Launching, environ: Mapping[str, str]) -> Launched:
+def _attempt(request: LaunchRequest, hooks: Hooks, *, place: AnySite, environ: Mapping[str, str]) -> Launched:
     """One attempt of the run, on any site: reserved, planned, its stages run under one scope to their end."""
     with place.reserve(request, hooks) as held:
         plan, note = place.plan(request, environ, held)
@@ -304,7 +304,7 @@ def _spare_for(request: LaunchRequest) -> Any:
         return None  # a state directory that fails: the run starts its own guard, as without spares
 
 
-def _spared(site: Launching, request: LaunchRequest, spare: Any) -> Launching:
+def _spared(site: AnySite, request: LaunchRequest, spare: Any) -> AnySite:
     """A plain launch on one Docker engine takes the spare guard it found (if any), and leaves one at its end."""
     if request.ray is None and not request.hosts and request.gpu_node is None:
         from pp_launch.app.docker_site import DockerSite
@@ -314,7 +314,7 @@ def _spared(site: Launching, request: LaunchRequest, spare: Any) -> Launching:
     return site
 
 
-def _site(request: LaunchRequest, dry_run: bool, strict: bool = False) -> Launching:
+def _site(request: LaunchRequest, dry_run: bool, strict: bool = False) -> AnySite:
     """The site the request names, reached."""
     from pp_launch.app import sites
 

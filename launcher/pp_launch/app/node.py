@@ -31,7 +31,6 @@ from pp_launch.app.hosts import live_gpu_labels
 from pp_launch.app.launch import launch
 from pp_launch.app.locks import GpuLocks
 from pp_launch.app.request import GpuOptions, Hooks, Launched, LaunchRequest
-from pp_launch.app.site import Held
 from pp_launch.core import errors, labels, stage_env
 from pp_launch.core.chain.plan import BUILTIN_IMAGE, ChainPlan, ChainRequest, StageSpec
 from pp_launch.core.chain.scope import ChainOutcome
@@ -104,11 +103,11 @@ class NodeSite(DockerSite):
         _free_name(self.engine, self.config.name, say)
         super().prepare(request, say)  # and pp-launch's images; the run's guard comes up while the launch plans
 
-    def plan(self, request: LaunchRequest, environ: Mapping[str, str], held: Held | None) -> tuple[ChainPlan, str]:
+    def plan(self, request: LaunchRequest, environ: Mapping[str, str], held: GpuLocks | None) -> tuple[ChainPlan, str]:
         gpus, note = self.config.gpus, ""
         if gpus.auto:
             inventory = gpu_select.load_inventory(None)
-            if inventory.gpus and isinstance(held, GpuLocks):
+            if inventory.gpus and held is not None:
                 held.acquire()  # released once the container exists (its labels then hold the GPU), or on the way out
             engine = self.engine
             _, choice = gpu_select.select(

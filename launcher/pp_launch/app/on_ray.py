@@ -27,7 +27,7 @@ from pp_launch.app import housekeeping
 from pp_launch.app.gpu_faults import GpuFaults
 from pp_launch.app.request import Hooks, Launched, LaunchRequest
 from pp_launch.app.rows import StageRow
-from pp_launch.app.site import Confirm, Held, LogView, Voice, Where
+from pp_launch.app.site import Confirm, LogView, Voice, Where
 from pp_launch.core import errors, hosts, labels
 from pp_launch.core.chain.plan import ChainPlan, build_plan
 from pp_launch.core.chain.restarts import may_restart
@@ -79,7 +79,7 @@ class RaySite:
         return {}  # the node agents are the run's guards, one attempt's each
 
     @contextlib.contextmanager
-    def reserve(self, request: LaunchRequest, hooks: Hooks) -> Iterator[Held]:
+    def reserve(self, request: LaunchRequest, hooks: Hooks) -> Iterator[_Placed]:
         """The attempt's placement group and node agents (made by `plan`), released when the attempt is over unless
         the run was handed over (detached) or the head was lost (nothing to ask: they went with it)."""
         placed = _Placed(self._cluster(), hooks.say)
@@ -89,12 +89,13 @@ class RaySite:
             if not placed.keep and not self.head_lost:
                 placed.release()
 
-    def plan(self, request: LaunchRequest, environ: Mapping[str, str], held: Held | None) -> tuple[ChainPlan, str]:
-        assert isinstance(held, _Placed)
+    def plan(self, request: LaunchRequest, environ: Mapping[str, str], held: _Placed | None) -> tuple[ChainPlan, str]:
+        assert held is not None  # a dry run on Ray is dry_plan's
         return held.plan(request, environ), ""
 
-    def place_stages(self, request: LaunchRequest, plan: ChainPlan, held: Held, say: Callable[[str], None]) -> _Stages:
-        assert isinstance(held, _Placed)
+    def place_stages(
+        self, request: LaunchRequest, plan: ChainPlan, held: _Placed, say: Callable[[str], None]
+    ) -> _Stages:
         return _Stages(self, request, plan, held, say)
 
     def dry_plan(self, request: LaunchRequest, environ: Mapping[str, str], strict: bool) -> Launched:

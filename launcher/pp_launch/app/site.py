@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 if TYPE_CHECKING:
     from pp_launch.adapters.guard import RunGuard
@@ -100,6 +100,9 @@ class Held(Protocol):
         ...
 
 
+H = TypeVar("H", bound=Held)  # what a kind of site holds per attempt: its own type, never downcast
+
+
 class Staged(Protocol):
     """An attempt's stages on a site: their backend, what watches beside them, and their end."""
 
@@ -116,8 +119,9 @@ class Staged(Protocol):
         ...
 
 
-class Launching(Protocol):
-    """A site as `launch()` drives it (app/launch.py): the steps of one pipeline, in this order."""
+class Launching(Protocol[H]):
+    """A site as `launch()` drives it (app/launch.py): the steps of one pipeline, in this order. `H`: what the site
+    holds per attempt (the engines' GPU locks, Ray's grant), handed back to the same site only."""
 
     def prepare(self, request: LaunchRequest, say: Callable[[str], None]) -> None:
         """Before the first attempt: the stage image on every engine, the run's guards starting."""
@@ -127,15 +131,15 @@ class Launching(Protocol):
         """The run's guards, by place (none on Ray): kept from the first attempt to the last."""
         ...
 
-    def reserve(self, request: LaunchRequest, hooks: Hooks) -> AbstractContextManager[Held]:
+    def reserve(self, request: LaunchRequest, hooks: Hooks) -> AbstractContextManager[H]:
         """What one attempt holds while it places its stages, let go when the attempt is over."""
         ...
 
-    def plan(self, request: LaunchRequest, environ: Mapping[str, str], held: Held | None) -> tuple[ChainPlan, str]:
+    def plan(self, request: LaunchRequest, environ: Mapping[str, str], held: H | None) -> tuple[ChainPlan, str]:
         """The attempt's plan (held None: a dry run, nothing reserved), and a note for the user."""
         ...
 
-    def place_stages(self, request: LaunchRequest, plan: ChainPlan, held: Held, say: Callable[[str], None]) -> Staged:
+    def place_stages(self, request: LaunchRequest, plan: ChainPlan, held: H, say: Callable[[str], None]) -> Staged:
         """The attempt's backend, made once nothing of the plan can collide with what the place has."""
         ...
 
@@ -146,3 +150,6 @@ class Launching(Protocol):
     def finish(self, final: Launched | None) -> None:
         """The run's end (after its last attempt, or an error): the place let go of, every connection closed."""
         ...
+
+
+AnySite = Launching[Any]  # a site of any kind, as the registry opens it (app/sites.py)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pp_launch.app.request import LaunchRequest
-    from pp_launch.app.site import Housekeeping, Launching, Voice, Where
+    from pp_launch.app.site import AnySite, Housekeeping, Voice, Where
 
 KINDS = {
     "docker": "pp_launch.app.docker_site:DockerSite",  # DOCKER_HOST's engine, or every --host engine
@@ -37,9 +37,9 @@ def _kind(ref: SiteRef) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
-def for_launch(request: LaunchRequest, dry_run: bool, strict: bool = False) -> Launching:
+def for_launch(request: LaunchRequest, dry_run: bool, strict: bool = False) -> AnySite:
     """The site the request names, reached for a launch."""
-    site: Launching = _kind(named(request.ray)).to_launch(request, dry_run, strict)
+    site: AnySite = _kind(named(request.ray)).to_launch(request, dry_run, strict)
     return site
 
 

@@ -30,8 +30,8 @@ from pp_launch.adapters.guard import RunGuard
 from pp_launch.adapters.inbox import QueueInbox
 from pp_launch.app.docker_site import Described
 from pp_launch.app.launch import Foreground, Run
+from pp_launch.app.locks import GpuLocks
 from pp_launch.app.request import GpuOptions, Hooks, Launched, LaunchRequest
-from pp_launch.app.site import Held
 from pp_launch.core import errors, labels, stage_env
 from pp_launch.core.chain.plan import ChainPlan, ChainRequest, StageSpec
 from pp_launch.core.chain.ports import StageBackend, StageGone, StageOutput
@@ -348,6 +348,6 @@ class _WorkerSite(Described):
             super().prepare(request, say)
 
     def stage_backend(
-        self, request: LaunchRequest, plan: ChainPlan, held: Held, guards: Mapping[str, RunGuard]
+        self, request: LaunchRequest, plan: ChainPlan, held: GpuLocks, guards: Mapping[str, RunGuard]
     ) -> StageBackend:
         return self.fake if self.fake is not None else super().stage_backend(request, plan, held, guards)
