@@ -860,9 +860,10 @@ class RayStageBackend:
             ray.wait(calls, num_returns=len(calls), timeout=max(0.1, deadline - time.monotonic()))
 
     def settle(self, timeout: float) -> list[str]:
-        """Each pump given up to `timeout` seconds more to end (each of its calls is bounded by SILENCE); the names
-        of those still inside a call to Ray. Ray's shutdown under such a thread ends the process (its core worker
-        "has already been shutdown": exit 1, nothing said), so the cluster is closed only once this is empty."""
+        """Each pump given up to `timeout` seconds in all to end (a lost node's may wait SILENCE on its agent); the
+        names of those still inside a call to Ray. Ray's shutdown under such a thread ends the process (its core
+        worker "has already been shutdown": exit 1, nothing said), so the cluster is closed only once this is empty
+        (else the process ends as after a lost head, with its own code)."""
         deadline = time.monotonic() + timeout
         return [name for pumps in self._pumps.values() for name in pumps.join(max(0.0, deadline - time.monotonic()))]
 

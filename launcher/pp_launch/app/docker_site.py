@@ -1003,34 +1003,37 @@ class _Guarding:
         self, sites: Sequence[_Engine], run_id: str, owner: str, grace: float, spare: guard.Spare | None = None
     ) -> None:
         self.guards: dict[str, RunGuard] = {}
-        self.error: BaseException | None = None
+        self.errors: dict[str, BaseException] = {}
+        self.order = [s.name for s in sites]
         self.taken = False
         self.grace = grace
         self._threads = Nursery(f"run {run_id}'s guards")
-        self._threads.start(self._start, sites, run_id, owner, grace, spare, name="guards")
+        self._each: dict[str, threading.Thread] = {}
+        for s in sites:  # each engine's at once: one engine's lock waits only for that engine's guard
+            args = (s, run_id, owner, grace, spare)
+            self._each[s.name] = self._threads.start(self._start, *args, name=f"guard-{s.name or 'local'}")
 
-    def _start(
-        self, sites: Sequence[_Engine], run_id: str, owner: str, grace: float, spare: guard.Spare | None
-    ) -> None:
+    def _start(self, s: _Engine, run_id: str, owner: str, grace: float, spare: guard.Spare | None) -> None:
         try:
-            for s in sites:
-                self.guards[s.name] = RunGuard.start(_engine(s), run_id, owner, grace, s.name or None, spare=spare)
+            self.guards[s.name] = RunGuard.start(_engine(s), run_id, owner, grace, s.name or None, spare=spare)
         except BaseException as exc:  # handed to take(), on the launch's own thread
-            self.error = exc
+            self.errors[s.name] = exc
 
     def take(self) -> dict[str, RunGuard]:
         self._threads.join(None)
-        if self.error is not None:
-            raise self.error
+        if first := next((self.errors[n] for n in self.order if n in self.errors), None):
+            raise first
         self.taken = True
         return self.guards
 
     def ref(self, name: str) -> str:
-        """The container of the guard on the engine `name`, once it runs (waited for): it holds that engine's GPU
-        lock (app/locks.py); "" when it has none."""
-        self._threads.join(None)
-        if self.error is not None:
-            raise self.error
+        """The container of the guard on the engine `name`, once it runs (that one waited for): it holds that
+        engine's GPU lock (app/locks.py); "" when it has none."""
+        if (thread := self._each.get(name)) is None:
+            return ""
+        thread.join()
+        if name in self.errors:
+            raise self.errors[name]
         g = self.guards.get(name)
         return g.ref if g is not None else ""
 

@@ -40,6 +40,9 @@ if TYPE_CHECKING:
     from pp_launch.adapters.guard import RunGuard
 
 
+SETTLE = 1.0  # seconds the run's pumps may take to end at its end (a handed-over run's are woken: at once)
+
+
 class RaySite:
     """A Ray cluster as a site (app/site.py). A launch: one connection for the run; per attempt the placement group
     (the attempt's hold on its GPUs, granted or refused before any container exists) and its node agents, the
@@ -104,7 +107,7 @@ class RaySite:
     def finish(self, final: Launched | None) -> None:
         if self.cluster is None:
             return
-        straggling = [] if self.head_lost else [n for b in self.backends for n in b.settle(ray_cluster.SILENCE + 1.0)]
+        straggling = [] if self.head_lost else [n for b in self.backends for n in b.settle(SETTLE)]
         if self.head_lost or straggling:
             # nothing to ask a lost head (Ray would wait): the run's actors and group went with it; and a pump still
             # inside a call to Ray would end this process at Ray's shutdown (exit 1, nothing said)

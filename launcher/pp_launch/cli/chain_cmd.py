@@ -1,4 +1,5 @@
-"""`pp-launch chain`."""
+"""`pp-launch chain`: parses its options and chain file into a LaunchRequest, hands it to the launch use case
+(app/launch.py) and renders its events (lines, or JSON with --json); signals reach the run through cli/signals.py."""
 
 from __future__ import annotations
 

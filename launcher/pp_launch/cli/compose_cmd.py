@@ -1,4 +1,5 @@
-"""`pp-launch compose`."""
+"""`pp-launch compose`: parses the chain's options into a request and writes the Compose project the launch use
+case (app/launch.py, app/compose.py) plans; it starts nothing."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""`pp-launch gpus`."""
+"""`pp-launch gpus`: parses where to look and renders the GPU table (or JSON) that app/gpus.py and app/hosts.py
+read; it reads no GPU itself."""
 
 from __future__ import annotations
 

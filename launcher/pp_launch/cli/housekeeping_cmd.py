@@ -1,4 +1,5 @@
-"""`pp-launch ps`, `down` and `gc`."""
+"""`pp-launch ps`, `down` and `gc`: parses where to look (--host, --all-hosts, --ray) and renders the rows and
+words the use cases (app/runs.py) give back; it decides nothing about what is whose."""
 
 from __future__ import annotations
 

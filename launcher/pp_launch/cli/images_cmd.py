@@ -1,4 +1,5 @@
-"""`pp-launch images build|save|load`."""
+"""`pp-launch images build|save|load`: parses the options and prints each image's line; building, saving and
+loading pp-launch's images are adapters/images.py's."""
 
 from __future__ import annotations
 

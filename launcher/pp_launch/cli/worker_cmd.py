@@ -1,4 +1,5 @@
-"""`pp-launch worker check`."""
+"""`pp-launch worker check`: parses the options, runs the worker protocol check (app/worker_check.py) and prints
+each step's line and the verdict."""
 
 from __future__ import annotations
 
