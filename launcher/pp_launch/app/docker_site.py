@@ -94,14 +94,6 @@ class DockerSite:
         place.places = _reach(request, dry_run, strict)
         return place
 
-    @classmethod
-    def over(cls, engine: Engine) -> Self:
-        """A launch's site over one engine the caller reached (and closes)."""
-        place = cls(Where(), None, Voice(lambda text: None, lambda text: None))
-        place.places = [_Engine("", engine, engine.address)]
-        place.owns_engines = False
-        return place
-
     @property
     def engines(self) -> housekeeping.Engines:
         if self._engines is None:
@@ -905,14 +897,26 @@ GUARD_SETTLE = 10.0  # seconds a clean end waits for its guards to be gone (they
 
 
 class Described(DockerSite):
-    """A Docker engine running, at each attempt, the one stage its caller describes (`specs`, by attempt number): the
+    """A Docker engine running, at each attempt, the one stage its caller describes (`describe(attempt)`): the
     testing kit's StageContainer, the worker driver's generations. Its GPUs are the caller's own choice."""
 
     watch_gpus = False
-    specs: dict[int, StageSpec]  # set by the caller
+
+    def __init__(self, describe: Callable[[int], StageSpec], engine: Engine | None = None) -> None:
+        """On `engine` (reached and closed by the caller), or DOCKER_HOST's (reached at the launch)."""
+        super().__init__(Where(), None, Voice(lambda text: None, lambda text: None))
+        self.describe = describe
+        if engine is not None:
+            self.places, self.owns_engines = [_Engine("", engine, engine.address)], False
+
+    def reach(self, request: LaunchRequest) -> Self:
+        """DOCKER_HOST's engine, reached for the launch (unless the caller gave one)."""
+        if not self.places:
+            self.places = _reach(request, False, False)
+        return self
 
     def plan(self, request: LaunchRequest, environ: Mapping[str, str], held: GpuLocks | None) -> tuple[ChainPlan, str]:
-        spec = self.specs[request.chain.attempt]
+        spec = self.describe(request.chain.attempt)
         return ChainPlan(run_id=request.run_id or "", stages=(spec,), grace=request.chain.grace), ""
 
 

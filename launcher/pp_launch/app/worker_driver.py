@@ -78,7 +78,8 @@ class WorkerDriver:
         self.request = LaunchRequest(
             chain, GpuOptions(mode="none"), run_id=self.run_id, owner=self.owner, keep_logs=False, kill_wait=KILL_WAIT
         )
-        self.place = _WorkerSite.on_engine(self.engine, self.stage_backend)
+        self.specs: dict[int, StageSpec] = {}  # each generation's stage, described as it comes
+        self.place = _WorkerSite(self.specs.__getitem__, self.engine, self.stage_backend)
         self.run: Run | None = None  # the pipeline's run: prepared with the first generation
         self.generation: Foreground | None = None  # the current one
         self._generations: list[Foreground] = []
@@ -167,7 +168,7 @@ class WorkerDriver:
             config = self.engine.image_config(self.image) or {}
             entrypoint = arena.ENTRY
             command = (*(config.get("Entrypoint") or ()), *(config.get("Cmd") or ()))
-        self.place.specs[generation] = StageSpec(
+        self.specs[generation] = StageSpec(
             index=0,
             name=f"{self.prefix}-g{generation}",
             image=self.image,
@@ -335,13 +336,9 @@ class _WorkerSite(Described):
     """The driver's engine as the chain's site: each generation's stage the one the driver describes. With an
     in-process stage backend (tests: `fake`) there is no guard, and that backend runs the stages."""
 
-    fake: Any
-
-    @classmethod
-    def on_engine(cls, engine: Engine, fake: Any) -> _WorkerSite:
-        place = cls.over(engine)
-        place.specs, place.fake = {}, fake
-        return place
+    def __init__(self, describe: Callable[[int], StageSpec], engine: Engine, fake: Any) -> None:
+        super().__init__(describe, engine)
+        self.fake = fake
 
     def prepare(self, request: LaunchRequest, say: Callable[[str], None]) -> None:
         if self.fake is None:

@@ -153,8 +153,7 @@ class StageContainer:
             keep_logs=False,
             kill_wait=KILL_WAIT,
         )
-        place = Described.to_launch(one)
-        place.specs = {1: spec}
+        place = Described(lambda attempt: spec).reach(one)
         self._run = launch.Foreground(
             lambda hooks: launch.launch(one, hooks, place=place), self._output, self._ended, f"pp-stage-{self.stage}"
         )
