@@ -233,13 +233,15 @@ def test_a_stage_image_without_a_shell_never_gets_a_gpu_given_twice(engine, shel
         assert run_containers(engine, launcher.run_id) == []
 
 
+@pytest.mark.parametrize("how", ["removed", "renamed"])
 def test_a_lock_removed_while_its_launch_places_stops_that_launch_and_no_gpu_is_given_twice(
-    engine, stub_image, state_dir
+    engine, stub_image, state_dir, how
 ) -> None:
     """Stages come up in turn, so the first launch holds the engine's GPU lock while stage 0 loads (3 s); another
-    client removes the lock (`docker rm -f`, or an old `down --all`) and a second launch takes it and places. The
-    first sees its lock gone, by id, before it lets go: it stops (exit 1, one line), nothing of it is left, and at
-    no moment do two running stages hold one GPU."""
+    client removes the lock (`docker rm -f`, or an old `down --all`), or renames it (the lock is the run's guard,
+    renamed: `docker rename`), and a second launch takes it and places. The first sees its lock gone, by id, before
+    it lets go: it stops (exit 1, one line saying how), nothing of it is left, and at no moment do two running
+    stages hold one GPU."""
     import subprocess
 
     args = (
@@ -266,7 +268,9 @@ def test_a_lock_removed_while_its_launch_places_stops_that_launch_and_no_gpu_is_
         first.wait_event("stage_started", stage=0, timeout=60)
         lock = engine.inspect("pp-launch-gpu-lock")
         assert lock is not None and lock["Config"]["Labels"]["pp-launch.run"] == first.run_id
-        subprocess.run(["docker", "rm", "-f", lock["Id"]], check=True, capture_output=True)
+        elsewhere = unique("pp-tests-renamed")
+        change = ["rm", "-f", lock["Id"]] if how == "removed" else ["rename", lock["Id"], elsewhere]
+        subprocess.run(["docker", *change], check=True, capture_output=True)
         second = Launcher("chain", "--stages", "2", *GPU_ARGS, "--grace", "1", env=state_dir)  # the two GPUs left
         seen: list[list[str]] = []
 
@@ -278,7 +282,8 @@ def test_a_lock_removed_while_its_launch_places_stops_that_launch_and_no_gpu_is_
 
         assert wait_until(sample, 60, 0.05)
         assert first.wait(10) == 1, first.stderr_text()
-        assert "was removed by another client" in first.stderr_text()
+        said = "removed" if how == "removed" else f"renamed to {elsewhere}"
+        assert f"was {said} by another client" in first.stderr_text(), first.stderr_text()
         assert all(len(held) == len(set(held)) for held in seen)  # never one GPU in two running stages
         assert run_containers(engine, first.run_id) == []
         second.wait_event("pp_stage_roster", timeout=60)

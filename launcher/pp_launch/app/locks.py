@@ -82,6 +82,15 @@ class GuardHeld:
         info = self._info()
         return bool((info.get("State") or {}).get("Running")) and info.get("Name") == f"/{LOCK_NAME}"
 
+    def lost(self) -> str:
+        """How it no longer holds the lock, in words ("removed", "renamed to NAME", "stopped")."""
+        info = self._info()
+        if not info:
+            return "removed"
+        if (info.get("State") or {}).get("Running"):
+            return f"renamed to {escape(str(info.get('Name', '?')).lstrip('/'))}"
+        return "stopped"
+
     def running(self) -> bool:
         """The guard still runs, under whatever name."""
         return bool((self._info().get("State") or {}).get("Running"))
@@ -223,8 +232,9 @@ class GpuLocks:
         """Every lock taken still runs (by the id the engine gave): else LockLost, naming the engine."""
         for name, got in self.held.items():
             if not got.alive():
+                how = got.lost() if isinstance(got, GuardHeld) else "removed"
                 raise errors.LockLost(
-                    f"the GPU lock on {name or 'this engine'} (container {got.id[:12]}) was removed by another "
+                    f"the GPU lock on {name or 'this engine'} (container {got.id[:12]}) was {how} by another "
                     "client while this launch placed its stages: another launch may be taking the same GPUs, so "
                     "this one stops before any stage starts. Nothing else was touched; run it again"
                 )
