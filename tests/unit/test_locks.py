@@ -22,6 +22,9 @@ class FakeHeld:
     def alive(self) -> bool:  # by id: the lock this holder created, still running
         return self.engine.lock is not None and self.engine.lock["Id"] == "mine" * 16
 
+    def lost(self) -> str:
+        return "removed"
+
 
 class FakeLockEngine:
     """`hold` fails while `lock` (the inspect answer for the name) is set; removing clears it."""

@@ -1088,6 +1088,10 @@ class Held:
         except Exception:
             return False
 
+    def lost(self) -> str:
+        """How it stopped holding what it held (a lock), in words: whoever removed it, or it ended, it is gone."""
+        return "removed"
+
     @property
     def stream(self) -> socket.socket:
         """Its attach socket (stdout comes back on it when the hold asked for `ready`)."""

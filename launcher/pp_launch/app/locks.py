@@ -56,6 +56,10 @@ class Holder(Protocol):
 
     def alive(self) -> bool: ...
 
+    def lost(self) -> str:
+        """How it stopped holding the lock, in words ("removed", "renamed to NAME")."""
+        ...
+
     def release(self) -> None: ...
 
 
@@ -232,9 +236,8 @@ class GpuLocks:
         """Every lock taken still runs (by the id the engine gave): else LockLost, naming the engine."""
         for name, got in self.held.items():
             if not got.alive():
-                how = got.lost() if isinstance(got, GuardHeld) else "removed"
                 raise errors.LockLost(
-                    f"the GPU lock on {name or 'this engine'} (container {got.id[:12]}) was {how} by another "
+                    f"the GPU lock on {name or 'this engine'} (container {got.id[:12]}) was {got.lost()} by another "
                     "client while this launch placed its stages: another launch may be taking the same GPUs, so "
                     "this one stops before any stage starts. Nothing else was touched; run it again"
                 )
