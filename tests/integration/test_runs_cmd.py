@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from pp_launch.app.docker_site import instant as _instant
+from pp_launch.app.docker_runs import instant as _instant
 
 from ..helpers import Launcher, guard_of, remember_run, run_containers, wait_until
 

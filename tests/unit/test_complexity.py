@@ -17,6 +17,7 @@ CHAIN_PATH = [
     "app/launch.py",
     "app/on_ray.py",
     "app/docker_site.py",
+    "app/docker_runs.py",
     "app/site.py",
     "app/chain.py",
     "app/gpus.py",

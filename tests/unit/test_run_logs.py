@@ -85,7 +85,7 @@ def test_a_live_run_is_never_pruned_however_many_runs_come_after(tmp_path: Path)
 def test_ps_a_shows_an_ended_run_only_for_the_engines_asked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each run keeps where it ran; `ps -a` on one engine, on --host engines or as before for a run that kept no
     place, never lists another engine's ended runs as if they were this one's."""
-    from pp_launch.app.docker_site import ended_rows
+    from pp_launch.app.docker_runs import ended_rows
 
     monkeypatch.setenv("PP_LAUNCH_STATE_DIR", str(tmp_path))
     monkeypatch.delenv("DOCKER_CONTEXT", raising=False)

@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from pp_launch.app import docker_site, on_ray, runs
+from pp_launch.app import docker_runs, on_ray, runs
 from pp_launch.app.rows import StageRow
 from pp_launch.core import errors
 
@@ -173,4 +173,4 @@ def test_the_site_for_ray_is_rays_and_quiets_rays_output_first_without_connectin
     ],
 )
 def test_instant_pads_the_fraction_so_times_sort_as_text(stamp: str, sortable: str) -> None:
-    assert docker_site.instant(stamp) == sortable
+    assert docker_runs.instant(stamp) == sortable

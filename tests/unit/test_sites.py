@@ -15,9 +15,9 @@ def test_the_flags_name_one_site_each() -> None:
 
 def test_every_kind_opens_for_a_launch_and_for_housekeeping_with_the_same_words() -> None:
     for kind in sites.KINDS:
-        site = sites._kind(sites.SiteRef(kind))
-        assert list(inspect.signature(site.to_launch).parameters) == ["request", "dry_run", "strict"], kind
-        assert list(inspect.signature(site.for_runs).parameters) == ["where", "run", "voice"], kind
-        for port in (Launching, Housekeeping):  # every step of both halves of the port
-            missing = [name for name in vars(port) if not name.startswith("_") and not hasattr(site, name)]
+        site, runs = sites._kind(sites.SiteRef(kind)), sites._kind(sites.SiteRef(kind), 1)
+        assert list(inspect.signature(site.to_launch).parameters)[:3] == ["request", "dry_run", "strict"], kind
+        assert list(inspect.signature(runs.for_runs).parameters) == ["where", "run", "voice"], kind
+        for port, half in ((Launching, site), (Housekeeping, runs)):  # every step of both halves of the port
+            missing = [name for name in vars(port) if not name.startswith("_") and not hasattr(half, name)]
             assert missing == [], (kind, port.__name__, missing)

@@ -18,7 +18,7 @@ import dataclasses
 import math
 import os
 import signal
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,7 +26,7 @@ from pp_launch.adapters import identity, local
 from pp_launch.adapters.docker_engine import NODE_TOOLKIT_HINT, Engine
 from pp_launch.app import gpus as gpu_select
 from pp_launch.app.chain import check_image_name
-from pp_launch.app.docker_site import DockerSite
+from pp_launch.app.docker_site import DockerSite, EnginePlace, engine_of
 from pp_launch.app.hosts import live_gpu_labels
 from pp_launch.app.launch import launch
 from pp_launch.app.locks import GpuLocks
@@ -47,9 +47,9 @@ def run_node(
     extra_env: tuple[tuple[str, str], ...] = (),
 ) -> int:
     """pp-gpu-node: a run of one stage, in the foreground, through the chain's own pipeline (app/launch.py) on
-    DOCKER_HOST's engine (`NodeSite`). `args` become the container's command, `extra_env` is set in it (--env-file)
-    before what pp-gpu-node sets itself; `hooks` route stop signals to the run (its output is passed through here);
-    `stop` is how this process asks itself to stop (the parent's lifeline ended)."""
+    DOCKER_HOST's engine (its one stage `NodePlanner`'s). `args` become the container's command, `extra_env` is set
+    in it (--env-file) before what pp-gpu-node sets itself; `hooks` route stop signals to the run (its output is
+    passed through here); `stop` is how this process asks itself to stop (the parent's lifeline ended)."""
     config = dataclasses.replace(NodeConfig.from_env(environ, args), extra_env=extra_env)
     check_image_name(config.image, "PP_IMAGE")
     _check_count(environ.get("PP_GPUS", ""))
@@ -57,59 +57,53 @@ def run_node(
         local.on_stdin_end(lambda: stop(signal.SIGTERM))
     request = LaunchRequest(
         ChainRequest(stages=1, image=config.image, network=config.network, grace=config.grace),
-        GpuOptions(mode="none"),  # PP_GPUS is read as docker run --gpus reads it (NodeSite.plan)
+        GpuOptions(mode="none"),  # PP_GPUS is read as docker run --gpus reads it (NodePlanner.plan)
         run_id=config.run_id,
         keep_logs=False,
     )
     streams = {"stdout": 1, "stderr": 2}
     hooks = dataclasses.replace(hooks, passthrough=lambda stream, data: local.write_all(streams[stream], data))
     try:
-        launched = launch(request, hooks, environ, NodeSite.for_node(request, config))
+        launched = launch(request, hooks, environ, DockerSite.to_launch(request, planner=NodePlanner(config)))
     except errors.GpuAttachUnavailable as exc:
         raise _no_gpus_here(exc, environ.get("PP_GPUS", "")) from None
     assert launched.outcome is not None
     return _exit_code(launched.outcome, hooks.say)
 
 
-class NodeSite(DockerSite):
-    """DOCKER_HOST's engine as pp-gpu-node uses it: the chain's site (app/docker_site.py: the image, the run's guard,
-    the engine's GPU lock, the one teardown) with the one stage docker-gpu-node.sh described. A dead owner's container
-    of the same name is removed first; PP_GPUS is taken as `docker run --gpus` takes it (`auto`: NVML's pick, under
-    the engine's GPU lock); the output is passed on byte for byte; a GPU fault does not end it (as docker run)."""
+class NodePlanner:
+    """pp-gpu-node's stage on DOCKER_HOST's engine, the chain's site otherwise (app/docker_site.py: the image, the
+    run's guard, the engine's GPU lock, the one teardown): the one stage docker-gpu-node.sh described. A dead owner's
+    container of the same name is removed first; PP_GPUS is taken as `docker run --gpus` takes it (`auto`: NVML's
+    pick, under the engine's GPU lock); the output is passed on byte for byte; a GPU fault does not end it (as
+    docker run)."""
 
     backend_options: Mapping[str, Any] = {"split_lines": False, "toolkit_hint": NODE_TOOLKIT_HINT}
     watch_gpus = False
-    config: NodeConfig
 
-    @classmethod
-    def for_node(cls, request: LaunchRequest, config: NodeConfig) -> NodeSite:
-        place = cls.to_launch(request)
-        place.config = config
-        return place
+    def __init__(self, config: NodeConfig) -> None:
+        self.config = config
 
-    @property
-    def engine(self) -> Engine:
-        engine = self.places[0].engine
-        assert engine is not None
-        return engine
-
-    def prepare(self, request: LaunchRequest, say: Callable[[str], None]) -> None:
-        image = self.config.image
-        if image != BUILTIN_IMAGE and self.engine.image_labels(image) is None:
+    def prepare(self, request: LaunchRequest, places: Sequence[EnginePlace], say: Callable[[str], None]) -> None:
+        """PP_IMAGE present (never pulled), the container's name free; then the site's own (pp-launch's images;
+        the run's guard comes up while the launch plans)."""
+        image, engine = self.config.image, engine_of(places[0])
+        if image != BUILTIN_IMAGE and engine.image_labels(image) is None:
             raise errors.ImageMissing(
                 f"image {image} (PP_IMAGE) is not present on this engine, and pp-gpu-node never pulls. "
                 "Build it or load it ('docker load -i FILE') first."
             )
-        _free_name(self.engine, self.config.name, say)
-        super().prepare(request, say)  # and pp-launch's images; the run's guard comes up while the launch plans
+        _free_name(engine, self.config.name, say)
 
-    def plan(self, request: LaunchRequest, environ: Mapping[str, str], held: GpuLocks | None) -> tuple[ChainPlan, str]:
+    def plan(
+        self, request: LaunchRequest, places: Sequence[EnginePlace], environ: Mapping[str, str], held: GpuLocks | None
+    ) -> tuple[ChainPlan, str]:
         gpus, note = self.config.gpus, ""
         if gpus.auto:
             inventory = gpu_select.load_inventory(None)
             if inventory.gpus and held is not None:
                 held.acquire()  # released once the container exists (its labels then hold the GPU), or on the way out
-            engine = self.engine
+            engine = engine_of(places[0])
             _, choice = gpu_select.select(
                 mode="auto",
                 stages=1,
@@ -125,8 +119,10 @@ class NodeSite(DockerSite):
         local.ensure_dirs([m.source for m in spec.options.mounts if m.ensure])  # here, wherever the engine is
         return ChainPlan(run_id=run_id, stages=(spec,), grace=self.config.grace), note
 
-    def dry_plan(self, request: LaunchRequest, environ: Mapping[str, str], strict: bool) -> Launched:
-        return Launched(*self.plan(request, environ, None))
+    def dry_plan(
+        self, request: LaunchRequest, places: Sequence[EnginePlace], environ: Mapping[str, str], strict: bool
+    ) -> Launched:
+        return Launched(*self.plan(request, places, environ, None))
 
 
 def _check_count(value: str) -> None:

@@ -2,7 +2,7 @@
 
 A command names where to look (`Where`: this engine, some Docker hosts, every host of this machine's runs, or a Ray
 cluster); `site()` opens the place that answers for it, a `Site`, and each use case asks the site alone:
-- `DockerSite`: one Docker engine or several (app/docker_site.py; app/housekeeping.py holds the rules: only what a
+- `DockerRuns`: one Docker engine or several (app/docker_runs.py; app/housekeeping.py holds the rules: only what a
   running guard of the run recorded is ever stopped; a container that merely carries the run's labels is named,
   never touched);
 - `RaySite`: the detached runs on a Ray cluster, as their node agents answer for them (app/on_ray.py).

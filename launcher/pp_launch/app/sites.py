@@ -13,9 +13,9 @@ if TYPE_CHECKING:
     from pp_launch.app.request import LaunchRequest
     from pp_launch.app.site import AnySite, Housekeeping, Voice, Where
 
-KINDS = {
-    "docker": "pp_launch.app.docker_site:DockerSite",  # DOCKER_HOST's engine, or every --host engine
-    "ray": "pp_launch.app.on_ray:RaySite",  # a Ray cluster (--ray ADDRESS)
+KINDS = {  # each kind: what opens it for a launch (`to_launch`), and for housekeeping (`for_runs`)
+    "docker": ("pp_launch.app.docker_site:DockerSite", "pp_launch.app.docker_runs:DockerRuns"),  # DOCKER_HOST's, --host
+    "ray": ("pp_launch.app.on_ray:RaySite", "pp_launch.app.on_ray:RaySite"),  # a Ray cluster (--ray ADDRESS)
 }
 
 
@@ -32,8 +32,8 @@ def named(ray: str | None) -> SiteRef:
     return SiteRef("ray", ray) if ray is not None else SiteRef("docker")
 
 
-def _kind(ref: SiteRef) -> Any:
-    module, _, name = KINDS[ref.kind].partition(":")
+def _kind(ref: SiteRef, half: int = 0) -> Any:
+    module, _, name = KINDS[ref.kind][half].partition(":")
     return getattr(importlib.import_module(module), name)
 
 
@@ -46,5 +46,5 @@ def for_launch(request: LaunchRequest, dry_run: bool, strict: bool = False) -> A
 def for_housekeeping(where: Where, run: str | None, voice: Voice) -> Housekeeping:
     """The place `where` names, opened for `ps`, `down`, `gc`, `logs` or `wait` (for --all-hosts, the hosts recorded
     for `run` too)."""
-    site: Housekeeping = _kind(named(where.ray)).for_runs(where, run, voice)
+    site: Housekeeping = _kind(named(where.ray), 1).for_runs(where, run, voice)
     return site

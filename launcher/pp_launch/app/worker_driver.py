@@ -26,15 +26,13 @@ from typing import Any
 from pp_launch.adapters import arena, identity
 from pp_launch.adapters.arena import Arena
 from pp_launch.adapters.docker_engine import Engine
-from pp_launch.adapters.guard import RunGuard
 from pp_launch.adapters.inbox import QueueInbox
-from pp_launch.app.docker_site import Described
+from pp_launch.app.docker_site import DockerSite, Given
 from pp_launch.app.launch import Foreground, Run
-from pp_launch.app.locks import GpuLocks
 from pp_launch.app.request import GpuOptions, Hooks, Launched, LaunchRequest
 from pp_launch.core import errors, labels, stage_env
-from pp_launch.core.chain.plan import ChainPlan, ChainRequest, StageSpec
-from pp_launch.core.chain.ports import StageBackend, StageGone, StageOutput
+from pp_launch.core.chain.plan import ChainRequest, StageSpec
+from pp_launch.core.chain.ports import StageGone, StageOutput
 from pp_launch.core.chain.teardown import TeardownFailed
 from pp_launch.core.container import ContainerOptions, MountSpec
 from pp_launch.core.worker import codec as wire
@@ -79,7 +77,9 @@ class WorkerDriver:
             chain, GpuOptions(mode="none"), run_id=self.run_id, owner=self.owner, keep_logs=False, kill_wait=KILL_WAIT
         )
         self.specs: dict[int, StageSpec] = {}  # each generation's stage, described as it comes
-        self.place = _WorkerSite(self.specs.__getitem__, self.engine, self.stage_backend)
+        # the driver's engine as the chain's site, each generation's stage the one described; with an in-process
+        # stage backend (tests) there is no image and no guard, and that backend runs the stages
+        self.place = DockerSite.on(self.engine, Given(self.specs.__getitem__), backend=self.stage_backend)
         self.run: Run | None = None  # the pipeline's run: prepared with the first generation
         self.generation: Foreground | None = None  # the current one
         self._generations: list[Foreground] = []
@@ -330,21 +330,3 @@ class WorkerDriver:
             raise TeardownFailed(f"worker run {self.run_id}", left, ())
         if failed is not None:
             raise failed
-
-
-class _WorkerSite(Described):
-    """The driver's engine as the chain's site: each generation's stage the one the driver describes. With an
-    in-process stage backend (tests: `fake`) there is no guard, and that backend runs the stages."""
-
-    def __init__(self, describe: Callable[[int], StageSpec], engine: Engine, fake: Any) -> None:
-        super().__init__(describe, engine)
-        self.fake = fake
-
-    def prepare(self, request: LaunchRequest, say: Callable[[str], None]) -> None:
-        if self.fake is None:
-            super().prepare(request, say)
-
-    def stage_backend(
-        self, request: LaunchRequest, plan: ChainPlan, held: GpuLocks, guards: Mapping[str, RunGuard]
-    ) -> StageBackend:
-        return self.fake if self.fake is not None else super().stage_backend(request, plan, held, guards)

@@ -27,7 +27,7 @@ from typing import Any
 
 from pp_launch.adapters import identity
 from pp_launch.app import launch, worker_check
-from pp_launch.app.docker_site import Described
+from pp_launch.app.docker_site import DockerSite, Given
 from pp_launch.app.hosts import engine_here
 from pp_launch.app.worker_driver import WorkerDriver
 from pp_launch.core import errors, events
@@ -153,7 +153,7 @@ class StageContainer:
             keep_logs=False,
             kill_wait=KILL_WAIT,
         )
-        place = Described(lambda attempt: spec).reach(one)
+        place = DockerSite.to_launch(one, planner=Given(lambda attempt: spec))
         self._run = launch.Foreground(
             lambda hooks: launch.launch(one, hooks, place=place), self._output, self._ended, f"pp-stage-{self.stage}"
         )
