@@ -474,3 +474,30 @@ def test_a_killed_launchers_lock_goes_with_it(clean: ThreeHosts) -> None:
     assert wait_until(lambda: not subprocess.run(lock, capture_output=True, text=True).stdout.strip(), 15)
     done = pp(bed, "chain", "--stages", "2", "--host", f"{bed.a},{bed.b}", "--stages-per-host", "1")
     assert done.returncode == 0, done.stderr
+
+
+def test_a_fresh_look_at_an_ssh_host_is_a_new_channel_never_a_new_session(clean: ThreeHosts) -> None:
+    """The looks that need a connection made now (each host's heartbeat, a host's answer after a stage ends, the
+    last look for what a run left) open a channel of the launcher's SSH session: one key exchange per launcher, not
+    one per look."""
+    bed = clean
+    assert bed.sshd is not None
+    code = (
+        "from pp_launch.adapters.docker_engine import connect\n"
+        f"e = connect(timeout=10, host={bed.b!r})\n"
+        "answered = sum(e.answers_anew() is None for _ in range(5))\n"
+        "listed = sum(e.listed_anew(['nothing=here']) == [] for _ in range(5))\n"
+        "print(answered, listed)\n"
+    )
+    log = bed.sshd.root / "sshd.log"
+
+    def sessions() -> int:
+        return log.read_text(errors="replace").count("Accepted publickey")
+
+    before = sessions()
+    done = subprocess.run(
+        [sys.executable, "-c", code], env={**os.environ, **bed.env()}, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["5", "5"], done.stdout  # each look answered
+    assert sessions() - before == 1  # connect()'s own session: the ten looks were channels of it

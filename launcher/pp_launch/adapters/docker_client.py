@@ -20,11 +20,13 @@ from __future__ import annotations
 import contextlib
 import http.client
 import importlib.abc
+import json
 import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator
+import urllib.parse
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 SSH_TRANSPORT = "docker.transport.sshconn"
@@ -241,6 +243,29 @@ def api_client(url: str, timeout: float, tls: Any = False) -> Any:
     if url.startswith("ssh://"):
         ssh_transport()
     return docker.APIClient(base_url=url, tls=tls, version="auto", timeout=seconds, use_ssh_client=False)
+
+
+def fresh_get(api: Any, path: str, params: Mapping[str, Any], timeout: float) -> Any | None:
+    """GET `path` of the engine over a connection made for this one call, never one of the client's pool (a stopping
+    engine has closed its listener but still serves the connections already open: only a new one tells it is going
+    away); its JSON answer. Over ssh:// the connection is a new channel of the client's SSH session (its own `docker
+    system dial-stdio`, so its own connection to the engine's socket there), not a new session with its key
+    exchange. None where the transport has no such connection of its own (tcp://: the caller makes a client)."""
+    url = api._url(path)
+    adapter = api.get_adapter(url)
+    if not isinstance(adapter, _UnixAdapter) and type(adapter).__name__ != "SSHHTTPAdapter":
+        return None
+    conn = adapter.get_connection(url, None)._new_conn()
+    try:
+        with within(timeout):
+            conn.request("GET", f"{urllib.parse.urlsplit(url).path}?{urllib.parse.urlencode(params)}")
+            answer = conn.getresponse()
+            body = answer.data  # read whole (urllib3 preloads it)
+    finally:
+        conn.close()
+    if answer.status >= 400:
+        raise docker.errors.APIError(f"{answer.status} from GET {path}: {body[:200]!r}")
+    return json.loads(body)
 
 
 def ssh_transport() -> None:

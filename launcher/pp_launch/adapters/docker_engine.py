@@ -511,6 +511,44 @@ class Engine:
         return "gone"
 
     # ------------------------------------------------------------------------------ containers
+    def answers_anew(self, timeout: float = 5.0) -> str | None:
+        """None when the engine answers a connection made now (a stopping engine has closed its listener, though it
+        still serves the connections already open), else why, in words. Over ssh:// that connection is a new
+        channel of the SSH session already open, not a new session (docker_client.fresh_get)."""
+        try:
+            if docker_client.fresh_get(self.api._api, "/version", {}, timeout) is not None:
+                return None
+        except Exception as exc:  # docker-py, paramiko (ssh://), socket and HTTP errors alike: said in words
+            where = self.host if self.url == self.host or self.host is None else f"{self.host} ({self.url})"
+            return f"cannot reach the Docker engine of host {where}: {_unreachable(exc)}"
+        try:  # a transport with no connection of its own to make (tcp://): a new client
+            fresh = connect(timeout=timeout, host=self.host)
+        except errors.PpLaunchError as exc:
+            return str(exc)
+        fresh.close()
+        return None
+
+    def listed_anew(self, label_filters: list[str]) -> list[str]:
+        """The ids of the containers carrying these labels, asked over a connection made now (as `answers_anew`):
+        EngineLost when the engine does not take it."""
+        params = {"all": 1, "filters": json.dumps({"label": label_filters})}
+        try:
+            rows = docker_client.fresh_get(self.api._api, "/containers/json", params, self.timeout)
+        except Exception as exc:
+            if isinstance(exc, docker.errors.APIError):
+                raise errors.EngineError(f"cannot list containers: {_reason(exc)}") from None
+            raise errors.EngineLost(f"the Docker engine at {self.address} stopped ({_unreachable(exc)})") from None
+        if rows is not None:
+            return [str(r.get("Id", "")) for r in rows if isinstance(r, dict)]
+        try:  # a transport with no connection of its own to make (tcp://): a new client
+            fresh = connect(timeout=self.timeout, host=self.host)
+        except errors.EngineUnavailable as exc:
+            raise errors.EngineLost(f"the Docker engine at {self.address} stopped ({exc})") from None
+        try:
+            return [c.id for c in fresh.containers(label_filters)]
+        finally:
+            fresh.close()
+
     def containers(self, label_filters: list[str]) -> list[ContainerInfo]:
         try:
             rows = self.api.containers(all=True, filters={"label": label_filters})
@@ -1449,15 +1487,8 @@ class DockerStageBackend:
         the run's labels is someone else's and never counted. Asked over a new connection: an engine that is
         stopping has closed its listener but still serves the connections already open, and only a new one tells
         that it is going away."""
-        try:
-            fresh = connect(timeout=self.engine.timeout, host=self.engine.host)
-        except errors.EngineUnavailable as exc:
-            raise errors.EngineLost(f"the Docker engine at {self.engine.address} stopped ({exc})") from None
         mine = set(self.created)
-        try:
-            return sorted(c.id for c in fresh.containers(labels.run_selector(run_id)) if c.id in mine)
-        finally:
-            fresh.close()
+        return sorted(ref for ref in self.engine.listed_anew(labels.run_selector(run_id)) if ref in mine)
 
 
 def _recv_exact(raw: socket.socket, n: int) -> bytes | None:

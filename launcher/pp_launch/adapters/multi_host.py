@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from pp_launch.adapters.docker_engine import DockerStageBackend, connect
+from pp_launch.adapters.docker_engine import DockerStageBackend
 from pp_launch.adapters.runtime import Nursery, map_all
 from pp_launch.core import errors
 from pp_launch.core.chain.plan import StageSpec
@@ -31,21 +31,11 @@ from pp_launch.core.chain.ports import Sink, StageGone
 HostLost = errors.HostLost
 
 
-def answers(host: str) -> str | None:
-    """None when the host's engine answers a fresh connection (as a stopping engine no longer does), else why."""
-    try:
-        engine = connect(timeout=5, host=host)
-    except errors.PpLaunchError as exc:
-        return str(exc)
-    engine.close()
-    return None
-
-
 class MultiHostBackend:
     def __init__(
         self,
         backends: Mapping[str, DockerStageBackend],
-        check: Callable[[str], str | None] = answers,
+        check: Callable[[str], str | None] | None = None,
         heartbeat: float | None = None,
         expected: int = 0,
         on_all_created: Callable[[], None] = lambda: None,
@@ -58,7 +48,8 @@ class MultiHostBackend:
         self._sinks: dict[str, tuple[int, Sink]] = {}
         self.lost: dict[str, errors.EngineLost] = {}
         self._lock = threading.Lock()
-        self._check = check
+        # whether a host's engine still takes a connection made now (a stopping one no longer does)
+        self._check = check or (lambda host: self.backends[host].engine.answers_anew())
         self._heartbeat = float(os.environ.get("PP_HOST_HEARTBEAT", "5")) if heartbeat is None else heartbeat
         self._stopping = threading.Event()
         self._beating = False
