@@ -118,20 +118,29 @@ class Allocated:
         return Launched(plan, note, None, warning if asked_gpus and places[0].engine is None else "")
 
 
-class Given(Allocated):
+class Given:
     """At each attempt, the one stage its caller describes (`describe(attempt)`): the testing kit's
     StageContainer, the worker driver's generations. Its GPUs are the caller's own choice."""
 
+    backend_options: Mapping[str, Any] = {}
     watch_gpus = False
 
     def __init__(self, describe: Callable[[int], StageSpec]) -> None:
         self.describe = describe
+
+    def prepare(self, request: LaunchRequest, places: Sequence[EnginePlace], say: Callable[[str], None]) -> None:
+        pass
 
     def plan(
         self, request: LaunchRequest, places: Sequence[EnginePlace], environ: Mapping[str, str], held: GpuLocks | None
     ) -> tuple[ChainPlan, str]:
         spec = self.describe(request.chain.attempt)
         return ChainPlan(run_id=request.run_id or "", stages=(spec,), grace=request.chain.grace), ""
+
+    def dry_plan(
+        self, request: LaunchRequest, places: Sequence[EnginePlace], environ: Mapping[str, str], strict: bool
+    ) -> Launched:
+        return Launched(*self.plan(request, places, environ, None))
 
 
 class DockerSite:
