@@ -10,7 +10,7 @@ from pp_launch.adapters.runtime import ThreadRuntime
 from pp_launch.core import events
 from pp_launch.core.announce import parse_line
 from pp_launch.core.chain.plan import ChainRequest, build_plan
-from pp_launch.core.chain.ports import PlaceLost, StopRequested
+from pp_launch.core.chain.ports import PlaceLost, StageOutput, StopRequested
 from pp_launch.core.chain.scope import ChainScope, DuplicateNodeId, Found, RosterIncomplete, resolve_roster
 
 from .fakes import FakeBackend, FakeClock, FakeHandoffBackend, FakeInbox, RecordingReporter, StageScript, node_id
@@ -395,3 +395,36 @@ def test_an_illegal_move_raises_and_leaves_the_stage_as_it_was() -> None:
     with pytest.raises(events.IllegalStageTransition):
         scope._move(st, events.StageInput.START)  # creating -> start: the engine has not made it yet
     assert st.state is events.StageState.CREATING and not st.started
+
+
+def test_an_announcement_read_only_after_the_teardown_is_shown_never_taken() -> None:
+    """A stop during bring-up (a terminal's hang-up): the stage's announcement was already on its way, and its
+    reader hands it on only as the backend closes, after the teardown. It is a line like any other then: shown,
+    never taken as an announcement of a stage that is gone (that was 'a stage cannot take announce in state
+    gone', exit 1, where the stop's own 129 was due)."""
+
+    class LateLines(FakeBackend):
+        def close(self, timeout: float = 5.0) -> None:
+            super().close(timeout)
+            for k, sink in self.sinks.values():
+                sink(StageOutput(k, "stdout", f"PP_GPU_NODE_ADDR {node_id(k)} 127.0.0.1:{7000 + k}".encode()))
+
+    plan = build_plan(
+        ChainRequest(stages=2, addr_timeout=5.0, grace=2.0),
+        environ={},
+        owner="host:1:2",
+        stage_gpus=[()] * 2,
+        device_requests=[()] * 2,
+        run_id="abcdef012345",
+    )
+    clock = FakeClock()
+    inbox = FakeInbox(clock)
+    backend = LateLines(scripts={0: StageScript(announce=False)}, inbox=inbox)
+    reporter = RecordingReporter()
+    scope = ChainScope(plan, backend, inbox, reporter, ThreadRuntime(clock))
+    inbox.at(1001.0, StopRequested(signal.SIGHUP))
+    outcome = scope.run()
+    assert outcome.exit_code == 129
+    assert (0, "stdout", f"PP_GPU_NODE_ADDR {node_id(0)} 127.0.0.1:7000") in reporter.lines  # shown
+    assert reporter.named("stage_announced") == []  # never taken
+    assert reporter.named("chain_stopped")[0]["exit_code"] == 129

@@ -539,6 +539,8 @@ class ChainScope:
         self.reporter.stage_line(st.spec.index, event.stream, text)
         if event.stream != "stdout" or event.continued or st.announcement is not None or self._stopping:
             return None
+        if st.state is not events.StageState.STARTING:  # only a started stage awaits its announcement: a line read
+            return None  # after the teardown (the chain ended) is shown, never taken
         if event.partial:  # longer than the line limit: never handed on, even cut to its first piece
             if event.data.lstrip(b" \t").startswith(PREFIX.encode()):
                 k = st.spec.index
