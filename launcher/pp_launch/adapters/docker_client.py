@@ -256,6 +256,7 @@ def fresh_get(api: Any, path: str, params: Mapping[str, Any], timeout: float) ->
     if not isinstance(adapter, _UnixAdapter) and type(adapter).__name__ != "SSHHTTPAdapter":
         return None
     conn = adapter.get_connection(url, None)._new_conn()
+    conn.timeout = timeout  # each read of an ssh channel too (`within` bounds the unix socket's call as a whole)
     try:
         with within(timeout):
             conn.request("GET", f"{urllib.parse.urlsplit(url).path}?{urllib.parse.urlencode(params)}")
