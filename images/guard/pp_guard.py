@@ -344,6 +344,12 @@ def serve() -> int:
         with contextlib.suppress(OSError):
             conn, _ = server.accept()
             conn.sendall(why.encode() + b"\n")
+            conn.shutdown(socket.SHUT_WR)
+            # this container ends with this process, and every process in it with it: the session must have passed
+            # the line on first (it ends, closing its end, once it has written it out), or the launcher hears nothing
+            conn.settimeout(5.0)
+            while conn.recv(65536):
+                pass
             conn.close()
         return 3
     guard = Guard()
