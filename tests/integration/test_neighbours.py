@@ -178,7 +178,7 @@ def test_an_engine_over_the_network_gets_a_guard_that_checks_its_socket_and_hear
     checks it is the same engine: pointed at another one (the side engine's socket), the launch is exit 2 naming the
     fix, nothing started; pointed right, the chain runs and its guard expects the launcher's heartbeat."""
     local = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock").removeprefix("unix://")
-    relay = TcpToUnix(local)
+    relay, first = TcpToUnix(local), TcpToUnix(local)
     try:
         wrong = Launcher(
             "chain",
@@ -186,10 +186,14 @@ def test_an_engine_over_the_network_gets_a_guard_that_checks_its_socket_and_hear
             "2",
             "--gpus",
             "none",
-            env={"DOCKER_HOST": relay.url, "PP_LAUNCH_GUARD_SOCKET": str(side_engine.sock)},
+            env={"DOCKER_HOST": first.url, "PP_LAUNCH_GUARD_SOCKET": str(side_engine.sock)},
         )
         assert wrong.wait(60) == 2
+        first.close()  # the engine unreachable from here on: nothing may need it
         assert "is another engine" in wrong.stderr_text() and "PP_LAUNCH_GUARD_SOCKET" in wrong.stderr_text()
+        # its guard was removed, and nothing else of the run was made: its watchdog was told so, and ends without
+        # asking the engine (else it would try a gone engine for PP_WATCHDOG_PATIENCE)
+        assert wait_until(lambda: watchdogs(DOCKER_HOST=first.url) == [], 10), watchdogs(DOCKER_HOST=first.url)
         right = Launcher(
             "chain",
             "--stages",
@@ -212,6 +216,7 @@ def test_an_engine_over_the_network_gets_a_guard_that_checks_its_socket_and_hear
         assert wait_until(lambda: watchdogs(DOCKER_HOST=relay.url) == [], 60), watchdogs(DOCKER_HOST=relay.url)
     finally:
         relay.close()
+        first.close()
 
 
 def test_the_watchdog_removes_a_create_whose_answer_never_came_back_and_only_that(engine, stub_image) -> None:

@@ -238,6 +238,8 @@ class RunGuard:
                 session.close()
             state = (self.engine.inspect(ref) or {}).get("State") or {}
             self.engine.remove(ref)
+            if not self.owned:  # the run's first guard, removed: nothing of the run is left for the watchdog
+                self._tell_keeper(b"done\n")
             if not state.get("Running"):
                 raise errors.EngineError(self.engine.why_not_running(f"the run's guard {name}", GUARD_IMAGE, state))
             text = (said or b"").decode("utf-8", "backslashreplace") or f"nothing within {READY_PATIENCE:g} s"
