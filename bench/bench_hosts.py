@@ -27,6 +27,8 @@ sys.path.insert(0, str(ROOT))
 
 from tests.multi_host import ThreeHosts  # noqa: E402
 
+from pp_launch.core.chain.plan import GUARD_IMAGE  # noqa: E402
+
 GRACE = 2.0
 
 
@@ -57,7 +59,7 @@ def once(bed: ThreeHosts, hosts: list[str], ignore_sigterm: bool) -> tuple[float
     proc = subprocess.Popen(
         args,
         stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
         stdin=subprocess.DEVNULL,
         text=True,
         env={**os.environ, **bed.env()},
@@ -70,8 +72,10 @@ def once(bed: ThreeHosts, hosts: list[str], ignore_sigterm: bool) -> tuple[float
             break
     t1 = time.monotonic()
     proc.send_signal(signal.SIGTERM)
-    proc.communicate(timeout=120)
+    _, err = proc.communicate(timeout=120)
     down = time.monotonic() - t1
+    if up != up:  # no roster: the launch failed; a table of nan would hide it
+        raise SystemExit(f"the chain on {hosts} did not come up:\n{err[-2000:]}")
     left = {k: v for k, v in bed.ours().items() if v}
     if left:
         raise SystemExit(f"left behind: {left}")
@@ -83,7 +87,7 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default="bench/results/hosts.md")
     opts = ap.parse_args()
-    bed = ThreeHosts(("pp-launch/stub-worker:latest",))
+    bed = ThreeHosts(("pp-launch/stub-worker:latest", GUARD_IMAGE))  # each host runs the run's guard
     cases = {
         "1 engine (gpu-a)": [bed.a],
         "2 engines, unix sockets (gpu-a, gpu-b)": [bed.a, bed.b_host],

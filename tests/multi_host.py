@@ -49,6 +49,15 @@ class Sshd:
         self.port = free_port()
         self.url = f"ssh://root@127.0.0.1:{self.port}"
         root.mkdir(parents=True, exist_ok=True)
+        remote_home = root / "home"  # the sessions' HOME: this machine's root shell setup is not the remote host's
+        remote_home.mkdir(exist_ok=True)
+        # each channel's `docker system dial-stdio` passes through a shim that counts it (channels())
+        shim = root / "bin"
+        shim.mkdir(exist_ok=True)
+        self.dials = root / "dials.log"
+        real = shutil.which("docker") or "/usr/bin/docker"
+        (shim / "docker").write_text(f'#!/bin/sh\necho "$*" >> {self.dials}\nexec {real} "$@"\n')
+        (shim / "docker").chmod(0o755)
         ssh_dir = home / ".ssh"
         ssh_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         keygen = ["ssh-keygen", "-q", "-t", "ed25519", "-N", ""]
@@ -62,7 +71,7 @@ class Sshd:
             f"AuthorizedKeysFile {root / 'authorized_keys'}\nPasswordAuthentication no\n"
             "KbdInteractiveAuthentication no\n"
             "PermitRootLogin prohibit-password\nUsePAM no\nStrictModes no\nMaxSessions 100\nMaxStartups 100\n"
-            f"SetEnv DOCKER_HOST={docker_host}\n"
+            f"SetEnv DOCKER_HOST={docker_host} HOME={remote_home} PATH={shim}:/usr/local/bin:/usr/bin:/bin\n"
         )
         Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege separation directory
         log = open(root / "sshd.log", "ab")  # noqa: SIM115
@@ -79,6 +88,10 @@ class Sshd:
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"sshd did not start: {(root / 'sshd.log').read_text()[-2000:]}")
             time.sleep(0.05)
+
+    def channels(self) -> int:
+        """How many SSH channels ran `docker system dial-stdio` (each a connection to the engine) so far."""
+        return self.dials.read_text().count("dial-stdio") if self.dials.exists() else 0
 
     def _listening(self) -> bool:
         with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), timeout=1):

@@ -74,6 +74,30 @@ def test_the_local_engine_is_spoken_to_through_the_bounded_adapter(engine) -> No
     assert api.api_version == engine.api.version()["ApiVersion"]  # asked, as version="auto" does
 
 
+def test_calls_on_many_paths_share_one_pooled_connection(engine, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """docker-py pools an engine's connections per URL (docker/docker-py#2970), so each new path (a container's id, a
+    query) made a connection of its own: over ssh:// a channel, a shell and a `docker system dial-stdio` on the host.
+    Through pp-launch's client, calls one after another on ten paths share one connection."""
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(tmp_path / "relay.sock"))
+    server.listen(16)
+    relay = Relay(server, engine.url.removeprefix("unix://"))
+    api = docker_client.api_client(f"unix://{tmp_path / 'relay.sock'}", 10)
+    try:
+        api.info()
+        api.containers(all=True, filters={"label": f"pp-launch.run={unique('none')}"})
+        for _ in range(4):
+            with pytest.raises(docker.errors.NotFound):
+                api.inspect_container(unique("absent"))
+        api.images(name="pp-launch/*")
+        api.volumes(filters={"label": f"pp-launch.run={unique('none')}"})
+        connections = len(relay.conns) // 2  # each: the client's end and the engine's
+    finally:
+        api.close()
+        relay.close()
+    assert connections == 1  # the version asked when the client was made, and the ten calls
+
+
 def test_attach_start_and_removal_wait_through_docker_py(engine, stub_image) -> None:  # type: ignore[no-untyped-def]
     """The stage's first line comes right behind the attach answer: none of it may be taken with the headers."""
     api = engine.api

@@ -501,3 +501,19 @@ def test_a_fresh_look_at_an_ssh_host_is_a_new_channel_never_a_new_session(clean:
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["5", "5"], done.stdout  # each look answered
     assert sessions() - before == 1  # connect()'s own session: the ten looks were channels of it
+
+
+def test_a_chain_on_an_ssh_host_opens_a_channel_per_stream_not_per_call(clean: ThreeHosts) -> None:
+    """Each channel of an ssh:// engine is a shell and a `docker system dial-stdio` on that host. The calls that answer
+    at once share the client's pooled connections whatever their path (docker-py pools them per URL: 47 channels for
+    this chain, one per new container path or query); what needs a channel of its own is each stream (a stage's
+    output, its stdin, its removal wait; the GPU watch's; the guard's session) and each fresh look."""
+    bed = clean
+    assert bed.sshd is not None
+    before = bed.sshd.channels()
+    done = pp(bed, "chain", "--stages", "2", "--host", bed.b)
+    assert done.returncode == 0, done.stderr
+    opened = bed.sshd.channels() - before
+    # 2 stages x 3 streams, the guard's session, the GPU watch's 2 and the probe's 2, the looks anew, and the pool's
+    # connections when calls overlap (stages come up together): about 16 here
+    assert 6 <= opened <= 24, f"{opened} channels for a 2-stage chain"

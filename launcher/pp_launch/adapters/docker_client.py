@@ -1,6 +1,6 @@
 """docker-py's APIClient as pp-launch uses it (docs/architecture.md, "One Docker client").
 
-Two things docker-py leaves to its caller:
+Three things docker-py leaves to its caller:
 
 - **A call bounded as a whole.** docker-py's `timeout` bounds each socket operation, so an engine that answers a
   byte at a time keeps one call going for ever. Here every call in `BOUNDED` (the ones that answer at once) shares
@@ -8,6 +8,7 @@ Two things docker-py leaves to its caller:
   deadline the calling thread set (`within`). Streams (an attach's output, a wait for a removal's answer, logs,
   build) run without it, as their length is the container's. Over a unix socket and plain tcp://; over TLS and
   ssh:// each read is bounded by docker-py's timeout, as docker-py does.
+- **One connection pool per engine** (`ONE_POOL`), where docker-py keeps one per request URL.
 - **An answer of the shape its call has.** A socket that is not a Docker engine answers HTML, `{}` or a list; docker-py
   then raises `JSONDecodeError`, `KeyError` or hands the odd value on. `checked` names the call instead
   (`NotAnEngine`, which docker_engine reports in one line like a lost connection).
@@ -201,13 +202,19 @@ class _UnixPool(UnixHTTPConnectionPool):  # type: ignore[misc]
         return _UnixConnection(self.base_url, self.socket_path, self.timeout)
 
 
+# docker-py keys its unix and ssh adapters' connection pools by each request's whole URL (docker/docker-py#2970), so
+# every new path (a container's id, a query) opened a connection of its own: over ssh:// a new channel, its own
+# shell and `docker system dial-stdio` on the host (47 for a 2-stage chain). The engine is one origin: one pool.
+ONE_POOL = "http+docker://localhost"
+
+
 class _UnixAdapter(UnixHTTPAdapter):  # type: ignore[misc]
     def get_connection(self, url: str, proxies: Any = None) -> _UnixPool:
         with self.pools.lock:
-            pool = self.pools.get(url)
+            pool = self.pools.get(ONE_POOL)
             if pool is None:
-                pool = _UnixPool(url, self.socket_path, self.timeout, maxsize=self.max_pool_size)
-                self.pools[url] = pool
+                pool = _UnixPool(ONE_POOL, self.socket_path, self.timeout, maxsize=self.max_pool_size)
+                self.pools[ONE_POOL] = pool
         return pool  # type: ignore[no-any-return]
 
 
@@ -240,9 +247,11 @@ def api_client(url: str, timeout: float, tls: Any = False) -> Any:
             api.mount("http://", _TcpAdapter())
         api._version = negotiate(api, timeout)
         return api
-    if url.startswith("ssh://"):
-        ssh_transport()
-    return docker.APIClient(base_url=url, tls=tls, version="auto", timeout=seconds, use_ssh_client=False)
+    one_pool = ssh_transport() if url.startswith("ssh://") else None
+    api = docker.APIClient(base_url=url, tls=tls, version="auto", timeout=seconds, use_ssh_client=False)
+    if one_pool is not None and type(api._custom_adapter) is one_pool.__base__:
+        api._custom_adapter.__class__ = one_pool  # the same adapter and SSH session, its connections in one pool
+    return api
 
 
 def fresh_get(api: Any, path: str, params: Mapping[str, Any], timeout: float) -> Any | None:
@@ -253,7 +262,7 @@ def fresh_get(api: Any, path: str, params: Mapping[str, Any], timeout: float) ->
     exchange. None where the transport has no such connection of its own (tcp://: the caller makes a client)."""
     url = api._url(path)
     adapter = api.get_adapter(url)
-    if not isinstance(adapter, _UnixAdapter) and type(adapter).__name__ != "SSHHTTPAdapter":
+    if not isinstance(adapter, _UnixAdapter) and type(adapter) not in _ssh_pool:
         return None
     conn = adapter.get_connection(url, None)._new_conn()
     conn.timeout = timeout  # each read of an ssh channel too (`within` bounds the unix socket's call as a whole)
@@ -269,16 +278,29 @@ def fresh_get(api: Any, path: str, params: Mapping[str, Any], timeout: float) ->
     return json.loads(body)
 
 
-def ssh_transport() -> None:
-    """docker-py's ssh transport (and paramiko), loaded now, for an ssh:// engine: where docker-py looks for it. Without
-    paramiko (a plain install) docker-py says so, as it always did (the `ssh` extra installs it)."""
+_ssh_pool: list[type] = []  # the one-pool ssh adapter, made once the transport is loaded
+
+
+def ssh_transport() -> type | None:
+    """docker-py's ssh transport (and paramiko), loaded now, for an ssh:// engine: where docker-py looks for it; and
+    its adapter with one connection pool (ONE_POOL), or None without paramiko (a plain install: docker-py says so, as
+    it always did; the `ssh` extra installs it)."""
     import docker.api.client as client
 
+    try:
+        from docker.transport.sshconn import SSHHTTPAdapter
+    except ImportError:
+        return None
     if getattr(client, "SSHHTTPAdapter", None) is None:
-        with contextlib.suppress(ImportError):
-            from docker.transport.sshconn import SSHHTTPAdapter
+        client.SSHHTTPAdapter = SSHHTTPAdapter
+    if not _ssh_pool:
 
-            client.SSHHTTPAdapter = SSHHTTPAdapter
+        class OneSshPool(SSHHTTPAdapter):  # type: ignore[misc]
+            def get_connection(self, url: str, proxies: Any = None) -> Any:
+                return SSHHTTPAdapter.get_connection(self, ONE_POOL, proxies)
+
+        _ssh_pool.append(OneSshPool)
+    return _ssh_pool[0]
 
 
 def negotiate(api: Any, timeout: float) -> str:
