@@ -50,9 +50,17 @@ def fake_socket(tmp_path: Path, reply: Callable[[socket.socket, threading.Event]
     handlers: list[threading.Thread] = []
 
     def handle(conn: socket.socket) -> None:
+        """Each request on the connection answered, as an engine keeps a connection open for the next call (its
+        client pools it); until the client closes it or the test ends."""
+        conn.settimeout(0.1)
         with conn, contextlib.suppress(OSError):
-            conn.recv(65536)
-            reply(conn, stop)
+            while not stop.is_set():
+                try:
+                    if not conn.recv(65536):
+                        return
+                except TimeoutError:
+                    continue
+                reply(conn, stop)
 
     def serve() -> None:
         while not stop.is_set():
