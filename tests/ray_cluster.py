@@ -160,19 +160,26 @@ class RayCluster:
         _kill_session(proc.pid)
         proc.wait()
 
-    def alive_nodes(self) -> int:
+    def alive_nodes(self, at_least: int = 0, within: float = 0.0) -> int:
+        """How many nodes are alive. With `at_least`: asked again by the same driver (every 0.2 s) until that many
+        are, or `within` seconds pass; one driver's start (Ray imported, a connection made: about a second of CPU,
+        with the cluster's share) for the whole wait, never one per look."""
         out = self.python(
-            "import ray; ray.init(address='auto', logging_level='ERROR');"
-            "print(sum(1 for n in ray.nodes() if n['Alive']))",
-            timeout=60,
+            "import time, ray\n"
+            f"until = time.monotonic() + {within}\n"
+            "ray.init(address='auto', logging_level='ERROR')\n"
+            f"while (alive := sum(1 for n in ray.nodes() if n['Alive'])) < {at_least} and time.monotonic() < until:\n"
+            "    time.sleep(0.2)\n"
+            "print(alive)\n",
+            timeout=within + 60,
         )
         return int(out.stdout.strip() or 0)
 
     def wait_nodes(self, n: int, timeout: float = 90.0) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            try:
-                if self.alive_nodes() >= n:
+            try:  # a node that exits is seen within 10 s
+                if self.alive_nodes(n, within=min(10.0, max(0.0, deadline - time.monotonic()))) >= n:
                     return
             except (ValueError, subprocess.TimeoutExpired):
                 pass

@@ -981,7 +981,8 @@ class Engine:
         """A helper made by _create_helper: `files` put under /tmp, `attach()` (what it returns is returned), then
         started; removed (and EngineError said) when any of it fails."""
         try:
-            self.api.put_archive(ref, "/tmp", _tar(files))
+            if files:  # each archive is a `docker-untar` process the engine starts: none for nothing
+                self.api.put_archive(ref, "/tmp", _tar(files))
             attached = attach()
             self.api.start(ref)
         except docker.errors.APIError as exc:
