@@ -1,7 +1,7 @@
 """The guard of one run on one engine (docs/chain.md, "The guard").
 
-It runs as a container of the run on the engine it guards (tini as init, auto-remove, no network, no stdin),
-reaching that engine through its socket, mounted at PP_GUARD_SOCKET. Two programs of this file:
+It runs as a container of the run on the engine it guards (tini as init, auto-remove, the host's network with no
+listener, no stdin), reaching that engine through its socket, mounted at PP_GUARD_SOCKET. Two programs of this file:
 
 - `serve` (the container's own process): checks that its socket reaches the engine the launcher means
   (PP_GUARD_ENGINE), then listens on a unix socket inside the container for the run's one session. It holds the

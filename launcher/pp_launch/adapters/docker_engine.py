@@ -153,6 +153,13 @@ def lost(exc: BaseException, address: str | None = None) -> errors.EngineLost:
     return errors.EngineLost(f"the Docker engine at {address} {what}")
 
 
+# The network of pp-launch's own containers (guards, GPU locks, probes, watchers, record readers): the host's. None of
+# them listens on a network (a guard's socket is a unix socket in its own filesystem) or needs one; a namespace of
+# their own ("none") costs the engine a network namespace and a `set-ipv6` process per container: 0.1 s of each
+# start and 0.1 CPU-seconds (docs/benchmarks.md, "Our own containers' network").
+OWN_NETWORK = "host"
+
+
 class _Guarded:
     """docker-py's APIClient with every call guarded: the calls that answer at once bounded as a whole and their
     answers' shapes checked (docker_client.BOUNDED); a connection error, a timeout or an answer no engine gives
@@ -653,7 +660,7 @@ class Engine:
         created: Callable[[str], None] | None = None,
     ) -> Held | None:
         """A running container held by this process alone (a GPU lock, a run's guard): tini as init, auto-remove,
-        no network, its stdin ours alone. When this process ends, however it ends, the kernel closes the attach and
+        OWN_NETWORK, its stdin ours alone. When this process ends, however it ends, the kernel closes the attach and
         the engine closes the container's stdin: the container sees it end. It counts as held only once the
         engine says it runs. None when the name is taken. binds: host path -> path inside (read-write). ready: the
         container says on stdout, in its first line, that it is ready (`ready`), or why not (EngineError with that
@@ -721,7 +728,7 @@ class Engine:
         env: Mapping[str, str] | None = None,
         created: Callable[[str], None] | None = None,
     ) -> str | None:
-        """A running container of ours with no stdin (a run's guard): tini as init, auto-remove, no network. Nothing
+        """A running container of ours with no stdin (a run's guard): tini as init, auto-remove, OWN_NETWORK. Nothing
         of it is held by an attach: its lifeline is an exec session (`session`). None when the name is taken.
         created: told the engine's id before the container starts (see hold)."""
         ref = self._create_own(name, image, labels, entrypoint, binds, env, stdin=False)
@@ -756,7 +763,7 @@ class Engine:
         host_config = self.api.create_host_config(
             init=True,
             auto_remove=True,
-            network_mode="none",
+            network_mode=OWN_NETWORK,
             binds={h: {"bind": c, "mode": "rw"} for h, c in (binds or {}).items()} or None,
         )
         config = self.api.create_container_config(
@@ -895,7 +902,7 @@ class Engine:
         """stdin: open, closed by the engine when its one attach ends (and tini as init)."""
         host_config = self.api.create_host_config(
             auto_remove=True,
-            network_mode="none",
+            network_mode=OWN_NETWORK,
             binds={h: {"bind": c, "mode": "ro"} for h, c in (binds or {}).items()} or None,
             init=stdin or None,
         )
@@ -930,7 +937,7 @@ class Engine:
         timeout: float = 60.0,
         binds: Mapping[str, str] | None = None,
     ) -> tuple[int | None, bytes, bytes]:
-        """Run a short-lived helper container (`--rm`, no network) with `files` put under /tmp first; its exit
+        """Run a short-lived helper container (`--rm`, OWN_NETWORK) with `files` put under /tmp first; its exit
         code (None: it never started or did not end in time), stdout and stderr. Its removal is the engine's
         (auto-remove), or ours by force when it did not start or end: nothing of it is left either way.
         binds: volumes (or host paths) mounted read-only, source -> path inside."""
@@ -963,7 +970,7 @@ class Engine:
         return code, bytes(out["stdout"]), bytes(out["stderr"])
 
     def watcher(self, spec: Watcher, files: Mapping[str, bytes], created: Callable[[str], None]) -> tuple[str, Session]:
-        """A long-lived helper container (`--rm`, no network, tini as init) with `files` put under /tmp: its id,
+        """A long-lived helper container (`--rm`, OWN_NETWORK, tini as init) with `files` put under /tmp: its id,
         told to `created` before it starts (the run's guard owns it), and a session on its stdout. Its stdin is this
         process's alone: when this process ends, however it ends, the engine closes it. The caller removes it."""
         ref = self._create_helper(spec.image, spec.argv, spec.labels, spec.env, spec.device_requests, stdin=True)

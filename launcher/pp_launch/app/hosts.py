@@ -1,13 +1,12 @@
 """Chains across hosts: reach and check every host's engine, and learn each host's GPUs through it.
 
-No code of ours is installed on a host: the Docker API is the only channel. A host's GPUs are read by a
-short-lived probe container (labelled, `--rm`, no network) of the chain's image, with every GPU attached as
-the NVIDIA toolkit attaches them (`--gpus all`, CDI `nvidia.com/gpu=all`, or NVIDIA_VISIBLE_DEVICES=all);
-inside it, our NVML reader (adapters/nvml.py with nvidia-ml-py's pynvml.py, copied in with the create call's
-archive) prints the inventory of docs/formats.md. The GPUs held there are read from that engine's labels. While
-a chain's stages run, a watcher container of the same kind on each host watches the run's GPUs there for Xid errors
-(`HostGpuWatch`), as the launcher watches its own machine's.
-"""
+No code of ours is installed on a host: the Docker API is the only channel. A host's GPUs are read by a short-lived
+probe container (labelled, `--rm`, the host's network, no listener) of the chain's image, with every GPU attached as
+the NVIDIA toolkit attaches them (`--gpus all`, CDI `nvidia.com/gpu=all`, or NVIDIA_VISIBLE_DEVICES=all); inside it,
+our NVML reader (adapters/nvml.py with nvidia-ml-py's pynvml.py, copied in with the create call's archive) prints
+the inventory of docs/formats.md. The GPUs held there are read from that engine's labels. While a chain's stages
+run, a watcher container of the same kind on each host watches the run's GPUs there for Xid errors (`HostGpuWatch`),
+as the launcher watches its own machine's."""
 
 from __future__ import annotations
 
