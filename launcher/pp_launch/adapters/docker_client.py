@@ -204,7 +204,7 @@ class _UnixPool(UnixHTTPConnectionPool):  # type: ignore[misc]
 
 # docker-py keys its unix and ssh adapters' connection pools by each request's whole URL (docker/docker-py#2970), so
 # every new path (a container's id, a query) opened a connection of its own: over ssh:// a new channel, its own
-# shell and `docker system dial-stdio` on the host (47 for a 2-stage chain). The engine is one origin: one pool.
+# shell and `docker system dial-stdio` on the host (46 for a 2-stage chain). The engine is one origin: one pool.
 ONE_POOL = "http+docker://localhost"
 
 
