@@ -17,6 +17,8 @@ CHAIN_PATH = [
     "app/launch.py",
     "app/on_ray.py",
     "app/docker_site.py",
+    "app/places.py",
+    "app/planning.py",
     "app/docker_runs.py",
     "app/site.py",
     "app/chain.py",

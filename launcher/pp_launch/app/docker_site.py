@@ -1,7 +1,8 @@
 """One Docker engine or several, as a launch's site (app/site.py): a chain's whole life on them.
 
-A launch (app/launch.py drives the steps): the engines reached (DOCKER_HOST's, or every --host's, checked at once);
-the stage image on each; the run's guard on each engine (adapters/guard.py), started while the launch plans and
+A launch (app/launch.py drives the steps): the engines reached (DOCKER_HOST's, or every --host's, checked at once),
+a list of places (`EnginePlace`, `HostPlace`: what differs between one engine and another is the place's); the
+stage image on each; the run's guard on each engine (adapters/guard.py), started while the launch plans and
 kept from the first attempt to the last; per attempt the engines' GPU locks (app/locks.py), the plan (its
 `Planner`'s: the allocator over each engine's GPUs and holdings, or the one stage a caller describes), the stages'
 backend (one engine, several, or pp-gpu-node children), the GPUs watched for faults, and what was lost named.
@@ -18,129 +19,26 @@ import signal
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
-from typing import Any, Protocol, Self
+from typing import Any, Self
 
 from pp_launch.adapters import guard, host_state, identity
-from pp_launch.adapters.docker_engine import Engine, connect
-from pp_launch.adapters.gpu_watch import GpuWatch
+from pp_launch.adapters.docker_engine import Engine
 from pp_launch.adapters.guard import RunGuard
-from pp_launch.adapters.guard import image_check as guard_image_check
 from pp_launch.adapters.multi_host import MultiHostBackend
 from pp_launch.adapters.process_backend import ProcessStageBackend
 from pp_launch.adapters.runtime import Nursery, ThreadRuntime, run_all
 from pp_launch.app import chain as steps
-from pp_launch.app import gpus as gpu_select
 from pp_launch.app import hosts as across
 from pp_launch.app.gpu_faults import GpuFaults
 from pp_launch.app.locks import GpuLocks, LockSite, reserve
+from pp_launch.app.places import EnginePlace, Watch, engine_of, hosts_of, reach
+from pp_launch.app.planning import Allocated, Planner
 from pp_launch.app.request import Hooks, Launched, LaunchRequest
 from pp_launch.core import errors, labels
-from pp_launch.core.chain.plan import BUILTIN_IMAGE, ChainPlan, StageSpec, build_plan
+from pp_launch.core.chain.plan import ChainPlan
 from pp_launch.core.chain.ports import StageBackend
 from pp_launch.core.chain.restarts import may_restart
 from pp_launch.core.chain.scope import ChainOutcome, ChainScope
-from pp_launch.core.gpu.inventory import GpuInventory
-
-
-@dataclass(frozen=True)
-class EnginePlace:
-    """An engine a chain runs on: `name` "" is DOCKER_HOST's (no --host); `engine` None only in a dry run that
-    found no engine."""
-
-    name: str
-    engine: Engine | None
-    lock_name: str = ""
-    engine_id: str = ""
-    host: across.Host | None = None  # a --host engine, reached and checked
-
-
-class Planner(Protocol):
-    """What a Docker site runs at each attempt, and how (docs/architecture.md, "Sites"): the chain's stages placed
-    by the GPU allocator (`Allocated`), or the one stage a caller describes (`Given`: the testing kit, the worker
-    driver; app/node.py: pp-gpu-node's). `backend_options`: for the one engine's stage backend; `watch_gpus`: a
-    stage whose GPU faults (Xid) fails."""
-
-    backend_options: Mapping[str, Any]
-    watch_gpus: bool
-
-    def prepare(self, request: LaunchRequest, places: Sequence[EnginePlace], say: Callable[[str], None]) -> None:
-        """Before the site prepares its engines: what this planner's stages need first (none by default)."""
-        ...
-
-    def plan(
-        self, request: LaunchRequest, places: Sequence[EnginePlace], environ: Mapping[str, str], held: GpuLocks | None
-    ) -> tuple[ChainPlan, str]:
-        """The attempt's plan (held None: a dry run, nothing reserved), and a note for the user."""
-        ...
-
-    def dry_plan(
-        self, request: LaunchRequest, places: Sequence[EnginePlace], environ: Mapping[str, str], strict: bool
-    ) -> Launched:
-        """The plan only (strict: fail where a launch would, before starting)."""
-        ...
-
-
-class Allocated:
-    """The chain's stages, each placed on its host and GPUs by the allocator (app/gpus.py) under the engines' GPU
-    locks."""
-
-    backend_options: Mapping[str, Any] = {}
-    watch_gpus = True
-
-    def prepare(self, request: LaunchRequest, places: Sequence[EnginePlace], say: Callable[[str], None]) -> None:
-        pass
-
-    def plan(
-        self, request: LaunchRequest, places: Sequence[EnginePlace], environ: Mapping[str, str], held: GpuLocks | None
-    ) -> tuple[ChainPlan, str]:
-        return _plan(request, places, environ, held)
-
-    def dry_plan(
-        self, request: LaunchRequest, places: Sequence[EnginePlace], environ: Mapping[str, str], strict: bool
-    ) -> Launched:
-        """strict (a dry run): a stage image the engine lacks is the error a launch would meet; a Compose file is
-        written for wherever it will run, so it checks none."""
-        if request.hosts:
-            across.check_image(_hosts(places), request.chain.image)
-        elif strict:
-            steps.check_host_paths(request.chain, places[0].engine is None or _local(places[0]))
-        if not request.hosts and strict and (engine := places[0].engine) is not None:
-            image = request.chain.image
-            if image != BUILTIN_IMAGE and engine.image_labels(image) is None:
-                raise errors.ImageMissing(
-                    f"image {image} is not present on the engine at {engine.address}, and pp-launch never pulls: a "
-                    "launch would stop here. Build it or load it ('docker load -i FILE') first."
-                )
-        plan, note = _plan(request, places, environ, None)
-        asked_gpus = request.gpu.mode.strip() != "none"
-        warning = "no Docker engine answered: GPUs held by running containers were not checked"
-        return Launched(plan, note, None, warning if asked_gpus and places[0].engine is None else "")
-
-
-class Given:
-    """At each attempt, the one stage its caller describes (`describe(attempt)`): the testing kit's
-    StageContainer, the worker driver's generations. Its GPUs are the caller's own choice."""
-
-    backend_options: Mapping[str, Any] = {}
-    watch_gpus = False
-
-    def __init__(self, describe: Callable[[int], StageSpec]) -> None:
-        self.describe = describe
-
-    def prepare(self, request: LaunchRequest, places: Sequence[EnginePlace], say: Callable[[str], None]) -> None:
-        pass
-
-    def plan(
-        self, request: LaunchRequest, places: Sequence[EnginePlace], environ: Mapping[str, str], held: GpuLocks | None
-    ) -> tuple[ChainPlan, str]:
-        spec = self.describe(request.chain.attempt)
-        return ChainPlan(run_id=request.run_id or "", stages=(spec,), grace=request.chain.grace), ""
-
-    def dry_plan(
-        self, request: LaunchRequest, places: Sequence[EnginePlace], environ: Mapping[str, str], strict: bool
-    ) -> Launched:
-        return Launched(*self.plan(request, places, environ, None))
 
 
 class DockerSite:
@@ -170,7 +68,7 @@ class DockerSite:
         """The chain's engines: every --host reached and checked at once (exit 2 naming each that does not answer),
         or DOCKER_HOST's (a dry run tolerates none: a plan needs no engine; strict: but one that runs and refuses
         this user is the error a launch would meet)."""
-        return cls(_reach(request, dry_run, strict), planner)
+        return cls(reach(request, dry_run, strict), planner)
 
     @classmethod
     def on(cls, engine: Engine, planner: Planner, backend: StageBackend | None = None) -> Self:
@@ -190,14 +88,9 @@ class DockerSite:
         if self.backend is not None:
             return
         self.planner.prepare(request, self.places, say)
-        image = request.chain.image
-        if request.hosts:
-            across.check_image(_hosts(self.places), image)
-            for s in self.places:
-                guard_image_check(engine_of(s), f"host {s.name}")
-        else:
-            steps.check_host_paths(request.chain, _local(self.places[0]))
-            steps.ensure_image(engine_of(self.places[0]), image, say)
+        across.check_image(hosts_of(self.places), request.chain.image)  # one id on every --host
+        for s in self.places:
+            s.prepare(request.chain, say)
         if request.gpu_node is None:
             owner = request.owner or steps.owner_label(request.detach)
             spare = self.spare if len(self.places) == 1 else None
@@ -230,9 +123,8 @@ class DockerSite:
             for s in self.places:
                 steps.check_names_free(engine_of(s), plan, s.name or None, ThreadRuntime())
             guards = self.guarding.take()
-        hosts = {s.name: s.host for s in self.places if s.host is not None}
         backend = self.backend or _backend(request, plan, self.places, held, guards, self.planner.backend_options)
-        return _Stages(request, plan, backend, guards, held, say, self.planner.watch_gpus, hosts)
+        return _Stages(request, plan, backend, guards, held, say, self.planner.watch_gpus, self.places)
 
     def dry_plan(self, request: LaunchRequest, environ: Mapping[str, str], strict: bool) -> Launched:
         return self.planner.dry_plan(request, self.places, environ, strict)
@@ -261,106 +153,6 @@ class DockerSite:
 
 
 # ------------------------------------------------------------------------------------------------ a launch
-def _reach(request: LaunchRequest, dry_run: bool, strict: bool = False) -> list[EnginePlace]:
-    """The engines: every --host reached and checked at once (exit 2 naming each that does not answer), or
-    DOCKER_HOST's (a dry run tolerates none: a plan needs no engine; strict: but one that runs and refuses this
-    user is the error a launch would meet)."""
-    if request.hosts:
-        return [EnginePlace(h.name, h.engine, h.name, h.engine_id, h) for h in across.connect_all(request.hosts)]
-    if dry_run:
-        try:
-            return [EnginePlace("", connect(timeout=5))]
-        except errors.EngineUnavailable as exc:
-            if strict and "permission denied" in str(exc):
-                raise
-            return [EnginePlace("", None)]
-    engine = connect()
-    return [EnginePlace("", engine, engine.address)]  # one engine: no lock order to keep, no identity to ask
-
-
-def _hosts(sites: Sequence[EnginePlace]) -> list[across.Host]:
-    return [s.host for s in sites if s.host is not None]
-
-
-def _local(site: EnginePlace) -> bool:
-    """The engine runs on this machine (its unix socket): a host path of a stage is a path here."""
-    return site.engine is not None and site.engine.url.startswith("unix://")
-
-
-def engine_of(site: EnginePlace) -> Engine:
-    assert site.engine is not None  # only a dry run goes without one
-    return site.engine
-
-
-def _plan(
-    request: LaunchRequest,
-    sites: Sequence[EnginePlace],
-    environ: Mapping[str, str],
-    locks: GpuLocks | None,
-) -> tuple[ChainPlan, str]:
-    """Each engine's GPUs and holdings, the engines' GPU locks taken before their labels are read (when GPUs are
-    picked; released once every stage exists), each stage's host and GPUs, the plan. The request's run id and
-    owner are set (app/launch.py)."""
-    gpu, run_id, owner = request.gpu, request.run_id or "", request.owner or ""
-    host_gpus = _host_gpus(request, sites, environ)
-    if locks is not None and _locks_needed(gpu.mode, [h.inventory for h in host_gpus]):
-        locks.acquire()
-    stage_hosts, selection = gpu_select.select(
-        mode=gpu.mode,
-        stages=request.chain.stages,
-        per_stage=gpu.per_stage,
-        attach=gpu.attach,
-        hosts_gpus=host_gpus,
-        environ=environ,
-        placement=request.placement,
-        stages_per_host=request.stages_per_host,
-        allow_shared=gpu.allow_shared,
-        min_free_mib=gpu.min_free_mib,
-        allow_unhealthy=gpu.allow_unhealthy,
-        avoid=request.avoid_gpus,
-    )
-    launcher = steps.launcher_label(owner)
-    plan = build_plan(
-        request.chain,
-        environ,
-        owner,
-        selection.stage_gpus,
-        selection.device_requests,
-        run_id,
-        selection.hop_levels,
-        selection.cost,
-        tuple(stage_hosts) if request.hosts else (),
-        launcher,
-        frozenset(s.name for s in sites if s.engine is not None and not _local(s)),
-    )
-    return plan, selection.note
-
-
-def _host_gpus(
-    request: LaunchRequest, sites: Sequence[EnginePlace], environ: Mapping[str, str]
-) -> list[gpu_select.HostGpus]:
-    """DOCKER_HOST's engine: this machine's NVML (or the inventory file). Each --host: its inventory file, or
-    its probe (a short-lived container on that engine; all at once)."""
-    gpu = request.gpu
-    if gpu.mode.strip() == "none":
-        return [gpu_select.HostGpus(s.name, GpuInventory(), list) for s in sites]
-    if not request.hosts:
-        engine = sites[0].engine
-        held = (lambda: across.live_gpu_labels(engine)) if engine is not None else list
-        path = gpu.inventory_path or environ.get(gpu_select.INVENTORY_ENV) or None
-        return [gpu_select.HostGpus("", gpu_select.load_inventory(path), held)]
-    reached = _hosts(sites)
-    every = gpu.inventory_path or environ.get(gpu_select.INVENTORY_ENV) or None
-    overrides = dict(gpu.host_inventories)
-    run_id, owner = request.run_id or "", request.owner or ""
-    return across.host_gpus(
-        reached, request.chain.image, gpu.attach, run_id, owner, overrides, every, request.chain.attempt
-    )
-
-
-def _locks_needed(mode: str, inventories: list[GpuInventory]) -> bool:
-    """The engines' GPU locks matter only when GPUs are picked from what others hold (not none, not all)."""
-    return mode.strip() not in ("none", "all") and any(inv.gpus for inv in inventories)
 
 
 def _backend(
@@ -381,10 +173,11 @@ def _backend(
             plan.grace,
             lambda run: [c.id for c in engine.containers(labels.run_selector(run))],
         )
-    if not request.hosts:
-        return guards[""].stage_backend(expected=len(plan.stages), on_all_created=held.check_and_release, **options)
-    backends = {s.name: guards[s.name].stage_backend() for s in sites}
-    return MultiHostBackend(backends, expected=len(plan.stages), on_all_created=held.check_and_release)
+    if hosts_of(sites):  # a --host engine can be lost alone: the others torn down, it named
+        backends = {s.name: guards[s.name].stage_backend() for s in sites}
+        return MultiHostBackend(backends, expected=len(plan.stages), on_all_created=held.check_and_release)
+    (site,) = sites
+    return guards[site.name].stage_backend(expected=len(plan.stages), on_all_created=held.check_and_release, **options)
 
 
 GUARD_SETTLE = 10.0  # seconds a clean end waits for its guards to be gone (they find nothing left, and exit)
@@ -405,15 +198,15 @@ class _Stages:
         guards: Mapping[str, RunGuard],
         held: GpuLocks,
         say: Callable[[str], None],
-        watch_gpus: bool = True,
-        hosts: Mapping[str, across.Host] | None = None,
+        watch_gpus: bool,
+        places: Sequence[EnginePlace],
     ) -> None:
         self.request, self.plan, self.backend, self.guards, self.held = request, plan, backend, guards, held
         self.say = say
         self.faults = GpuFaults(plan, say)
-        self.watches: list[GpuWatch | across.HostGpuWatch] = []  # this machine's NVML, or a watcher on each --host
-        self.watch_gpus, self.hosts = watch_gpus, hosts or {}
-        self.record = host_state.RunHosts() if request.hosts else None
+        self.watches: list[Watch] = []  # this machine's NVML, or a watcher on each --host
+        self.watch_gpus, self.places = watch_gpus, {s.name: s for s in places}
+        self.record = host_state.RunHosts() if hosts_of(places) else None
 
     def watch(self, scope: ChainScope) -> None:
         for g in self.guards.values():
@@ -431,16 +224,10 @@ class _Stages:
         by_host: dict[str, list[str]] = {}
         for s in self.plan.stages:
             by_host.setdefault(s.host, []).extend(s.gpus)
-        request, say, on_xid = self.request, self.say, self.faults.on_xid
-        run = (self.plan.run_id, request.owner or "", self.plan.attempt)
         for name, uuids in by_host.items():
-            if not uuids:
-                continue
-            if not request.hosts:
-                self.watches.append(GpuWatch(uuids, on_xid).start())
-            elif (host := self.hosts.get(name)) is not None and (g := self.guards.get(name)) is not None:
-                image, attach = request.chain.image, request.gpu.attach
-                self.watches.append(across.HostGpuWatch(host, uuids, run, image, attach, g.own, on_xid, say).start())
+            if uuids and (place := self.places.get(name)) is not None:
+                w = place.watch(uuids, self.request, self.guards.get(name), self.faults, self.say)
+                self.watches.extend([w] if w is not None else [])
 
     def end(self, outcome: ChainOutcome | None) -> tuple[ChainOutcome, bool, tuple[tuple[str, str], ...]] | None:
         backend, guards = self.backend, self.guards

@@ -283,21 +283,9 @@ def gpus_seen(
 
 
 def host_gpus(
-    hosts: Sequence[Host],
-    image: str,
-    attach: str,
-    run_id: str,
-    owner: str,
-    overrides: Mapping[str, str],
-    every: str | None = None,
-    attempt: int = 1,
-) -> list[gpu_select.HostGpus]:
-    """Each host's inventory (a file where one is given, else its probe; all probes at once) and holdings."""
-
-    def one(h: Host) -> gpu_select.HostGpus:
-        path = overrides.get(h.name) or every
-        inventory = inventory_file.load(path) if path else probe_inventory(h, image, attach, run_id, owner, attempt)
-        engine = h.engine
-        return gpu_select.HostGpus(h.name, inventory, lambda: live_gpu_labels(engine))
-
-    return map_all(one, hosts, "host-probe")
+    h: Host, image: str, attach: str, run_id: str, owner: str, path: str | None, attempt: int = 1
+) -> gpu_select.HostGpus:
+    """A host's inventory (the file `path` where one is given, else its probe) and holdings."""
+    inventory = inventory_file.load(path) if path else probe_inventory(h, image, attach, run_id, owner, attempt)
+    engine = h.engine
+    return gpu_select.HostGpus(h.name, inventory, lambda: live_gpu_labels(engine))

@@ -26,10 +26,10 @@ from pp_launch.adapters import identity, local
 from pp_launch.adapters.docker_engine import NODE_TOOLKIT_HINT, Engine
 from pp_launch.app import gpus as gpu_select
 from pp_launch.app.chain import check_image_name
-from pp_launch.app.docker_site import DockerSite, EnginePlace, engine_of
-from pp_launch.app.hosts import live_gpu_labels
+from pp_launch.app.docker_site import DockerSite
 from pp_launch.app.launch import launch
 from pp_launch.app.locks import GpuLocks
+from pp_launch.app.places import EnginePlace, engine_of
 from pp_launch.app.request import GpuOptions, Hooks, Launched, LaunchRequest
 from pp_launch.core import errors, labels, stage_env
 from pp_launch.core.chain.plan import BUILTIN_IMAGE, ChainPlan, ChainRequest, StageSpec
@@ -100,17 +100,11 @@ class NodePlanner:
     ) -> tuple[ChainPlan, str]:
         gpus, note = self.config.gpus, ""
         if gpus.auto:
-            inventory = gpu_select.load_inventory(None)
-            if inventory.gpus and held is not None:
+            here = places[0].gpus(request, environ)  # this machine's NVML (or inventory file), the engine's holdings
+            if here.inventory.gpus and held is not None:
                 held.acquire()  # released once the container exists (its labels then hold the GPU), or on the way out
-            engine = engine_of(places[0])
             _, choice = gpu_select.select(
-                mode="auto",
-                stages=1,
-                per_stage=1,
-                attach="request",
-                hosts_gpus=[gpu_select.HostGpus("", inventory, lambda: live_gpu_labels(engine))],
-                environ=environ,
+                mode="auto", stages=1, per_stage=1, attach="request", hosts_gpus=[here], environ=environ
             )
             uuids = choice.stage_gpus[0]
             gpus, note = GpuRequest(choice.device_requests[0], ",".join(uuids) or "void", uuids), choice.note

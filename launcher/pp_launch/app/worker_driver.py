@@ -27,8 +27,9 @@ from pp_launch.adapters import arena, identity
 from pp_launch.adapters.arena import Arena
 from pp_launch.adapters.docker_engine import Engine
 from pp_launch.adapters.inbox import QueueInbox
-from pp_launch.app.docker_site import DockerSite, Given
+from pp_launch.app.docker_site import DockerSite
 from pp_launch.app.launch import Foreground, Run
+from pp_launch.app.planning import Given
 from pp_launch.app.request import GpuOptions, Hooks, Launched, LaunchRequest
 from pp_launch.core import errors, labels, stage_env
 from pp_launch.core.chain.plan import ChainRequest, StageSpec

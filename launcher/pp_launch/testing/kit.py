@@ -27,8 +27,9 @@ from typing import Any
 
 from pp_launch.adapters import identity
 from pp_launch.app import launch, worker_check
-from pp_launch.app.docker_site import DockerSite, Given
+from pp_launch.app.docker_site import DockerSite
 from pp_launch.app.hosts import engine_here
+from pp_launch.app.planning import Given
 from pp_launch.app.worker_driver import WorkerDriver
 from pp_launch.core import errors, events
 from pp_launch.core.announce import StageAnnouncement, parse_line

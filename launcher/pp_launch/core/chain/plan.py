@@ -151,11 +151,12 @@ def build_plan(
     launcher: str = "",
     remote_hosts: frozenset[str] = frozenset(),
 ) -> ChainPlan:
-    """stage_hosts: each stage's host (a chain across hosts), () for the one engine. launcher: for a detached
-    run (owner `detached`), the launcher that owns it until the hand-over (labels.LAUNCHER). remote_hosts: the
+    """stage_hosts: each stage's host (a chain across hosts), () or all "" for the one engine. launcher: for a
+    detached run (owner `detached`), the launcher that owns it until the hand-over (labels.LAUNCHER). remote_hosts: the
     hosts whose engine is not on the machine that creates the stage's container: pp-launch cannot create cache
     folders there (core/container.py, cache_mounts)."""
     base = _base_env(request, environ)
+    stage_hosts = stage_hosts if any(stage_hosts) else ()
     every_host = tuple(dict.fromkeys(stage_hosts))
     specs = []
     for k in range(request.stages):
