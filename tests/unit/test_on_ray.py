@@ -12,7 +12,7 @@ import pytest
 
 from pp_launch.adapters import inventory_file
 from pp_launch.adapters.ray_cluster import RayNode, StageHandle
-from pp_launch.app import on_ray
+from pp_launch.app import on_ray, planning
 from pp_launch.app.launch import GpuOptions, LaunchRequest
 from pp_launch.core import errors
 from pp_launch.core.chain.plan import ChainRequest
@@ -38,7 +38,7 @@ def request(stages: int, **kw: object) -> LaunchRequest:
 
 
 def blocks(req: LaunchRequest, nodes: list[RayNode], per_stage: int = 1) -> list[tuple[str, int]]:
-    return [(n.name, k) for n, k in on_ray._blocks(req, nodes, per_stage)]
+    return [(n.name, k) for n, k in planning.node_blocks(req, nodes, per_stage)]
 
 
 def test_pack_fills_the_node_with_the_most_free_gpus_first() -> None:
@@ -73,7 +73,7 @@ def test_a_run_that_fits_only_an_idle_cluster_is_planned_on_the_totals_and_waits
 
 def test_a_run_that_never_fits_is_refused_naming_every_node() -> None:
     with pytest.raises(errors.NotEnoughGpus) as caught:
-        on_ray._blocks(request(3), [node("a", 4), node("b", 2, 1)], per_stage=3)
+        planning.node_blocks(request(3), [node("a", 4), node("b", 2, 1)], per_stage=3)
     text = str(caught.value)
     assert "3 stages of 3 GPUs each" in text
     assert "a: 4 GPUs (4 free); b: 2 GPUs (1 free)" in text
@@ -82,7 +82,7 @@ def test_a_run_that_never_fits_is_refused_naming_every_node() -> None:
 
 def test_no_node_with_gpus() -> None:
     with pytest.raises(errors.NotEnoughGpus, match="no live node with GPUs"):
-        on_ray._blocks(request(1), [node("head", 0)], per_stage=1)
+        planning.node_blocks(request(1), [node("head", 0)], per_stage=1)
 
 
 def handle(name: str, gpus: tuple[str, ...], inventory: dict[str, object]) -> StageHandle:
@@ -96,7 +96,7 @@ def test_a_block_is_ordered_round_its_closest_ring_and_the_ring_leaves_each_node
     granted = [(by_index[i],) for i in (0, 5, 1, 4)]  # as Ray handed them out: not in ring order
     row_a = [handle("a", g, doc) for g in granted]
     row_b = [handle("b", (by_index[2],), doc), handle("b", (by_index[3],), doc)]
-    ordered, hops = on_ray._order([row_a, row_b], per_stage=1)
+    ordered, hops = planning.ring_order([row_a, row_b], per_stage=1)
     assert [h.node.name for h in ordered] == ["a"] * 4 + ["b"] * 2
     assert hops[3] == HOST_LEVEL and hops[5] == HOST_LEVEL
     u = {x.uuid: x for x in units(inv)}
@@ -173,7 +173,7 @@ def test_a_node_is_asked_for_as_many_more_as_were_passed_over_until_it_has_no_mo
 
 def test_cpu_stages_have_no_hops() -> None:
     rows = [[handle("a", (), {"gpus": []})] * 2, [handle("b", (), {"gpus": []})]]
-    ordered, hops = on_ray._order(rows, per_stage=0)
+    ordered, hops = planning.ring_order(rows, per_stage=0)
     assert len(ordered) == 3 and hops == ()
 
 

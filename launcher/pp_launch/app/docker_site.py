@@ -32,7 +32,7 @@ from pp_launch.app import hosts as across
 from pp_launch.app.gpu_faults import GpuFaults
 from pp_launch.app.locks import GpuLocks, LockSite, reserve
 from pp_launch.app.places import EnginePlace, Watch, engine_of, hosts_of, reach
-from pp_launch.app.planning import Allocated, Planner
+from pp_launch.app.planning import Allocated, EnginePlanner
 from pp_launch.app.request import Hooks, Launched, LaunchRequest
 from pp_launch.core import errors, labels
 from pp_launch.core.chain.plan import ChainPlan
@@ -49,12 +49,12 @@ class DockerSite:
     def __init__(
         self,
         places: list[EnginePlace],
-        planner: Planner | None = None,
+        planner: EnginePlanner | None = None,
         owns_engines: bool = True,
         backend: StageBackend | None = None,
     ) -> None:
         self.places = places  # the launch's engines, reached
-        self.planner: Planner = planner or Allocated()
+        self.planner: EnginePlanner = planner or Allocated()
         self.owns_engines = owns_engines  # closed with the site
         self.backend = backend
         self.guarding: _Guarding | None = None
@@ -63,7 +63,11 @@ class DockerSite:
 
     @classmethod
     def to_launch(
-        cls, request: LaunchRequest, dry_run: bool = False, strict: bool = False, planner: Planner | None = None
+        cls,
+        request: LaunchRequest,
+        dry_run: bool = False,
+        strict: bool = False,
+        planner: EnginePlanner | None = None,
     ) -> Self:
         """The chain's engines: every --host reached and checked at once (exit 2 naming each that does not answer),
         or DOCKER_HOST's (a dry run tolerates none: a plan needs no engine; strict: but one that runs and refuses
@@ -71,7 +75,7 @@ class DockerSite:
         return cls(reach(request, dry_run, strict), planner)
 
     @classmethod
-    def on(cls, engine: Engine, planner: Planner, backend: StageBackend | None = None) -> Self:
+    def on(cls, engine: Engine, planner: EnginePlanner, backend: StageBackend | None = None) -> Self:
         """One engine the caller reached (and closes)."""
         return cls([EnginePlace("", engine, engine.address)], planner, owns_engines=False, backend=backend)
 

@@ -9,6 +9,9 @@ teardown as on Docker engines; Ray places the stages, grants their GPUs and watc
    and our allocator shares them out to the block's stages (the closest ring);
 4. the chain scope over `RayStageBackend`, driven by the same pipeline as on Docker engines (app/launch.py).
 
+Steps 1 and 3's planning is app/planning.py's (`Granted`, a planner as the Docker site's are); what is Ray's alone
+is here: the grant (`_Placed`), the stages' backend and our watch on the head, and the detached runs' housekeeping.
+
 `RaySite` is the cluster as a site (app/site.py): that launch, and the housekeeping of the detached runs on it.
 """
 
@@ -22,18 +25,17 @@ from typing import TYPE_CHECKING, Any
 
 from pp_launch.adapters import ray_cluster
 from pp_launch.app import chain as steps
-from pp_launch.app import gpus as gpu_select
 from pp_launch.app import housekeeping
 from pp_launch.app.gpu_faults import GpuFaults
+from pp_launch.app.planning import Granted, Planner
 from pp_launch.app.request import Hooks, Launched, LaunchRequest
 from pp_launch.app.rows import StageRow
 from pp_launch.app.site import Confirm, LogView, Voice, Where
-from pp_launch.core import errors, hosts, labels
-from pp_launch.core.chain.plan import ChainPlan, build_plan
+from pp_launch.core import errors, labels
+from pp_launch.core.chain.plan import ChainPlan
 from pp_launch.core.chain.restarts import may_restart
 from pp_launch.core.chain.scope import ChainOutcome, ChainScope
-from pp_launch.core.gpu.allocator import HOST_LEVEL, order_groups, passed_over
-from pp_launch.core.gpu.requests import device_requests
+from pp_launch.core.gpu.allocator import passed_over
 from pp_launch.core.lines import count
 
 if TYPE_CHECKING:
@@ -57,6 +59,7 @@ class RaySite:
         self.cluster: ray_cluster.Cluster | None = None  # a launch's connection
         self.head_lost, self.code = "", errors.EXIT_FAILURE
         self.backends: list[ray_cluster.RayStageBackend] = []  # each attempt's: its pumps are settled before Ray closes
+        self.planner: Planner[ray_cluster.RayNode, _Placed] = Granted()  # its nodes, the grant, the closest ring
 
     @classmethod
     def for_runs(cls, where: Where, run: str | None, voice: Voice) -> RaySite:
@@ -93,8 +96,7 @@ class RaySite:
                 placed.release()
 
     def plan(self, request: LaunchRequest, environ: Mapping[str, str], held: _Placed | None) -> tuple[ChainPlan, str]:
-        assert held is not None  # a dry run on Ray is dry_plan's
-        return held.plan(request, environ), ""
+        return self.planner.plan(request, self._cluster().nodes(), environ, held)
 
     def place_stages(
         self, request: LaunchRequest, plan: ChainPlan, held: _Placed, say: Callable[[str], None]
@@ -102,7 +104,7 @@ class RaySite:
         return _Stages(self, request, plan, held, say)
 
     def dry_plan(self, request: LaunchRequest, environ: Mapping[str, str], strict: bool) -> Launched:
-        return _dry_plan(self._cluster(), request, environ)
+        return self.planner.dry_plan(request, self._cluster().nodes(), environ, strict)
 
     def finish(self, final: Launched | None) -> None:
         if self.cluster is None:
@@ -281,41 +283,6 @@ class _Stages:
         return outcome, restartable, self.faults.seen()
 
 
-def _dry_plan(cluster: ray_cluster.Cluster, request: LaunchRequest, environ: Mapping[str, str]) -> Launched:
-    """The dry run: which node takes which stages, from what the cluster says is free now; nothing is reserved or
-    started (Ray says which GPUs it grants a node only with the grant)."""
-    run_id, owner = request.run_id or "", request.owner or ""
-    per_stage = _gpus_per_stage(request)
-    nodes = cluster.nodes()
-    blocks = _blocks(request, nodes, per_stage)
-    hops: list[int | None] = []
-    for _, k in blocks:
-        hops += [None] * (k - 1) + ([HOST_LEVEL] if len(blocks) > 1 else [None])
-    stages = sum(k for _, k in blocks)
-    built = build_plan(
-        request.chain,
-        environ,
-        owner,
-        [()] * stages,
-        [device_requests((), request.gpu.attach)] * stages,
-        run_id,
-        tuple(hops) if per_stage and stages > 1 else (),
-        None,
-        tuple(n.name for n, k in blocks for _ in range(k)),
-        steps.launcher_label(owner),
-    )
-    free = "; ".join(f"{n.name}: {n.free_gpus} of {count(n.gpus, 'GPU')} free" for n in nodes)
-    wanted = "; ".join(f"{n.name}: {count(k * per_stage, 'GPU')}" for n, k in blocks) if per_stage else ""
-    fits = all(n.free_gpus >= k * per_stage for n, k in blocks)
-    note = (
-        f"nothing reserved: Ray grants the GPUs at launch ({wanted}), which ones is its choice; the cluster now: "
-        f"{free}" + ("" if fits else f"; not free now: a launch would wait up to {request.ray_timeout:g} s")
-        if per_stage
-        else "nothing reserved: CPU stages"
-    )
-    return Launched(built, note)
-
-
 class _Placed:
     """An attempt's placement group and node agents (its hold on the cluster's GPUs), held until released: what a
     `Held` is on Ray. Nothing else can take what Ray granted, so there is nothing to check."""
@@ -333,35 +300,25 @@ class _Placed:
     def check_and_release(self) -> None:
         """Nothing to let go of early: the group is the run's until it ends."""
 
-    def plan(self, request: LaunchRequest, environ: Mapping[str, str]) -> ChainPlan:
-        run_id, owner, say = request.run_id or "", request.owner or "", self.say
-        self.run_id = run_id
-        per_stage = _gpus_per_stage(request)
-        blocks = _blocks(request, self.cluster.nodes(), per_stage)
+    def grant(
+        self, request: LaunchRequest, blocks: list[tuple[ray_cluster.RayNode, int]], per_stage: int
+    ) -> list[list[ray_cluster.StageHandle]]:
+        """Each block's node agents, with the GPUs Ray granted them (app/planning.py shares them out)."""
+        self.run_id = run_id = request.run_id or ""
         asked = [count(k * per_stage, "GPU") if per_stage else count(k, "CPU stage") for _, k in blocks]
-        say(
+        self.say(
             f"run {run_id}: asking the Ray cluster at {request.ray} for "
             + "; ".join(f"{node.name}: {a}" for (node, _), a in zip(blocks, asked, strict=True))
         )
         rows = self._granted(request, blocks, per_stage)
         for row in rows:
             if row and (note := str(row[0].facts.get("watch", ""))):
-                say(f"warning: on Ray node {row[0].node.name}, {note}")
-        self.handles, hops = _order(rows, per_stage)
-        stage_gpus = [h.gpus for h in self.handles]
-        launcher = steps.launcher_label(owner)
-        return build_plan(
-            request.chain,
-            environ,
-            owner,
-            stage_gpus,
-            [device_requests(g, request.gpu.attach) for g in stage_gpus],
-            run_id,
-            hops,
-            None,
-            tuple(h.node.name for h in self.handles),
-            launcher,
-        )
+                self.say(f"warning: on Ray node {row[0].node.name}, {note}")
+        return rows
+
+    def serve(self, handles: list[ray_cluster.StageHandle]) -> None:
+        """Each stage's agent, in the plan's order."""
+        self.handles = handles
 
     def _granted(
         self, request: LaunchRequest, blocks: list[tuple[ray_cluster.RayNode, int]], per_stage: int
@@ -417,70 +374,6 @@ def _more(
             + "ask for fewer (--stages, --gpus-per-stage), or add nodes"
         )
     return more
-
-
-def _gpus_per_stage(request: LaunchRequest) -> int:
-    """GPUs each stage asks Ray for: --gpus-per-stage, or 0 with --gpus none (CPU stages)."""
-    mode, per_stage = gpu_select.parse_gpus_flag(request.gpu.mode, request.gpu.per_stage)
-    return 0 if mode == "none" else per_stage
-
-
-def _blocks(
-    request: LaunchRequest, nodes: Sequence[ray_cluster.RayNode], per_stage: int
-) -> list[tuple[ray_cluster.RayNode, int]]:
-    """The stages in blocks of consecutive stages per node: pack fills the nodes with the most free GPUs first,
-    spread shares them out over every node that can run a stage; NotEnoughGpus (exit 2) names each node."""
-    usable = [n for n in nodes if (n.gpus if per_stage else n.cpus) > 0]
-    if not usable:
-        what = "GPUs" if per_stage else "CPUs"
-        raise errors.NotEnoughGpus(
-            f"the Ray cluster at {request.ray} has no live node with {what} "
-            f"(nodes: {', '.join(n.name for n in nodes) or 'none'})"
-        )
-    if request.placement == "pack":
-        usable = sorted(usable, key=lambda n: (-n.free_gpus, n.name))
-    names = [n.name for n in usable]
-    stages, placement, per_host = request.chain.stages, request.placement, request.stages_per_host
-    try:  # what is free now; else what the nodes have (the grant then waits up to --ray-timeout for others to end)
-        free = [n.free_gpus // per_stage if per_stage else None for n in usable]
-        assignment = hosts.assign(stages, names, free, placement, per_host)
-    except errors.NotEnoughGpus:
-        try:
-            assignment = hosts.assign(stages, names, [n.gpus // per_stage for n in usable], placement, per_host)
-        except errors.NotEnoughGpus:
-            raise _never_fits(request, usable, per_stage) from None
-    return [(usable[h], len(block)) for h, block in hosts.blocks(assignment)]
-
-
-def _never_fits(request: LaunchRequest, usable: Sequence[ray_cluster.RayNode], per_stage: int) -> errors.NotEnoughGpus:
-    have = "; ".join(f"{n.name}: {count(n.gpus, 'GPU')} ({n.free_gpus} free)" for n in usable)
-    per_host, stages = request.stages_per_host, request.chain.stages
-    how = f"{per_host} per node" if per_host else "in blocks per node"
-    if request.placement == "spread" and per_host is None:
-        how = f"spread evenly over {count(len(usable), 'node')}"
-    return errors.NotEnoughGpus(
-        f"{count(stages, 'stage')} of {count(per_stage, 'GPU')} each ({how}) do not fit on the Ray cluster at "
-        f"{request.ray}, even with every GPU free: {have}. Add nodes, use fewer GPUs per stage (--gpus-per-stage), "
-        "or --placement pack"
-    )
-
-
-def _order(
-    rows: Sequence[Sequence[ray_cluster.StageHandle]], per_stage: int
-) -> tuple[list[ray_cluster.StageHandle], tuple[int | None, ...]]:
-    """Each block's actors in the order of the closest ring over the GPUs Ray granted them, blocks in ring order;
-    each stage's hop to the next (HOST_LEVEL out of a node)."""
-    ordered: list[ray_cluster.StageHandle] = []
-    hops: list[int | None] = []
-    for row in rows:
-        if per_stage and len(row) > 1:
-            order, levels = order_groups(row[0].inventory, [h.gpus for h in row])
-        else:
-            order, levels = list(range(len(row))), [0] * len(row)
-        ordered += [row[i] for i in order]
-        inside: list[int | None] = list(levels[: len(row) - 1]) if len(rows) > 1 else list(levels)
-        hops += inside + ([HOST_LEVEL] if len(rows) > 1 else [])
-    return ordered, tuple(hops) if per_stage and len(ordered) > 1 else ()
 
 
 def _with_lost_nodes(outcome: ChainOutcome, run: str, lost: Mapping[str, str]) -> ChainOutcome:
