@@ -243,3 +243,20 @@ def test_an_unknown_or_ambiguous_run_is_exit_2_naming_the_runs(wanted: str, mess
     with pytest.raises(errors.ConfigError) as exc:
         housekeeping.resolve_run(wanted, {"aaaa11112222", "aaaa99990000"})
     assert str(exc.value) == message and exc.value.exit_code == 2
+
+
+def test_hosts_that_do_not_answer_are_each_said_and_the_command_goes_on() -> None:
+    """Housekeeping reaches its hosts at once, as a launch does; unlike a launch it goes on without one that does not
+    answer: each is said ("error: ..."), in the order named, and the command then exits 1 (`failed`)."""
+    closed = []
+    for _ in range(2):  # two ports with nothing listening: refused at once
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        closed.append(f"tcp://127.0.0.1:{s.getsockname()[1]}")
+        s.close()
+    said: list[str] = []
+    engines = housekeeping.Engines(tuple(closed), False, None, said.append)
+    assert engines.reached == [] and engines.failed
+    assert [line.split(":")[0] for line in said] == ["error", "error"]
+    assert [closed.index(next(c for c in closed if c.rsplit(":", 1)[1] in line)) for line in said] == [0, 1]
+    assert engines.close() is True

@@ -375,10 +375,18 @@ def _stage_row(
     )
 
 
+def _reach(name: str) -> Engine | errors.PpLaunchError:
+    try:
+        return connect(host=name)
+    except errors.PpLaunchError as exc:
+        return exc
+
+
 class Engines:
     """The engines a housekeeping command looks at: the one engine (no --host), the named hosts, or with
-    --all-hosts the hosts recorded for the runs started here (and RUN's own, from its labels). A host that does
-    not answer is told to `say` ("error: ..."), `failed` is set, and the command goes on with the others."""
+    --all-hosts the hosts recorded for the runs started here (and RUN's own, from its labels), reached at once. A
+    host that does not answer is told to `say` ("error: ..."), `failed` is set, and the command goes on with the
+    others (a launch refuses instead: app/hosts.py, `connect_all`)."""
 
     def __init__(self, names: tuple[str, ...], all_hosts: bool, run: str | None, say: Callable[[str], None]) -> None:
         wanted = list(hosts.parse_hosts(names))
@@ -392,12 +400,12 @@ class Engines:
             wanted += [h for h in (*recorded, *labelled) if h not in wanted]
         elif not wanted:
             self.reached.append((None, connect()))
-        for name in wanted:
-            try:
-                self.reached.append((name, connect(host=name)))
-            except errors.PpLaunchError as exc:
+        for name, got in zip(wanted, map_all(_reach, wanted, "host-connect"), strict=True):  # all at once, as a launch
+            if isinstance(got, Engine):
+                self.reached.append((name, got))
+            else:
                 self.failed = True
-                say(f"error: {exc}")
+                say(f"error: {got}")
         self.several = len(self.reached) > 1 or any(name for name, _ in self.reached)
 
     def _labelled_hosts(self, run: str) -> tuple[str, ...]:
