@@ -178,3 +178,22 @@ def test_the_logs_of_a_container_being_removed_are_none_not_an_error(tmp_path: P
         engine = engine_on(path)
         assert list(engine.log_lines("abc")) == []
         engine.close()
+
+
+def test_an_engine_is_asked_what_it_is_once_per_connection(tmp_path: Path) -> None:
+    """Each /info makes an engine run its runtimes to ask their versions: the identity (the spare guard's check, the
+    guard's environment, a chain's GPU lock order) is asked once per connection, however often it is needed."""
+    asked: list[str] = []
+    body = b'{"ID": "e1", "Name": "box", "DockerRootDir": "/var/lib/docker", "ApiVersion": "1.41"}'
+
+    def reply(conn: socket.socket, stop: threading.Event) -> None:
+        asked.append("one")
+        answer(body)(conn, stop)
+
+    with fake_socket(tmp_path, reply) as path:
+        engine = engine_on(path)
+        assert engine.engine_id() == "e1|box|/var/lib/docker"
+        assert engine.identity() == ("e1|box|/var/lib/docker", "1.41")
+        assert engine.identity() == engine.identity() and engine.engine_id() == "e1|box|/var/lib/docker"
+        engine.close()
+    assert len(asked) == 2  # /info once, /version once

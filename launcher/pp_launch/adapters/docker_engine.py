@@ -383,17 +383,35 @@ class Engine:
         self.address = engine_address() if host is None else f"{url or host} (host {host})"
         self.url = engine_address() if host is None else (url or host)  # where the engine listens
         self.api: Any = _Guarded(api, self.address, timeout)
+        self._engine_id: str | None = None  # engine_id(), once asked
+        self._api_version: str | None = None
+
+    def engine_id(self) -> str:
+        """The engine's identity, which tells two names of one engine from two engines: its id with its host name and
+        data root (engines of one machine, and cloned machines, can share an id). Asked once per connection (each
+        /info makes the engine run its runtimes to ask their versions)."""
+        if self._engine_id is None:
+            try:
+                info = self.api.info()
+            except docker.errors.APIError as exc:
+                raise errors.EngineError(
+                    f"the engine at {self.address} does not say what it is: {_reason(exc)}"
+                ) from None
+            self._engine_id = "|".join(str(info.get(k, "")) for k in ("ID", "Name", "DockerRootDir"))
+        return self._engine_id
 
     def identity(self) -> tuple[str, str]:
-        """(identity, API version). The identity tells two names of one engine from two engines: the engine's
-        id with its host name and data root (engines of one machine, and cloned machines, can share an id)."""
-        try:
-            info = self.api.info()
-            version = self.api.version()
-        except docker.errors.APIError as exc:
-            raise errors.EngineError(f"the engine at {self.address} does not say what it is: {_reason(exc)}") from None
-        identity = "|".join(str(info.get(k, "")) for k in ("ID", "Name", "DockerRootDir"))
-        return identity, str(version.get("ApiVersion", ""))
+        """(engine_id(), API version), each asked once per connection."""
+        engine_id = self.engine_id()
+        if self._api_version is None:
+            try:
+                version = self.api.version()
+            except docker.errors.APIError as exc:
+                raise errors.EngineError(
+                    f"the engine at {self.address} does not say what it is: {_reason(exc)}"
+                ) from None
+            self._api_version = str(version.get("ApiVersion", ""))
+        return engine_id, self._api_version
 
     def close(self) -> None:
         with contextlib.suppress(Exception):

@@ -260,7 +260,7 @@ class RunGuard:
         learns its id first, then it must be running, of this run and of the guard's image, and say `ready` on the
         session this process opens (a spare another session took, or one gone, says nothing). False: not taken (the
         caller starts a guard as usual; a spare that was there is removed)."""
-        if self.engine.identity()[0] != spare.engine:
+        if self.engine.engine_id() != spare.engine:
             return False  # the spare is on another engine than this run's (DOCKER_HOST's context changed)
         self._tell_keeper(f"own {spare.guard}\n".encode())
         if self.ids is not None:
@@ -718,7 +718,7 @@ def _guard_env(engine: Engine, run_id: str, grace: float, beat: float) -> dict[s
         "PP_GUARD_RECORD": f"{RECORD_AT}/log",
         "PP_GUARD_GRACE": f"{grace:g}",
         "PP_GUARD_HEARTBEAT": f"{beat:g}",
-        "PP_GUARD_ENGINE": engine.identity()[0],
+        "PP_GUARD_ENGINE": engine.engine_id(),
         "PP_GUARD_RUN": run_id,
     }
 
@@ -818,7 +818,7 @@ def stock_spare(engine: Engine, owner: str, grace: float, environ: Mapping[str, 
     if ref is None:
         drop_record(engine, record)
         return
-    spares.put(key, {"run": run, "guard": ref, "record": record, "engine": engine.identity()[0]})
+    spares.put(key, {"run": run, "guard": ref, "record": record, "engine": engine.engine_id()})
 
 
 def drop_spare(engine: Engine, kept: Mapping[str, str]) -> None:

@@ -214,7 +214,7 @@ def _build_on_base(
 
 def _replaced(engine: Engine, image_id: str) -> None:
     with contextlib.suppress(errors.PpLaunchError):  # a state directory that fails: the image stays, as before
-        host_state.ReplacedImages().add(engine.identity()[0], image_id)
+        host_state.ReplacedImages().add(engine.engine_id(), image_id)
 
 
 def drop_replaced(engine: Engine, dry_run: bool = False) -> dict[str, str]:
@@ -226,7 +226,7 @@ def drop_replaced(engine: Engine, dry_run: bool = False) -> dict[str, str]:
         return {}
     try:
         record = host_state.ReplacedImages()
-        engine_id = engine.identity()[0]
+        engine_id = engine.engine_id()
         recorded = record.of(engine_id)
     except errors.PpLaunchError:
         return {}

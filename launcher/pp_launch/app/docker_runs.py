@@ -236,7 +236,7 @@ class DockerRuns:
             kept = spares.peek(key)
         except errors.PpLaunchError:
             return False
-        if not kept or kept.get("engine") != engine.identity()[0]:
+        if not kept or kept.get("engine") != engine.engine_id():
             return False
         what = f"this user's spare guard {kept.get('guard', '')[:12]}{on} (started ahead for their next run)"
         self.voice.answer(f"{'would end' if dry_run else 'ending'} {what}")
