@@ -391,12 +391,7 @@ class Engine:
         data root (engines of one machine, and cloned machines, can share an id). Asked once per connection (each
         /info makes the engine run its runtimes to ask their versions)."""
         if self._engine_id is None:
-            try:
-                info = self.api.info()
-            except docker.errors.APIError as exc:
-                raise errors.EngineError(
-                    f"the engine at {self.address} does not say what it is: {_reason(exc)}"
-                ) from None
+            info = self._what_it_is(self.api.info)
             self._engine_id = "|".join(str(info.get(k, "")) for k in ("ID", "Name", "DockerRootDir"))
         return self._engine_id
 
@@ -404,14 +399,14 @@ class Engine:
         """(engine_id(), API version), each asked once per connection."""
         engine_id = self.engine_id()
         if self._api_version is None:
-            try:
-                version = self.api.version()
-            except docker.errors.APIError as exc:
-                raise errors.EngineError(
-                    f"the engine at {self.address} does not say what it is: {_reason(exc)}"
-                ) from None
-            self._api_version = str(version.get("ApiVersion", ""))
+            self._api_version = str(self._what_it_is(self.api.version).get("ApiVersion", ""))
         return engine_id, self._api_version
+
+    def _what_it_is(self, ask: Callable[[], Any]) -> Any:
+        try:
+            return ask()
+        except docker.errors.APIError as exc:
+            raise errors.EngineError(f"the engine at {self.address} does not say what it is: {_reason(exc)}") from None
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
