@@ -59,7 +59,7 @@ class DockerSite:
         self.backend = backend
         self.guarding: _Guarding | None = None
         self.spare: guard.Spare | None = None  # the spare guard this launch took (its run id is the run's)
-        self.stocks_spare = False  # at its end, a launch leaves a spare guard for its user's next run (launch.py)
+        self.stocks_spare = False  # at its end, a launch leaves a spare guard for its user's next run (to_launch)
 
     @classmethod
     def to_launch(
@@ -71,13 +71,24 @@ class DockerSite:
     ) -> Self:
         """The chain's engines: every --host reached and checked at once (exit 2 naming each that does not answer),
         or DOCKER_HOST's (a dry run tolerates none: a plan needs no engine; strict: but one that runs and refuses
-        this user is the error a launch would meet)."""
-        return cls(reach(request, dry_run, strict), planner)
+        this user is the error a launch would meet). A chain's launch on DOCKER_HOST's engine alone takes the spare
+        guard its user's last run left there (adapters/guard.py), and leaves one at its end."""
+        site = cls(reach(request, dry_run, strict), planner)
+        plain = planner is None and request.run_id is None and not request.hosts and request.gpu_node is None
+        if plain and not dry_run:
+            with contextlib.suppress(errors.PpLaunchError):  # a state directory that fails: a guard of its own
+                site.spare = guard.take_spare(os.environ)
+            site.stocks_spare = True
+        return site
 
     @classmethod
     def on(cls, engine: Engine, planner: EnginePlanner, backend: StageBackend | None = None) -> Self:
         """One engine the caller reached (and closes)."""
         return cls([EnginePlace("", engine, engine.address)], planner, owns_engines=False, backend=backend)
+
+    def ready_run(self) -> str | None:
+        """The run id of the spare guard this launch took (its run is the launch's), else None."""
+        return self.spare.run if self.spare is not None else None
 
     def close(self) -> None:
         for s in self.places if self.owns_engines else ():

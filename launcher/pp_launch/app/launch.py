@@ -46,9 +46,10 @@ def launch(
     left behind either way. place: the site, reached (default: the one the request names); pp-gpu-node and the
     testing kit bring their own (app/node.py, testing/kit.py)."""
     hooks = hooks or Hooks()
-    spare = _spare_for(request) if place is None else None
-    request = _named(request if spare is None else dataclasses.replace(request, run_id=spare.run))
-    run = Run(request, place or _spared(_site(request, dry_run=False), request, spare), hooks, environ)
+    site = place or _site(request, dry_run=False)
+    ready = None if request.run_id else site.ready_run()  # a run the site has ready (a spare guard's), if any
+    request = _named(request if ready is None else dataclasses.replace(request, run_id=ready))
+    run = Run(request, site, hooks, environ)
     final: Launched | None = None
     try:
         final = attempts.run(run.request, hooks, run.attempt, run.place.guards())
@@ -289,29 +290,6 @@ def _named(request: LaunchRequest) -> LaunchRequest:
     """The request with its run id (a new one) and its containers' owner (this process, or a detached run's)."""
     run_id = request.run_id or identity.new_run_id()
     return dataclasses.replace(request, run_id=run_id, owner=request.owner or steps.owner_label(request.detach))
-
-
-def _spare_for(request: LaunchRequest) -> Any:
-    """The spare guard a plain launch on one Docker engine takes (adapters/guard.py): its run id becomes the run's.
-    None for a run named already, across hosts, on Ray or of child processes, or when none is kept."""
-    if request.run_id or request.hosts or request.ray is not None or request.gpu_node is not None:
-        return None
-    from pp_launch.adapters import guard
-
-    try:
-        return guard.take_spare(os.environ)
-    except errors.PpLaunchError:
-        return None  # a state directory that fails: the run starts its own guard, as without spares
-
-
-def _spared(site: AnySite, request: LaunchRequest, spare: Any) -> AnySite:
-    """A plain launch on one Docker engine takes the spare guard it found (if any), and leaves one at its end."""
-    if request.ray is None and not request.hosts and request.gpu_node is None:
-        from pp_launch.app.docker_site import DockerSite
-
-        if isinstance(site, DockerSite):
-            site.spare, site.stocks_spare = spare, True
-    return site
 
 
 def _site(request: LaunchRequest, dry_run: bool, strict: bool = False) -> AnySite:

@@ -123,6 +123,11 @@ class Launching(Protocol[H]):
     """A site as `launch()` drives it (app/launch.py): the steps of one pipeline, in this order. `H`: what the site
     holds per attempt (the engines' GPU locks, Ray's grant), handed back to the same site only."""
 
+    def ready_run(self) -> str | None:
+        """A run the site has ready for a new launch (on one Docker engine, the spare guard it took): its id becomes
+        the run's. None: the run gets a new id."""
+        ...
+
     def prepare(self, request: LaunchRequest, say: Callable[[str], None]) -> None:
         """Before the first attempt: the stage image on every engine, the run's guards starting."""
         ...
