@@ -10,7 +10,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import pytest
@@ -52,6 +52,34 @@ class Staged:
         return told, self.site.restartable.pop(0) if self.site.restartable else False, ()
 
 
+class FakePlanner:
+    """The pipeline's planning over the fake site's places, recorded in the site's steps."""
+
+    backend_options: Mapping[str, Any] = {}
+    watch_gpus = False
+
+    def __init__(self, steps: list[str]) -> None:
+        self.steps = steps
+
+    def prepare(self, request: LaunchRequest, places: Sequence[str], say: Callable[[str], None]) -> None:
+        self.steps.append(f"plan-prepare:{','.join(places)}")
+
+    def plan(
+        self, request: LaunchRequest, places: Sequence[str], environ: Mapping[str, str], held: Any
+    ) -> tuple[ChainPlan, str]:
+        self.steps.append("plan")
+        n = request.chain.stages
+        assert request.run_id and request.owner  # named before any step
+        plan = build_plan(request.chain, environ, request.owner, [()] * n, [()] * n, request.run_id)
+        return plan, "a note"
+
+    def dry_plan(
+        self, request: LaunchRequest, places: Sequence[str], environ: Mapping[str, str], strict: bool
+    ) -> Launched:
+        self.steps.append("dry_plan")
+        return Launched(self.plan(request, places, environ, None)[0])
+
+
 class FakeSite:
     """Every step recorded, in order; scripts for each attempt's stages."""
 
@@ -67,6 +95,10 @@ class FakeSite:
         self.restartable = list(restartable or [])
         self.finished: list[Launched | None] = []
         self.ready = ready  # a run it has ready (on one Docker engine: the spare guard it took)
+        self.planner = FakePlanner(self.steps)
+
+    def places(self) -> list[str]:
+        return ["here"]
 
     def ready_run(self) -> str | None:
         return self.ready or None
@@ -85,20 +117,9 @@ class FakeSite:
         finally:
             self.steps.append("unreserve")
 
-    def plan(self, request: LaunchRequest, environ: Mapping[str, str], held: Any) -> tuple[ChainPlan, str]:
-        self.steps.append("plan")
-        n = request.chain.stages
-        assert request.run_id and request.owner  # named before any step
-        plan = build_plan(request.chain, environ, request.owner, [()] * n, [()] * n, request.run_id)
-        return plan, "a note"
-
     def place_stages(self, request: LaunchRequest, plan: ChainPlan, held: Any, say: Callable[[str], None]) -> Staged:
         self.steps.append("place")
         return Staged(self, FakeBackend(scripts=self.scripts))
-
-    def dry_plan(self, request: LaunchRequest, environ: Mapping[str, str], strict: bool) -> Launched:
-        self.steps.append("dry_plan")
-        return Launched(self.plan(request, environ, None)[0])
 
     def finish(self, final: Launched | None) -> None:
         self.steps.append("finish")
@@ -121,8 +142,8 @@ def test_a_launch_takes_the_steps_in_one_order_and_the_outcome_is_the_sites(monk
     site = on(FakeSite(DONE), monkeypatch)
     said: list[str] = []
     done = launch.launch(request(), Hooks(say=said.append), environ={})
-    assert site.steps == ["prepare", "reserve:1", "plan", "check", "place", "watch", "end:completed", "unreserve",
-                          "finish"]  # fmt: skip
+    assert site.steps == ["plan-prepare:here", "prepare", "reserve:1", "plan", "check", "place", "watch",
+                          "end:completed", "unreserve", "finish"]  # fmt: skip
     assert done.outcome is not None and done.outcome.exit_code == 0
     assert done.outcome.message.endswith("(as the site tells it)") and done.note == "a note"
     assert site.finished == [done] and any("a note" in line for line in said)
@@ -151,7 +172,7 @@ def test_what_is_held_taken_away_before_placing_starts_nothing(monkeypatch: pyte
     site = on(FakeSite(DONE, lost=True), monkeypatch)
     with pytest.raises(errors.LockLost):
         launch.launch(request(), environ={})
-    assert site.steps == ["prepare", "reserve:1", "plan", "check", "unreserve", "finish"]
+    assert site.steps == ["plan-prepare:here", "prepare", "reserve:1", "plan", "check", "unreserve", "finish"]
 
 
 def test_a_restart_reserves_and_plans_again_on_the_same_site(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -302,20 +302,32 @@ class _Pumps:
 
 
 @pytest.mark.parametrize(
-    ("straggling", "head_lost", "ended", "asked"),
-    [([], "", "close", 1), (["ray-stage-0"], "", "abandon 0", 1), ([], "the head is gone", "abandon 0", 0)],
-    ids=["settled", "a-pump-still-in-ray", "head-lost"],
+    ("straggling", "head_lost", "told", "ended", "asked"),
+    [
+        ([], "", 0, "close", 1),
+        (["ray-stage-0"], "", 0, "abandon 0", 1),
+        ([], "the head is gone", 3, "abandon 3", 0),
+        ([], "the head is gone", None, "abandon 1", 0),
+    ],
+    ids=["settled", "a-pump-still-in-ray", "head-lost", "head-lost-and-no-outcome"],
 )
 def test_ray_is_shut_down_only_once_no_pump_of_the_run_is_inside_it(
-    straggling: list[str], head_lost: str, ended: str, asked: int
+    straggling: list[str], head_lost: str, told: int | None, ended: str, asked: int
 ) -> None:
     """Ray's shutdown under a thread still inside one of its calls ends the process with exit 1 and nothing said
     (its core worker "has already been shutdown"): a detached run's launcher did so right after its roster. With a
-    pump still inside Ray the process ends with the run's own code instead; a lost head is never waited for."""
+    pump still inside Ray the process ends with the run's own code instead (1 when the run ended without an
+    outcome: an error); a lost head is never waited for."""
+    from types import SimpleNamespace
+
+    from pp_launch.app.request import Launched
     from pp_launch.app.site import Voice, Where
+    from pp_launch.core.chain.scope import ChainOutcome
 
     site = on_ray.RaySite(Where(ray="auto"), Voice(lambda text: None, lambda text: None))
     cluster, pumps = _Cluster(), _Pumps(straggling)
-    site.cluster, site.backends, site.code, site.head_lost = cluster, [pumps], 0, head_lost  # type: ignore[assignment,list-item]
-    site.finish(None)
+    attempt = SimpleNamespace(backend=pumps, head=[head_lost] if head_lost else [])  # an attempt's stages, as ended
+    site.cluster, site.attempts = cluster, [attempt]  # type: ignore[assignment,list-item]
+    outcome = None if told is None else ChainOutcome(told, "completed" if told == 0 else "failed", "the run's own")
+    site.finish(None if outcome is None else Launched(None, "", outcome))  # type: ignore[arg-type]
     assert cluster.ended == [ended] and pumps.asked == asked

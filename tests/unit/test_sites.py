@@ -44,10 +44,10 @@ def test_a_docker_site_plans_what_its_planner_says_and_a_given_stage_per_attempt
 
     site = DockerSite([EnginePlace("", None)], Given(describe))
     request = LaunchRequest(chain, GpuOptions(mode="none"), run_id="r1", owner="me")
-    plan, note = site.plan(request, {}, None)
+    plan, note = site.planner.plan(request, site.places(), {}, None)
     assert (plan.stages, plan.run_id, plan.grace, note) == ((specs[1],), "r1", 3.0, "")
     second = dataclasses.replace(request, chain=dataclasses.replace(chain, attempt=2))
-    assert site.dry_plan(second, {}, strict=True).plan.stages == (specs[2],)
+    assert site.planner.dry_plan(second, site.places(), {}, strict=True).plan.stages == (specs[2],)
     assert asked == [1, 2]
     assert isinstance(DockerSite([EnginePlace("", None)]).planner, Allocated)  # a chain's: the allocator
 
@@ -75,7 +75,8 @@ def test_one_engine_is_a_list_of_one_place_planned_as_many_are(tmp_path) -> None
 
     here = inventory("here", 2)
     one = LaunchRequest(ChainRequest(stages=2), GpuOptions(inventory_path=here), run_id="r1", owner="me")
-    plan, _ = DockerSite([EnginePlace("", None)]).plan(one, {}, None)
+    site = DockerSite([EnginePlace("", None)])
+    plan, _ = site.planner.plan(one, site.places(), {}, None)
     assert plan.hosts == () and [s.host for s in plan.stages] == ["", ""]
     assert sorted(g for s in plan.stages for g in s.gpus) == ["GPU-here0", "GPU-here1"]
 
@@ -93,6 +94,6 @@ def test_one_engine_is_a_list_of_one_place_planned_as_many_are(tmp_path) -> None
         placement="spread",
     )  # fmt: skip
     site = DockerSite(places)
-    plan, _ = site.plan(many, {}, None)
+    plan, _ = site.planner.plan(many, site.places(), {}, None)
     assert plan.hosts == ("a", "b")
     assert [(s.host, s.gpus) for s in plan.stages] == [("a", ("GPU-a0",)), ("b", ("GPU-b0",))]

@@ -44,6 +44,7 @@ from pp_launch.core.chain.scope import ChainOutcome, ChainScope
 class DockerSite:
     """One Docker engine, or several: a chain's engines (DOCKER_HOST's, or every --host's) as `launch()` drives
     them, what runs there at each attempt its `planner`'s. Housekeeping on the same engines is app/docker_runs.py's.
+    Opened by `to_launch` (the registry's, app/sites.py); made directly only over places already reached (tests).
     `backend`: the stages' backend given (tests: an in-process one; no image, no guard), else each engine's."""
 
     def __init__(
@@ -53,8 +54,8 @@ class DockerSite:
         owns_engines: bool = True,
         backend: StageBackend | None = None,
     ) -> None:
-        self.places = places  # the launch's engines, reached
-        self.planner: EnginePlanner = planner or Allocated()
+        self._places = places  # the launch's engines, reached
+        self._planner: EnginePlanner = planner or Allocated()
         self.owns_engines = owns_engines  # closed with the site
         self.backend = backend
         self.guarding: _Guarding | None = None
@@ -68,12 +69,19 @@ class DockerSite:
         dry_run: bool = False,
         strict: bool = False,
         planner: EnginePlanner | None = None,
+        *,
+        engine: Engine | None = None,
+        backend: StageBackend | None = None,
     ) -> Self:
         """The chain's engines: every --host reached and checked at once (exit 2 naming each that does not answer),
         or DOCKER_HOST's (a dry run tolerates none: a plan needs no engine; strict: but one that runs and refuses
-        this user is the error a launch would meet). A chain's launch on DOCKER_HOST's engine alone takes the spare
-        guard its user's last run left there (adapters/guard.py), and leaves one at its end."""
-        site = cls(reach(request, dry_run, strict), planner)
+        this user is the error a launch would meet); or `engine`, one the caller reached (and closes). A chain's
+        launch on DOCKER_HOST's engine alone takes the spare guard its user's last run left there
+        (adapters/guard.py), and leaves one at its end. `planner`: what runs at each attempt (default: the chain's
+        stages, allocated); `backend`: the stages' own (tests)."""
+        if engine is not None:
+            return cls([EnginePlace("", engine, engine.address)], planner, owns_engines=False, backend=backend)
+        site = cls(reach(request, dry_run, strict), planner, backend=backend)
         plain = planner is None and request.run_id is None and not request.hosts and request.gpu_node is None
         if plain and not dry_run:
             with contextlib.suppress(errors.PpLaunchError):  # a state directory that fails: a guard of its own
@@ -81,17 +89,19 @@ class DockerSite:
             site.stocks_spare = True
         return site
 
-    @classmethod
-    def on(cls, engine: Engine, planner: EnginePlanner, backend: StageBackend | None = None) -> Self:
-        """One engine the caller reached (and closes)."""
-        return cls([EnginePlace("", engine, engine.address)], planner, owns_engines=False, backend=backend)
+    @property
+    def planner(self) -> EnginePlanner:
+        return self._planner
+
+    def places(self) -> list[EnginePlace]:
+        return self._places
 
     def ready_run(self) -> str | None:
         """The run id of the spare guard this launch took (its run is the launch's), else None."""
         return self.spare.run if self.spare is not None else None
 
     def close(self) -> None:
-        for s in self.places if self.owns_engines else ():
+        for s in self._places if self.owns_engines else ():
             if s.engine is not None:
                 s.engine.close()
 
@@ -102,14 +112,13 @@ class DockerSite:
         is swept: what a launcher leaves, its guard removes (adapters/guard.py). With a backend given: nothing."""
         if self.backend is not None:
             return
-        self.planner.prepare(request, self.places, say)
-        across.check_image(hosts_of(self.places), request.chain.image)  # one id on every --host
-        for s in self.places:
+        across.check_image(hosts_of(self._places), request.chain.image)  # one id on every --host
+        for s in self._places:
             s.prepare(request.chain, say)
         if request.gpu_node is None:
             owner = request.owner or steps.owner_label(request.detach)
-            spare = self.spare if len(self.places) == 1 else None
-            self.guarding = _Guarding(self.places, request.run_id or "", owner, request.chain.grace, spare)
+            spare = self.spare if len(self._places) == 1 else None
+            self.guarding = _Guarding(self._places, request.run_id or "", owner, request.chain.grace, spare)
 
     def guards(self) -> Mapping[str, RunGuard]:
         return self.guarding.guards if self.guarding is not None else {}
@@ -119,14 +128,11 @@ class DockerSite:
         g = self.guarding
         sites = [
             LockSite(s.lock_name, s.engine, s.engine_id, None if g is None else functools.partial(g.ref, s.name))
-            for s in self.places
+            for s in self._places
             if s.engine is not None
         ]
         owner, attempt = identity.current_owner().label(), request.chain.attempt
         return reserve(sites, request.run_id or "", owner, hooks.say, hooks.stop_pending, attempt)
-
-    def plan(self, request: LaunchRequest, environ: Mapping[str, str], held: GpuLocks | None) -> tuple[ChainPlan, str]:
-        return self.planner.plan(request, self.places, environ, held)
 
     def place_stages(
         self, request: LaunchRequest, plan: ChainPlan, held: GpuLocks, say: Callable[[str], None]
@@ -135,14 +141,15 @@ class DockerSite:
         plan is taken on any engine; the backend records every id it creates with its engine's guard."""
         guards: dict[str, RunGuard] = {}
         if self.guarding is not None:
-            for s in self.places:
+            for s in self._places:
                 steps.check_names_free(engine_of(s), plan, s.name or None, ThreadRuntime())
             guards = self.guarding.take()
-        backend = self.backend or _backend(request, plan, self.places, held, guards, self.planner.backend_options)
-        return _Stages(request, plan, backend, guards, held, say, self.planner.watch_gpus, self.places)
-
-    def dry_plan(self, request: LaunchRequest, environ: Mapping[str, str], strict: bool) -> Launched:
-        return self.planner.dry_plan(request, self.places, environ, strict)
+        backend, across_hosts = (
+            (self.backend, None)
+            if self.backend is not None
+            else _backend(request, plan, self._places, held, guards, self._planner.backend_options)
+        )
+        return _Stages(request, plan, backend, across_hosts, guards, held, say, self._planner.watch_gpus, self._places)
 
     def finish(self, final: Launched | None) -> None:
         """The launcher lets go of each guard (kept from the first attempt to the last: `down` finds the run between
@@ -159,7 +166,7 @@ class DockerSite:
         """A spare guard for this user's next run on this engine (adapters/guard.py): its bring-up then takes a
         running guard instead of starting one. Never on an engine this run lost; a spare that cannot be made is
         no reason to fail a run that ended."""
-        (site,) = self.places
+        (site,) = self._places
         lost = final is not None and final.outcome is not None and final.outcome.reason == "place_lost"
         if site.engine is None or lost:
             return
@@ -177,9 +184,10 @@ def _backend(
     held: GpuLocks,
     guards: Mapping[str, RunGuard],
     options: Mapping[str, Any],
-) -> StageBackend:
-    """Where the stages run: DOCKER_HOST's engine, every --host's engine, or pp-gpu-node children. Each engine's
-    backend records every id it creates with that engine's guard."""
+) -> tuple[StageBackend, MultiHostBackend | None]:
+    """Where the stages run: DOCKER_HOST's engine, every --host's engine (that backend also returned: it knows
+    which hosts were lost), or pp-gpu-node children. Each engine's backend records every id it creates with that
+    engine's guard."""
     if request.gpu_node is not None:
         engine = engine_of(sites[0])
         return ProcessStageBackend(
@@ -187,12 +195,14 @@ def _backend(
             plan.run_id,
             plan.grace,
             lambda run: [c.id for c in engine.containers(labels.run_selector(run))],
-        )
+        ), None
     if hosts_of(sites):  # a --host engine can be lost alone: the others torn down, it named
         backends = {s.name: guards[s.name].stage_backend() for s in sites}
-        return MultiHostBackend(backends, expected=len(plan.stages), on_all_created=held.check_and_release)
+        multi = MultiHostBackend(backends, expected=len(plan.stages), on_all_created=held.check_and_release)
+        return multi, multi
     (site,) = sites
-    return guards[site.name].stage_backend(expected=len(plan.stages), on_all_created=held.check_and_release, **options)
+    one = guards[site.name].stage_backend(expected=len(plan.stages), on_all_created=held.check_and_release, **options)
+    return one, None
 
 
 GUARD_SETTLE = 10.0  # seconds a clean end waits for its guards to be gone (they find nothing left, and exit)
@@ -210,6 +220,7 @@ class _Stages:
         request: LaunchRequest,
         plan: ChainPlan,
         backend: StageBackend,
+        across_hosts: MultiHostBackend | None,
         guards: Mapping[str, RunGuard],
         held: GpuLocks,
         say: Callable[[str], None],
@@ -217,6 +228,7 @@ class _Stages:
         places: Sequence[EnginePlace],
     ) -> None:
         self.request, self.plan, self.backend, self.guards, self.held = request, plan, backend, guards, held
+        self.across_hosts = across_hosts  # the backend, when it is across --host engines: the hosts it lost
         self.say = say
         self.faults = GpuFaults(plan, say)
         self.watches: list[Watch] = []  # this machine's NVML, or a watcher on each --host
@@ -256,7 +268,7 @@ class _Stages:
         finally:
             run_all([w.stop for w in self.watches], "gpu-watch-stop")
             self.held.check_and_release()
-            lost = isinstance(backend, MultiHostBackend) and bool(backend.lost)
+            lost = self.across_hosts is not None and bool(self.across_hosts.lost)
             clean = outcome is not None and not (outcome.orphans or lost) and outcome.reason != "detached"
             if self.record is not None and clean:
                 self.record.forget(self.plan.run_id)
@@ -267,7 +279,7 @@ class _Stages:
             return all(g.alive() for g in guards.values())
 
         restartable = clean and may_restart(outcome.reason, bool(outcome.orphans), lost, held)
-        return _with_lost_hosts(outcome, self.plan.run_id, backend), restartable, self.faults.seen()
+        return _with_lost_hosts(outcome, self.plan.run_id, self.across_hosts), restartable, self.faults.seen()
 
 
 class _Guarding:
@@ -340,9 +352,9 @@ def _stopped_by_down(outcome: ChainOutcome, guards: Mapping[str, RunGuard]) -> C
     return dataclasses.replace(outcome, message=f"{down.lost_message()}; {outcome.message}")
 
 
-def _with_lost_hosts(outcome: ChainOutcome, run: str, backend: StageBackend) -> ChainOutcome:
+def _with_lost_hosts(outcome: ChainOutcome, run: str, backend: MultiHostBackend | None) -> ChainOutcome:
     """A host lost on the way is named, with what may be left there and the command to run when it is back."""
-    if not isinstance(backend, MultiHostBackend):
+    if backend is None:
         return outcome  # one engine: a lost engine is the scope's to say
     said = []
     for host, why in backend.lost.items():

@@ -4,9 +4,9 @@
 `LaunchRequest` (which checks every rule between its options when it is made) and call `launch()` (or
 `plan_launch()` for a dry run). The request names its site (app/site.py): DOCKER_HOST's engine, every `--host`'s
 engines (app/docker_site.py), or a Ray cluster (app/on_ray.py). Whichever it is, the same steps run in the same
-order: the site reached and prepared; then each attempt (app/attempts.py: `--max-restarts`) reserves, plans, says
-the plan, starts its stages under one chain scope, and ends them; finally the site is let go of. Nothing here
-knows what kind of site it drives.
+order: the site reached and prepared; then each attempt (app/attempts.py: `--max-restarts`) reserves, plans (the
+site's planner over the site's places: app/planning.py), says the plan, starts its stages under one chain scope,
+and ends them; finally the site is let go of. Nothing here knows what kind of site it drives.
 """
 
 from __future__ import annotations
@@ -70,6 +70,7 @@ class Run:
         self.request, self.place = _named(request), place
         self.environ = launch_environ(os.environ if environ is None else environ)
         try:
+            place.planner.prepare(self.request, place.places(), hooks.say)  # what the planner's stages need first
             place.prepare(self.request, hooks.say)
         except BaseException:
             place.finish(None)
@@ -87,7 +88,7 @@ class Run:
 def _attempt(request: LaunchRequest, hooks: Hooks, *, place: AnySite, environ: Mapping[str, str]) -> Launched:
     """One attempt of the run, on any site: reserved, planned, its stages run under one scope to their end."""
     with place.reserve(request, hooks) as held:
-        plan, note = place.plan(request, environ, held)
+        plan, note = place.planner.plan(request, place.places(), environ, held)
         if request.chain.attempt == 1:
             steps.say_plan(plan, note, hooks.say)
         if (signum := hooks.stop_pending()) is not None:
@@ -270,7 +271,7 @@ def plan_launch(request: LaunchRequest, environ: Mapping[str, str] | None = None
     request = _named(request)
     place = _site(request, dry_run=True, strict=dry_run)
     try:
-        return place.dry_plan(request, environ, strict=dry_run)
+        return place.planner.dry_plan(request, place.places(), environ, strict=dry_run)
     finally:
         place.finish(None)
 

@@ -52,14 +52,14 @@ class RaySite:
     the cluster, as their node agents answer for them (a foreground chain on Ray is its launcher's alone: it is not
     listed)."""
 
+    planner: Planner[ray_cluster.RayNode, _Placed] = Granted()  # over its nodes: the grant, the closest ring
+
     def __init__(self, where: Where, voice: Voice) -> None:
         assert where.ray is not None
         self.address, self.voice = where.ray, voice
         where.quiet_ray()
         self.cluster: ray_cluster.Cluster | None = None  # a launch's connection
-        self.head_lost, self.code = "", errors.EXIT_FAILURE
-        self.backends: list[ray_cluster.RayStageBackend] = []  # each attempt's: its pumps are settled before Ray closes
-        self.planner: Planner[ray_cluster.RayNode, _Placed] = Granted()  # its nodes, the grant, the closest ring
+        self.attempts: list[_Stages] = []  # each attempt's stages: their pumps are settled before Ray closes
 
     @classmethod
     def for_runs(cls, where: Where, run: str | None, voice: Voice) -> RaySite:
@@ -95,30 +95,35 @@ class RaySite:
         try:
             yield placed
         finally:
-            if not placed.keep and not self.head_lost:
+            if not placed.keep and not self._head_lost():
                 placed.release()
 
-    def plan(self, request: LaunchRequest, environ: Mapping[str, str], held: _Placed | None) -> tuple[ChainPlan, str]:
-        return self.planner.plan(request, self._cluster().nodes(), environ, held)
+    def places(self) -> list[ray_cluster.RayNode]:
+        return self._cluster().nodes()
 
     def place_stages(
         self, request: LaunchRequest, plan: ChainPlan, held: _Placed, say: Callable[[str], None]
     ) -> _Stages:
-        return _Stages(self, request, plan, held, say)
-
-    def dry_plan(self, request: LaunchRequest, environ: Mapping[str, str], strict: bool) -> Launched:
-        return self.planner.dry_plan(request, self._cluster().nodes(), environ, strict)
+        staged = _Stages(self._cluster(), request, plan, held, say)
+        self.attempts.append(staged)
+        return staged
 
     def finish(self, final: Launched | None) -> None:
         if self.cluster is None:
             return
-        straggling = [] if self.head_lost else [n for b in self.backends for n in b.settle(SETTLE)]
-        if self.head_lost or straggling:
+        head_lost = self._head_lost()
+        straggling = [] if head_lost else [n for a in self.attempts for n in a.backend.settle(SETTLE)]
+        if head_lost or straggling:
             # nothing to ask a lost head (Ray would wait): the run's actors and group went with it; and a pump still
             # inside a call to Ray would end this process at Ray's shutdown (exit 1, nothing said)
-            self.cluster.abandon(self.code)
+            told = final.outcome if final is not None else None
+            self.cluster.abandon(told.exit_code if told is not None else errors.EXIT_FAILURE)
         else:
             self.cluster.close()
+
+    def _head_lost(self) -> str:
+        """Why the head was lost under an attempt's stages; "" while it answers."""
+        return next((a.head[0] for a in self.attempts if a.head), "")
 
     def _cluster(self) -> ray_cluster.Cluster:
         assert self.cluster is not None  # opened by to_launch
@@ -248,12 +253,16 @@ class _Stages:
     this process."""
 
     def __init__(
-        self, site: RaySite, request: LaunchRequest, plan: ChainPlan, placed: _Placed, say: Callable[[str], None]
+        self,
+        cluster: ray_cluster.Cluster,
+        request: LaunchRequest,
+        plan: ChainPlan,
+        placed: _Placed,
+        say: Callable[[str], None],
     ) -> None:
-        self.site, self.plan, self.placed = site, plan, placed
+        self.cluster, self.plan, self.placed = cluster, plan, placed
         self.backend = ray_cluster.RayStageBackend(placed.handles, detached=request.detach)
-        site.backends.append(self.backend)
-        self.head: list[str] = []
+        self.head: list[str] = []  # why the head was lost, once it was
         self.watching: ray_cluster.HeadWatch | None = None
         self.faults = GpuFaults(plan, say)  # each node agent watches the GPUs Ray granted it
 
@@ -267,13 +276,12 @@ class _Stages:
             scope.lose_place(why)  # a failure (exit 1, chain_stopped says so), as any place lost on any site
             self.backend.end_head_stages()  # after it: the chain ends as the head's loss, not as a stage's
 
-        self.watching = self.site._cluster().watch_head(lost)
+        self.watching = self.cluster.watch_head(lost)
 
     def end(self, outcome: ChainOutcome | None) -> tuple[ChainOutcome, bool, tuple[tuple[str, str], ...]] | None:
         if self.watching is not None:
             self.watching.close()
         head = self.head[0] if self.head else ""
-        self.site.head_lost = head
         self.placed.keep = outcome is not None and outcome.reason == "detached"
         if self.placed.keep:
             self.backend.close()  # this process lets the stages go: their pumps end (handed over) and are joined
@@ -282,7 +290,6 @@ class _Stages:
         lost = self.backend.lost
         restartable = may_restart(outcome.reason, bool(outcome.orphans), bool(lost) or bool(head))
         outcome = _with_lost_head(_with_lost_nodes(outcome, self.plan.run_id, lost), head)
-        self.site.code = outcome.exit_code
         return outcome, restartable, self.faults.seen()
 
 

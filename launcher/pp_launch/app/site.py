@@ -4,20 +4,22 @@ A `Site` is one kind of place runs live on: one Docker engine or several (app/do
 (app/on_ray.py). It owns a run's whole life there, in two halves:
 - `Launching`: what `launch()` (app/launch.py) drives, the same steps in the same order for every site: reach the
   place, prepare it (images, the run's guards), and for each attempt reserve (the GPU lock, or Ray's placement
-  group), plan (its GPUs and holdings), start the stages' backend and what watches beside them, and end them;
+  group), hand its places (engines, nodes) to its planner (app/planning.py: the pipeline plans), start the stages'
+  backend and what watches beside them, and end them;
 - `Housekeeping`: what `ps`, `down`, `gc`, `logs` and `wait` ask (app/runs.py), findings as data, words to a
   `Voice`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 if TYPE_CHECKING:
     from pp_launch.adapters.guard import RunGuard
+    from pp_launch.app.planning import Planner
     from pp_launch.app.request import Hooks, Launched, LaunchRequest
     from pp_launch.app.rows import StageRow
     from pp_launch.core.chain.plan import ChainPlan
@@ -101,6 +103,7 @@ class Held(Protocol):
 
 
 H = TypeVar("H", bound=Held)  # what a kind of site holds per attempt: its own type, never downcast
+P = TypeVar("P")  # what a kind of site plans over: its engines (app/places.py), or a Ray cluster's nodes
 
 
 class Staged(Protocol):
@@ -119,9 +122,20 @@ class Staged(Protocol):
         ...
 
 
-class Launching(Protocol[H]):
-    """A site as `launch()` drives it (app/launch.py): the steps of one pipeline, in this order. `H`: what the site
-    holds per attempt (the engines' GPU locks, Ray's grant), handed back to the same site only."""
+class Launching(Protocol[P, H]):
+    """A site as `launch()` drives it (app/launch.py): the steps of one pipeline, in this order. `P`: the places it
+    plans over, `H`: what it holds per attempt (the engines' GPU locks, Ray's grant), both handed back to the same
+    site only. What runs where is not the site's: the pipeline asks the site's `planner` (app/planning.py) over
+    the site's `places()`."""
+
+    @property
+    def planner(self) -> Planner[P, H]:
+        """What runs at each attempt, and where (the allocator, a caller's stage, pp-gpu-node's, Ray's grant)."""
+        ...
+
+    def places(self) -> Sequence[P]:
+        """What the planner plans over, as the site has it now: its engines, reached; a Ray cluster's nodes."""
+        ...
 
     def ready_run(self) -> str | None:
         """A run the site has ready for a new launch (on one Docker engine, the spare guard it took): its id becomes
@@ -140,16 +154,8 @@ class Launching(Protocol[H]):
         """What one attempt holds while it places its stages, let go when the attempt is over."""
         ...
 
-    def plan(self, request: LaunchRequest, environ: Mapping[str, str], held: H | None) -> tuple[ChainPlan, str]:
-        """The attempt's plan (held None: a dry run, nothing reserved), and a note for the user."""
-        ...
-
     def place_stages(self, request: LaunchRequest, plan: ChainPlan, held: H, say: Callable[[str], None]) -> Staged:
         """The attempt's backend, made once nothing of the plan can collide with what the place has."""
-        ...
-
-    def dry_plan(self, request: LaunchRequest, environ: Mapping[str, str], strict: bool) -> Launched:
-        """The plan only: nothing started, locked or swept (strict: fail where a launch would, before starting)."""
         ...
 
     def finish(self, final: Launched | None) -> None:
@@ -157,4 +163,4 @@ class Launching(Protocol[H]):
         ...
 
 
-AnySite = Launching[Any]  # a site of any kind, as the registry opens it (app/sites.py)
+AnySite = Launching[Any, Any]  # a site of any kind, as the registry opens it (app/sites.py)

@@ -80,7 +80,9 @@ class WorkerDriver:
         self.specs: dict[int, StageSpec] = {}  # each generation's stage, described as it comes
         # the driver's engine as the chain's site, each generation's stage the one described; with an in-process
         # stage backend (tests) there is no image and no guard, and that backend runs the stages
-        self.place = DockerSite.on(self.engine, Given(self.specs.__getitem__), backend=self.stage_backend)
+        self.place = DockerSite.to_launch(
+            self.request, planner=Given(self.specs.__getitem__), engine=self.engine, backend=self.stage_backend
+        )
         self.run: Run | None = None  # the pipeline's run: prepared with the first generation
         self.generation: Foreground | None = None  # the current one
         self._generations: list[Foreground] = []
