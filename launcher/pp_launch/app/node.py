@@ -30,7 +30,8 @@ from pp_launch.app.docker_site import DockerSite
 from pp_launch.app.launch import launch
 from pp_launch.app.locks import GpuLocks
 from pp_launch.app.places import EnginePlace, engine_of
-from pp_launch.app.request import GpuOptions, Hooks, Launched, LaunchRequest
+from pp_launch.app.planning import Planner
+from pp_launch.app.request import GpuOptions, Hooks, LaunchRequest
 from pp_launch.core import errors, labels, stage_env
 from pp_launch.core.chain.plan import BUILTIN_IMAGE, ChainPlan, ChainRequest, StageSpec
 from pp_launch.core.chain.scope import ChainOutcome
@@ -71,7 +72,7 @@ def run_node(
     return _exit_code(launched.outcome, hooks.say)
 
 
-class NodePlanner:
+class NodePlanner(Planner[EnginePlace, GpuLocks]):
     """pp-gpu-node's stage on DOCKER_HOST's engine, the chain's site otherwise (app/docker_site.py: the image, the
     run's guard, the engine's GPU lock, the one teardown): the one stage docker-gpu-node.sh described. A dead owner's
     container of the same name is removed first; PP_GPUS is taken as `docker run --gpus` takes it (`auto`: NVML's
@@ -112,11 +113,6 @@ class NodePlanner:
         spec = dataclasses.replace(self.config, run_id=run_id).spec(environ, request.owner or "", gpus)
         local.ensure_dirs([m.source for m in spec.options.mounts if m.ensure])  # here, wherever the engine is
         return ChainPlan(run_id=run_id, stages=(spec,), grace=self.config.grace), note
-
-    def dry_plan(
-        self, request: LaunchRequest, places: Sequence[EnginePlace], environ: Mapping[str, str], strict: bool
-    ) -> Launched:
-        return Launched(*self.plan(request, places, environ, None))
 
 
 def _check_count(value: str) -> None:

@@ -36,14 +36,15 @@ class Planner(Protocol[P, H]):
     stages placed by the GPU allocator (`Allocated`), or the one stage a caller describes (`Given`: the testing kit,
     the worker driver; app/node.py: pp-gpu-node's); on Ray: the chain's stages over the GPUs Ray grants
     (`Granted`). `backend_options`: for one engine's stage backend; `watch_gpus`: a stage whose GPU faults (Xid)
-    fails."""
+    fails. A planner that subclasses it takes the defaults: no options, no watch, nothing to prepare, and a dry run
+    that is its plan with nothing reserved."""
 
-    backend_options: Mapping[str, Any]
-    watch_gpus: bool
+    backend_options: Mapping[str, Any] = {}
+    watch_gpus: bool = False
 
     def prepare(self, request: LaunchRequest, places: Sequence[P], say: Callable[[str], None]) -> None:
         """Before the site prepares its places: what this planner's stages need first (none by default)."""
-        ...
+        return None
 
     def plan(
         self, request: LaunchRequest, places: Sequence[P], environ: Mapping[str, str], held: H | None
@@ -55,21 +56,17 @@ class Planner(Protocol[P, H]):
         self, request: LaunchRequest, places: Sequence[P], environ: Mapping[str, str], strict: bool
     ) -> Launched:
         """The plan only (strict: fail where a launch would, before starting)."""
-        ...
+        return Launched(*self.plan(request, places, environ, None))
 
 
 EnginePlanner = Planner[EnginePlace, GpuLocks]  # a Docker site's
 
 
-class Allocated:
+class Allocated(Planner[EnginePlace, GpuLocks]):
     """The chain's stages, each placed on its host and GPUs by the allocator (app/gpus.py) under the engines' GPU
     locks."""
 
-    backend_options: Mapping[str, Any] = {}
     watch_gpus = True
-
-    def prepare(self, request: LaunchRequest, places: Sequence[EnginePlace], say: Callable[[str], None]) -> None:
-        pass
 
     def plan(
         self, request: LaunchRequest, places: Sequence[EnginePlace], environ: Mapping[str, str], held: GpuLocks | None
@@ -90,29 +87,18 @@ class Allocated:
         return Launched(plan, note, None, warning if asked_gpus and places[0].engine is None else "")
 
 
-class Given:
+class Given(Planner[EnginePlace, GpuLocks]):
     """At each attempt, the one stage its caller describes (`describe(attempt)`): the testing kit's
     StageContainer, the worker driver's generations. Its GPUs are the caller's own choice."""
 
-    backend_options: Mapping[str, Any] = {}
-    watch_gpus = False
-
     def __init__(self, describe: Callable[[int], StageSpec]) -> None:
         self.describe = describe
-
-    def prepare(self, request: LaunchRequest, places: Sequence[EnginePlace], say: Callable[[str], None]) -> None:
-        pass
 
     def plan(
         self, request: LaunchRequest, places: Sequence[EnginePlace], environ: Mapping[str, str], held: GpuLocks | None
     ) -> tuple[ChainPlan, str]:
         spec = self.describe(request.chain.attempt)
         return ChainPlan(run_id=request.run_id or "", stages=(spec,), grace=request.chain.grace), ""
-
-    def dry_plan(
-        self, request: LaunchRequest, places: Sequence[EnginePlace], environ: Mapping[str, str], strict: bool
-    ) -> Launched:
-        return Launched(*self.plan(request, places, environ, None))
 
 
 def plan_on(
@@ -188,16 +174,12 @@ class Grant(Protocol):
         ...
 
 
-class Granted:
+class Granted(Planner["RayNode", Grant]):
     """On a Ray cluster: the stages in blocks of consecutive stages per node (`--placement`, `--stages-per-host` as
     across --host engines: the ring crosses each node boundary once), each block's GPUs as Ray grants them, shared
     out round the closest ring over them (the allocator's `order_groups`), blocks in ring order."""
 
-    backend_options: Mapping[str, Any] = {}
-    watch_gpus = True  # each node agent watches the GPUs Ray granted it
-
-    def prepare(self, request: LaunchRequest, places: Sequence[RayNode], say: Callable[[str], None]) -> None:
-        pass  # each node agent checks the image on its node
+    watch_gpus = True  # each node agent watches the GPUs Ray granted it; each checks the image on its node
 
     def plan(
         self, request: LaunchRequest, places: Sequence[RayNode], environ: Mapping[str, str], held: Grant | None
