@@ -144,11 +144,9 @@ class DockerSite:
             for s in self._places:
                 steps.check_names_free(engine_of(s), plan, s.name or None, ThreadRuntime())
             guards = self.guarding.take()
-        backend, across_hosts = (
-            (self.backend, None)
-            if self.backend is not None
-            else _backend(request, plan, self._places, held, guards, self._planner.backend_options)
-        )
+        backend, across_hosts = self.backend, None  # a backend given (tests): one engine's, in process
+        if backend is None:
+            backend, across_hosts = _backend(request, plan, self._places, held, guards, self._planner.backend_options)
         return _Stages(request, plan, backend, across_hosts, guards, held, say, self._planner.watch_gpus, self._places)
 
     def finish(self, final: Launched | None) -> None:
