@@ -26,6 +26,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,9 +66,14 @@ def wait_gone(client: docker.DockerClient, run: str, timeout: float) -> None:
 
 
 def baseline(
-    client: docker.DockerClient, n: int, grace: float, ignore: bool, extra_env: tuple[str, ...] = ()
+    client: docker.DockerClient,
+    n: int,
+    grace: float,
+    ignore: bool,
+    extra_env: tuple[str, ...] = (),
+    on_up: Callable[[], None] | None = None,
 ) -> Sample:
-    """Swactor's way; extra_env: NAME=VALUE for every stage."""
+    """Swactor's way; extra_env: NAME=VALUE for every stage; on_up is called once the last stage announced."""
     run = "bench" + uuid.uuid4().hex[:7]
     children: list[subprocess.Popen[str]] = []
     first = prev = None
@@ -111,6 +117,8 @@ def baseline(
                 first = first or prev
                 break
     bring_up = time.monotonic() - t0
+    if on_up is not None:
+        on_up()
     t1 = time.monotonic()
     for child in children:
         child.send_signal(signal.SIGTERM)
