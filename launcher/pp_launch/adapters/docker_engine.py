@@ -662,58 +662,30 @@ class Engine:
         return True
 
     def hold(
-        self,
-        name: str | None,
-        image: str,
-        labels: Mapping[str, str],
-        entrypoint: Sequence[str] = ("cat",),
-        binds: Mapping[str, str] | None = None,
-        env: Mapping[str, str] | None = None,
-        ready: bool = False,
-        created: Callable[[str], None] | None = None,
+        self, name: str | None, image: str, labels: Mapping[str, str], entrypoint: Sequence[str] = ("cat",)
     ) -> Held | None:
-        """A running container held by this process alone (a GPU lock, a run's guard): tini as init, auto-remove,
+        """A running container held by this process alone (a GPU lock of its own): tini as init, auto-remove,
         OWN_NETWORK, its stdin ours alone. When this process ends, however it ends, the kernel closes the attach and
         the engine closes the container's stdin: the container sees it end. It counts as held only once the
-        engine says it runs. None when the name is taken. binds: host path -> path inside (read-write). ready: the
-        container says on stdout, in its first line, that it is ready (`ready`), or why not (EngineError with that
-        line); it writes nothing more there. created: told the engine's id before the container starts (a record
-        that outlives this process: until it starts, nothing ends the container when this process dies)."""
-        ref = self._create_own(name, image, labels, entrypoint, binds, env, stdin=True)
+        engine says it runs. None when the name is taken."""
+        ref = self._create_own(name, image, labels, entrypoint, None, None, stdin=True)
         if ref is None:
             return None
-        if created is not None:
-            try:
-                created(ref)
-            except BaseException:
-                self.remove(ref)
-                raise
-        return self._start_held(ref, name, image, ready)
-
-    def _start_held(self, ref: str, name: str | None, image: str, ready: bool) -> Held:
-        """Attach (stdin; stdout too when it says `ready`), start, and hold only what the engine says runs."""
         try:
-            sock = self.api.attach_socket(
-                ref, params={"stdin": 1, "stdout": 1, "stream": 1} if ready else {"stdin": 1, "stream": 1}
-            )
+            sock = self.api.attach_socket(ref, params={"stdin": 1, "stream": 1})
             raw = raw_socket(sock)
             self.api.start(ref)
-            said = _first_line(raw, READY_PATIENCE) if ready else b"ready"
             state = (self.inspect(ref) or {}).get("State") or {}
         except BaseException as exc:
             self.remove(ref)
             if _refusal(exc):
                 raise errors.EngineError(
-                    f"the engine at {self.address} could not start {name or 'a guard'} from {image}: {_reason(exc)}"
+                    f"the engine at {self.address} could not start {name or 'a lock'} from {image}: {_reason(exc)}"
                 ) from None
             raise
-        if said != b"ready":
-            self.remove(ref)
-            text = said.decode("utf-8", "backslashreplace") or f"nothing within {READY_PATIENCE:g} s"
-            raise errors.ConfigError(f"{name or 'the guard'} on the engine at {self.address} is not ready: {text}")
         if not state.get("Running"):
             self.remove(ref)
-            raise errors.EngineError(self.why_not_running(name or "the guard", image, state))
+            raise errors.EngineError(self.why_not_running(name or "the lock", image, state))
         return Held(self, ref, name or ref[:12], (sock, raw))
 
     def why_not_running(self, name: str, image: str, state: Mapping[str, Any]) -> str:
@@ -769,16 +741,20 @@ class Engine:
         binds: Mapping[str, str] | None,
         env: Mapping[str, str] | None,
         stdin: bool,
+        mode: str = "rw",
+        device_requests: Sequence[Mapping[str, Any]] = (),
     ) -> str | None:
-        """A container of pp-launch's own (a lock, a guard) created, not started: tini as init, auto-remove, no
-        network, binds read-write; stdin: open, closed by the engine when its one attach ends. Its id; None when
-        the name is taken."""
+        """A container of pp-launch's own (a lock, a guard, a helper) created, not started: tini as init, auto-remove,
+        no network, binds (host path or volume -> path inside) mounted `mode`; stdin: open, closed by the engine when
+        its one attach ends. Its id; None when the name is taken."""
         host_config = self.api.create_host_config(
             init=True,
             auto_remove=True,
             network_mode=OWN_NETWORK,
-            binds={h: {"bind": c, "mode": "rw"} for h, c in (binds or {}).items()} or None,
+            binds={h: {"bind": c, "mode": mode} for h, c in (binds or {}).items()} or None,
         )
+        if device_requests:
+            host_config["DeviceRequests"] = [dict(r) for r in device_requests]
         config = self.api.create_container_config(
             image=image,
             command=None,
@@ -912,32 +888,11 @@ class Engine:
         binds: Mapping[str, str] | None = None,
         stdin: bool = False,
     ) -> str:
-        """stdin: open, closed by the engine when its one attach ends (and tini as init)."""
-        host_config = self.api.create_host_config(
-            auto_remove=True,
-            network_mode=OWN_NETWORK,
-            binds={h: {"bind": c, "mode": "ro"} for h, c in (binds or {}).items()} or None,
-            init=stdin or None,
-        )
-        if device_requests:
-            host_config["DeviceRequests"] = [dict(r) for r in device_requests]
-        config = self.api.create_container_config(
-            image=image,
-            command=None,
-            entrypoint=argv,
-            environment=dict(env),
-            labels=dict(labels),
-            host_config=host_config,
-            stdin_open=stdin,
-        )
-        if stdin:
-            config["StdinOnce"] = True
-        try:
-            return str(self.api.create_container_from_config(config, None)["Id"])
-        except docker.errors.ImageNotFound:
-            raise errors.ImageMissing(f"image {image} is not present on the engine at {self.address}") from None
-        except docker.errors.APIError as exc:
-            raise errors.EngineError(f"the engine at {self.address} refused the helper: {_reason(exc)}") from None
+        """A nameless container of ours, its binds read-only; stdin: open, closed by the engine when its one attach
+        ends."""
+        ref = self._create_own(None, image, labels, argv, binds, env, stdin, "ro", device_requests)
+        assert ref is not None  # no name: nothing for it to collide with
+        return ref
 
     def run_helper(
         self,
@@ -975,7 +930,7 @@ class Engine:
         code = None
         if reader.is_alive():
             self.remove(ref)  # the helper gone, its stream ends, and so does the reader: joined, never abandoned
-            helper.join(READY_PATIENCE)
+            helper.join(GONE_PATIENCE)
         else:
             with contextlib.suppress(Exception):
                 status = json.loads(wait.content or b"{}").get("StatusCode")
@@ -1049,26 +1004,7 @@ class Engine:
             time.sleep(0.2)
 
 
-READY_PATIENCE = 15.0  # seconds a held container may take to say it is ready
-
-
-def _first_line(raw: socket.socket, patience: float | None) -> bytes:
-    """The first stdout line of an attach stream (frames), within `patience` seconds (None: however long it takes);
-    b"" when none came, or the stream ended."""
-    line = b""
-    try:
-        raw.settimeout(patience)
-        for stream, data in _frames(raw):
-            if stream == 1:
-                line += data
-                if b"\n" in line:
-                    break
-    except OSError:
-        pass
-    finally:
-        with contextlib.suppress(OSError):  # closed meanwhile (the holder let go): nothing more to read anyway
-            raw.settimeout(None)
-    return line.split(b"\n", 1)[0].strip()
+GONE_PATIENCE = 15.0  # seconds a helper removed for being late may take to be gone
 
 
 class Session:

@@ -171,17 +171,21 @@ class StageFacts:
     ended_at: str = ""
 
 
-def facts(run_id: str, root: str | Path | None = None) -> dict[int, StageFacts]:
-    """Each stage's container, image and exit code, as the launcher kept them ({} when it kept none)."""
-    out: dict[int, StageFacts] = {}
+def _kept_facts(run_id: str, root: str | Path | None) -> bytes:
+    """The run's facts file as its launcher wrote it (b"" when it kept none)."""
     with StateDir.open(_root(root)) as base, base.sub(RUNS) as runs:
         try:
             fd = os.open(run_id, os.O_RDONLY | os.O_DIRECTORY | NOFOLLOW, dir_fd=runs.fd)
         except OSError:
-            return out
+            return b""
         with StateDir(runs.path / run_id, fd) as d:
-            data = d.read(FACTS) or b""
-    for raw in data.splitlines():
+            return d.read(FACTS) or b""
+
+
+def facts(run_id: str, root: str | Path | None = None) -> dict[int, StageFacts]:
+    """Each stage's container, image and exit code, as the launcher kept them ({} when it kept none)."""
+    out: dict[int, StageFacts] = {}
+    for raw in _kept_facts(run_id, root).splitlines():
         try:
             item = json.loads(raw)
             k = int(item["stage"])
@@ -205,14 +209,7 @@ def default_engine() -> dict[str, str | None]:
 
 def place(run_id: str, root: str | Path | None = None) -> dict[str, Any] | None:
     """Where the run ran, as its launcher kept it (RunLog.place); None when it kept nothing of it (an older run)."""
-    with StateDir.open(_root(root)) as base, base.sub(RUNS) as runs:
-        try:
-            fd = os.open(run_id, os.O_RDONLY | os.O_DIRECTORY | NOFOLLOW, dir_fd=runs.fd)
-        except OSError:
-            return None
-        with StateDir(runs.path / run_id, fd) as d:
-            data = d.read(FACTS) or b""
-    for raw in data.splitlines():
+    for raw in _kept_facts(run_id, root).splitlines():
         try:
             item = json.loads(raw)
         except ValueError:
