@@ -112,6 +112,32 @@ def test_every_stage_end_is_told_after_the_run_ended_to_another_user(side_engine
     assert docker(*on, "volume", "inspect", record).returncode != 0
 
 
+def test_a_detached_run_ended_by_down_tells_its_codes_to_the_user_who_launched_it(engine, stub_image) -> None:
+    """The launching user keeps the run's facts, but its launcher left at the hand-over, before any stage ended:
+    `wait` and `ps -a` take each code from the engine's record (as for any other user), never `unknown`."""
+    up = Launcher("chain", "--stages", "2", "--gpus", "none", "--json", "--grace", "1", "--detach",
+                  "--env", "STUB_MODE=hold")  # fmt: skip
+    run = up.wait_event("pp_stage_roster", timeout=60)["run"]
+    remember_run(run)
+    assert up.wait(60) == 0, up.stderr_text()
+
+    def pp(*args: str) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "pp_launch", *args]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+
+    downed = pp("down", run, "--grace", "1")
+    assert downed.returncode == 0, downed.stdout + downed.stderr
+    assert wait_until(lambda: run_containers(engine, run) == [], 15)
+    waited = pp("wait", run, "--timeout", "10")
+    assert waited.returncode == 0, waited.stdout + waited.stderr
+    assert sorted(line.split()[1] for line in waited.stdout.splitlines()) == ["0", "1"], waited.stdout
+    assert "unknown" not in waited.stdout, waited.stdout
+    shown = pp("ps", "-a", "--json")
+    rows = [r for r in map(json.loads, shown.stdout.splitlines()) if r["run"] == run]
+    assert sorted(r["stage"] for r in rows) == [0, 1], rows
+    assert all(isinstance(r["exit_code"], int) and r["status"] == f"Exited ({r['exit_code']})" for r in rows), rows
+
+
 def test_a_forged_record_vouches_for_nothing_of_anyone_elses(engine, stub_image, tmp_path: Path) -> None:
     """A neighbour makes a record volume for a run of its own naming a real run's stage ids, and containers with that
     run's labels: `down` of the forged run touches neither the real stages (another run's labels) nor the forged

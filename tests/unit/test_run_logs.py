@@ -122,3 +122,24 @@ def test_ps_a_shows_an_ended_run_only_for_the_engines_asked(tmp_path: Path, monk
     row = next(r for r in ended_rows(set(), "side", {None}))
     assert (row.container, row.status, row.exit_code) == ("pp-side-0", "Exited (3)", 3)
     assert run_logs.facts("side")[0].exit_code == 3  # the place line is not a stage's
+
+
+def test_ps_a_takes_a_code_its_launcher_could_not_keep_from_the_engines_record() -> None:
+    """A detached run's launcher leaves before its stages end: what it kept has no code; the record on the engine
+    (its guard's) has, and its last end of that stage counts. A code the launcher kept is never replaced."""
+    from pp_launch.app.docker_runs import with_recorded_codes
+    from pp_launch.app.rows import StageRow
+
+    def row(run: str, stage: int, code: int | None) -> StageRow:
+        status = "Exited (?)" if code is None else f"Exited ({code})"
+        return StageRow(run=run, stage=stage, container=f"pp-{run}-{stage}", id="", image="i", owner="-",
+                        owner_status="ended", state="exited", status=status, exit_code=code)  # fmt: skip
+
+    kept = [row("a", 0, None), row("a", 1, 3), row("b", 0, None)]
+    recorded = [row("a", 0, 1), row("a", 0, 143), row("a", 1, 0), row("b", 0, None), row("c", 0, 2)]
+    filled = with_recorded_codes(kept, recorded)
+    assert [(r.run, r.stage, r.exit_code, r.status) for r in filled] == [
+        ("a", 0, 143, "Exited (143)"),  # the record's last end of stage 0
+        ("a", 1, 3, "Exited (3)"),  # kept by its launcher: kept
+        ("b", 0, None, "Exited (?)"),  # nobody knows
+    ]

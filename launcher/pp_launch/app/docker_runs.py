@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import calendar
 import contextlib
+import dataclasses
 import os
 import queue
 import threading
@@ -84,13 +85,21 @@ class DockerRuns:
             where = (name or "local") if self.several else None
             rows += housekeeping.list_stages(engine, found, details=details, gpus=gpus, host=where)
         if ended_too:
-            rows += ended_rows({r.run for r in rows}, run, {name for name, _ in self.reached})
-            for name, engine in self.reached:  # and each run the engine keeps a record of (any user's)
-                where = (name or "local") if self.several else None
-                rows += recorded_rows(engine, {r.run for r in rows}, run, where)
+            rows += self._ended({r.run for r in rows}, run)
         if run is not None and not rows and self.several:
             raise errors.ConfigError(f"no run {housekeeping.safe(run)!r} on any of these hosts")
         return rows
+
+    def _ended(self, live: set[str], run: str | None) -> list[StageRow]:
+        """The ended runs (`ps -a`): this user's, as their launchers kept them, then every other run the engines keep
+        a record of (any user's); a code a launcher could not keep is the record's."""
+        recorded = [
+            row
+            for name, engine in self.reached
+            for row in recorded_rows(engine, live, run, (name or "local") if self.several else None)
+        ]
+        kept = ended_rows(live, run, {name for name, _ in self.reached})
+        return with_recorded_codes(kept, recorded) + [r for r in recorded if r.run not in {k.run for k in kept}]
 
     # ---------------------------------------------------------------------------------------------------- down
     def down(self, run: str | None, grace: float, confirm: Confirm | None) -> bool:
@@ -296,14 +305,9 @@ class DockerRuns:
         try:
             name, every = self.find_run(run)
         except errors.ConfigError:
-            if until != "exit":
+            if until != "exit" or (over := self._ended_codes(run)) is None:
                 raise
-            if kept := _kept_ends(run):
-                name, codes = kept  # the run is over: its ends as its launcher kept them (this user's)
-            elif recorded := self._recorded_ends(run):
-                name, codes = recorded  # or as its guards recorded them on the engine (any user's run)
-            else:
-                raise
+            name, codes = over
             for k, (container, code) in sorted(codes.items()):
                 self.voice.answer(f"stage {k} {container} exited {'with an unknown code' if code is None else code}")
             return 0 if all(code is not None for _, code in codes.values()) else errors.EXIT_FAILURE
@@ -319,6 +323,19 @@ class DockerRuns:
             held = live or guard.dead_records(engine, name, live=set(), seen=seen)  # its guard gone: its record
             ended.update({r.id: r for g in held for r in g.ends})
         return _wait_exit(name, found, deadline, self.voice, ended)
+
+    def _ended_codes(self, run: str) -> tuple[str, dict[int, tuple[str, int | None]]] | None:
+        """An ended run's stages and codes: as its launcher kept them (this user's), each code it could not keep (it
+        left first: a detached run) the record's; else as its guards recorded them on the engine (any user's run)."""
+        kept = _kept_ends(run)
+        if kept is None:
+            return self._recorded_ends(run)
+        name, codes = kept
+        if None in (code for _, code in codes.values()):
+            with contextlib.suppress(errors.PpLaunchError):
+                _, recorded = self._recorded_ends(name) or (name, {})
+                codes.update({k: end for k, end in recorded.items() if end[1] is not None})
+        return name, codes
 
     def _recorded_ends(self, run: str) -> tuple[str, dict[int, tuple[str, int | None]]] | None:
         """An ended run's stages and exit codes from its record volumes (every engine looked at); None when no
@@ -493,6 +510,18 @@ def ended_rows(present: set[str], run: str | None, asked: set[str | None]) -> li
                 )
             )
     return rows
+
+
+def with_recorded_codes(kept: list[StageRow], recorded: list[StageRow]) -> list[StageRow]:
+    """The rows this user's launchers kept, each code they could not keep (the launcher left before its stage ended:
+    a detached run) taken from the engine's record of the same run and stage, its last end there."""
+    ends = {(r.run, r.stage): r for r in recorded if r.exit_code is not None}
+    return [
+        dataclasses.replace(row, status=end.status, exit_code=end.exit_code)
+        if row.exit_code is None and (end := ends.get((row.run, row.stage))) is not None
+        else row
+        for row in kept
+    ]
 
 
 def recorded_rows(engine: Engine, present: set[str], run: str | None, host: str | None) -> list[StageRow]:
