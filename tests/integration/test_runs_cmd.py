@@ -312,6 +312,14 @@ def test_ps_all_lists_an_ended_run_whose_output_is_kept_and_plain_ps_does_not(en
     assert rows[1]["container"] == f"pp-{run}-1" and rows[1]["image"] == stub_image
     table = cli("ps", "-a", "--filter", f"run={run[:6]}").stdout
     assert "Exited (3)" in table and f"pp-{run}-1" in table
+    named = cli("ps", "-a", "--json", "--run", run[:6])  # named as `wait` and `logs` name it
+    by_name = [json.loads(line) for line in named.stdout.splitlines()]
+    assert named.returncode == 0 and [(r["run"], r["stage"], r["exit_code"]) for r in by_name] == [
+        (run, 0, 0),
+        (run, 1, 3),
+    ], named
+    live_only = cli("ps", "--run", run[:6])
+    assert live_only.returncode == 2 and f"no run {run[:6]!r}" in live_only.stderr, live_only
     waited = cli("wait", run)  # the run is over: the codes its launcher kept, as docker wait gives them
     assert waited.returncode == 0 and waited.stdout.splitlines() == [
         f"stage 0 pp-{run}-0 exited 0",

@@ -260,3 +260,17 @@ def test_hosts_that_do_not_answer_are_each_said_and_the_command_goes_on() -> Non
     assert [line.split(":")[0] for line in said] == ["error", "error"]
     assert [closed.index(next(c for c in closed if c.rsplit(":", 1)[1] in line)) for line in said] == [0, 1]
     assert engines.close() is True
+
+
+def test_a_spare_guard_is_found_by_its_run_id_but_not_named_as_a_run() -> None:
+    """A spare guard (started ahead for its user's next run) carries a run id but is no run yet: `ps` does not list
+    it, and neither does the message for a run that is not there; `down` of its id still reaches it."""
+    from pp_launch.core import errors
+
+    runs, shown = {"aaaa11112222", "5pare0000000"}, {"aaaa11112222"}
+    assert housekeeping.resolve_run("5pare", runs, shown) == "5pare0000000"
+    with pytest.raises(errors.ConfigError) as exc:
+        housekeeping.resolve_run("typo", runs, shown)
+    assert str(exc.value) == "no run 'typo' here; runs: aaaa11112222 ('pp-launch ps' lists them)"
+    with pytest.raises(errors.ConfigError, match="runs: none"):
+        housekeeping.resolve_run("typo", {"5pare0000000"}, set())

@@ -74,20 +74,25 @@ class DockerRuns:
     # ------------------------------------------------------------------------------------------------------ ps
     def stages(self, run: str | None, details: bool, ended_too: bool) -> list[StageRow]:
         rows: list[StageRow] = []
+        missing: errors.ConfigError | None = None
         for name, engine in self.reached:
             try:
                 found = None if run is None else housekeeping.find_run(engine, run)[0]
-            except errors.ConfigError:
-                if self.several:
-                    continue  # not on this host
-                raise
+            except errors.ConfigError as exc:
+                if not (self.several or ended_too):
+                    raise
+                missing = exc  # not on this host, or (-a) a run that ended
+                continue
             gpus = housekeeping.local_inventory() if name is None else None  # NVML here: only this engine's GPUs
             where = (name or "local") if self.several else None
             rows += housekeeping.list_stages(engine, found, details=details, gpus=gpus, host=where)
         if ended_too:
             rows += self._ended({r.run for r in rows}, run)
-        if run is not None and not rows and self.several:
-            raise errors.ConfigError(f"no run {housekeeping.safe(run)!r} on any of these hosts")
+        if run is not None and not rows:
+            if self.several:
+                raise errors.ConfigError(f"no run {housekeeping.safe(run)!r} on any of these hosts")
+            if missing is not None:
+                raise missing
         return rows
 
     def _ended(self, live: set[str], run: str | None) -> list[StageRow]:

@@ -161,15 +161,15 @@ def safe(text: str) -> str:
     return display(text.encode("utf-8", "surrogateescape"))
 
 
-def resolve_run(wanted: str, runs: set[str]) -> str:
+def resolve_run(wanted: str, runs: set[str], shown: set[str] | None = None) -> str:
     """A run id, or a unique prefix of one, among the runs the engine has; ConfigError (exit 2) naming the runs
-    there are otherwise."""
+    there are otherwise (`shown`: those `ps` lists, when not all of them: a spare guard is no run yet)."""
     if wanted in runs:
         return wanted
     matches = sorted(r for r in runs if r.startswith(wanted)) if wanted else []
     if len(matches) == 1:
         return matches[0]
-    known = ", ".join(safe(r) for r in sorted(runs)) or "none"
+    known = ", ".join(safe(r) for r in sorted(runs if shown is None else shown)) or "none"
     if matches:
         raise errors.ConfigError(f"run {safe(wanted)!r} is ambiguous: {', '.join(matches)}")
     raise errors.ConfigError(f"no run {safe(wanted)!r} here; runs: {known} ('pp-launch ps' lists them)")
@@ -180,10 +180,15 @@ def is_stage(c: ContainerInfo) -> bool:
     return labels.ascii_int(c.labels.get(labels.STAGE, "")) is not None
 
 
+def _with_stages(found: list[ContainerInfo]) -> set[str]:
+    """The runs among `found` that have a stage: those `ps` lists (a spare guard alone is no run yet)."""
+    return {c.labels.get(labels.RUN, "") for c in found if is_stage(c)}
+
+
 def find_run(engine: Engine, wanted: str) -> tuple[str, list[ContainerInfo]]:
     """The run a user named (its id or a unique prefix) and its containers in stage order; ConfigError otherwise."""
     every = engine.containers(labels.run_selector())
-    run = resolve_run(wanted, {c.labels.get(labels.RUN, "") for c in every})
+    run = resolve_run(wanted, {c.labels.get(labels.RUN, "") for c in every}, _with_stages(every))
     mine = [c for c in every if c.labels.get(labels.RUN) == run]
     mine.sort(key=lambda c: labels.ascii_int(c.labels.get(labels.STAGE, "")) or 0)
     return run, mine
@@ -435,7 +440,7 @@ class Engines:
             for c in engine.containers(labels.run_selector()):
                 runs.add(c.labels.get(labels.RUN, ""))
                 every.append((engine, c))
-        run = resolve_run(run_id, runs)
+        run = resolve_run(run_id, runs, _with_stages([c for _, c in every]))
         mine = [(e, c) for e, c in every if c.labels.get(labels.RUN) == run]
         mine.sort(key=lambda item: labels.ascii_int(item[1].labels.get(labels.STAGE, "")) or 0)
         return run, mine
