@@ -114,7 +114,8 @@ def test_every_stage_end_is_told_after_the_run_ended_to_another_user(side_engine
 
 def test_a_detached_run_ended_by_down_tells_its_codes_to_the_user_who_launched_it(engine, stub_image) -> None:
     """The launching user keeps the run's facts, but its launcher left at the hand-over, before any stage ended:
-    `wait` and `ps -a` take each code from the engine's record (as for any other user), never `unknown`."""
+    `wait` and `ps -a` take each code from the run's record (one its own runs made), never `unknown`, and never
+    from a record a neighbour made under the run's name, claiming later ends."""
     up = Launcher("chain", "--stages", "2", "--gpus", "none", "--json", "--grace", "1", "--detach",
                   "--env", "STUB_MODE=hold")  # fmt: skip
     run = up.wait_event("pp_stage_roster", timeout=60)["run"]
@@ -128,14 +129,27 @@ def test_a_detached_run_ended_by_down_tells_its_codes_to_the_user_who_launched_i
     downed = pp("down", run, "--grace", "1")
     assert downed.returncode == 0, downed.stdout + downed.stderr
     assert wait_until(lambda: run_containers(engine, run) == [], 15)
-    waited = pp("wait", run, "--timeout", "10")
-    assert waited.returncode == 0, waited.stdout + waited.stderr
-    assert sorted(line.split()[1] for line in waited.stdout.splitlines()) == ["0", "1"], waited.stdout
-    assert "unknown" not in waited.stdout, waited.stdout
-    shown = pp("ps", "-a", "--json")
-    rows = [r for r in map(json.loads, shown.stdout.splitlines()) if r["run"] == run]
-    assert sorted(r["stage"] for r in rows) == [0, 1], rows
-    assert all(isinstance(r["exit_code"], int) and r["status"] == f"Exited ({r['exit_code']})" for r in rows), rows
+    fake = f"pp-launch-record-{run}-ffffffff"  # a neighbour's: the run's labels, a later end of each stage, code 77
+    try:
+        made = docker("volume", "create", "--label", f"pp-launch.run={run}", "--label", "pp-launch.stage=record", fake)
+        assert made.returncode == 0, made.stderr
+        ids = [f"{k:x}" * 64 for k in (14, 15)]
+        later = int(time.time()) + 3600
+        lines = "".join(f"owned {ids[k]}\\nended {ids[k]} {k} 1 77 {later} pp-{run}-{k}\\n" for k in (0, 1))
+        wrote = docker("run", "--rm", "--network", "none", "-v", f"{fake}:/r", "--entrypoint", "sh", stub_image, "-c",
+                       f"printf '{lines}' > /r/log")  # fmt: skip
+        assert wrote.returncode == 0, wrote.stderr
+        waited = pp("wait", run, "--timeout", "10")
+        assert waited.returncode == 0, waited.stdout + waited.stderr
+        assert sorted(line.split()[1] for line in waited.stdout.splitlines()) == ["0", "1"], waited.stdout
+        assert "unknown" not in waited.stdout, waited.stdout
+        shown = pp("ps", "-a", "--json")
+        rows = [r for r in map(json.loads, shown.stdout.splitlines()) if r["run"] == run]
+        assert sorted(r["stage"] for r in rows) == [0, 1], rows
+        assert all(isinstance(r["exit_code"], int) and r["status"] == f"Exited ({r['exit_code']})" for r in rows), rows
+        assert 77 not in [r["exit_code"] for r in rows] and " 77" not in waited.stdout, (rows, waited.stdout)
+    finally:
+        docker("volume", "rm", fake)
 
 
 def test_a_forged_record_vouches_for_nothing_of_anyone_elses(engine, stub_image, tmp_path: Path) -> None:

@@ -98,13 +98,13 @@ class DockerRuns:
     def _ended(self, live: set[str], run: str | None) -> list[StageRow]:
         """The ended runs (`ps -a`): this user's, as their launchers kept them, then every other run the engines keep
         a record of (any user's); a code a launcher could not keep is the record's."""
-        recorded = [
-            row
-            for name, engine in self.reached
-            for row in recorded_rows(engine, live, run, (name or "local") if self.several else None)
-        ]
+        recorded, own, mine = [], _own_records(), []
+        for name, engine in self.reached:
+            recs, where = guard.dead_records(engine, live=set()), (name or "local") if self.several else None
+            recorded += recorded_rows(recs, live, run, where)
+            mine += recorded_rows([r for r in recs if r.volume in own], live, run, where)  # never a neighbour's
         kept = ended_rows(live, run, {name for name, _ in self.reached})
-        return with_recorded_codes(kept, recorded) + [r for r in recorded if r.run not in {k.run for k in kept}]
+        return with_recorded_codes(kept, mine) + [r for r in recorded if r.run not in {k.run for k in kept}]
 
     # ---------------------------------------------------------------------------------------------------- down
     def down(self, run: str | None, grace: float, confirm: Confirm | None) -> bool:
@@ -338,18 +338,20 @@ class DockerRuns:
         name, codes = kept
         if None in (code for _, code in codes.values()):
             with contextlib.suppress(errors.PpLaunchError):
-                _, recorded = self._recorded_ends(name) or (name, {})
+                _, recorded = self._recorded_ends(name, only=_own_records()) or (name, {})
                 codes.update({k: end for k, end in recorded.items() if end[1] is not None})
         return name, codes
 
-    def _recorded_ends(self, run: str) -> tuple[str, dict[int, tuple[str, int | None]]] | None:
-        """An ended run's stages and exit codes from its record volumes (every engine looked at); None when no
-        engine has a record of exactly one run by that id or prefix; PpLaunchError (exit 1: cannot tell) when its
-        record holds no end."""
+    def _recorded_ends(
+        self, run: str, only: set[str] | None = None
+    ) -> tuple[str, dict[int, tuple[str, int | None]]] | None:
+        """An ended run's stages and exit codes from its record volumes (every engine looked at; `only`: these
+        volumes); None when no engine has a record of exactly one run by that id or prefix; PpLaunchError (exit 1:
+        cannot tell) when its record holds no end."""
         found: dict[str, list[guard.GuardRecord]] = {}
         for _, engine in self.reached:
             for r in guard.dead_records(engine, live=set()):
-                if run and r.run.startswith(run):
+                if run and r.run.startswith(run) and (only is None or r.volume in only):
                     found.setdefault(r.run, []).append(r)
         if len(found) != 1:
             return None
@@ -529,11 +531,21 @@ def with_recorded_codes(kept: list[StageRow], recorded: list[StageRow]) -> list[
     ]
 
 
-def recorded_rows(engine: Engine, present: set[str], run: str | None, host: str | None) -> list[StageRow]:
-    """A row per recorded stage end of each run that the engine keeps a record of (its guards' record volume,
-    whoever launched it) and that nothing here shows yet: the run is over (`ps -a`), newest first."""
+def _own_records() -> set[str]:
+    """The record volumes this user's runs made (their private state): the only ones that may tell this user's own
+    runs' codes, since a neighbour can make a volume under a run's record name (none when the state cannot be read)."""
+    with contextlib.suppress(errors.PpLaunchError):
+        return set(host_state.RunRecords().every())
+    return set()
+
+
+def recorded_rows(
+    records: list[guard.GuardRecord], present: set[str], run: str | None, host: str | None
+) -> list[StageRow]:
+    """A row per recorded stage end of each run that an engine keeps a record of (`records`: its guards' record
+    volumes, whoever launched it) and that nothing here shows yet: the run is over (`ps -a`), newest first."""
     now, rows = time.time(), list[StageRow]()
-    recs = [r for r in guard.dead_records(engine, live=set()) if r.run not in present and r.ends]
+    recs = [r for r in records if r.run not in present and r.ends]
     for r in sorted(recs, key=lambda r: -max(e.at for e in r.ends)):
         if run is not None and not r.run.startswith(run):
             continue
