@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pp_launch.adapters import guard
 from pp_launch.adapters.docker_engine import _rfc3339
+from pp_launch.core import errors
 
 A, B, C = "a" * 64, "b" * 64, "c" * 64
 
@@ -100,3 +101,27 @@ def test_a_spares_record_is_dropped_once_its_guard_being_removed_lets_go_and_kep
     running = _Releasing(3, {"Running": True, "Status": "running"})
     guard.drop_record(running, "pp-launch-record-r1-0a0b0c0d", patience=5.0)  # type: ignore[arg-type]
     assert not running.removed and running.refusals == 2  # asked once: a container that runs keeps it
+
+
+class _SlowRemoval(_Releasing):
+    """A spare's guard whose auto-remove outlasts `remove`'s patience on a busy engine (EngineError: still there,
+    removing), and holds the record a moment longer."""
+
+    def __init__(self) -> None:
+        super().__init__(3, {"Running": False, "Status": "removing"})
+        self.asked: list[str] = []
+
+    def inspect(self, ref: str) -> dict[str, object] | None:
+        return {**(super().inspect(ref) or {}), "Config": {"Labels": {"pp-launch.run": "r1"}}}
+
+    def remove(self, ref: str) -> None:
+        self.asked.append(ref)
+        raise errors.EngineError(f"container {ref[:12]} is still there (removing) after its removal was asked")
+
+
+def test_a_spares_record_is_dropped_when_its_guards_removal_outlasts_removes_patience() -> None:
+    """CI once left a gone spare's record: its guard's removal took longer than `remove` waits, and the record was
+    never asked for."""
+    engine = _SlowRemoval()
+    guard.drop_spare(engine, {"run": "r1", "guard": A, "record": "pp-launch-record-r1-0a0b0c0d"})  # type: ignore[arg-type]
+    assert engine.asked == [A] and engine.removed

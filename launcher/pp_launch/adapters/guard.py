@@ -823,12 +823,14 @@ def stock_spare(engine: Engine, owner: str, grace: float, environ: Mapping[str, 
 
 def drop_spare(engine: Engine, kept: Mapping[str, str]) -> None:
     """A spare guard this user's state names (by the id the engine gave its maker), ended: removed when it is
-    still that run's, then its record."""
+    still that run's, then its record (also when its removal outlasts remove's patience: an auto-remove under way
+    on a busy engine took longer, and left the record behind)."""
     info = engine.inspect(kept.get("guard", "")) if kept.get("guard") else None
     if info is not None:
         if ((info.get("Config") or {}).get("Labels") or {}).get(labels.RUN) != kept.get("run"):
             return  # not what this user made: never touched
-        engine.remove(str(info.get("Id", "")))
+        with contextlib.suppress(errors.EngineError):  # its removal slower than remove's patience (a busy engine):
+            engine.remove(str(info.get("Id", "")))  # drop_record waits for it to let go of the record
     drop_record(engine, kept.get("record", ""))
 
 
