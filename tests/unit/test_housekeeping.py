@@ -56,7 +56,7 @@ class FakeEngine:
         """As the reading helper's shell loop would print each mounted record."""
         self.helpers.append(argv)
         out = "".join(
-            f"=== {inside.rsplit('/', 1)[1]}\n" + "".join(f"{line}\n" for line in self.records[name][1])
+            f"=== {argv[-1]} {inside.rsplit('/', 1)[1]}\n" + "".join(f"{line}\n" for line in self.records[name][1])
             for name, inside in sorted(binds.items(), key=lambda item: item[1])
         )
         return 0, out.encode(), b""

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import subprocess
+from pathlib import Path
+
 from pp_launch.adapters import guard
-from pp_launch.adapters.docker_engine import _rfc3339
+from pp_launch.adapters.docker_engine import VolumeInfo, _rfc3339
 from pp_launch.core import errors
 
 A, B, C = "a" * 64, "b" * 64, "c" * 64
@@ -125,3 +128,43 @@ def test_a_spares_record_is_dropped_when_its_guards_removal_outlasts_removes_pat
     engine = _SlowRemoval()
     guard.drop_spare(engine, {"run": "r1", "guard": A, "record": "pp-launch-record-r1-0a0b0c0d"})  # type: ignore[arg-type]
     assert engine.asked == [A] and engine.removed
+
+
+class _Records:
+    """An engine with a run's record volume (this user's) and a neighbour's under the run's record name, as
+    directories; its helper runs the reader's own script with `sh` over them (at /records/N there)."""
+
+    OWN, FORGED = "pp-launch-record-r1-0a0b0c0d", "pp-launch-record-r1-ffffffff"
+    address = "unix:///var/run/docker.sock"
+
+    def __init__(self, root: Path, files: dict[str, dict[str, str]]) -> None:
+        self.root, self.files, self.binds = root, files, {}
+
+    def volumes(self, selector: list[str]) -> list[VolumeInfo]:
+        runs = {n: n.removeprefix("pp-launch-record-").rsplit("-", 1)[0] for n in self.files}
+        return [VolumeInfo(n, {"pp-launch.run": run, "pp-launch.stage": "record"}, 0) for n, run in runs.items()]
+
+    def image_id(self, image: str) -> str:
+        return "sha256:" + "e" * 64
+
+    def run_helper(self, image: str, argv: list[str], *args: object, **kwargs: object) -> tuple[int, bytes, bytes]:
+        self.binds = dict(kwargs["binds"])  # type: ignore[call-overload]
+        for name, inside in self.binds.items():
+            at = self.root / inside.lstrip("/")
+            at.mkdir(parents=True)
+            for file, text in self.files.get(name, {}).items():
+                (at / file).write_text(text)
+        script = argv[2].replace("/records/", f"{self.root}/records/")
+        done = subprocess.run([*argv[:2], script, *argv[3:]], capture_output=True, check=False)
+        return done.returncode, done.stdout, done.stderr
+
+
+def test_a_records_own_lines_cannot_pass_for_another_records(tmp_path: Path) -> None:
+    """Records are read together in one helper, each part opened by a line the reader prints: a neighbour's record
+    that prints such a line (the old opening, or one with a guessed token) cannot put its lines in the place of
+    another run's record (here: claim that run's stage ended with 77)."""
+    real = {"log": f"owned {A}\ndetached\nended {A} 0 1 3 1765000000 pp-r1-0\n"}
+    lies = f"=== 0\n=== 0123456789abcdef 0\nowned {A}\nended {A} 0 1 77 1999999999 pp-r1-0\n"
+    engine = _Records(tmp_path, {"pp-launch-record-r1-0a0b0c0d": real, "pp-launch-record-r2-0a0b0c0d": {"log": lies}})
+    read = {r.run: r for r in guard.dead_records(engine, live=set())}  # type: ignore[arg-type]
+    assert [e.exit_code for e in read["r1"].ends] == [3] and read["r1"].detached

@@ -658,25 +658,35 @@ def dead_records(
 
 def _read_volumes(engine: Engine, volumes: list[VolumeInfo]) -> list[GuardRecord]:
     """Records read in one short helper container of the guard's image that mounts them all (read-only)."""
+    script = 'for d in /records/*; do echo "=== $1 ${d#/records/}"; cat "$d/log" 2>/dev/null; done; exit 0'
+    chunks = {labels.ascii_int(name): lines for name, lines in _in_records(engine, [v.name for v in volumes], script)}
+    return [read_record("", v.labels.get(labels.RUN, ""), chunks.get(n, []), v.name) for n, v in enumerate(volumes)]
+
+
+def _in_records(engine: Engine, volumes: list[str], script: str) -> list[tuple[str, list[bytes]]]:
+    """What `script` prints of these record volumes, mounted read-only at /records/N in one short helper container
+    of the guard's image, in the parts it opens with `echo "=== $1 NAME"` ([] when there is no guard image). `$1`
+    is a token made for this read: a record's own lines (anyone can write a volume under a run's record name)
+    cannot open a part, and so cannot pass for another record's."""
     if not volumes or engine.image_id(GUARD_IMAGE) is None:
         return []
-    binds = {v.name: f"/records/{n}" for n, v in enumerate(volumes)}
-    script = 'for d in /records/*; do echo "=== ${d#/records/}"; cat "$d/log" 2>/dev/null; done; exit 0'
-    code, out, err = engine.run_helper(GUARD_IMAGE, ["sh", "-c", script], {}, {READER: "record"}, {}, [], binds=binds)
+    token = secrets.token_hex(8)
+    binds = {name: f"/records/{n}" for n, name in enumerate(volumes)}
+    argv = ["sh", "-c", script, "reader", token]
+    code, out, err = engine.run_helper(GUARD_IMAGE, argv, {}, {READER: "record"}, {}, [], binds=binds)
     if code != 0:
         raise errors.EngineError(
             f"the engine at {engine.address} did not let its run records be read: "
             f"{err.decode('utf-8', 'replace').strip() or f'exit {code}'}"
         )
-    chunks: dict[int, list[bytes]] = {}
-    at = -1
+    parts: list[tuple[str, list[bytes]]] = []
+    opening = f"=== {token} ".encode()
     for line in out.splitlines():
-        if line.startswith(b"=== ") and (n := labels.ascii_int(line[4:].decode("ascii", "replace"))) is not None:
-            at = n
-            chunks[at] = []
-        elif at >= 0:
-            chunks[at].append(line)
-    return [read_record("", v.labels.get(labels.RUN, ""), chunks.get(n, []), v.name) for n, v in enumerate(volumes)]
+        if line.startswith(opening):
+            parts.append((line[len(opening) :].decode("ascii", "replace"), []))
+        elif parts:
+            parts[-1][1].append(line)
+    return parts
 
 
 def _end(words: list[str], oom: bool) -> StageEnd:
