@@ -50,6 +50,7 @@ if sys.argv[1:] != ["session"]:  # the session is a relay, started for every run
     import http.client
     import json
     import urllib.parse
+    from collections.abc import Iterator
 
 SOCKET = os.environ.get("PP_GUARD_SOCKET", "/var/run/docker.sock")
 GRACE = float(os.environ.get("PP_GUARD_GRACE", "5"))
@@ -152,6 +153,14 @@ class Guard:
         self.session: socket.socket | None = None
         self.session_lock = threading.Lock()
         self.started = 0.0  # when this guard started, on the engine's clock
+        self.keepers: list[threading.Thread] = []  # a detached run's: each stage's lines into the record
+
+    def kept(self, patience: float = 5.0) -> None:
+        """Each stage's last lines written to the record (its log ends once the stage is gone) before this guard
+        exits, for at most `patience` seconds."""
+        deadline = time.monotonic() + patience
+        for keeper in list(self.keepers):
+            keeper.join(max(0.0, deadline - time.monotonic()))
 
     # ------------------------------------------------------------------------------------------ the session
     def tell(self, line: str) -> None:
@@ -230,6 +239,8 @@ class Guard:
         elif words == ["detach"] and not self.detached:
             self.detached = True
             say("detached")
+            if RECORD:  # its launcher leaves now: the stages' lines are kept here, from now on
+                keep_stage_lines(self)
         elif len(words) == 2 and words[0] == "grace" and GRACE_TEXT.fullmatch(words[1]):
             global GRACE  # a spare was made with its maker's grace: the run that takes it says its own
             GRACE = float(words[1])
@@ -316,6 +327,74 @@ def watch_ends(guard: Guard) -> None:
         guard.ended.wait(1.0)
 
 
+def keep_stage_lines(guard: Guard) -> None:
+    """A detached run's stages' lines (its launcher, which kept them, is gone), each stage's kept in the run's
+    record, bounded, for `pp-launch logs RUN` once the stages are gone (auto-remove takes the engine's log with
+    them): the whole of each stage's log as the engine has it, then each line as it comes, until the stage ends."""
+    with guard.lock:
+        owned = list(guard.owned)
+    for ref in owned:
+        try:
+            info = inspect(ref) or {}
+        except (OSError, ValueError):
+            continue
+        stage = ((info.get("Config") or {}).get("Labels") or {}).get("pp-launch.stage", "")
+        if stage.isascii() and stage.isdigit() and not (info.get("Config") or {}).get("Tty"):
+            keeper = threading.Thread(target=keep_lines, args=(ref, int(stage)), daemon=True)
+            keeper.start()
+            guard.keepers.append(keeper)
+
+
+LINES_KEPT = 128 * 1024  # bytes of a stage's last lines in the record: its file, and the one before it (.1)
+LINES_BEFORE = 1000  # lines of a stage's log before the hand-over that are kept too (its launcher kept them all)
+
+
+def frames(resp: http.client.HTTPResponse) -> Iterator[bytes]:
+    """The engine's log frames (a stream byte, 3 zero bytes, the size, the data) as kept lines, `<time> <stdout|
+    stderr> <text>\n`, joined: as many as each read brings."""
+    buf = b""
+    while chunk := resp.read1(65536):
+        buf += chunk
+        at, lines = 0, []
+        while len(buf) - at >= 8 and len(buf) - at - 8 >= (size := int.from_bytes(buf[at + 4 : at + 8], "big")):
+            stream = b"stderr" if buf[at] == 2 else b"stdout"
+            for line in buf[at + 8 : at + 8 + size].splitlines():
+                when, _, text = line.partition(b" ")
+                lines.append(b"%s %s %s\n" % (when, stream, text))
+            at += 8 + size
+        buf = buf[at:]
+        if lines:
+            yield b"".join(lines)
+
+
+def keep_lines(ref: str, stage: int) -> None:
+    """`stage-K.log` beside the record (its last LINES_BEFORE lines, then each as it comes); at LINES_KEPT bytes
+    it becomes `stage-K.log.1` (the one before it dropped). A write that fails stops the keeping and is said."""
+    path = os.path.join(os.path.dirname(RECORD), f"stage-{stage}.log")
+    conn = _unix(None)
+    out = -1
+    try:
+        conn.request("GET", f"/containers/{ref}/logs?follow=1&stdout=1&stderr=1&timestamps=1&tail={LINES_BEFORE}")
+        resp = conn.getresponse()
+        if resp.status != 200:
+            return
+        out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644)
+        size = os.fstat(out).st_size
+        for data in frames(resp):
+            if size + len(data) > LINES_KEPT and size:
+                os.close(out)
+                os.replace(path, path + ".1")
+                out, size = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644), 0
+            os.write(out, data)
+            size += len(data)
+    except (OSError, http.client.HTTPException) as exc:
+        say(f"the lines of stage {stage} are no longer kept in the record: {exc}")
+    finally:
+        conn.close()
+        if out >= 0:
+            os.close(out)
+
+
 def ready() -> str:
     """"" when the socket reaches the engine the launcher means, else why not."""
     expected = os.environ.get("PP_GUARD_ENGINE", "")
@@ -392,12 +471,14 @@ def serve() -> int:
             try:
                 if not guard.left():
                     say("every container of the run is gone")
+                    guard.kept()
                     return 0
             except OSError:
                 pass
     if guard.teardown_wanted:
         guard.teardown()
         say("torn down")
+        guard.kept()
     return 0
 
 

@@ -114,8 +114,9 @@ def test_every_stage_end_is_told_after_the_run_ended_to_another_user(side_engine
 
 def test_a_detached_run_ended_by_down_tells_its_codes_to_the_user_who_launched_it(engine, stub_image) -> None:
     """The launching user keeps the run's facts, but its launcher left at the hand-over, before any stage ended:
-    `wait` and `ps -a` take each code from the run's record (one its own runs made), never `unknown`, and never
-    from a record a neighbour made under the run's name, claiming later ends."""
+    `wait` and `ps -a` take each code from the run's record (one its own runs made), never `unknown`, and `logs`
+    what the stages printed after it left; never from a record a neighbour made under the run's name, claiming
+    later ends and lines."""
     up = Launcher("chain", "--stages", "2", "--gpus", "none", "--json", "--grace", "1", "--detach",
                   "--env", "STUB_MODE=hold")  # fmt: skip
     run = up.wait_event("pp_stage_roster", timeout=60)["run"]
@@ -136,9 +137,19 @@ def test_a_detached_run_ended_by_down_tells_its_codes_to_the_user_who_launched_i
         ids = [f"{k:x}" * 64 for k in (14, 15)]
         later = int(time.time()) + 3600
         lines = "".join(f"owned {ids[k]}\\nended {ids[k]} {k} 1 77 {later} pp-{run}-{k}\\n" for k in (0, 1))
+        forged = "2026-01-01T00:00:00.000000000Z stdout FORGED by a neighbour"  # and a stage's lines
         wrote = docker("run", "--rm", "--network", "none", "-v", f"{fake}:/r", "--entrypoint", "sh", stub_image, "-c",
-                       f"printf '{lines}' > /r/log")  # fmt: skip
+                       f"printf '{lines}' > /r/log && echo '{forged}' > /r/stage-0.log")  # fmt: skip
         assert wrote.returncode == 0, wrote.stderr
+        # what each stage printed after its launcher left (on `down`), kept in the run's record by its
+        # guard: `logs` shows it after the stages are gone; never a neighbour's lines
+        logs = pp("logs", run)
+        assert logs.returncode == 0, logs.stdout + logs.stderr
+        for k in (0, 1):
+            assert any(line.startswith(f"[stage {k}] ") and "stopping on request" in line
+                       for line in logs.stdout.splitlines()), logs.stdout  # fmt: skip
+            assert any(line.startswith(f"[stage {k}] PP_GPU_NODE_ADDR ") for line in logs.stdout.splitlines())
+        assert "FORGED" not in logs.stdout
         waited = pp("wait", run, "--timeout", "10")
         assert waited.returncode == 0, waited.stdout + waited.stderr
         assert sorted(line.split()[1] for line in waited.stdout.splitlines()) == ["0", "1"], waited.stdout

@@ -143,3 +143,37 @@ def test_ps_a_takes_a_code_its_launcher_could_not_keep_from_the_engines_record()
         ("a", 1, 3, "Exited (3)"),  # kept by its launcher: kept
         ("b", 0, None, "Exited (?)"),  # nobody knows
     ]
+
+
+def test_an_ended_runs_logs_take_each_stage_its_guard_kept_from_the_record_and_the_rest_from_the_launcher(
+    tmp_path: Path,
+) -> None:
+    """A detached run's launcher kept its stages' lines until the hand-over; its guard kept stage 1's from the
+    start to its end in the record: stage 1 is the record's, stage 0 (nothing recorded) the launcher's, in time
+    order, each stage's last N with -n."""
+    from pp_launch.app.docker_runs import _print_kept
+    from pp_launch.app.site import LogView, Voice
+
+    log = run_logs.RunLog("r1", tmp_path)
+    log.line(0, "stdout", "zero, before the hand-over")
+    log.line(1, "stdout", "one, before the hand-over")
+    log.close()
+    recorded = {1: [run_logs.parse(1, f"2999-01-01T00:00:0{i}.5Z stdout one, line {i}") for i in range(3)]}
+    said: list[str] = []
+    voice = Voice(answer=said.append, note=said.append)
+    asked: list[str] = []
+
+    def by_guards(run: str) -> dict[int, list[run_logs.KeptLine]]:
+        asked.append(run)
+        return recorded
+
+    assert _print_kept("r", LogView(log_dir=str(tmp_path)), voice, by_guards)
+    assert asked == ["r1"] and said[0].splitlines() == [
+        "[stage 0] zero, before the hand-over",
+        "[stage 1] one, line 0",
+        "[stage 1] one, line 1",
+        "[stage 1] one, line 2",
+    ]
+    said.clear()
+    assert _print_kept("r1", LogView(log_dir=str(tmp_path), tail=1, stages=(1,)), voice, by_guards)
+    assert said == ["[stage 1] one, line 2"]

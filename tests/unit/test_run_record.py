@@ -159,6 +159,29 @@ class _Records:
         return done.returncode, done.stdout, done.stderr
 
 
+def test_a_detached_runs_kept_lines_come_from_its_own_record_only_oldest_file_first(tmp_path: Path) -> None:
+    own = {
+        "log": "owned " + A + "\ndetached\n",
+        "stage-1.log.1": "2026-12-07T09:00:00.1Z stdout older\n",
+        "stage-0.log": "2026-12-07T09:00:01.2Z stderr a\n2026-12-07T09:00:02.3Z stdout b c\n",
+        "stage-1.log": "2026-12-07T09:00:03Z stdout newer\n=== 0123456789abcdef stage-0.log\nx stdout guessed\n",
+    }
+    forged = {"stage-0.log": "2026-12-07T09:00:09Z stdout FORGED\n"}
+    engine = _Records(tmp_path, {_Records.OWN: own, _Records.FORGED: forged})
+    kept = guard.kept_lines(engine, "r1", {engine.OWN})  # type: ignore[arg-type]
+    assert list(engine.binds) == [engine.OWN]  # the neighbour's volume is never read
+    assert kept == {
+        0: [b"2026-12-07T09:00:01.2Z stderr a", b"2026-12-07T09:00:02.3Z stdout b c"],
+        1: [
+            b"2026-12-07T09:00:00.1Z stdout older",
+            b"2026-12-07T09:00:03Z stdout newer",
+            b"=== 0123456789abcdef stage-0.log",  # a line of the record's own: it opens no part (the token is not it)
+            b"x stdout guessed",
+        ],
+    }
+    assert guard.kept_lines(engine, "r1", set()) == {}  # type: ignore[arg-type]  # none of this user's: no helper
+
+
 def test_a_records_own_lines_cannot_pass_for_another_records(tmp_path: Path) -> None:
     """Records are read together in one helper, each part opened by a line the reader prints: a neighbour's record
     that prints such a line (the old opening, or one with a guessed token) cannot put its lines in the place of

@@ -689,6 +689,24 @@ def _in_records(engine: Engine, volumes: list[str], script: str) -> list[tuple[s
     return parts
 
 
+def kept_lines(engine: Engine, run: str, only: set[str]) -> dict[int, list[bytes]]:
+    """Each stage's last lines as the guard of a detached run kept them in its record (`stage-K.log.1`, then
+    `stage-K.log`: `<time> <stream> <text>` lines), from the record volumes of `run` among `only` (this user's
+    own: a neighbour can make a volume under a run's record name), read in one short helper container."""
+    volumes = [
+        v.name
+        for v in engine.volumes([*labels.run_selector(run), f"{labels.STAGE}={labels.STAGE_RECORD}"])
+        if v.name in only and is_record_of(v.name, run)
+    ]
+    script = 'for f in /records/*/stage-*.log.1 /records/*/stage-*.log; do echo "=== $1 ${f##*/}"; cat "$f"; echo; done'
+    lines: dict[int, list[bytes]] = {}
+    for name, part in _in_records(engine, volumes, script):
+        stage = labels.ascii_int(name.removeprefix("stage-").split(".")[0])
+        if stage is not None:
+            lines.setdefault(stage, []).extend(line for line in part if line)
+    return lines
+
+
 def _end(words: list[str], oom: bool) -> StageEnd:
     """`ended <id> <stage> <attempt> <exit code> <time> <name>`, its numbers read strictly."""
     attempt, code, at = (labels.ascii_int(w) for w in words[3:6])

@@ -253,7 +253,7 @@ def read(run_id: str, root: str | Path | None = None) -> list[KeptLine]:
             stages = sorted({int(n.split("-")[1].split(".")[0]) for n in os.listdir(d.fd) if n.startswith("stage-")})
             for k in stages:
                 for name in (f"stage-{k}.log.1", f"stage-{k}.log"):
-                    out += [_parse(k, raw) for raw in _lines(d, name)]
+                    out += [parse(k, raw) for raw in _lines(d, name)]
     return out
 
 
@@ -266,7 +266,8 @@ def _lines(d: StateDir, name: str) -> list[str]:
         return f.read().decode("utf-8", "backslashreplace").splitlines()
 
 
-def _parse(stage: int, raw: str) -> KeptLine:
+def parse(stage: int, raw: str) -> KeptLine:
+    """A kept line, `<time> <stream> <text>` (as a launcher keeps it, and a detached run's guard in its record)."""
     when, _, rest = raw.partition(" ")
     stream, _, text = rest.partition(" ")
     return KeptLine(stage, when, stream, text)

@@ -17,7 +17,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from pp_launch.adapters import guard, host_state, images, run_logs
@@ -291,7 +291,7 @@ class DockerRuns:
         try:
             name, found = self.find_run(run)
         except errors.ConfigError:
-            if view.follow or not _print_kept(run, view, self.voice):
+            if view.follow or not _print_kept(run, view, self.voice, self._kept_by_guards):
                 raise
             return
         found = [(e, c) for e, c in found if housekeeping.is_stage(c)]  # not its lock or guard
@@ -304,6 +304,17 @@ class DockerRuns:
             self.voice.answer("\n".join(shown))  # one answer: a long log is not written line by line
         if view.follow:  # then each stage's new lines as they come, from where its replay ended
             _follow(found, view, self.voice, last)
+
+    def _kept_by_guards(self, run: str) -> dict[int, list[run_logs.KeptLine]]:
+        """Each stage's lines as a detached run's guards kept them in its record after its launcher left (only this
+        user's own records), on every engine looked at; {} when there are none."""
+        own = {v for v in _own_records() if guard.is_record_of(v, run)}
+        out: dict[int, list[run_logs.KeptLine]] = {}
+        for _, engine in self.reached if own else ():
+            with contextlib.suppress(errors.PpLaunchError):  # an engine that fails: the launcher's lines still
+                for k, lines in guard.kept_lines(engine, run, own).items():
+                    out.setdefault(k, []).extend(run_logs.parse(k, raw.decode("utf-8", "replace")) for raw in lines)
+        return out
 
     # ---------------------------------------------------------------------------------------------------- wait
     def wait(self, run: str, until: str, timeout: float | None) -> int:
@@ -463,15 +474,22 @@ def instant(stamp: str) -> str:
     return f"{whole}.{(rest if dot else '').ljust(9, '0')[:9]}"
 
 
-def _print_kept(prefix: str, view: LogView, voice: Voice) -> bool:
-    """A run the engine no longer has, from what its launcher kept; False when nothing was kept for it."""
+def _print_kept(
+    prefix: str, view: LogView, voice: Voice, by_guards: Callable[[str], dict[int, list[run_logs.KeptLine]]]
+) -> bool:
+    """A run the engine no longer has, from what its launcher kept, each stage's lines as its guard kept them in
+    the run's record instead where it did (a detached run: its launcher left at the hand-over); False when nothing
+    was kept for it."""
     kept = run_logs.kept_runs(view.log_dir)
     matches = [r for r in kept if r.startswith(prefix)]
     if len(matches) != 1:
         if len(matches) > 1:
             raise errors.ConfigError(f"run {housekeeping.safe(prefix)!r} is ambiguous: {', '.join(matches)}")
         return False
-    lines = [k for k in run_logs.read(matches[0], view.log_dir) if not view.stages or k.stage in view.stages]
+    recorded = by_guards(matches[0])
+    every = [k for k in run_logs.read(matches[0], view.log_dir) if k.stage not in recorded]
+    every += [k for ks in recorded.values() for k in ks]
+    lines = [k for k in every if not view.stages or k.stage in view.stages]
     by_stage: dict[int, list[run_logs.KeptLine]] = {}
     for k in lines:
         by_stage.setdefault(k.stage, []).append(k)

@@ -1,0 +1,68 @@
+"""The guard's keeping of a detached run's stage lines (images/guard/pp_guard.py), read from the engine's log frames
+as its follow stream brings them: any cut of the stream gives the same lines, an unfinished frame none."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "images" / "guard" / "pp_guard.py"
+
+
+@pytest.fixture(scope="module")
+def pp_guard(monkeypatch_module: pytest.MonkeyPatch) -> ModuleType:
+    monkeypatch_module.setattr(sys, "argv", ["pp_guard.py"])  # serve's imports (the session imports none)
+    spec = importlib.util.spec_from_file_location("pp_guard_under_test", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module() -> Iterator[pytest.MonkeyPatch]:
+    with pytest.MonkeyPatch.context() as patch:
+        yield patch
+
+
+def frame(stream: int, data: bytes) -> bytes:
+    return bytes([stream, 0, 0, 0]) + len(data).to_bytes(4, "big") + data
+
+
+class Response:
+    """A follow stream that brings at most `cut` bytes a read."""
+
+    def __init__(self, data: bytes, cut: int) -> None:
+        self.data, self.cut = data, cut
+
+    def read1(self, n: int) -> bytes:
+        out, self.data = self.data[: min(n, self.cut)], self.data[min(n, self.cut) :]
+        return out
+
+
+STREAM = (
+    frame(1, b"2026-12-07T09:00:00.1Z PP_GPU_NODE_ADDR a 127.0.0.1:1\n")
+    + frame(2, b"2026-12-07T09:00:00.2Z stub stop signal: exiting\n")
+    + frame(1, b"2026-12-07T09:00:00.3Z one\n2026-12-07T09:00:00.4Z two  spaced\n")
+)
+KEPT = (
+    b"2026-12-07T09:00:00.1Z stdout PP_GPU_NODE_ADDR a 127.0.0.1:1\n"
+    b"2026-12-07T09:00:00.2Z stderr stub stop signal: exiting\n"
+    b"2026-12-07T09:00:00.3Z stdout one\n"
+    b"2026-12-07T09:00:00.4Z stdout two  spaced\n"
+)
+
+
+@pytest.mark.parametrize("cut", [1, 5, 8, 9, 61, 4096])
+def test_each_frame_is_kept_as_time_stream_text_however_the_stream_is_cut(pp_guard: ModuleType, cut: int) -> None:
+    assert b"".join(pp_guard.frames(Response(STREAM, cut))) == KEPT
+
+
+def test_a_frame_the_stream_ends_in_is_not_kept_half(pp_guard: ModuleType) -> None:
+    cut_short = STREAM + frame(1, b"2026-12-07T09:00:00.5Z never whole\n")[:-5]
+    assert b"".join(pp_guard.frames(Response(cut_short, 4096))) == KEPT
