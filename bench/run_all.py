@@ -17,6 +17,7 @@ BENCHES = [
     "bench_hosts.py",
     "bench_output.py",
     "bench_guard.py",
+    "bench_kept_lines.py",
     "bench_restart.py",
     "bench_ray.py",
     "bench_ways_in.py",

@@ -50,7 +50,7 @@ if sys.argv[1:] != ["session"]:  # the session is a relay, started for every run
     import http.client
     import json
     import urllib.parse
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
 
 SOCKET = os.environ.get("PP_GUARD_SOCKET", "/var/run/docker.sock")
 GRACE = float(os.environ.get("PP_GUARD_GRACE", "5"))
@@ -349,11 +349,11 @@ LINES_KEPT = 128 * 1024  # bytes of a stage's last lines in the record: its file
 LINES_BEFORE = 1000  # lines of a stage's log before the hand-over that are kept too (its launcher kept them all)
 
 
-def frames(resp: http.client.HTTPResponse) -> Iterator[bytes]:
+def frames(read: Callable[[], bytes]) -> Iterator[bytes]:
     """The engine's log frames (a stream byte, 3 zero bytes, the size, the data) as kept lines, `<time> <stdout|
-    stderr> <text>\n`, joined: as many as each read brings."""
+    stderr> <text>\n`, joined: as many as each read brings (b"": the stream ended)."""
     buf = b""
-    while chunk := resp.read1(65536):
+    while chunk := read():
         buf += chunk
         at, lines = 0, []
         while len(buf) - at >= 8 and len(buf) - at - 8 >= (size := int.from_bytes(buf[at + 4 : at + 8], "big")):
@@ -367,30 +367,64 @@ def frames(resp: http.client.HTTPResponse) -> Iterator[bytes]:
             yield b"".join(lines)
 
 
+def follow_log(ref: str) -> Callable[[], bytes] | None:
+    """The stage's log as the engine streams it (the last LINES_BEFORE lines, then each as it comes, timed), read
+    a batch at a time: HTTP/1.0, so the stream is the frames themselves, not cut in chunks; after a small read the
+    next waits BATCH seconds for more lines (a chatty stage costs the guard a parse and a write per batch, not per
+    line). None when the engine has no such container."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(SOCKET)
+    query = f"follow=1&stdout=1&stderr=1&timestamps=1&tail={LINES_BEFORE}"
+    sock.sendall(f"GET /containers/{ref}/logs?{query} HTTP/1.0\r\nHost: engine\r\n\r\n".encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        got = sock.recv(4096)
+        if not got:
+            break
+        head += got
+    head, _, early = head.partition(b"\r\n\r\n")
+    if head.split(b" ", 2)[1:2] != [b"200"]:
+        sock.close()
+        return None
+    pending = [early]
+
+    def read() -> bytes:
+        if pending:
+            return pending.pop() or read()
+        data = sock.recv(65536)
+        if not data:
+            sock.close()
+        elif len(data) < 16384:
+            time.sleep(BATCH)
+        return data
+
+    return read
+
+
+BATCH = 0.2
+
+
 def keep_lines(ref: str, stage: int) -> None:
     """`stage-K.log` beside the record (its last LINES_BEFORE lines, then each as it comes); at LINES_KEPT bytes
     it becomes `stage-K.log.1` (the one before it dropped). A write that fails stops the keeping and is said."""
     path = os.path.join(os.path.dirname(RECORD), f"stage-{stage}.log")
-    conn = _unix(None)
     out = -1
     try:
-        conn.request("GET", f"/containers/{ref}/logs?follow=1&stdout=1&stderr=1&timestamps=1&tail={LINES_BEFORE}")
-        resp = conn.getresponse()
-        if resp.status != 200:
+        read = follow_log(ref)
+        if read is None:
             return
         out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644)
         size = os.fstat(out).st_size
-        for data in frames(resp):
+        for data in frames(read):
             if size + len(data) > LINES_KEPT and size:
                 os.close(out)
                 os.replace(path, path + ".1")
                 out, size = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644), 0
             os.write(out, data)
             size += len(data)
-    except (OSError, http.client.HTTPException) as exc:
+    except OSError as exc:
         say(f"the lines of stage {stage} are no longer kept in the record: {exc}")
     finally:
-        conn.close()
         if out >= 0:
             os.close(out)
 

@@ -129,6 +129,30 @@ def test_wait_until_announced_prints_each_address_and_until_exit_each_code(engin
     assert wait_until(lambda: guard_of(engine, run) == [], 30)  # its guard ends once the run's last stage is gone
 
 
+def test_logs_of_a_detached_run_show_a_stage_that_crashed_while_the_others_run(engine, stub_image) -> None:  # type: ignore[no-untyped-def]
+    """Auto-remove takes a crashed stage's log on the engine with it; its run's guard kept its lines in the record
+    (the run is detached): `logs RUN` shows them beside the stages that still run, its last line the crash's."""
+    up = cli("chain", "--stages", "2", "--gpus", "none", "--detach", "--env", "STUB_MODE=hold",
+             "--stage-env", "1:STUB_EXIT_AFTER=2", "--stage-env", "1:STUB_EXIT_CODE=3")  # fmt: skip
+    assert up.returncode == 0, up.stderr
+    run = up.stdout.strip()
+    remember_run(run)
+    try:
+        assert wait_until(lambda: [c for c in run_containers(engine, run) if c.endswith("-1")] == [], 30)
+        shown = cli("logs", run)
+        assert shown.returncode == 0, shown.stderr
+        lines = shown.stdout.splitlines()
+        assert any(line.startswith("[stage 0] PP_GPU_NODE_ADDR ") for line in lines), lines  # the engine's
+        assert any(line.startswith("[stage 1] PP_GPU_NODE_ADDR ") for line in lines), lines  # the record's
+        crash = ["[stage 1] stub[1/2] STUB_EXIT_AFTER=2: exiting with 3"]  # once the guard has written it out
+        assert wait_until(lambda: cli("logs", run, "--stage", "1", "-n", "1").stdout.splitlines() == crash, 15)
+        timed = cli("logs", run, "--stage", "1", "-n", "1", "-t").stdout
+        assert timed.startswith("[stage 1] 20") and timed.rstrip().endswith("exiting with 3"), timed
+    finally:
+        cli("down", run, "--grace", "1")
+    assert run_containers(engine, run) == []
+
+
 def test_wait_gives_up_after_its_timeout_and_names_no_such_run(detached: str) -> None:
     t0 = time.monotonic()
     done = cli("wait", detached, "--timeout", "1")

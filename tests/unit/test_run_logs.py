@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -177,3 +178,52 @@ def test_an_ended_runs_logs_take_each_stage_its_guard_kept_from_the_record_and_t
     said.clear()
     assert _print_kept("r1", LogView(log_dir=str(tmp_path), tail=1, stages=(1,)), voice, by_guards)
     assert said == ["[stage 1] one, line 2"]
+
+
+def test_a_live_detached_runs_gone_stage_is_read_from_the_record_its_other_stages_mount(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Stage 1 crashed (auto-removed) while stage 0 runs: its kept lines are read where stage 0 mounts the run's
+    record (`docker cp`), the file before the newest first; a stage still there is the engine's; a record that is
+    not this user's own is never read; -n and --since apply as to the engine's lines."""
+    from pp_launch.adapters.docker_engine import ContainerInfo
+    from pp_launch.app import docker_runs
+    from pp_launch.app.site import LogView
+
+    own = "pp-launch-record-r1-0a0b0c0d"
+
+    class Engine:
+        def __init__(self) -> None:
+            self.read: list[tuple[str, str]] = []
+
+        def inspect(self, ref: str) -> dict[str, object]:
+            return {"Config": {"Env": ["PATH=/bin", "NUM_STAGES=2", "STAGE=0"]}}
+
+        def read_files(self, ref: str, path: str, limit: int) -> dict[str, bytes]:
+            self.read.append((ref, path))
+            return {
+                "log": b"owned x\n",
+                "stage-1.log": b"2026-12-07T09:00:03Z stderr exiting with 3\n",
+                "stage-1.log.1": b"2026-12-07T09:00:01Z stdout older\n2026-12-07T09:00:02Z stdout old\n",
+                "stage-0.log": b"2026-12-07T09:00:00Z stdout the engine has these\n",
+            }
+
+    labels = {"pp-launch.run": "r1", "pp-launch.stage": "0", "pp-launch.owner": "detached"}
+    stage0 = ContainerInfo("c0", "pp-r1-0", "i", "running", 0, labels, (own,), own)
+    engine = Engine()
+    monkeypatch.setattr(docker_runs, "_own_records", lambda: {own})
+    gone = docker_runs._gone_stages([(engine, stage0)])  # type: ignore[list-item]
+    assert engine.read == [("c0", "/run/pp-launch-record")]
+    assert [(k.stage, k.text) for k in gone[1]] == [(1, "older"), (1, "old"), (1, "exiting with 3")] and 0 not in gone
+    rows = docker_runs._kept_rows(gone, LogView(tail=2))
+    assert [(head, text) for _, head, text in rows] == [("[stage 1] ", b"old"), ("[stage 1] ", b"exiting with 3")]
+    since = docker_runs._unix("2026-12-07T09:00:02")
+    assert [text for _, _, text in docker_runs._kept_rows(gone, LogView(since=since))] == [b"old", b"exiting with 3"]
+    monkeypatch.setattr(docker_runs, "_own_records", lambda: {"pp-launch-record-r1-ffffffff"})
+    assert docker_runs._gone_stages([(engine, stage0)]) == {} and len(engine.read) == 1  # type: ignore[list-item]
+    attached = dataclasses.replace(stage0, labels={**labels, "pp-launch.owner": "host:1:2"})
+    monkeypatch.setattr(docker_runs, "_own_records", lambda: {own})
+    assert docker_runs._gone_stages([(engine, attached)]) == {} and len(engine.read) == 1  # type: ignore[list-item]
+    stage1 = dataclasses.replace(stage0, id="c1", labels={**labels, "pp-launch.stage": "1"})
+    both = [(engine, stage0), (engine, stage1)]
+    assert docker_runs._gone_stages(both) == {} and len(engine.read) == 1  # type: ignore[arg-type]  # all there

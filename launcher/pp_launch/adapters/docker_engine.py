@@ -616,22 +616,35 @@ class Engine:
     def read_file(self, ref: str, path: str, limit: int = 16 * 1024 * 1024) -> bytes | None:
         """A file of a container (running or not), as `docker cp` reads it; None when it has none there (or it is
         gone, or the file is larger than `limit`)."""
+        files = self.read_files(ref, path, limit)
+        return next(iter(files.values())) if files else None
+
+    def read_files(self, ref: str, path: str, limit: int = 16 * 1024 * 1024) -> dict[str, bytes]:
+        """The files at `path` in a container (running or not: a file, or a folder's files, by name), as `docker
+        cp` reads them; none when it has none there, is gone, or they take more than `limit` bytes."""
         import io
         import tarfile
 
         try:
             stream, stat = self.api.get_archive(ref, path)
             if int((stat or {}).get("size", 0)) > limit:
-                return None
-            data = b"".join(stream)
+                return {}
+            data = bytearray()
+            for chunk in stream:
+                data += chunk
+                if len(data) > limit + 1024 * 1024:  # a folder's size is not its files' (tar headers: 512 each)
+                    return {}
         except docker.errors.NotFound:
-            return None
+            return {}
         except docker.errors.APIError as exc:
             raise errors.EngineError(f"cannot read {path} of {ref[:12]}: {_reason(exc)}") from None
-        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-            member = next((m for m in tar.getmembers() if m.isfile()), None)
-            handle = tar.extractfile(member) if member is not None else None
-            return handle.read() if handle is not None else None
+        out: dict[str, bytes] = {}
+        with tarfile.open(fileobj=io.BytesIO(bytes(data))) as tar:
+            for member in tar.getmembers():
+                handle = tar.extractfile(member) if member.isfile() else None
+                if handle is not None:
+                    out[member.name.rsplit("/", 1)[-1]] = handle.read()
+        return out
 
     def volume_users(self, name: str) -> list[str]:
         """The ids of the containers (any state) that mount this volume."""

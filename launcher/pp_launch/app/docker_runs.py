@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from pp_launch.adapters import guard, host_state, images, run_logs
-from pp_launch.adapters.docker_engine import ContainerInfo, Engine
+from pp_launch.adapters.docker_engine import RECORD_INSIDE, ContainerInfo, Engine
 from pp_launch.adapters.guard import StageEnd
 from pp_launch.adapters.runtime import Nursery
 from pp_launch.app import housekeeping
@@ -29,6 +29,7 @@ from pp_launch.app.rows import StageRow
 from pp_launch.app.site import Confirm, LogView, Voice, Where
 from pp_launch.core import errors, labels
 from pp_launch.core.lines import count, display
+from pp_launch.core.stage_env import NUM_STAGES
 
 
 class DockerRuns:
@@ -295,11 +296,13 @@ class DockerRuns:
                 raise
             return
         found = [(e, c) for e, c in found if housekeeping.is_stage(c)]  # not its lock or guard
+        gone = _gone_stages(found)
         if view.stages:
             found = [(e, c) for e, c in found if labels.ascii_int(c.labels.get(labels.STAGE, "")) in view.stages]
-            if not found:
+            gone = {k: lines for k, lines in gone.items() if k in view.stages}
+            if not found and not gone:
                 raise errors.ConfigError(f"run {name} has no stage {', '.join(map(str, view.stages))}")
-        shown, last = _replay(found, view)
+        shown, last = _replay(found, view, gone)
         if shown:
             self.voice.answer("\n".join(shown))  # one answer: a long log is not written line by line
         if view.follow:  # then each stage's new lines as they come, from where its replay ended
@@ -388,10 +391,56 @@ def _prefix(c: ContainerInfo) -> str:
 Seen = dict[str, tuple[str, int]]  # a container's last replayed line: its time (instant()) and how many had that time
 
 
-def _replay(found: list[tuple[Engine, ContainerInfo]], view: LogView) -> tuple[list[str], Seen]:
-    """Every stage's lines so far (its last `tail`), merged in the order the engine timed them; and where each
-    stage's replay ended, so that a follow goes on from there."""
-    rows: list[tuple[str, str, bytes]] = []
+def _gone_stages(found: list[tuple[Engine, ContainerInfo]]) -> dict[int, list[run_logs.KeptLine]]:
+    """A detached run's stages that are gone while others run (one crashed): their lines as the run's guard kept
+    them in its record, read where a stage that is still there on the same engine mounts it (`docker cp`: no helper
+    to start). Only a record this user's runs made (a neighbour can make a volume under a run's record name)."""
+    own = _own_records()
+    out: dict[int, list[run_logs.KeptLine]] = {}
+    there = {labels.ascii_int(c.labels.get(labels.STAGE, "")) for _, c in found}
+    readers = {id(e): (e, c) for e, c in found if c.labels.get(labels.OWNER) == labels.OWNER_DETACHED and c.record}
+    if not own or not readers:
+        return out
+    stages = _num_stages(*next(iter(readers.values())))
+    if stages and there >= set(range(stages)):
+        return out  # every stage is there: the engine has their lines
+    for engine, c in readers.values():
+        if c.record not in own:
+            continue
+        with contextlib.suppress(errors.PpLaunchError):  # not read: the stages that are there still are
+            files = engine.read_files(c.id, RECORD_INSIDE, limit=64 * 1024 * 1024)
+            for name in sorted(files, key=lambda n: (n.split(".")[0], n.endswith(".log"))):  # .log.1 first
+                k = labels.ascii_int(name.removeprefix("stage-").split(".")[0]) if name.startswith("stage-") else None
+                if k is not None and k not in there:
+                    text = files[name].decode("utf-8", "replace")
+                    out.setdefault(k, []).extend(run_logs.parse(k, raw) for raw in text.splitlines() if raw)
+    return out
+
+
+def _num_stages(engine: Engine, c: ContainerInfo) -> int:
+    """The run's number of stages, as its stage's environment says (NUM_STAGES); 0 when it does not say."""
+    env = ((engine.inspect(c.id) or {}).get("Config") or {}).get("Env") or []
+    told = [v.removeprefix(f"{NUM_STAGES}=") for v in env if isinstance(v, str) and v.startswith(f"{NUM_STAGES}=")]
+    return labels.ascii_int(told[0]) or 0 if told else 0
+
+
+def _kept_rows(gone: Mapping[int, list[run_logs.KeptLine]], view: LogView) -> list[tuple[str, str, bytes]]:
+    """Kept lines as _replay's rows: since `since`, each stage's last `tail`."""
+    rows = []
+    for k, kept in gone.items():
+        lines = [line for line in kept if view.since is None or _unix(instant(line.time)) >= view.since]
+        for line in lines if view.tail is None else lines[len(lines) - view.tail :] if view.tail else []:
+            text = f"{line.time} {line.text}" if view.timestamps else line.text
+            rows.append((instant(line.time), f"[stage {k}] ", text.encode()))
+    return rows
+
+
+def _replay(
+    found: list[tuple[Engine, ContainerInfo]], view: LogView, gone: Mapping[int, list[run_logs.KeptLine]]
+) -> tuple[list[str], Seen]:
+    """Every stage's lines so far (its last `tail`), with the kept lines of the stages that are `gone`, merged in
+    the order the engine timed them; and where each stage's replay ended, so that a follow goes on from there."""
+    rows: list[tuple[str, str, bytes]] = _kept_rows(gone, view)
     last: Seen = {}
     for engine, c in found:
         for line in engine.log_lines(c.id, since=view.since, tail=view.tail, timestamps=True):
