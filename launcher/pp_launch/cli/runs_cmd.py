@@ -67,7 +67,9 @@ def logs(
     """Print a run's output, each line prefixed with its stage, as `docker compose logs` does.
 
     Works for any run the engine has (foreground, detached, compose), and after a run ended: every chain keeps
-    its stages' output (bounded) in your state directory (or chain --log-dir). RUN_ID may be a unique prefix.
+    its stages' output (bounded) in your state directory (or chain --log-dir), and a detached run's guard keeps
+    what they print after the hand-over in the run's record on the engine (a stage that crashed while the others
+    run is shown from there too). RUN_ID may be a unique prefix.
     Without -f, every stage's output so far (with -n, each stage's last N lines), in the order it was printed;
     with -f, every stage's lines as they come, until the run ends.
 
