@@ -156,6 +156,8 @@ def test_an_ended_runs_logs_take_each_stage_its_guard_kept_from_the_record_and_t
     from pp_launch.app.site import LogView, Voice
 
     log = run_logs.RunLog("r1", tmp_path)
+    log.stage(0, container="pp-r1-0", image="i")
+    log.stage(1, container="pp-r1-1", image="i")
     log.line(0, "stdout", "zero, before the hand-over")
     log.line(1, "stdout", "one, before the hand-over")
     log.close()
@@ -178,6 +180,14 @@ def test_an_ended_runs_logs_take_each_stage_its_guard_kept_from_the_record_and_t
     said.clear()
     assert _print_kept("r1", LogView(log_dir=str(tmp_path), tail=1, stages=(1,)), voice, by_guards)
     assert said == ["[stage 1] one, line 2"]
+    ended = run_logs.RunLog("r2", tmp_path)  # a foreground run: its launcher kept every stage's end
+    ended.stage(0, container="pp-r2-0", image="i")
+    ended.line(0, "stdout", "all of it")
+    ended.stage(0, exit_code=0)
+    ended.close()
+    said.clear()
+    assert _print_kept("r2", LogView(log_dir=str(tmp_path)), voice, by_guards)
+    assert said == ["[stage 0] all of it"] and asked == ["r1", "r1"]  # its record is not looked at
 
 
 def test_a_live_detached_runs_gone_stage_is_read_from_the_record_its_other_stages_mount(

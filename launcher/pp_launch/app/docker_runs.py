@@ -527,18 +527,15 @@ def _print_kept(
     prefix: str, view: LogView, voice: Voice, by_guards: Callable[[str], dict[int, list[run_logs.KeptLine]]]
 ) -> bool:
     """A run the engine no longer has, from what its launcher kept, each stage's lines as its guard kept them in
-    the run's record instead where it did (a detached run: its launcher left at the hand-over); False when nothing
-    was kept for it."""
+    the run's record instead where it did (a detached run: its launcher left at the hand-over, before any stage's
+    end; the record is not looked at when the launcher kept every stage's end); False when nothing was kept."""
     kept = run_logs.kept_runs(view.log_dir)
     matches = [r for r in kept if r.startswith(prefix)]
     if len(matches) != 1:
         if len(matches) > 1:
             raise errors.ConfigError(f"run {housekeeping.safe(prefix)!r} is ambiguous: {', '.join(matches)}")
         return False
-    recorded = by_guards(matches[0])
-    every = [k for k in run_logs.read(matches[0], view.log_dir) if k.stage not in recorded]
-    every += [k for ks in recorded.values() for k in ks]
-    lines = [k for k in every if not view.stages or k.stage in view.stages]
+    lines = [k for k in _kept_of(matches[0], view, by_guards) if not view.stages or k.stage in view.stages]
     by_stage: dict[int, list[run_logs.KeptLine]] = {}
     for k in lines:
         by_stage.setdefault(k.stage, []).append(k)
@@ -552,6 +549,17 @@ def _print_kept(
     if said:
         voice.answer("\n".join(said))
     return True
+
+
+def _kept_of(
+    run: str, view: LogView, by_guards: Callable[[str], dict[int, list[run_logs.KeptLine]]]
+) -> list[run_logs.KeptLine]:
+    """An ended run's kept lines: each stage's from the run's record where its guard kept them, else from what its
+    launcher kept. The record is looked at only when the launcher left before a stage's end (detached)."""
+    ends = run_logs.facts(run, view.log_dir).values()
+    recorded = by_guards(run) if any(f.exit_code is None for f in ends) else {}
+    every = [k for k in run_logs.read(run, view.log_dir) if k.stage not in recorded]
+    return every + [k for ks in recorded.values() for k in ks]
 
 
 def ended_rows(present: set[str], run: str | None, asked: set[str | None]) -> list[StageRow]:
