@@ -330,7 +330,7 @@ def watch_ends(guard: Guard) -> None:
 def keep_stage_lines(guard: Guard) -> None:
     """A detached run's stages' lines (its launcher, which kept them, is gone), each stage's kept in the run's
     record, bounded, for `pp-launch logs RUN` once the stages are gone (auto-remove takes the engine's log with
-    them): the whole of each stage's log as the engine has it, then each line as it comes, until the stage ends."""
+    them): each stage's last LINES_BEFORE lines, then each line as it comes, until the stage ends."""
     with guard.lock:
         owned = list(guard.owned)
     for ref in owned:
