@@ -699,10 +699,16 @@ def kept_lines(engine: Engine, run: str, only: set[str]) -> dict[int, list[bytes
         if v.name in only and is_record_of(v.name, run)
     ]
     script = 'for f in /records/*/stage-*.log.1 /records/*/stage-*.log; do echo "=== $1 ${f##*/}"; cat "$f"; echo; done'
+    return stage_files(_in_records(engine, volumes, script))
+
+
+def stage_files(files: Iterable[tuple[str, list[bytes]]]) -> dict[int, list[bytes]]:
+    """The lines of a record's `stage-K.log.1` and `stage-K.log` files (name, lines), by stage, the older file's
+    first; any other file, and empty lines, left out."""
     lines: dict[int, list[bytes]] = {}
-    for name, part in _in_records(engine, volumes, script):
-        stage = labels.ascii_int(name.removeprefix("stage-").split(".")[0])
-        if stage is not None:
+    for name, part in sorted(files, key=lambda f: (f[0].split(".")[0], f[0].endswith(".log"))):
+        stage = labels.ascii_int(name.removeprefix("stage-").split(".")[0]) if name.startswith("stage-") else None
+        if stage is not None and name.endswith((".log", ".log.1")):
             lines.setdefault(stage, []).extend(line for line in part if line)
     return lines
 

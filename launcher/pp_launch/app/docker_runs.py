@@ -316,7 +316,7 @@ class DockerRuns:
         for _, engine in self.reached if own else ():
             with contextlib.suppress(errors.PpLaunchError):  # an engine that fails: the launcher's lines still
                 for k, lines in guard.kept_lines(engine, run, own).items():
-                    out.setdefault(k, []).extend(run_logs.parse(k, raw.decode("utf-8", "replace")) for raw in lines)
+                    out.setdefault(k, []).extend(_parsed(k, lines))
         return out
 
     # ---------------------------------------------------------------------------------------------------- wait
@@ -409,12 +409,13 @@ def _gone_stages(found: list[tuple[Engine, ContainerInfo]]) -> dict[int, list[ru
             continue
         with contextlib.suppress(errors.PpLaunchError):  # not read: the stages that are there still are
             files = engine.read_files(c.id, RECORD_INSIDE, limit=64 * 1024 * 1024)
-            for name in sorted(files, key=lambda n: (n.split(".")[0], n.endswith(".log"))):  # .log.1 first
-                k = labels.ascii_int(name.removeprefix("stage-").split(".")[0]) if name.startswith("stage-") else None
-                if k is not None and k not in there:
-                    text = files[name].decode("utf-8", "replace")
-                    out.setdefault(k, []).extend(run_logs.parse(k, raw) for raw in text.splitlines() if raw)
+            kept = guard.stage_files((name, data.splitlines()) for name, data in files.items())
+            out.update({k: _parsed(k, lines) for k, lines in kept.items() if k not in there})
     return out
+
+
+def _parsed(stage: int, lines: list[bytes]) -> list[run_logs.KeptLine]:
+    return [run_logs.parse(stage, raw.decode("utf-8", "replace")) for raw in lines]
 
 
 def _num_stages(engine: Engine, c: ContainerInfo) -> int:
