@@ -252,3 +252,9 @@ def test_a_guard_removed_before_it_could_take_the_lock_stops_the_launch_saying_s
     engine = NamingEngine()
     with pytest.raises(errors.LockLost, match=r"the run's guard on gpu1 \(container gggggggggggg\) is gone"):
         guarded(engine, "g" * 64).acquire()
+
+
+def test_a_locks_age_is_zero_when_either_time_is_unreadable() -> None:
+    assert locks.age("2026-12-03T12:00:00Z", "2026-12-03T12:00:31.5Z") == pytest.approx(31.5)
+    assert locks.age("garbage", "2026-12-03T12:00:31Z") == 0.0
+    assert locks.age("2026-12-03T12:00:00Z", "") == 0.0

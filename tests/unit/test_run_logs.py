@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from pp_launch.adapters import run_logs
+from pp_launch.adapters.docker_engine import engine_time
 from pp_launch.core import errors
 
 
@@ -227,7 +228,7 @@ def test_a_live_detached_runs_gone_stage_is_read_from_the_record_its_other_stage
     assert [(k.stage, k.text) for k in gone[1]] == [(1, "older"), (1, "old"), (1, "exiting with 3")] and 0 not in gone
     rows = docker_runs._kept_rows(gone, LogView(tail=2))
     assert [(head, text) for _, head, text in rows] == [("[stage 1] ", b"old"), ("[stage 1] ", b"exiting with 3")]
-    since = docker_runs._unix("2026-12-07T09:00:02")
+    since = int(engine_time("2026-12-07T09:00:02"))
     assert [text for _, _, text in docker_runs._kept_rows(gone, LogView(since=since))] == [b"old", b"exiting with 3"]
     monkeypatch.setattr(docker_runs, "_own_records", lambda: {"pp-launch-record-r1-ffffffff"})
     assert docker_runs._gone_stages([(engine, stage0)]) == {} and len(engine.read) == 1  # type: ignore[list-item]

@@ -5,8 +5,10 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from pp_launch.adapters import guard
-from pp_launch.adapters.docker_engine import VolumeInfo, _rfc3339
+from pp_launch.adapters.docker_engine import VolumeInfo, engine_time
 from pp_launch.core import errors
 
 A, B, C = "a" * 64, "b" * 64, "c" * 64
@@ -46,10 +48,21 @@ def test_an_uppercase_or_short_id_is_not_owned() -> None:
     assert record.owned == ()
 
 
-def test_the_engines_times_read_in_utc_and_with_an_offset() -> None:
-    assert _rfc3339("2026-12-06T04:47:07Z") == 1796532427
-    assert _rfc3339("2026-12-06T05:47:07.123456+01:00") == 1796532427
-    assert _rfc3339("") == 0 and _rfc3339("yesterday") == 0
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("2026-12-06T04:47:07Z", 1796532427.0),
+        ("2026-12-06T04:47:07.250000000Z", 1796532427.25),  # the engine's nanoseconds
+        ("2026-12-06T05:47:07.123456+01:00", 1796532427.123456),  # an offset
+        ("2026-12-06T03:17:07.5-01:30", 1796532427.5),
+        ("2026-12-06T04:47:07.75", 1796532427.75),  # no zone (as `logs` keeps an instant): UTC
+        ("0001-01-01T00:00:00Z", 0.0),  # a container never started
+        ("yesterday", 0.0),
+        ("", 0.0),
+    ],
+)
+def test_the_engines_times_read_in_utc_and_with_an_offset(text: str, seconds: float) -> None:
+    assert engine_time(text) == pytest.approx(seconds, abs=1e-6)
 
 
 def test_a_record_volume_is_named_for_its_run_and_labelled_as_a_record() -> None:

@@ -75,16 +75,15 @@ def _tar(files: Mapping[str, bytes]) -> bytes:
     return buf.getvalue()
 
 
-def _rfc3339(text: str) -> int:
-    """The engine's `2026-12-06T04:47:07Z` (or with an offset) as seconds since the epoch; 0 when unreadable."""
-    m = re.match(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.\d+)?(Z|[+-]\d\d:\d\d)?", text or "")
-    if not m:
-        return 0
-    at = calendar.timegm(time.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S"))
-    zone = m.group(2) or "Z"
-    if zone != "Z":
-        sign = 1 if zone[0] == "+" else -1
-        at -= sign * (int(zone[1:3]) * 3600 + int(zone[4:6]) * 60)
+def engine_time(text: str) -> float:
+    """An engine's RFC 3339 time (`2026-12-06T04:47:07.123456789Z`, or with an offset; no zone: UTC) as seconds
+    since the epoch; 0.0 when unreadable or the zero time (a container never started)."""
+    m = re.match(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?(Z|[+-]\d\d:\d\d)?", text or "")
+    if not m or text.startswith("0001"):
+        return 0.0
+    at = calendar.timegm(time.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S")) + float(m.group(2) or 0)
+    if (zone := m.group(3) or "Z") != "Z":
+        at -= (1 if zone[0] == "+" else -1) * (int(zone[1:3]) * 3600 + int(zone[4:6]) * 60)
     return at
 
 
@@ -611,7 +610,9 @@ class Engine:
             rows = self.api.volumes(filters={"label": label_filters}).get("Volumes") or []
         except docker.errors.APIError as exc:
             raise errors.EngineError(f"cannot list volumes: {_reason(exc)}") from None
-        return [VolumeInfo(r.get("Name", ""), r.get("Labels") or {}, _rfc3339(r.get("CreatedAt", ""))) for r in rows]
+        return [
+            VolumeInfo(r.get("Name", ""), r.get("Labels") or {}, int(engine_time(r.get("CreatedAt", "")))) for r in rows
+        ]
 
     def read_file(self, ref: str, path: str, limit: int = 16 * 1024 * 1024) -> bytes | None:
         """A file of a container (running or not), as `docker cp` reads it; None when it has none there (or it is

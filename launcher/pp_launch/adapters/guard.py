@@ -44,6 +44,7 @@ from pp_launch.adapters.docker_engine import (
     Engine,
     Session,
     VolumeInfo,
+    engine_time,
 )
 from pp_launch.adapters.runtime import Nursery
 from pp_launch.core import errors, labels
@@ -507,15 +508,7 @@ def _running(info: dict[str, Any]) -> bool:
 
 def _started(engine: Engine, ref: str) -> float:
     """When a container started, on the engine's clock (seconds since the epoch; 0 when unknown)."""
-    import datetime
-
-    text = str(((engine.inspect(ref) or {}).get("State") or {}).get("StartedAt", ""))
-    head, _, frac = text.rstrip("Z").partition(".")
-    try:
-        at = datetime.datetime.fromisoformat(head).replace(tzinfo=datetime.timezone.utc)
-    except ValueError:
-        return 0.0
-    return at.timestamp() + float(f"0.{frac.split('+')[0].split('-')[0] or '0'}")
+    return engine_time(str(((engine.inspect(ref) or {}).get("State") or {}).get("StartedAt", "")))
 
 
 def guard_name(run_id: str) -> str:

@@ -10,7 +10,6 @@ is app/docker_site.py's.
 
 from __future__ import annotations
 
-import calendar
 import contextlib
 import dataclasses
 import os
@@ -21,7 +20,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from pp_launch.adapters import guard, host_state, images, run_logs
-from pp_launch.adapters.docker_engine import RECORD_INSIDE, ContainerInfo, Engine
+from pp_launch.adapters.docker_engine import RECORD_INSIDE, ContainerInfo, Engine, engine_time
 from pp_launch.adapters.guard import StageEnd
 from pp_launch.adapters.runtime import Nursery
 from pp_launch.app import housekeeping
@@ -429,7 +428,7 @@ def _kept_rows(gone: Mapping[int, list[run_logs.KeptLine]], view: LogView) -> li
     """Kept lines as _replay's rows: since `since`, each stage's last `tail`."""
     rows = []
     for k, kept in gone.items():
-        lines = [line for line in kept if view.since is None or _unix(instant(line.time)) >= view.since]
+        lines = [line for line in kept if view.since is None or int(engine_time(line.time)) >= view.since]
         for line in lines if view.tail is None else lines[len(lines) - view.tail :] if view.tail else []:
             text = f"{line.time} {line.text}" if view.timestamps else line.text
             rows.append((instant(line.time), f"[stage {k}] ", text.encode()))
@@ -454,14 +453,6 @@ def _replay(
     return shown, last
 
 
-def _unix(at: str) -> int:
-    """instant()'s time as the whole Unix second it falls in (the engine's `since`)."""
-    try:
-        return calendar.timegm(time.strptime(at.partition(".")[0], "%Y-%m-%dT%H:%M:%S"))
-    except ValueError:
-        return 0
-
-
 def _follow(found: list[tuple[Engine, ContainerInfo]], view: LogView, voice: Voice, last: Seen) -> None:
     """Every stage's lines as they come after its replay, until each stage is gone; interrupted (Ctrl-C), every
     stream is closed and every pump joined before the interruption goes on."""
@@ -472,7 +463,7 @@ def _follow(found: list[tuple[Engine, ContainerInfo]], view: LogView, voice: Voi
         seen = last.get(c.id)
         # from the second the replay's last line fell in, skipping what was shown; nothing shown: what the view
         # asked for (lines that came since the replay are within its tail)
-        since, tail = (_unix(seen[0]), None) if seen is not None else (view.since, view.tail)
+        since, tail = (int(engine_time(seen[0])), None) if seen is not None else (view.since, view.tail)
         again = 0  # lines of the replay's last instant met again
         try:
             for line in engine.log_lines(

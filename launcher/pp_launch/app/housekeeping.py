@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import calendar
 import contextlib
 import dataclasses
-import re
 import signal
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from pp_launch.adapters import guard, host_state, identity
-from pp_launch.adapters.docker_engine import ContainerInfo, DockerStageBackend, Engine, connect
+from pp_launch.adapters.docker_engine import ContainerInfo, DockerStageBackend, Engine, connect, engine_time
 from pp_launch.adapters.inbox import QueueInbox
 from pp_launch.adapters.runtime import ThreadRuntime, map_all
 from pp_launch.app.locks import LOCK_NAME
@@ -303,14 +300,6 @@ def _announced(engine: Engine, ref: str) -> str | None:
     return None
 
 
-def _started(info: dict[str, Any] | None) -> float | None:
-    text = ((info or {}).get("State") or {}).get("StartedAt") or ""
-    m = re.match(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)", text)
-    if not m or text.startswith("0001"):
-        return None
-    return calendar.timegm(time.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S"))
-
-
 def list_stages(
     engine: Engine,
     run: str | None = None,
@@ -356,7 +345,7 @@ def _stage_row(
     stage = c.labels.get(labels.STAGE, "")
     uuids = tuple(g for g in c.labels.get(labels.GPUS, "").split(",") if g)
     held = [by_uuid[u] for u in uuids if u in by_uuid]
-    started = _started(engine.inspect(c.id)) if look else None
+    started = engine_time(((engine.inspect(c.id) or {}).get("State") or {}).get("StartedAt") or "") if look else 0
     return StageRow(
         run=c.labels.get(labels.RUN, ""),
         stage=labels.ascii_int(stage),
@@ -372,7 +361,7 @@ def _stage_row(
         age_s=max(0, int(now - c.created)),
         labels=dict(c.labels),
         host=host,
-        uptime_s=None if started is None else max(0, int(now - started)),
+        uptime_s=max(0, int(now - started)) if started else None,
         address=announced(engine, c.id) if look else None,
         gpu_index=tuple(g.index for g in held),
         gpu_memory_used_mib=tuple(g.memory_used_mib for g in held),

@@ -27,14 +27,13 @@ that name, waited on and named.
 from __future__ import annotations
 
 import contextlib
-import datetime
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from pp_launch.adapters.docker_engine import Engine
+from pp_launch.adapters.docker_engine import Engine, engine_time
 from pp_launch.adapters.guard import guard_name
 from pp_launch.core import errors, labels
 from pp_launch.core.announce import escape
@@ -117,20 +116,9 @@ class GuardHeld:
 
 
 def age(created: str, now: str) -> float:
-    """Seconds between two of the engine's RFC 3339 times (nanoseconds cut to micro); 0 when either is unreadable."""
-
-    def parse(text: str) -> datetime.datetime:
-        head, _, frac = text.rstrip("Z").partition(".")
-        zone = ""
-        for sign in ("+", "-"):
-            if sign in frac:
-                frac, zone = frac.split(sign, 1)[0], sign + frac.split(sign, 1)[1]
-        return datetime.datetime.fromisoformat(f"{head}.{(frac or '0')[:6]}{zone or '+00:00'}")
-
-    try:
-        return (parse(now) - parse(created)).total_seconds()
-    except ValueError:
-        return 0.0
+    """Seconds between two of the engine's RFC 3339 times; 0 when either is unreadable."""
+    then, at = engine_time(created), engine_time(now)
+    return at - then if then and at else 0.0
 
 
 def holder(info: dict[str, object]) -> str:
