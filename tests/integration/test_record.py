@@ -86,8 +86,9 @@ def test_a_detached_run_whose_guard_was_removed_is_shown_and_ended_by_another_us
 
 def test_every_stage_end_is_told_after_the_run_ended_to_another_user(side_engine, tmp_path: Path) -> None:
     """Stage 0 ends with 3 at once; the run ends; another user, who has none of the launcher's state: `wait` gives
-    every stage's code (exit 0, as docker wait), `ps -a` shows `Exited (3)`; `gc` keeps the record a week (on a
-    private engine: a `gc` that removes records is no test's to run on a shared one)."""
+    every stage's code (exit 0, as docker wait), `ps -a` shows `Exited (3)`, `logs` says its lines are not theirs;
+    `gc` keeps the record a week (on a private engine: a `gc` that removes records is no test's to run on a shared
+    one)."""
     on, env = ("-H", side_engine.host), {"DOCKER_HOST": side_engine.host}
     chain = Launcher("chain", "--stages", "2", "--gpus", "none", "--json", "--grace", "1", "--env", "STUB_MODE=hold",
                      "--stage-env", "0:STUB_EXIT_AFTER=0.5", "--stage-env", "0:STUB_EXIT_CODE=3", env=env)  # fmt: skip
@@ -103,6 +104,10 @@ def test_every_stage_end_is_told_after_the_run_ended_to_another_user(side_engine
     shown = as_another_user(tmp_path, "ps", "-a", "--json", **env)
     rows = [r for r in map(json.loads, shown.stdout.splitlines()) if r["run"] == run]
     assert any(r["stage"] == 0 and r["status"] == "Exited (3)" and r["exit_code"] == 3 for r in rows), rows
+    logs = as_another_user(tmp_path, "logs", run, **env)  # not theirs to read: said so, and what they can ask
+    assert logs.returncode == 2 and logs.stdout == "", logs.stdout + logs.stderr
+    assert f"run {run} has ended, and its lines are not kept for this user" in logs.stderr, logs.stderr
+    assert f"'pp-launch wait {run}'" in logs.stderr, logs.stderr
     record = record_of(run, *on)
     assert record, "no record volume of the run"  # kept: until gc finds it old
     kept = as_another_user(tmp_path, "gc", "--dry-run", **env)

@@ -292,6 +292,7 @@ class DockerRuns:
             name, found = self.find_run(run)
         except errors.ConfigError:
             if view.follow or not _print_kept(run, view, self.voice, self._kept_by_guards):
+                self._not_kept_here(run)
                 raise
             return
         found = [(e, c) for e, c in found if housekeeping.is_stage(c)]  # not its lock or guard
@@ -306,6 +307,21 @@ class DockerRuns:
             self.voice.answer("\n".join(shown))  # one answer: a long log is not written line by line
         if view.follow:  # then each stage's new lines as they come, from where its replay ended
             _follow(found, view, self.voice, last)
+
+    def _not_kept_here(self, run: str) -> None:
+        """An ended run whose lines this user does not keep, but that an engine keeps a record of (another user's
+        run, or one whose launcher's state was cleared): said as that, with what can still be told of it."""
+        try:
+            ended = self._recorded_ends(run)
+        except errors.PpLaunchError:  # a record without ends, an engine that failed: the plain message
+            return
+        if ended is not None:
+            name = housekeeping.safe(ended[0])
+            raise errors.ConfigError(
+                f"run {name} has ended, and its lines are not kept for this user: pp-launch keeps them for the user "
+                "who launched it (in their state, and in the run's record, read for that user alone); "
+                f"'pp-launch wait {name}' and 'pp-launch ps -a' tell its stages' exit codes"
+            )
 
     def _kept_by_guards(self, run: str) -> dict[int, list[run_logs.KeptLine]]:
         """Each stage's lines as a detached run's guards kept them in its record after its launcher left (only this
