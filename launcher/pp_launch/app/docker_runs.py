@@ -583,22 +583,7 @@ def ended_rows(present: set[str], run: str | None, asked: set[str | None]) -> li
         kept = run_logs.facts(ended)
         for k in sorted(set(stages) | set(kept)):
             fact = kept.get(k, run_logs.StageFacts(k))
-            status = "Exited (?)" if fact.exit_code is None else f"Exited ({fact.exit_code})"
-            rows.append(
-                StageRow(
-                    run=ended,
-                    stage=k,
-                    container=fact.container,
-                    id="",
-                    image=fact.image,
-                    owner="-",
-                    owner_status="ended",
-                    state="exited",
-                    status=status,
-                    exit_code=fact.exit_code,
-                    age_s=max(0, int(now - last)),
-                )
-            )
+            rows.append(StageRow.exited(ended, k, fact.container, "", fact.exit_code, now - last, image=fact.image))
     return rows
 
 
@@ -633,23 +618,9 @@ def recorded_rows(
         if run is not None and not r.run.startswith(run):
             continue
         for end in sorted(r.ends, key=lambda e: (labels.ascii_int(e.stage) or 0, e.at)):
-            code = end.exit_code
-            rows.append(
-                StageRow(
-                    run=r.run,
-                    stage=labels.ascii_int(end.stage),
-                    container=end.name,
-                    id=end.id[:12],
-                    image="-",
-                    owner="-",
-                    owner_status="ended",
-                    state="exited",
-                    status=("Exited (?)" if code is None else f"Exited ({code})") + (" (OOM)" if end.oom else ""),
-                    exit_code=code,
-                    age_s=max(0, int(now - end.at)) if end.at else None,
-                    host=host,
-                )
-            )
+            age = now - end.at if end.at else None
+            stage = labels.ascii_int(end.stage)
+            rows.append(StageRow.exited(r.run, stage, end.name, end.id[:12], end.exit_code, age, host, oom=end.oom))
     return rows
 
 

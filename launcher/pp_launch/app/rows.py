@@ -34,6 +34,25 @@ class StageRow:
     gpu_memory_used_mib: tuple[int | None, ...] = ()
     gpu_utilization_pct: tuple[int | None, ...] = ()
 
+    @classmethod
+    def exited(
+        cls,
+        run: str,
+        stage: int | None,
+        container: str,
+        ref: str,
+        code: int | None,
+        age: float | None,
+        host: str | None = None,
+        image: str = "-",
+        oom: bool = False,
+    ) -> StageRow:
+        """A stage end kept after its container was gone (`ps -a`): docker ps's `Exited (N)` (`?`: not told)."""
+        status = f"Exited ({'?' if code is None else code})" + (" (OOM)" if oom else "")
+        age_s = None if age is None else max(0, int(age))
+        return cls(run, stage, container, ref, image, "-", "ended", "exited", status=status, exit_code=code,
+                   age_s=age_s, host=host)  # fmt: skip
+
     @property
     def ended(self) -> bool:
         """A stage end kept after its container was gone (`ps -a`)."""
