@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
-from pp_launch.adapters import guard
+from pp_launch.adapters import guard, host_state
 from pp_launch.adapters.docker_engine import VolumeInfo, engine_time
 from pp_launch.core import errors
 
@@ -204,3 +206,48 @@ def test_a_records_own_lines_cannot_pass_for_another_records(tmp_path: Path) -> 
     engine = _Records(tmp_path, {"pp-launch-record-r1-0a0b0c0d": real, "pp-launch-record-r2-0a0b0c0d": {"log": lies}})
     read = {r.run: r for r in guard.dead_records(engine, live=set())}  # type: ignore[arg-type]
     assert [e.exit_code for e in read["r1"].ends] == [3] and read["r1"].detached
+
+
+class _Volumes:
+    """An engine's record volumes (name: its run, age in seconds, whether a container mounts it), and every call."""
+
+    def __init__(self, volumes: dict[str, tuple[str, float, bool]]) -> None:
+        self.vols, self.calls = volumes, list[str]()
+
+    def volumes(self, filters: list[str]) -> list[VolumeInfo]:
+        self.calls.append("volumes")
+        now = time.time()
+        return [VolumeInfo(n, {"pp-launch.run": run}, int(now - age)) for n, (run, age, _) in self.vols.items()]
+
+    def volume_users(self, name: str) -> list[str]:
+        self.calls.append(f"users {name}")
+        return ["c" * 64] if self.vols[name][2] else []
+
+    def remove_volume(self, name: str) -> bool:
+        self.calls.append(f"remove {name}")
+        return self.vols.pop(name, None) is not None
+
+
+def test_a_runs_end_sweeps_only_this_users_own_records_past_the_keep(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its own record past the keep and unused: removed and forgotten. A neighbour's as old, its own young one, its
+    own old one still mounted (a live run's): kept. Nothing old on its list: the engine is not asked at all."""
+    monkeypatch.setenv("PP_LAUNCH_STATE_DIR", str(tmp_path))
+    monkeypatch.setenv(guard.RECORD_KEEP_ENV, "3600")
+    old, young, live = (guard.record_volume(r, "0123abcd") for r in ("aaaaaaaaaaaa", "bbbbbbbbbbbb", "cccccccccccc"))
+    theirs = guard.record_volume("dddddddddddd", "0123abcd")
+    runs = host_state.RunRecords()
+    for name in (old, young, live):
+        runs.add(name)
+    engine = _Volumes({})
+    assert guard.sweep_own_records(engine) == [] and engine.calls == []  # none on the list is past the keep
+    a_day_ago = time.time() - 86400
+    for name in (old, live):
+        os.utime(tmp_path / "records" / name, (a_day_ago, a_day_ago))
+    engine = _Volumes({old: ("aaaaaaaaaaaa", 86400, False), young: ("bbbbbbbbbbbb", 60, False),
+                       live: ("cccccccccccc", 86400, True), theirs: ("dddddddddddd", 86400, False)})  # fmt: skip
+    assert guard.sweep_own_records(engine) == [old]
+    assert sorted(engine.vols) == sorted([young, live, theirs])
+    assert f"users {theirs}" not in engine.calls  # a neighbour's volume is never even looked at
+    assert sorted(runs.every()) == sorted([young, live])

@@ -727,17 +727,32 @@ def _seconds(name: str, default: float, fix: str) -> float:
         raise errors.ConfigError(f"{name}={configured!r}: {fix}") from None
 
 
-def stale_records(engine: Engine, keep: float, run: str | None = None) -> list[VolumeInfo]:
+def stale_records(
+    engine: Engine, keep: float, run: str | None = None, only: set[str] | None = None
+) -> list[VolumeInfo]:
     """Record volumes older than `keep` seconds that no container mounts any more: their run is gone (its stages
-    and guards all mount it), so `gc` may remove them."""
+    and guards all mount it), so `gc` may remove them (`only`: of these volumes)."""
     now = time.time()
     return [
         v
         for v in engine.volumes([*labels.run_selector(run), f"{labels.STAGE}={labels.STAGE_RECORD}"])
         if is_record_of(v.name, v.labels.get(labels.RUN, ""))
+        and (only is None or v.name in only)
         and now - v.created >= keep
         and not engine.volume_users(v.name)
     ]
+
+
+def sweep_own_records(engine: Engine) -> list[str]:
+    """At the end of a run: the records this user's runs made that are past the keep (PP_LAUNCH_RECORD_KEEP) and
+    whose runs are gone, removed from the engine and from the user's list, as `gc` removes them, so that daily use
+    piles none up. Asks the engine nothing while the user's list holds none that old."""
+    keep, runs = record_keep(), host_state.RunRecords()
+    old = set(runs.every(older_than=keep))
+    gone = [v.name for v in stale_records(engine, keep, only=old) if engine.remove_volume(v.name)] if old else []
+    for name in gone:
+        runs.forget(name)
+    return gone
 
 
 def _guard_env(engine: Engine, run_id: str, grace: float, beat: float) -> dict[str, str]:

@@ -21,6 +21,7 @@ import hashlib
 import json
 import os
 import stat
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -112,6 +113,15 @@ class StateDir:
             return sorted(n for n in os.listdir(self.fd) if n.endswith(suffix))
         except OSError as exc:
             raise _fault(self.path, exc, "list") from None
+
+    def mtime(self, name: str) -> float:
+        """When the file was last written (a link's own time, never its target's); now when it is gone meanwhile."""
+        try:
+            return os.stat(name, dir_fd=self.fd, follow_symlinks=False).st_mtime
+        except FileNotFoundError:
+            return time.time()
+        except OSError as exc:
+            raise _fault(self.path / name, exc, "read") from None
 
     def read(self, name: str) -> bytes | None:
         """The file's bytes; None when it is not there. A symbolic link is never followed (it reads as absent)."""
@@ -360,9 +370,13 @@ class RunRecords:
             except OSError as exc:
                 raise _fault(d.path / volume, exc, "write") from None
 
-    def every(self) -> list[str]:
+    def every(self, older_than: float | None = None) -> list[str]:
+        """Each volume (older_than: only those recorded at least that many seconds ago)."""
         with self._dir() as d:
-            return sorted(name for name in d.names("") if not name.startswith("."))
+            names = sorted(name for name in d.names("") if not name.startswith("."))
+            if older_than is None:
+                return names
+            return [n for n in names if time.time() - d.mtime(n) >= older_than]
 
     def forget(self, volume: str) -> None:
         with self._dir() as d:

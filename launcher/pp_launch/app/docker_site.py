@@ -151,12 +151,18 @@ class DockerSite:
 
     def finish(self, final: Launched | None) -> None:
         """The launcher lets go of each guard (kept from the first attempt to the last: `down` finds the run between
-        them too), then of every engine."""
+        them too), then of every engine; a run that ended with every engine there sweeps the user's records past
+        the keep from them (adapters/guard.py)."""
         try:
             if self.guarding is not None:
                 self.guarding.finish(None if final is None else final.outcome)
                 if self.stocks_spare and self.guarding.taken:
                     self._stock_spare(final, self.guarding.grace)
+                outcome = None if final is None else final.outcome
+                if self.guarding.taken and outcome is not None and outcome.reason != "place_lost":
+                    for s in self._places:
+                        with contextlib.suppress(errors.PpLaunchError, OSError):
+                            guard.sweep_own_records(engine_of(s))
         finally:
             self.close()
 
