@@ -455,6 +455,37 @@ def test_a_detached_run_that_ends_by_itself_is_followed_waited_for_and_gives_its
         cluster.run(PP, "down", run, "--ray", "auto")
 
 
+RECORDS = (  # the detached runs' records the cluster holds now (actors in pp-launch's namespace)
+    "import ray; ray.init(address='auto', logging_level='ERROR'); "
+    "print(' '.join(a['name'] for a in ray.util.list_named_actors(all_namespaces=True) "
+    "if a['namespace'] == 'pp-launch' and a['name'].endswith('-record')))"
+)
+
+
+def test_a_runs_end_releases_its_users_ended_detached_runs_past_the_keep(cluster) -> None:  # type: ignore[no-untyped-def]
+    """A detached run that ends by itself leaves its record on the cluster (an actor answering `wait`), listed in its
+    user's state: a later run's end leaves it while the keep (a week) lasts; with a keep of 0 s, the next run's end
+    releases it as `gc --ray` would, and forgets it."""
+    r = cluster.run(PP, "chain", "--ray", "auto", "--stages", "2", "--gpus", "none", "--detach", "-e",
+                    "STUB_MODE=hold", "-e", "STUB_EXIT_AFTER=1")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    run = r.stdout.strip()
+    try:
+        done = cluster.run(PP, "wait", run, "--ray", "auto", "--timeout", "60")
+        assert done.returncode == 0, done.stdout + done.stderr
+        listed = cluster.state_dir / "ray-records" / run
+        assert listed.is_file() and f"{run}-record" in cluster.python(RECORDS).stdout.split()
+        kept = cluster.run(PP, "chain", "--ray", "auto", "--stages", "1", "--gpus", "none")
+        assert kept.returncode == 0, kept.stderr
+        assert listed.is_file() and f"{run}-record" in cluster.python(RECORDS).stdout.split()  # within the keep
+        swept = cluster.run(PP, "chain", "--ray", "auto", "--stages", "1", "--gpus", "none",
+                            env=cluster.env(PP_LAUNCH_RECORD_KEEP="0"))  # fmt: skip
+        assert swept.returncode == 0, swept.stderr
+        assert f"{run}-record" not in cluster.python(RECORDS).stdout.split() and not listed.exists()
+    finally:
+        cluster.run(PP, "down", run, "--ray", "auto")
+
+
 def test_a_stage_that_fails_once_on_ray_is_restarted_and_the_run_completes(cluster) -> None:  # type: ignore[no-untyped-def]
     """--max-restarts on the Ray site: attempt 1 torn down through the node agents, attempt 2 granted anew."""
     r = cluster.run(

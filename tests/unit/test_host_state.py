@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -125,3 +126,17 @@ def test_a_spare_is_kept_per_engine_the_environment_names() -> None:
     plain = guard.spare_key({})
     assert plain == guard.spare_key({"HOME": "/x"})
     assert len({plain, guard.spare_key({"DOCKER_HOST": "tcp://h:2375"}), guard.spare_key({"DOCKER_CONTEXT": "c"})}) == 3
+
+
+def test_a_users_ray_runs_are_listed_with_their_cluster_and_told_by_age(tmp_path: Path) -> None:
+    """The detached runs a user launched on Ray: each with its cluster's head; listed by cluster and by age."""
+    runs = host_state.RunRecords(tmp_path, folder=host_state.RunRecords.RAY)
+    runs.add("aaaaaaaaaaaa", "10.0.0.1:6379")
+    runs.add("bbbbbbbbbbbb", "10.0.0.2:6379")
+    assert runs.every(note="10.0.0.1:6379") == ["aaaaaaaaaaaa"]
+    assert runs.every(older_than=3600) == []
+    a_day_ago = time.time() - 86400
+    os.utime(tmp_path / "ray-records" / "bbbbbbbbbbbb", (a_day_ago, a_day_ago))
+    assert runs.every(older_than=3600) == ["bbbbbbbbbbbb"]
+    assert runs.every(older_than=3600, note="10.0.0.1:6379") == []
+    assert host_state.RunRecords(tmp_path).every() == []  # apart from the record volumes' list

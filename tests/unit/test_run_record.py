@@ -234,7 +234,7 @@ def test_a_runs_end_sweeps_only_this_users_own_records_past_the_keep(
     """Its own record past the keep and unused: removed and forgotten. A neighbour's as old, its own young one, its
     own old one still mounted (a live run's): kept. Nothing old on its list: the engine is not asked at all."""
     monkeypatch.setenv("PP_LAUNCH_STATE_DIR", str(tmp_path))
-    monkeypatch.setenv(guard.RECORD_KEEP_ENV, "3600")
+    monkeypatch.setenv(host_state.RECORD_KEEP_ENV, "3600")
     old, young, live = (guard.record_volume(r, "0123abcd") for r in ("aaaaaaaaaaaa", "bbbbbbbbbbbb", "cccccccccccc"))
     theirs = guard.record_volume("dddddddddddd", "0123abcd")
     runs = host_state.RunRecords()

@@ -86,8 +86,6 @@ def heartbeat(engine: Engine) -> float:
 RECORD_PREFIX = "pp-launch-record-"
 READER = "pp-launch.reader"  # the one label of a helper that reads records (no run's: `ps` never lists it)
 RECORD_AT = "/record"  # where the guard keeps the run's record (its volume)
-RECORD_KEEP_ENV = "PP_LAUNCH_RECORD_KEEP"  # seconds an ended run's record is kept before `gc` removes it
-RECORD_KEEP = 7 * 24 * 3600.0
 
 
 def record_volume(run_id: str, token: str) -> str:
@@ -712,21 +710,6 @@ def _end(words: list[str], oom: bool) -> StageEnd:
     return StageEnd(words[1], words[2], attempt or 1, code, at or 0, " ".join(words[6:]), oom)
 
 
-def record_keep() -> float:
-    return _seconds(RECORD_KEEP_ENV, RECORD_KEEP, "give seconds")
-
-
-def _seconds(name: str, default: float, fix: str) -> float:
-    """A setting in seconds from the environment (0 or more); its default when unset."""
-    configured = os.environ.get(name, "").strip()
-    if not configured:
-        return default
-    try:
-        return max(0.0, float(configured))
-    except ValueError:
-        raise errors.ConfigError(f"{name}={configured!r}: {fix}") from None
-
-
 def stale_records(
     engine: Engine, keep: float, run: str | None = None, only: set[str] | None = None
 ) -> list[VolumeInfo]:
@@ -747,7 +730,7 @@ def sweep_own_records(engine: Engine) -> list[str]:
     """At the end of a run: the records this user's runs made that are past the keep (PP_LAUNCH_RECORD_KEEP) and
     whose runs are gone, removed from the engine and from the user's list, as `gc` removes them, so that daily use
     piles none up. Asks the engine nothing while the user's list holds none that old."""
-    keep, runs = record_keep(), host_state.RunRecords()
+    keep, runs = host_state.record_keep(), host_state.RunRecords()
     old = set(runs.every(older_than=keep))
     gone = [v.name for v in stale_records(engine, keep, only=old) if engine.remove_volume(v.name)] if old else []
     for name in gone:
@@ -814,7 +797,7 @@ class Spare:
 
 
 def spare_idle() -> float:
-    return _seconds(SPARE_ENV, SPARE_IDLE, "give seconds (0 turns spare guards off)")
+    return host_state.seconds_setting(SPARE_ENV, SPARE_IDLE, "give seconds (0 turns spare guards off)")
 
 
 def spare_key(environ: Mapping[str, str]) -> str:

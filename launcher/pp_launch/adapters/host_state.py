@@ -353,30 +353,56 @@ class ReplacedImages:
             d.remove(self._name(engine, image_id))
 
 
+RECORD_KEEP_ENV = "PP_LAUNCH_RECORD_KEEP"  # seconds an ended run's record is kept before it may be removed
+RECORD_KEEP = 7 * 24 * 3600.0
+
+
+def record_keep() -> float:
+    return seconds_setting(RECORD_KEEP_ENV, RECORD_KEEP, "give seconds")
+
+
+def seconds_setting(name: str, default: float, fix: str) -> float:
+    """A setting in seconds from the environment (0 or more); its default when unset."""
+    configured = os.environ.get(name, "").strip()
+    if not configured:
+        return default
+    try:
+        return max(0.0, float(configured))
+    except ValueError:
+        raise errors.ConfigError(f"{name}={configured!r}: {fix}") from None
+
+
 class RunRecords:
     """The record volumes this user's runs made (`records/<volume>` in this user's private state, empty files): what
-    `pp-launch gc` may remove once their runs are gone and the keep is over, and what this user made at all."""
+    `pp-launch gc` may remove once their runs are gone and the keep is over, and what this user made at all. Its
+    `RAY` folder: the detached runs this user launched on Ray clusters (`ray-records/<run>`, holding the cluster's
+    head address), whose records on the cluster a later run's end there releases likewise."""
 
-    def __init__(self, directory: Path | None = None) -> None:
-        self.base = directory
+    RAY = "ray-records"
+
+    def __init__(self, directory: Path | None = None, folder: str = "records") -> None:
+        self.base, self.folder = directory, folder
 
     def _dir(self) -> contextlib.AbstractContextManager[StateDir]:
-        return _folder(self.base, "records")
+        return _folder(self.base, self.folder)
 
-    def add(self, volume: str) -> None:
+    def add(self, name: str, note: str = "") -> None:
         with self._dir() as d:
+            if note:
+                d.write(name, note.encode())
+                return
             try:
-                os.close(os.open(volume, os.O_WRONLY | os.O_CREAT | NOFOLLOW, 0o600, dir_fd=d.fd))
+                os.close(os.open(name, os.O_WRONLY | os.O_CREAT | NOFOLLOW, 0o600, dir_fd=d.fd))
             except OSError as exc:
-                raise _fault(d.path / volume, exc, "write") from None
+                raise _fault(d.path / name, exc, "write") from None
 
-    def every(self, older_than: float | None = None) -> list[str]:
-        """Each volume (older_than: only those recorded at least that many seconds ago)."""
+    def every(self, older_than: float | None = None, note: str | None = None) -> list[str]:
+        """Each name (older_than: only those recorded at least that many seconds ago; note: with that note)."""
         with self._dir() as d:
             names = sorted(name for name in d.names("") if not name.startswith("."))
-            if older_than is None:
-                return names
-            return [n for n in names if time.time() - d.mtime(n) >= older_than]
+            if older_than is not None:
+                names = [n for n in names if time.time() - d.mtime(n) >= older_than]
+            return names if note is None else [n for n in names if (d.read(n) or b"") == note.encode()]
 
     def forget(self, volume: str) -> None:
         with self._dir() as d:

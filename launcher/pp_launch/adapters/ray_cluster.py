@@ -965,6 +965,21 @@ def run_logs(actors: Sequence[Any], lines: int, after: dict[str, int] | None = N
     return [row for _, row in ordered]
 
 
+def sweep_records(runs: Sequence[str]) -> list[str]:
+    """Of these detached runs: each whose every stage ended released as `gc --ray` releases it (its record, any
+    actor and group left), and each the cluster no longer has (`down` or `gc` ended it); the runs so done."""
+    found, done = detached_runs(), []
+    for run in runs:
+        actors = found.get(run)
+        if actors is not None:
+            answers = run_status(actors)
+            if not answers or any(a["containers"] for a in answers):
+                continue  # still running, or not answering now: another time
+            end_run(run, actors, 0.0)
+        done.append(run)
+    return done
+
+
 def end_run(run_id: str, actors: Sequence[Any], grace: float) -> list[str]:
     """`down --ray RUN`: on every node the run's containers stopped and confirmed gone, then its actors and its
     placement group released. Returns the names removed."""

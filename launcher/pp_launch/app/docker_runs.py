@@ -273,13 +273,13 @@ class DockerRuns:
 
     def _sweep_records(self, engine: Engine, on: str, dry_run: bool) -> bool:
         """The record volumes of runs that are gone, once older than the keep (PP_LAUNCH_RECORD_KEEP); whether any."""
-        keep = guard.record_keep()
+        keep = host_state.record_keep()
         stale = guard.stale_records(engine, keep)
         for v in stale:
             self.voice.answer(
                 f"{'would remove' if dry_run else 'removing'} the record of run "
                 f"{housekeeping.safe(v.labels.get(labels.RUN, '?'))}{on}: the run is gone, its record older than "
-                f"{keep:g} s ({guard.RECORD_KEEP_ENV})"
+                f"{keep:g} s ({host_state.RECORD_KEEP_ENV})"
             )
             if not dry_run and engine.remove_volume(v.name):  # False: a container mounted it meanwhile: it stays
                 with contextlib.suppress(errors.PpLaunchError):

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from pp_launch.adapters import ray_cluster
+from pp_launch.adapters import host_state, ray_cluster
 from pp_launch.app import chain as steps
 from pp_launch.app import housekeeping
 from pp_launch.app.gpu_faults import GpuFaults
@@ -119,7 +119,18 @@ class RaySite:
             told = final.outcome if final is not None else None
             self.cluster.abandon(told.exit_code if told is not None else errors.EXIT_FAILURE)
         else:
+            self._sweep_records()
             self.cluster.close()
+
+    def _sweep_records(self) -> None:
+        """The detached runs this user launched on this cluster whose keep is over (PP_LAUNCH_RECORD_KEEP), released
+        once every stage of theirs ended (as `gc --ray` does), so that daily use piles up no record actor; nothing
+        asked of the cluster while none listed is that old."""
+        listed = host_state.RunRecords(folder=host_state.RunRecords.RAY)
+        with contextlib.suppress(Exception):  # a sweep that fails is no reason to fail a run that ended
+            old = listed.every(older_than=host_state.record_keep(), note=self._cluster().head)
+            for run in ray_cluster.sweep_records(old) if old else []:
+                listed.forget(run)
 
     def _head_lost(self) -> str:
         """Why the head was lost under an attempt's stages; "" while it answers."""
@@ -342,10 +353,14 @@ class _Placed:
         while True:
             self.pg = self.cluster.reserve(run_id, blocks, per_stage, request.detach, request.ray_timeout, extra)
             try:
-                return self.cluster.node_agents(
+                handles = self.cluster.node_agents(
                     self.pg, blocks, per_stage, run_id, request.chain.grace, request.chain.image, request.detach,
                     extra, lambda inventory, granted: passed_over(inventory, granted, avoid, allowed),
                 )  # fmt: skip
+                if request.detach:  # its record stays on the cluster: a later run's end releases it (_sweep_records)
+                    with contextlib.suppress(errors.PpLaunchError):
+                        host_state.RunRecords(folder=host_state.RunRecords.RAY).add(run_id, self.cluster.head)
+                return handles
             except ray_cluster.GrantPassedOver as exc:
                 self.cluster.release(self.pg, [])  # its agents are gone (node_agents ended them): the group too
                 self.pg = None
