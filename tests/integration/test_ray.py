@@ -464,8 +464,8 @@ RECORDS = (  # the detached runs' records the cluster holds now (actors in pp-la
 
 def test_a_runs_end_releases_its_users_ended_detached_runs_past_the_keep(cluster) -> None:  # type: ignore[no-untyped-def]
     """A detached run that ends by itself leaves its record on the cluster (an actor answering `wait`), listed in its
-    user's state: a later run's end leaves it while the keep (a week) lasts; with a keep of 0 s, the next run's end
-    releases it as `gc --ray` would, and forgets it."""
+    user's state: a later run's end leaves it while the keep (a week) lasts, and a dry run changes nothing; with a
+    keep of 0 s, the next run's end releases it as `gc --ray` would, and forgets it."""
     r = cluster.run(PP, "chain", "--ray", "auto", "--stages", "2", "--gpus", "none", "--detach", "-e",
                     "STUB_MODE=hold", "-e", "STUB_EXIT_AFTER=1")  # fmt: skip
     assert r.returncode == 0, r.stderr
@@ -478,8 +478,11 @@ def test_a_runs_end_releases_its_users_ended_detached_runs_past_the_keep(cluster
         kept = cluster.run(PP, "chain", "--ray", "auto", "--stages", "1", "--gpus", "none")
         assert kept.returncode == 0, kept.stderr
         assert listed.is_file() and f"{run}-record" in cluster.python(RECORDS).stdout.split()  # within the keep
-        swept = cluster.run(PP, "chain", "--ray", "auto", "--stages", "1", "--gpus", "none",
-                            env=cluster.env(PP_LAUNCH_RECORD_KEEP="0"))  # fmt: skip
+        keep_none = cluster.env(PP_LAUNCH_RECORD_KEEP="0")
+        dry = cluster.run(PP, "chain", "--ray", "auto", "--stages", "1", "--gpus", "none", "--dry-run", env=keep_none)
+        assert dry.returncode == 0, dry.stderr
+        assert listed.is_file() and f"{run}-record" in cluster.python(RECORDS).stdout.split()  # a dry run: nothing
+        swept = cluster.run(PP, "chain", "--ray", "auto", "--stages", "1", "--gpus", "none", env=keep_none)
         assert swept.returncode == 0, swept.stderr
         assert f"{run}-record" not in cluster.python(RECORDS).stdout.split() and not listed.exists()
     finally:

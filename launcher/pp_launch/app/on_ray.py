@@ -119,7 +119,8 @@ class RaySite:
             told = final.outcome if final is not None else None
             self.cluster.abandon(told.exit_code if told is not None else errors.EXIT_FAILURE)
         else:
-            self._sweep_records()
+            if self.attempts:  # a run was placed (a dry run changes nothing)
+                self._sweep_records()
             self.cluster.close()
 
     def _sweep_records(self) -> None:
