@@ -96,6 +96,7 @@ class FakeSite:
         self.finished: list[Launched | None] = []
         self.ready = ready  # a run it has ready (on one Docker engine: the spare guard it took)
         self.planner = FakePlanner(self.steps)
+        self.swept: list[int] = []
 
     def places(self) -> list[str]:
         return ["here"]
@@ -120,6 +121,9 @@ class FakeSite:
     def place_stages(self, request: LaunchRequest, plan: ChainPlan, held: Any, say: Callable[[str], None]) -> Staged:
         self.steps.append("place")
         return Staged(self, FakeBackend(scripts=self.scripts))
+
+    def sweep_records(self) -> None:
+        self.swept.append(len(self.steps))  # where in the steps (not one of them: the order above is the run's)
 
     def finish(self, final: Launched | None) -> None:
         self.steps.append("finish")
@@ -202,6 +206,30 @@ def test_a_dry_run_plans_on_the_site_and_finishes_it(monkeypatch: pytest.MonkeyP
     site = on(FakeSite(DONE), monkeypatch)
     planned = launch.plan_launch(request(3), environ={})
     assert len(planned.plan.stages) == 3 and site.steps == ["dry_plan", "plan", "finish"]
+    assert site.swept == []  # a dry run changes nothing
+
+
+def test_a_runs_end_sweeps_the_users_old_records_only_when_it_left_nothing_and_lost_no_place(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Completed, or a stage failed (nothing left): swept once, before the site is let go of. A place lost, or
+    something left behind, or an error: the site is asked nothing more."""
+    site = on(FakeSite(DONE), monkeypatch)
+    launch.launch(request(), environ={})
+    assert site.swept == [len(site.steps) - 1] and site.steps[-1] == "finish"
+    site = on(FakeSite({0: StageScript(exit_code_on_start=3), 1: StageScript(exit_code_on_start=0)}), monkeypatch)
+    assert launch.launch(request(), environ={}).outcome.exit_code == errors.EXIT_FAILURE  # type: ignore[union-attr]
+    assert len(site.swept) == 1
+    for reason, orphans in (("place_lost", ()), ("completed", ("c" * 64,))):
+        site = on(FakeSite(DONE), monkeypatch)
+        told = ChainOutcome(1, reason, "as the site tells it", orphans=orphans)
+        monkeypatch.setattr(Staged, "end", lambda self, outcome, told=told: (told, False, ()))
+        launch.launch(request(), environ={})
+        assert site.swept == [] and site.steps[-1] == "finish", reason
+    site = on(FakeSite(DONE, lost=True), monkeypatch)
+    with pytest.raises(errors.LockLost):
+        launch.launch(request(), environ={})
+    assert site.swept == []
 
 
 def test_an_interrupt_while_a_foreground_stage_comes_up_stops_its_run_there_and_joins_it() -> None:

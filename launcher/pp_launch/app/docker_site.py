@@ -151,26 +151,21 @@ class DockerSite:
 
     def finish(self, final: Launched | None) -> None:
         """The launcher lets go of each guard (kept from the first attempt to the last: `down` finds the run between
-        them too), then of every engine; a run that ended with every engine there and nothing left sweeps the user's
-        records past the keep from them (adapters/guard.py)."""
+        them too), then of every engine."""
         try:
             if self.guarding is not None:
                 self.guarding.finish(None if final is None else final.outcome)
                 if self.stocks_spare and self.guarding.taken:
                     self._stock_spare(final, self.guarding.grace)
-                if self.guarding.taken:
-                    self._sweep_records(None if final is None else final.outcome)
         finally:
             self.close()
 
-    def _sweep_records(self, outcome: ChainOutcome | None) -> None:
-        """This user's records past the keep, removed from each engine, once the run ended with nothing left and no
-        engine lost (an engine in trouble is asked nothing more)."""
-        if outcome is None or outcome.reason == "place_lost" or outcome.orphans:
-            return
+    def sweep_records(self) -> None:
+        """The user's record volumes past the keep, from each engine (adapters/guard.py)."""
         for s in self._places:
-            with contextlib.suppress(errors.PpLaunchError, OSError):
-                guard.sweep_own_records(engine_of(s))
+            if s.engine is not None:
+                with contextlib.suppress(errors.PpLaunchError, OSError):
+                    guard.sweep_own_records(s.engine)
 
     def _stock_spare(self, final: Launched | None, grace: float) -> None:
         """A spare guard for this user's next run on this engine (adapters/guard.py): its bring-up then takes a

@@ -82,7 +82,14 @@ class Run:
         return _attempt(request, hooks, place=self.place, environ=self.environ)
 
     def finish(self, final: Launched | None) -> None:
-        self.place.finish(final)
+        """The site let go of; first, when the run ended with nothing left and no place lost, the user's records
+        there past the keep swept (the site's records: engines' volumes, a Ray cluster's actors)."""
+        try:
+            outcome = None if final is None else final.outcome
+            if outcome is not None and outcome.reason != "place_lost" and not outcome.orphans:
+                self.place.sweep_records()
+        finally:
+            self.place.finish(final)
 
 
 def _attempt(request: LaunchRequest, hooks: Hooks, *, place: AnySite, environ: Mapping[str, str]) -> Launched:

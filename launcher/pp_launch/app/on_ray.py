@@ -119,14 +119,13 @@ class RaySite:
             told = final.outcome if final is not None else None
             self.cluster.abandon(told.exit_code if told is not None else errors.EXIT_FAILURE)
         else:
-            if self.attempts:  # a run was placed (a dry run changes nothing)
-                self._sweep_records()
             self.cluster.close()
 
-    def _sweep_records(self) -> None:
-        """The detached runs this user launched on this cluster whose keep is over (PP_LAUNCH_RECORD_KEEP), released
-        once every stage of theirs ended (as `gc --ray` does), so that daily use piles up no record actor; nothing
-        asked of the cluster while none listed is that old."""
+    def sweep_records(self) -> None:
+        """The detached runs this user launched on this cluster whose keep is over, released once every stage of
+        theirs ended (as `gc --ray` does): daily use piles up no record actor."""
+        if self.cluster is None or self._head_lost():
+            return
         listed = host_state.RunRecords(folder=host_state.RunRecords.RAY)
         with contextlib.suppress(Exception):  # a sweep that fails is no reason to fail a run that ended
             old = listed.every(older_than=host_state.record_keep(), note=self._cluster().head)

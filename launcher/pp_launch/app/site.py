@@ -158,6 +158,12 @@ class Launching(Protocol[P, H]):
         """The attempt's backend, made once nothing of the plan can collide with what the place has."""
         ...
 
+    def sweep_records(self) -> None:
+        """At the end of a run that left nothing and lost no place (the pipeline's rule): this user's records on
+        the site past the keep (PP_LAUNCH_RECORD_KEEP) whose runs are gone, removed as `gc` removes them; nothing
+        asked while the user's state lists none that old, and a failure is no reason to fail the run."""
+        ...
+
     def finish(self, final: Launched | None) -> None:
         """The run's end (after its last attempt, or an error): the place let go of, every connection closed."""
         ...
