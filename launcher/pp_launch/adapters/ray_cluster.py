@@ -965,6 +965,12 @@ def run_logs(actors: Sequence[Any], lines: int, after: dict[str, int] | None = N
     return [row for _, row in ordered]
 
 
+def all_ended(actors: Sequence[Any]) -> bool:
+    """Every stage of the run has ended: its nodes answer, none with a container left."""
+    answers = run_status(actors)
+    return bool(answers) and not any(a["containers"] for a in answers)
+
+
 def sweep_records(runs: Sequence[str]) -> list[str]:
     """Of these detached runs: each whose every stage ended released as `gc --ray` releases it (its record, any
     actor and group left), and each the cluster no longer has (`down` or `gc` ended it); the runs so done."""
@@ -972,8 +978,7 @@ def sweep_records(runs: Sequence[str]) -> list[str]:
     for run in runs:
         actors = found.get(run)
         if actors is not None:
-            answers = run_status(actors)
-            if not answers or any(a["containers"] for a in answers):
+            if not all_ended(actors):
                 continue  # still running, or not answering now: another time
             end_run(run, actors, 0.0)
         done.append(run)

@@ -181,8 +181,7 @@ class RaySite:
         said = []
         with self._detached(None) as (_, found):
             for run_id, actors in sorted(found.items()):
-                answers = ray_cluster.run_status(actors)
-                if answers and not any(a["containers"] for a in answers):
+                if ray_cluster.all_ended(actors):
                     said.append(f"run {run_id}: every stage has ended; its actors and GPUs released")
                     if not dry_run:
                         ray_cluster.end_run(run_id, actors, 0.0)
@@ -357,7 +356,7 @@ class _Placed:
                     self.pg, blocks, per_stage, run_id, request.chain.grace, request.chain.image, request.detach,
                     extra, lambda inventory, granted: passed_over(inventory, granted, avoid, allowed),
                 )  # fmt: skip
-                if request.detach:  # its record stays on the cluster: a later run's end releases it (_sweep_records)
+                if request.detach:  # its record stays on the cluster: a later run's end releases it (sweep_records)
                     with contextlib.suppress(errors.PpLaunchError):
                         host_state.RunRecords(folder=host_state.RunRecords.RAY).add(run_id, self.cluster.head)
                 return handles
