@@ -124,7 +124,10 @@ class Commands(click.Group):
                     count=True,
                     expose_value=False,
                     callback=_verbosity,
-                    help="Say more (-vv: every stage's state changes too).",
+                    help="Say more (twice: every stage's state changes too; -v is docker run's --volume here, "
+                    "'pp-launch -vv chain' says more too)."
+                    if name in VOLUME_COMMANDS
+                    else "Say more (-vv: every stage's state changes too).",
                 ),
             ]
             if name != "ps":  # ps -q is docker's: run ids only

@@ -355,7 +355,10 @@ class DockerValue(click.ParamType):  # type: ignore[type-arg]
         try:
             self.parse(value)
         except container.OptionError as exc:
-            self.fail(str(exc), param, ctx)
+            hint = ""
+            if self.name == "volume" and value.strip("v") == "" and ctx is not None and ctx.info_name == "chain":
+                hint = ". -v is docker run's --volume here: say more with --verbose, or 'pp-launch -vv chain ...'"
+            self.fail(f"{exc}{hint}", param, ctx)
         return value
 
 
