@@ -229,3 +229,33 @@ def test_a_runs_end_removes_its_users_records_past_the_keep_and_nobody_elses(eng
         docker("volume", "rm", "-f", neighbour)
         for name in os.listdir(tmp_path / "state" / "records"):
             docker("volume", "rm", name)
+
+
+def test_an_entry_whose_record_a_prune_removed_is_forgotten_by_gc_once_an_hour_old(
+    engine, stub_image, tmp_path
+) -> None:
+    """The user's list names the engine each record was made on. A record removed by other means (as `docker volume
+    prune` does once the run is gone) leaves its entry; `gc` forgets it once it is past the keep and an hour old
+    (the unit tests hold the hour), not within the keep; another engine's entry (a --host's) is kept. (The second
+    gc's keep is 3 hours, not 0: gc removes any gone run's record past the keep, the parallel tests' too.)"""
+    state = tmp_path / "state"
+    env = {"PP_LAUNCH_STATE_DIR": str(state)}
+    run = Launcher("chain", "--stages", "1", "--gpus", "none", "--json", env=env)
+    assert run.wait(60) == 0, run.stderr_text()
+    remember_run(run.run_id)
+    name = record_of(run.run_id)
+    ident = docker("info", "--format", "{{.ID}}|{{.Name}}|{{.DockerRootDir}}").stdout.strip()
+    assert (state / "records" / name).read_text() == ident
+    elsewhere = state / "records" / "pp-launch-record-0123456789ab-0a0b0c0d"
+    elsewhere.write_text("ID2|another-host|/var/lib/docker")
+    assert docker("volume", "rm", name).returncode == 0  # removed by other means
+    gc = [sys.executable, "-m", "pp_launch", "gc"]
+    assert subprocess.run(gc, env={**os.environ, **env}, capture_output=True, timeout=60).returncode == 0
+    assert (state / "records" / name).exists()  # within the keep (a week)
+    hours_ago = time.time() - 4 * 3600
+    for entry in (state / "records" / name, elsewhere):
+        os.utime(entry, (hours_ago, hours_ago))
+    done = subprocess.run(gc, env={**os.environ, **env, "PP_LAUNCH_RECORD_KEEP": "10800"}, capture_output=True,
+                          text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert sorted(os.listdir(state / "records")) == [elsewhere.name]

@@ -227,6 +227,9 @@ class _Volumes:
         self.calls.append(f"remove {name}")
         return self.vols.pop(name, None) is not None
 
+    def engine_id(self) -> str:
+        return "ID1|host|/var/lib/docker"
+
 
 def test_a_runs_end_sweeps_only_this_users_own_records_past_the_keep(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -251,3 +254,28 @@ def test_a_runs_end_sweeps_only_this_users_own_records_past_the_keep(
     assert sorted(engine.vols) == sorted([young, live, theirs])
     assert f"users {theirs}" not in engine.calls  # a neighbour's volume is never even looked at
     assert sorted(runs.every()) == sorted([young, live])
+
+
+def test_entries_of_this_engine_whose_volumes_it_no_longer_has_are_forgotten_once_an_hour_old(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A record a `docker volume prune` removed stays on the user's list, and every run's end would ask the engine
+    about it again: once past the keep and an hour old, an entry this engine made (its note) that the engine no
+    longer lists is forgotten. Kept: another engine's entry, one with no note (an older pp-launch's), a missing one
+    not an hour old (made after the engine's listing), and one whose volume is there."""
+    monkeypatch.setenv("PP_LAUNCH_STATE_DIR", str(tmp_path))
+    monkeypatch.setenv(host_state.RECORD_KEEP_ENV, "60")
+    engine = _Volumes({})
+    pruned, elsewhere, unnoted, recent, there = (
+        guard.record_volume(r * 12, "0123abcd") for r in ("a", "b", "c", "d", "e")
+    )
+    runs = host_state.RunRecords()
+    for name, note in ((pruned, engine.engine_id()), (elsewhere, "ID2|other|/var/lib/docker"), (unnoted, ""),
+                       (recent, engine.engine_id()), (there, engine.engine_id())):  # fmt: skip
+        runs.add(name, note=note)
+        age = 600 if name == recent else 2 * 3600
+        os.utime(tmp_path / "records" / name, (time.time() - age, time.time() - age))
+    engine.vols = {there: ("e" * 12, 2 * 3600, True)}  # mounted by a live run: its record stays
+    assert guard.sweep_own_records(engine) == []
+    assert sorted(runs.every()) == sorted([elsewhere, unnoted, recent, there])
+    assert engine.calls.count("volumes") == 1  # one listing serves the sweep and the forgetting

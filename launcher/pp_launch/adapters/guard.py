@@ -710,15 +710,20 @@ def _end(words: list[str], oom: bool) -> StageEnd:
     return StageEnd(words[1], words[2], attempt or 1, code, at or 0, " ".join(words[6:]), oom)
 
 
+def record_volumes(engine: Engine, run: str | None = None) -> list[VolumeInfo]:
+    """The engine's record volumes (of one run, or every run's), as their labels say: anyone can make such a one."""
+    return engine.volumes([*labels.run_selector(run), f"{labels.STAGE}={labels.STAGE_RECORD}"])
+
+
 def stale_records(
-    engine: Engine, keep: float, run: str | None = None, only: set[str] | None = None
+    engine: Engine, keep: float, listed: list[VolumeInfo], only: set[str] | None = None
 ) -> list[VolumeInfo]:
-    """Record volumes older than `keep` seconds that no container mounts any more: their run is gone (its stages
-    and guards all mount it), so `gc` may remove them (`only`: of these volumes)."""
+    """Of the record volumes `listed`, those older than `keep` seconds that no container mounts any more: their run
+    is gone (its stages and guards all mount it), so `gc` may remove them (`only`: of these volumes)."""
     now = time.time()
     return [
         v
-        for v in engine.volumes([*labels.run_selector(run), f"{labels.STAGE}={labels.STAGE_RECORD}"])
+        for v in listed
         if is_record_of(v.name, v.labels.get(labels.RUN, ""))
         and (only is None or v.name in only)
         and now - v.created >= keep
@@ -729,13 +734,32 @@ def stale_records(
 def sweep_own_records(engine: Engine) -> list[str]:
     """At the end of a run: the records this user's runs made that are past the keep (PP_LAUNCH_RECORD_KEEP) and
     whose runs are gone, removed from the engine and from the user's list, as `gc` removes them, so that daily use
-    piles none up. Asks the engine nothing while the user's list holds none that old."""
+    piles none up; and the user's entries of this engine whose volumes it no longer has, forgotten. Asks the engine
+    nothing while the user's list holds none that old."""
     keep, runs = host_state.record_keep(), host_state.RunRecords()
     old = set(runs.every(older_than=keep))
-    gone = [v.name for v in stale_records(engine, keep, only=old) if engine.remove_volume(v.name)] if old else []
+    if not old:
+        return []
+    listed = record_volumes(engine)
+    gone = [v.name for v in stale_records(engine, keep, listed, only=old) if engine.remove_volume(v.name)]
     for name in gone:
         runs.forget(name)
+    forget_lost_records(engine, runs, keep, listed)
     return gone
+
+
+LOST_AFTER = 3600.0  # seconds an entry must be old before its volume's absence counts (made after the volume)
+
+
+def forget_lost_records(engine: Engine, runs: host_state.RunRecords, keep: float, listed: list[VolumeInfo]) -> None:
+    """This user's entries for records made on this engine (their note: its identity) whose volumes are not among
+    the engine's record volumes `listed` (a `docker volume prune`, another client removed them): forgotten, once
+    past the keep and an hour old, so that no run's end asks the engine about them again. Entries of other engines,
+    and those an older pp-launch wrote with no note, are left."""
+    there = {v.name for v in listed}
+    for name in runs.every(older_than=max(keep, LOST_AFTER), note=engine.engine_id()):
+        if name not in there:
+            runs.forget(name)
 
 
 def _guard_env(engine: Engine, run_id: str, grace: float, beat: float) -> dict[str, str]:
@@ -758,8 +782,11 @@ def make_record(engine: Engine, name: str, run_id: str, owner: str) -> None:
             f"the engine at {engine.address} already has a volume named {name}: the run's record must be its "
             "own (someone made that name first); launch again"
         )
+    made_on = ""  # the engine's identity (asked once per connection): how its entries are told from another's
+    with contextlib.suppress(errors.PpLaunchError):
+        made_on = engine.engine_id()
     with contextlib.suppress(errors.PpLaunchError):  # a state directory that fails is no reason to stop the run
-        host_state.RunRecords().add(name)
+        host_state.RunRecords().add(name, note=made_on)
 
 
 def drop_record(engine: Engine, name: str, patience: float = 30.0) -> None:

@@ -274,7 +274,8 @@ class DockerRuns:
     def _sweep_records(self, engine: Engine, on: str, dry_run: bool) -> bool:
         """The record volumes of runs that are gone, once older than the keep (PP_LAUNCH_RECORD_KEEP); whether any."""
         keep = host_state.record_keep()
-        stale = guard.stale_records(engine, keep)
+        listed = guard.record_volumes(engine)
+        stale = guard.stale_records(engine, keep, listed)
         for v in stale:
             self.voice.answer(
                 f"{'would remove' if dry_run else 'removing'} the record of run "
@@ -284,6 +285,9 @@ class DockerRuns:
             if not dry_run and engine.remove_volume(v.name):  # False: a container mounted it meanwhile: it stays
                 with contextlib.suppress(errors.PpLaunchError):
                     host_state.RunRecords().forget(v.name)
+        if not dry_run:
+            with contextlib.suppress(errors.PpLaunchError):
+                guard.forget_lost_records(engine, host_state.RunRecords(), keep, listed)
         return bool(stale)
 
     # ---------------------------------------------------------------------------------------------------- logs
