@@ -96,3 +96,38 @@ def test_every_module_opens_with_what_it_owns() -> None:
         str(p.relative_to(PKG)) for p in sorted(PKG.rglob("*.py")) if not ast.get_docstring(ast.parse(p.read_text()))
     ]
     assert silent == []
+
+
+def rebound(source: str) -> list[str]:
+    """Names a module binds twice at its top level (plain assignments, `def`, `class`): the second silently replaces
+    the first for every use above it too (a constant of the same name added further down changed a guard's 1 s
+    silence to an hour, and no linter said so)."""
+    seen: dict[str, int] = {}
+    twice = []
+    for node in ast.parse(source).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names = [node.name]
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names = [t.id for t in targets if isinstance(t, ast.Name)]
+        else:
+            continue
+        for name in names:
+            if name in seen:
+                twice.append(f"{name} (lines {seen[name]} and {node.lineno})")
+            seen[name] = node.lineno
+    return twice
+
+
+def test_no_module_binds_a_top_level_name_twice() -> None:
+    """The package's modules, and the programs of its images (the guard, the stub worker)."""
+    root = PKG.parents[1]
+    modules = sorted(PKG.rglob("*.py")) + sorted((root / "images").rglob("*.py"))
+    twice = [f"{p.relative_to(root)}: {n}" for p in modules for n in rebound(p.read_text())]
+    assert twice == []
+
+
+def test_the_rebinding_check_sees_a_constant_bound_again() -> None:
+    assert rebound("LOST_AFTER = 1.0\ndef f():\n    return LOST_AFTER\nLOST_AFTER = 3600.0\n") == [
+        "LOST_AFTER (lines 1 and 4)"
+    ]

@@ -279,3 +279,12 @@ def test_entries_of_this_engine_whose_volumes_it_no_longer_has_are_forgotten_onc
     assert guard.sweep_own_records(engine) == []
     assert sorted(runs.every()) == sorted([elsewhere, unnoted, recent, there])
     assert engine.calls.count("volumes") == 1  # one listing serves the sweep and the forgetting
+
+
+def test_forgetting_makes_no_state_directory_for_a_user_who_has_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`gc` needs no state directory, and makes none: with no list there is nothing to forget."""
+    monkeypatch.setenv("PP_LAUNCH_STATE_DIR", str(tmp_path / "never-made"))
+    guard.forget_lost_records(_Volumes({}), host_state.RunRecords(), 0.0, [])  # type: ignore[arg-type]
+    assert not (tmp_path / "never-made").exists()

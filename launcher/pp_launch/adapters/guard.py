@@ -748,7 +748,7 @@ def sweep_own_records(engine: Engine) -> list[str]:
     return gone
 
 
-LOST_AFTER = 3600.0  # seconds an entry must be old before its volume's absence counts (made after the volume)
+RECORD_LOST_AFTER = 3600.0  # seconds an entry must be old before its volume's absence counts (made after the volume)
 
 
 def forget_lost_records(engine: Engine, runs: host_state.RunRecords, keep: float, listed: list[VolumeInfo]) -> None:
@@ -756,8 +756,10 @@ def forget_lost_records(engine: Engine, runs: host_state.RunRecords, keep: float
     the engine's record volumes `listed` (a `docker volume prune`, another client removed them): forgotten, once
     past the keep and an hour old, so that no run's end asks the engine about them again. Entries of other engines,
     and those an older pp-launch wrote with no note, are left."""
+    if not runs.listed():  # `gc` of a user with no state: none is made
+        return
     there = {v.name for v in listed}
-    for name in runs.every(older_than=max(keep, LOST_AFTER), note=engine.engine_id()):
+    for name in runs.every(older_than=max(keep, RECORD_LOST_AFTER), note=engine.engine_id()):
         if name not in there:
             runs.forget(name)
 

@@ -386,6 +386,10 @@ class RunRecords:
     def _dir(self) -> contextlib.AbstractContextManager[StateDir]:
         return _folder(self.base, self.folder)
 
+    def listed(self) -> bool:
+        """Whether this user's state has the list at all (asked without making the state directory)."""
+        return ((self.base or default_dir()) / self.folder).is_dir()
+
     def add(self, name: str, note: str = "") -> None:
         with self._dir() as d:
             if note:
