@@ -516,6 +516,9 @@ def serve() -> int:
     return 0
 
 
+SESSION_HOLD = 5.0  # seconds a session outlives what serve said, for the launcher to read it and let go
+
+
 def session() -> int:
     """The relay between this exec's stdio (the launcher) and serve's socket. Its first line out is `ready`, or why
     not (then it ends)."""
@@ -544,10 +547,15 @@ def session() -> int:
         with contextlib.suppress(OSError):
             conn.shutdown(socket.SHUT_WR)
 
-    threading.Thread(target=upstream, daemon=True).start()
+    up = threading.Thread(target=upstream, daemon=True)
+    up.start()
     with contextlib.suppress(OSError):
         while data := conn.recv(65536):
             os.write(1, data)
+    # serve said all it will (a guard that refused ends once this relay lets go of it, and its container with it):
+    # held until the launcher ends its side, which it does once it has read the line, so the engine's copy of this
+    # exec's output is not cut by the container's end (under load the launcher heard nothing); serve waits 5 s at most
+    up.join(SESSION_HOLD)
     return 0
 
 
