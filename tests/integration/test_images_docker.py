@@ -17,7 +17,7 @@ def test_a_rebuild_removes_the_image_it_replaced(engine, stub_image, tmp_path: P
     ids = []
     try:
         for content in ("first", "second"):
-            (tmp_path / "a").write_text(content)
+            (tmp_path / "a").write_text(f"{content} {tag}")  # the test's own: an identical build is the cache's image
             old = engine.image_id(tag)
             engine.build(str(tmp_path), tag, {}, {}, lambda text: None)
             engine.drop_replaced_image(old, tag)
@@ -77,7 +77,7 @@ def test_an_image_replaced_while_in_use_goes_once_nothing_uses_it_and_never_if_t
     built: list[str] = []
 
     def build(content: str) -> None:
-        (tmp_path / "ctx" / "a").write_text(content)
+        (tmp_path / "ctx" / "a").write_text(f"{content} {tag}")  # another test's identical build shares its id
         old = engine.image_id(tag)
         engine.build(str(tmp_path / "ctx"), tag, {}, {}, lambda text: None)
         if not engine.drop_replaced_image(old, tag) and old is not None:
