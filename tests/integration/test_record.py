@@ -206,7 +206,8 @@ def test_a_forged_record_vouches_for_nothing_of_anyone_elses(engine, stub_image,
 def test_a_runs_end_removes_its_users_records_past_the_keep_and_nobody_elses(engine, stub_image, tmp_path) -> None:
     """One user (a state directory of their own), two runs: the first's record stays once it ended (kept a week by
     default); the second, with a keep of 0 s, removes it as it ends (as `gc` would) and forgets it. A neighbour's
-    volume under a record's name and labels, as old, is never touched."""
+    volume under a record's name and labels, as old, is never touched. (The parallel tests' `ps -a` and `wait`
+    mount every record a moment to read it, and a record in use stays: up to three runs are given the chance.)"""
     env = {"PP_LAUNCH_STATE_DIR": str(tmp_path / "state")}
     demo = ("chain", "--stages", "2", "--gpus", "none", "--json")
     first = Launcher(*demo, env=env)
@@ -219,10 +220,13 @@ def test_a_runs_end_removes_its_users_records_past_the_keep_and_nobody_elses(eng
                   "pp-launch.stage=record", neighbour)  # fmt: skip
     assert made.returncode == 0, made.stderr
     try:
-        second = Launcher(*demo, env={**env, "PP_LAUNCH_RECORD_KEEP": "0"})
-        assert second.wait(60) == 0, second.stderr_text()
-        remember_run(second.run_id)
-        assert docker("volume", "inspect", kept).returncode != 0  # gone with the second run's end
+        for _ in range(3):  # a neighbour's `ps -a` may mount every record a moment to read it: in use, kept then
+            second = Launcher(*demo, env={**env, "PP_LAUNCH_RECORD_KEEP": "0"})
+            assert second.wait(60) == 0, second.stderr_text()
+            remember_run(second.run_id)
+            if docker("volume", "inspect", kept).returncode != 0:
+                break
+        assert docker("volume", "inspect", kept).returncode != 0  # gone with a later run's end
         assert kept not in os.listdir(tmp_path / "state" / "records")
         assert docker("volume", "inspect", neighbour).returncode == 0  # not this user's: untouched
     finally:
