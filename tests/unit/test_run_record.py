@@ -209,10 +209,12 @@ def test_a_records_own_lines_cannot_pass_for_another_records(tmp_path: Path) -> 
 
 
 class _Volumes:
-    """An engine's record volumes (name: its run, age in seconds, whether a container mounts it), and every call."""
+    """An engine's record volumes (name: its run, age in seconds, whether a container mounts it), and every call.
+    `reading`: volumes a record reader mounts, for that many more removals asked."""
 
     def __init__(self, volumes: dict[str, tuple[str, float, bool]]) -> None:
         self.vols, self.calls = volumes, list[str]()
+        self.reading: dict[str, int] = {}
 
     def volumes(self, filters: list[str]) -> list[VolumeInfo]:
         self.calls.append("volumes")
@@ -221,11 +223,21 @@ class _Volumes:
 
     def volume_users(self, name: str) -> list[str]:
         self.calls.append(f"users {name}")
-        return ["c" * 64] if self.vols[name][2] else []
+        return (["c" * 64] if self.vols[name][2] else []) + (["r" * 64] if self.reading.get(name) else [])
+
+    def inspect(self, ref: str) -> dict[str, object]:
+        labels = {guard.READER: "record"} if ref.startswith("r") else {"pp-launch.run": "cccccccccccc"}
+        return {"State": {"Running": True, "Status": "running"}, "Config": {"Labels": labels}}
 
     def remove_volume(self, name: str) -> bool:
         self.calls.append(f"remove {name}")
+        if self.reading.get(name):
+            self.reading[name] -= 1
+            return False
         return self.vols.pop(name, None) is not None
+
+    def has_volume(self, name: str) -> bool:
+        return name in self.vols
 
     def engine_id(self) -> str:
         return "ID1|host|/var/lib/docker"
@@ -288,3 +300,23 @@ def test_forgetting_makes_no_state_directory_for_a_user_who_has_none(
     monkeypatch.setenv("PP_LAUNCH_STATE_DIR", str(tmp_path / "never-made"))
     guard.forget_lost_records(_Volumes({}), host_state.RunRecords(), 0.0, [])  # type: ignore[arg-type]
     assert not (tmp_path / "never-made").exists()
+
+
+def test_a_record_a_reader_mounts_a_moment_is_still_removed_and_one_a_run_mounts_is_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Anyone's `ps -a` mounts every record it reads in a reader of pp-launch's for a moment: a record only a reader
+    mounts is removed once it lets go (asked again), never kept for it; one a running container of a run mounts
+    is kept, reader or not."""
+    monkeypatch.setenv("PP_LAUNCH_STATE_DIR", str(tmp_path))
+    monkeypatch.setenv(host_state.RECORD_KEEP_ENV, "60")
+    read, live = (guard.record_volume(r * 12, "0123abcd") for r in ("a", "c"))
+    runs = host_state.RunRecords()
+    for name in (read, live):
+        runs.add(name)
+        os.utime(tmp_path / "records" / name, (time.time() - 3600, time.time() - 3600))
+    engine = _Volumes({read: ("a" * 12, 3600, False), live: ("c" * 12, 3600, True)})
+    engine.reading = {read: 3, live: 1}
+    assert guard.sweep_own_records(engine) == [read]
+    assert list(engine.vols) == [live] and runs.every() == [live]
+    assert engine.calls.count(f"remove {read}") == 4  # refused while read (3 times), then removed

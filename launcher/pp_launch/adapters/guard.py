@@ -727,8 +727,38 @@ def stale_records(
         if is_record_of(v.name, v.labels.get(labels.RUN, ""))
         and (only is None or v.name in only)
         and now - v.created >= keep
-        and not engine.volume_users(v.name)
+        and not _kept_by(engine, v.name)
     ]
+
+
+def _kept_by(engine: Engine, name: str, ended_keeps: bool = True) -> bool:
+    """Whether a container keeps the record: one that runs and is not a record reader of pp-launch's (a reader,
+    anyone's `ps -a`, mounts every record it reads for a moment); `ended_keeps`: also one that ended and is not
+    being removed (a stage an engine crash left Dead is still the run's)."""
+    for ref in engine.volume_users(name):
+        info = engine.inspect(ref)
+        if info is None:
+            continue  # gone meanwhile
+        if _running(info):
+            if READER not in ((info.get("Config") or {}).get("Labels") or {}):
+                return True
+        elif ended_keeps and (info.get("State") or {}).get("Status") not in ("removing", "dead"):
+            return True
+    return False
+
+
+def release_record(engine: Engine, name: str, patience: float, ended_keeps: bool = True) -> bool:
+    """A record volume removed, asked again for `patience` seconds while only containers that let go of it by
+    themselves mount it (a reader; a removal under way: the engine lets go of a removed container's volumes a
+    moment after it says it is gone); False: it stays (kept by a container, `_kept_by`, or in use to the end)."""
+    deadline = time.monotonic() + patience
+    while not engine.remove_volume(name):
+        if not engine.has_volume(name):
+            return True
+        if _kept_by(engine, name, ended_keeps) or time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)
+    return True
 
 
 def sweep_own_records(engine: Engine) -> list[str]:
@@ -741,7 +771,7 @@ def sweep_own_records(engine: Engine) -> list[str]:
     if not old:
         return []
     listed = record_volumes(engine)
-    gone = [v.name for v in stale_records(engine, keep, listed, only=old) if engine.remove_volume(v.name)]
+    gone = [v.name for v in stale_records(engine, keep, listed, only=old) if release_record(engine, v.name, 5.0)]
     for name in gone:
         runs.forget(name)
     forget_lost_records(engine, runs, keep, listed)
@@ -796,15 +826,10 @@ def drop_record(engine: Engine, name: str, patience: float = 30.0) -> None:
     guard, just removed, may hold it a moment longer (the engine lets go of a removed container's volumes after
     it says the container is gone, and `docker rm -f` of an auto-removed one may answer while its removal is under
     way), so a volume in use is asked again for `patience` seconds, while no container that runs uses it (one
-    that runs keeps it: left to `gc`). A busy engine took over 10 s to let go of one (CI)."""
-    if not name.startswith(RECORD_PREFIX):
-        return
-    deadline = time.monotonic() + patience
-    while not engine.remove_volume(name) and engine.has_volume(name):
-        users = [engine.inspect(ref) for ref in engine.volume_users(name)]
-        if any(info is not None and _running(info) for info in users) or time.monotonic() >= deadline:
-            return  # one that runs keeps it (a dead or removing one lets go: an auto-remove still under way)
-        time.sleep(0.1)
+    that runs keeps it: left to `gc`; a record reader, anyone's `ps -a`, lets go in a moment). A busy engine took
+    over 10 s to let go of one (CI)."""
+    if not name.startswith(RECORD_PREFIX) or not release_record(engine, name, patience, ended_keeps=False):
+        return  # one that runs keeps it, a reader aside (a dead or removing one lets go: an auto-remove under way)
     with contextlib.suppress(errors.PpLaunchError):
         host_state.RunRecords().forget(name)
 

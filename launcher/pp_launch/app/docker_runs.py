@@ -282,7 +282,7 @@ class DockerRuns:
                 f"{housekeeping.safe(v.labels.get(labels.RUN, '?'))}{on}: the run is gone, its record older than "
                 f"{keep:g} s ({host_state.RECORD_KEEP_ENV})"
             )
-            if not dry_run and engine.remove_volume(v.name):  # False: a container mounted it meanwhile: it stays
+            if not dry_run and guard.release_record(engine, v.name, 5.0):  # False: a container mounted it meanwhile
                 with contextlib.suppress(errors.PpLaunchError):
                     host_state.RunRecords().forget(v.name)
         if not dry_run:
