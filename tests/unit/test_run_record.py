@@ -215,6 +215,7 @@ class _Volumes:
     def __init__(self, volumes: dict[str, tuple[str, float, bool]]) -> None:
         self.vols, self.calls = volumes, list[str]()
         self.reading: dict[str, int] = {}
+        self.dead: set[str] = set()  # mounted by a container an engine crash left Dead
 
     def volumes(self, filters: list[str]) -> list[VolumeInfo]:
         self.calls.append("volumes")
@@ -223,11 +224,13 @@ class _Volumes:
 
     def volume_users(self, name: str) -> list[str]:
         self.calls.append(f"users {name}")
-        return (["c" * 64] if self.vols[name][2] else []) + (["r" * 64] if self.reading.get(name) else [])
+        users = ["c" * 64] if self.vols[name][2] else []
+        return users + (["r" * 64] if self.reading.get(name) else []) + (["d" * 64] if name in self.dead else [])
 
     def inspect(self, ref: str) -> dict[str, object]:
         labels = {guard.READER: "record"} if ref.startswith("r") else {"pp-launch.run": "cccccccccccc"}
-        return {"State": {"Running": True, "Status": "running"}, "Config": {"Labels": labels}}
+        state = {"Running": False, "Status": "dead"} if ref.startswith("d") else {"Running": True, "Status": "running"}
+        return {"State": state, "Config": {"Labels": labels}}
 
     def remove_volume(self, name: str) -> bool:
         self.calls.append(f"remove {name}")
@@ -307,16 +310,16 @@ def test_a_record_a_reader_mounts_a_moment_is_still_removed_and_one_a_run_mounts
 ) -> None:
     """Anyone's `ps -a` mounts every record it reads in a reader of pp-launch's for a moment: a record only a reader
     mounts is removed once it lets go (asked again), never kept for it; one a running container of a run mounts
-    is kept, reader or not."""
+    is kept, reader or not, and so is one a stage an engine crash left Dead mounts."""
     monkeypatch.setenv("PP_LAUNCH_STATE_DIR", str(tmp_path))
     monkeypatch.setenv(host_state.RECORD_KEEP_ENV, "60")
-    read, live = (guard.record_volume(r * 12, "0123abcd") for r in ("a", "c"))
+    read, live, crashed = (guard.record_volume(r * 12, "0123abcd") for r in ("a", "c", "e"))
     runs = host_state.RunRecords()
-    for name in (read, live):
+    for name in (read, live, crashed):
         runs.add(name)
         os.utime(tmp_path / "records" / name, (time.time() - 3600, time.time() - 3600))
-    engine = _Volumes({read: ("a" * 12, 3600, False), live: ("c" * 12, 3600, True)})
-    engine.reading = {read: 3, live: 1}
+    engine = _Volumes({read: ("a" * 12, 3600, False), live: ("c" * 12, 3600, True), crashed: ("e" * 12, 3600, False)})
+    engine.reading, engine.dead = {read: 3, live: 1}, {crashed}
     assert guard.sweep_own_records(engine) == [read]
-    assert list(engine.vols) == [live] and runs.every() == [live]
+    assert sorted(engine.vols) == sorted([live, crashed]) and sorted(runs.every()) == sorted([live, crashed])
     assert engine.calls.count(f"remove {read}") == 4  # refused while read (3 times), then removed

@@ -742,7 +742,7 @@ def _kept_by(engine: Engine, name: str, ended_keeps: bool = True) -> bool:
         if _running(info):
             if READER not in ((info.get("Config") or {}).get("Labels") or {}):
                 return True
-        elif ended_keeps and (info.get("State") or {}).get("Status") not in ("removing", "dead"):
+        elif ended_keeps and (info.get("State") or {}).get("Status") != "removing":
             return True
     return False
 
