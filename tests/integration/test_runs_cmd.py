@@ -101,9 +101,9 @@ def test_wait_until_announced_prints_each_address_and_until_exit_each_code(engin
         "--env",
         "STUB_MODE=hold",
         "--stage-env",
-        "0:STUB_EXIT_AFTER=3",
+        "0:STUB_EXIT_AFTER=10",  # time for `wait --until announced` to find it there under load (3 s was not)
         "--stage-env",
-        "1:STUB_EXIT_AFTER=6",
+        "1:STUB_EXIT_AFTER=12",
         "--stage-env",
         "1:STUB_EXIT_CODE=3",
     )
