@@ -129,9 +129,11 @@ def test_wait_until_announced_prints_each_address_and_until_exit_each_code(engin
     assert wait_until(lambda: guard_of(engine, run) == [], 30)  # its guard ends once the run's last stage is gone
 
 
-def test_logs_of_a_detached_run_show_a_stage_that_crashed_while_the_others_run(engine, stub_image) -> None:  # type: ignore[no-untyped-def]
+def test_logs_and_wait_of_a_detached_run_tell_a_stage_that_crashed_while_the_others_run(engine, stub_image) -> None:  # type: ignore[no-untyped-def]
     """Auto-remove takes a crashed stage's log on the engine with it; its run's guard kept its lines in the record
-    (the run is detached): `logs RUN` shows them beside the stages that still run, its last line the crash's."""
+    (the run is detached): `logs RUN` shows them beside the stages that still run, its last line the crash's.
+    `wait --until announced` does not pass over it in silence: its code, from the guard, on stderr; the others'
+    addresses on stdout; exit 1 (the run is no longer all up)."""
     up = cli("chain", "--stages", "2", "--gpus", "none", "--detach", "--env", "STUB_MODE=hold",
              "--stage-env", "1:STUB_EXIT_AFTER=2", "--stage-env", "1:STUB_EXIT_CODE=3")  # fmt: skip
     assert up.returncode == 0, up.stderr
@@ -148,6 +150,10 @@ def test_logs_of_a_detached_run_show_a_stage_that_crashed_while_the_others_run(e
         assert wait_until(lambda: cli("logs", run, "--stage", "1", "-n", "1").stdout.splitlines() == crash, 15)
         timed = cli("logs", run, "--stage", "1", "-n", "1", "-t").stdout
         assert timed.startswith("[stage 1] 20") and timed.rstrip().endswith("exiting with 3"), timed
+        announced = cli("wait", run, "--until", "announced")
+        assert announced.returncode == 1, announced.stdout + announced.stderr
+        assert [line.split()[:3] for line in announced.stdout.splitlines()] == [["stage", "0", f"pp-{run}-0"]]
+        assert f"stage 1 (pp-{run}-1) has ended: exited 3" in announced.stderr, announced.stderr
     finally:
         cli("down", run, "--grace", "1")
     assert run_containers(engine, run) == []

@@ -352,15 +352,8 @@ class DockerRuns:
         found = [(e, c) for e, c in every if housekeeping.is_stage(c)]  # not its lock or guard
         deadline = None if timeout is None else time.monotonic() + timeout
         if until == "announced":
-            _wait_announced(name, found, deadline, self.voice)
-            return 0
-        ended = {}
-        for engine in {id(e): e for e, _ in every}.values():
-            live = guard.records(engine, name)
-            seen = [c for e, c in every if e is engine]
-            held = live or guard.dead_records(engine, name, live=set(), seen=seen)  # its guard gone: its record
-            ended.update({r.id: r for g in held for r in g.ends})
-        return _wait_exit(name, found, deadline, self.voice, ended)
+            return _wait_announced(name, found, deadline, self.voice, lambda: _recorded_ends(name, every))
+        return _wait_exit(name, found, deadline, self.voice, _recorded_ends(name, every))
 
     def _ended_codes(self, run: str) -> tuple[str, dict[int, tuple[str, int | None]]] | None:
         """An ended run's stages and codes: as its launcher kept them (this user's), each code it could not keep (it
@@ -648,24 +641,76 @@ def stage_name(c: ContainerInfo) -> str:
     return display(c.labels.get(labels.STAGE, "?").encode()) + again
 
 
-def _wait_announced(run: str, found: list[tuple[Engine, ContainerInfo]], deadline: float | None, voice: Voice) -> None:
+def _recorded_ends(run: str, every: list[tuple[Engine, ContainerInfo]]) -> dict[str, StageEnd]:
+    """Every end of a stage of `run` its guards recorded (by container id), on each engine it has containers on: from
+    the live guard's output, or its record once the guard is gone."""
+    ended: dict[str, StageEnd] = {}
+    for engine in {id(e): e for e, _ in every}.values():
+        live = guard.records(engine, run)
+        seen = [c for e, c in every if e is engine]
+        held = live or guard.dead_records(engine, run, live=set(), seen=seen)  # its guard gone: its record
+        ended.update({r.id: r for g in held for r in g.ends})
+    return ended
+
+
+def _wait_announced(
+    run: str,
+    found: list[tuple[Engine, ContainerInfo]],
+    deadline: float | None,
+    voice: Voice,
+    recorded: Callable[[], Mapping[str, StageEnd]],
+) -> int:
+    """Each stage's addresses once it announced (`stage K <container> <addresses>`); 0 once every stage of the run
+    did. A stage that ended first (before this wait looked, or while it waited: the run's guard recorded its end) is
+    said on stderr with its code, and the answer is 1: the run can no longer be all up."""
+    here = {c.id for _, c in found}
+    gone = _ended_stages(recorded(), found)
     addresses: dict[str, str] = {}
     while True:
         for engine, c in found:
-            if c.id in addresses:
+            if c.id in addresses or c.id in {e.id for e in gone}:
                 continue
             if engine.inspect(c.id) is None:
-                raise errors.PpLaunchError(f"run {run}: stage {stage_name(c)} ({c.name}) ended before it announced")
+                end = recorded().get(c.id)
+                if end is None:
+                    raise errors.PpLaunchError(
+                        f"run {run}: stage {stage_name(c)} ({c.name}) is gone before its address could be read"
+                    )
+                gone.append(end)
+                continue
             addr = housekeeping.announced(engine, c.id)
             if addr is not None:
                 addresses[c.id] = addr
                 voice.answer(f"stage {stage_name(c)} {c.name} {addr}")
-        if len(addresses) == len(found):
-            return
+        if len(addresses) + len({e.id for e in gone} & here) == len(found):
+            return _said_gone(run, gone, voice)
         if deadline is not None and time.monotonic() > deadline:
-            missing = ", ".join(stage_name(c) for _, c in found if c.id not in addresses)
+            missing = ", ".join(stage_name(c) for _, c in found if c.id not in {*addresses, *(e.id for e in gone)})
             raise errors.PpLaunchError(f"run {run}: stages {missing} did not announce within the timeout")
         time.sleep(0.25)
+
+
+def _ended_stages(ends: Mapping[str, StageEnd], found: list[tuple[Engine, ContainerInfo]]) -> list[StageEnd]:
+    """The last recorded end of each stage none of whose containers is still there (an earlier attempt's end, of a
+    stage restarted since, is not one)."""
+    there = {c.labels.get(labels.STAGE, "") for _, c in found}
+    last: dict[str, StageEnd] = {}
+    for end in ends.values():
+        prior = last.get(end.stage)
+        if end.stage not in there and (prior is None or (end.attempt, end.at) >= (prior.attempt, prior.at)):
+            last[end.stage] = end
+    return list(last.values())
+
+
+def _said_gone(run: str, gone: list[StageEnd], voice: Voice) -> int:
+    """Each stage that ended before every stage announced, said on stderr with its code; 1 when there is one."""
+    for end in sorted({e.id: e for e in gone}.values(), key=lambda e: (labels.ascii_int(e.stage) or 0, e.stage)):
+        said = "with an unknown code" if end.exit_code is None else str(end.exit_code)
+        voice.note(
+            f"pp-launch: run {run}: stage {end.stage} ({end.name}) has ended: exited {said}"
+            f"{' (out of memory)' if end.oom else ''}; 'pp-launch wait {run}' gives every stage's code"
+        )
+    return errors.EXIT_FAILURE if gone else 0
 
 
 def _kept_ends(run: str) -> tuple[str, dict[int, tuple[str, int | None]]] | None:

@@ -93,8 +93,8 @@ def logs(
     type=click.Choice(["announced", "exit"]),
     default="exit",
     show_default=True,
-    help="announced: until every stage printed its address (prints them); exit: until every stage is gone "
-    "(prints each exit code).",
+    help="announced: until every stage printed its address (prints them; a stage that has ended already is said "
+    "on stderr with its exit code, exit 1); exit: until every stage is gone (prints each exit code).",
 )
 @click.option("--timeout", type=Seconds(), default=None, metavar="S", help="Give up after S seconds (exit 1).")
 @host_choice
@@ -110,7 +110,8 @@ def wait(
     """Wait for a run: until every stage announced, or until every stage ended.
 
     Exit 0 when the condition is met (for --until exit: when every stage exited 0), 1 when a stage failed,
-    ended before announcing, or the timeout passed; 2 when there is no such run. RUN_ID may be a unique prefix.
+    ended before every stage announced, or the timeout passed; 2 when there is no such run. RUN_ID may be a unique
+    prefix.
 
     \b
     Examples:
