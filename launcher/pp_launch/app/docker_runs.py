@@ -643,13 +643,13 @@ def stage_name(c: ContainerInfo) -> str:
 
 def _recorded_ends(run: str, every: list[tuple[Engine, ContainerInfo]]) -> dict[str, StageEnd]:
     """Every end of a stage of `run` its guards recorded (by container id), on each engine it has containers on: from
-    the live guard's output, or its record once the guard is gone."""
+    the live guard's output, or its record once the guard is gone. Only stages' (a --host's GPU watcher is not one)."""
     ended: dict[str, StageEnd] = {}
     for engine in {id(e): e for e, _ in every}.values():
         live = guard.records(engine, run)
         seen = [c for e, c in every if e is engine]
         held = live or guard.dead_records(engine, run, live=set(), seen=seen)  # its guard gone: its record
-        ended.update({r.id: r for g in held for r in g.ends})
+        ended.update({r.id: r for g in held for r in g.ends if labels.ascii_int(r.stage) is not None})
     return ended
 
 
