@@ -61,6 +61,7 @@ SESSION = ("python3", "-I", "-S", "-u", PROGRAM, "session")  # a relay: the stan
 READY_PATIENCE = 15.0  # seconds a new guard may take to say it is ready
 REPLACEMENT_PATIENCE = 10.0  # seconds a guard put in another's place waits for its launcher's session
 LOST_AFTER = 1.0  # seconds without a word from the guard before it counts as lost (paused, frozen, gone)
+KILL_SEEN_WITHIN = 3.0  # seconds a busy engine may take to say a killed guard died, once its session has ended
 LISTEN_SLICE = 0.25
 
 
@@ -484,9 +485,11 @@ class RunGuard:
 def _what_happened(engine: Engine, ref: str, ended: bool) -> str:
     """What became of a guard that fell silent without saying it was stopped, as the engine says: paused, or killed
     or removed (auto-removed once killed: the two look alike); "" when it runs, unpaused, with its session open (only
-    slow). A guard being killed may still run a moment after its session ended: waited for, a second at most.
+    slow). A guard being killed may still run a moment after its session ended: waited for, KILL_SEEN_WITHIN at most
+    (a session is cut with its whole container at once, but a busy engine says the container died later: 1 s apart
+    in CI under load; a guard that runs with its session cut tears its run down whatever is said here).
     PpLaunchError when the engine does not answer."""
-    deadline = time.monotonic() + (1.0 if ended else 0.0)
+    deadline = time.monotonic() + (KILL_SEEN_WITHIN if ended else 0.0)
     info = engine.inspect(ref)
     while info is not None and _running(info) and time.monotonic() < deadline:
         time.sleep(0.05)
