@@ -664,11 +664,11 @@ def _wait_announced(
     did. A stage that ended first (before this wait looked, or while it waited: the run's guard recorded its end) is
     said on stderr with its code, and the answer is 1: the run can no longer be all up."""
     here = {c.id for _, c in found}
-    gone = _ended_stages(recorded(), found)
+    gone = {e.id: e for e in _ended_stages(recorded(), found)}
     addresses: dict[str, str] = {}
     while True:
         for engine, c in found:
-            if c.id in addresses or c.id in {e.id for e in gone}:
+            if c.id in addresses or c.id in gone:
                 continue
             if engine.inspect(c.id) is None:
                 end = recorded().get(c.id)
@@ -676,16 +676,16 @@ def _wait_announced(
                     raise errors.PpLaunchError(
                         f"run {run}: stage {stage_name(c)} ({c.name}) is gone before its address could be read"
                     )
-                gone.append(end)
+                gone[c.id] = end
                 continue
             addr = housekeeping.announced(engine, c.id)
             if addr is not None:
                 addresses[c.id] = addr
                 voice.answer(f"stage {stage_name(c)} {c.name} {addr}")
-        if len(addresses) + len({e.id for e in gone} & here) == len(found):
-            return _said_gone(run, gone, voice)
+        if len(addresses) + len(gone.keys() & here) == len(found):
+            return _said_gone(run, list(gone.values()), voice)
         if deadline is not None and time.monotonic() > deadline:
-            missing = ", ".join(stage_name(c) for _, c in found if c.id not in {*addresses, *(e.id for e in gone)})
+            missing = ", ".join(stage_name(c) for _, c in found if c.id not in addresses and c.id not in gone)
             raise errors.PpLaunchError(f"run {run}: stages {missing} did not announce within the timeout")
         time.sleep(0.25)
 
@@ -704,7 +704,7 @@ def _ended_stages(ends: Mapping[str, StageEnd], found: list[tuple[Engine, Contai
 
 def _said_gone(run: str, gone: list[StageEnd], voice: Voice) -> int:
     """Each stage that ended before every stage announced, said on stderr with its code; 1 when there is one."""
-    for end in sorted({e.id: e for e in gone}.values(), key=lambda e: (labels.ascii_int(e.stage) or 0, e.stage)):
+    for end in sorted(gone, key=lambda e: (labels.ascii_int(e.stage) or 0, e.stage)):
         said = "with an unknown code" if end.exit_code is None else str(end.exit_code)
         voice.note(
             f"pp-launch: run {run}: stage {end.stage} ({end.name}) has ended: exited {said}"
