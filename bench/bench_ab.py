@@ -1,8 +1,8 @@
 """One change against the code before it: `pp-launch chain` bring-up, two checkouts, interleaved pairs in one run.
 
 Each pair launches the same chain from both checkouts (the order alternates pair by pair), timed as
-bench_bringup.py times ours: from spawning the launcher to its roster event, with spare guards on as a user's
-launches run (the first launch, not counted, leaves one). `--before` and `--after` are checkouts' `launcher`
+bench_bringup.py times ours: from spawning the launcher to its roster event (a first launch, not counted, warms
+the engine's caches). `--before` and `--after` are checkouts' `launcher`
 folders (the second defaults to this checkout's), put first on PYTHONPATH for their launches. Prints the medians,
 their ratio and how many pairs the change won, per hand-off mode; every chain is torn down and counted for
 leftovers (none may be left).
@@ -42,7 +42,7 @@ def main() -> int:
     client = docker.from_env()
     paths = {"before": args.before, "after": args.after}
     times: dict[tuple[str, str], list[float]] = {(v, h): [] for v in paths for h in args.handoff}
-    ours(client, args.stages, 0.0, args.handoff[0])  # leaves a spare guard, as a user's last run does
+    ours(client, args.stages, 0.0, args.handoff[0])  # warms the engine's caches, not counted
     for pair in range(args.pairs):
         for handoff in args.handoff:
             for version in ("before", "after") if pair % 2 == 0 else ("after", "before"):

@@ -6,9 +6,8 @@ seed's way); pp-launch is timed from spawning the launcher (interpreter start an
 roster event. STUB_ANNOUNCE_DELAY is the stand-in for a model load before the worker announces; it is the same
 on both sides. Medians; every chain is torn down and counted for leftovers.
 
-Every launch runs as a user's does: each run leaves a spare guard that the next one takes (docs/chain.md, "The
-spare guard"; PP_LAUNCH_SPARE_GUARD=0 in the environment measures without); the first launch of a table starts its
-own guard. --hog: a busy loop per CPU throughout (as `make test-load`). --fake-gpus: every stage of ours asks for a
+Every launch runs as a user's does, and leaves nothing on the engine (no container is started ahead of a run).
+--hog: a busy loop per CPU throughout (as `make test-load`). --fake-gpus: every stage of ours asks for a
 GPU (`--gpus auto --gpu-attach env`), so that the engine's GPU lock is taken and let go by every launch, from a
 fake NVML library (pp_launch.testing.fake_nvml) of as many GPUs as the longest chain; the CLI chain is given each
 stage's GPU the same way (NVIDIA_VISIBLE_DEVICES), picked by hand as its user would.
@@ -169,18 +168,7 @@ def main() -> int:
         for hog in hogs:
             hog.kill()
             hog.wait()
-        drop_spare()
         scratch.cleanup()
-
-
-def drop_spare() -> None:
-    """The spare guard the last launch left (and its record): the bench leaves nothing."""
-    from pp_launch.adapters import guard, host_state
-    from pp_launch.adapters.docker_engine import connect
-
-    kept = host_state.Spares().take(guard.spare_key(os.environ))
-    if kept:
-        guard.drop_spare(connect(), kept)
 
 
 def cpu_table() -> str:
@@ -231,10 +219,9 @@ def measure(client: docker.DockerClient, opts: argparse.Namespace) -> int:
         row += f"{left_total} | {base_left} |"
         print(row, flush=True)
         rows.append(row)
-    spares = "off" if os.environ.get("PP_LAUNCH_SPARE_GUARD", "").strip() == "0" else "on"
     note = (
         f"\nMedians ({opts.repeats} runs for 8 stages, {max(1, opts.repeats // 3)} beyond); timed from process launch "
-        f"to the last announcement; {os.cpu_count()} CPUs; spare guards {spares}; {'a busy loop per CPU; ' * opts.hog}"
+        f"to the last announcement; {os.cpu_count()} CPUs; {'a busy loop per CPU; ' * opts.hog}"
         f"{'every stage a fake GPU (the GPU lock taken); ' * opts.fake_gpus}"
         f"`python bench/bench_bringup.py`.\n"
     )

@@ -101,7 +101,6 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out")
     args = ap.parse_args()
-    os.environ.setdefault("PP_LAUNCH_SPARE_GUARD", "0")  # no spare left behind by the bench
     rows = [
         f"{args.stages} stages, a {args.window:g} s window, {args.repeats} interleaved pairs (medians)",
         "",

@@ -40,10 +40,6 @@ os.environ["PP_LAUNCH_STATE_DIR"] = str(_SESSION_DIR / "state")
 # The suite runs beside real work: pp-launch acts only on the ids its runs' guards recorded, never on a label match
 # (PP_LAUNCH_SWEEP is accepted and does nothing; the test of that sets it both ways).
 os.environ["PP_LAUNCH_SWEEP"] = "0"
-# No spare guards (docs/chain.md, "The spare guard"): every test's run starts its own guard, so that a test that
-# counts or kills a run's guard, or an engine's containers, meets only its own runs' (tests/integration/test_spare.py
-# runs with them, as a user does by default).
-os.environ["PP_LAUNCH_SPARE_GUARD"] = "0"
 SESSION_MARK = {"PP_TESTS_SESSION": str(_SESSION_DIR)}  # every child inherits it: how our watchdogs are known
 os.environ.update(SESSION_MARK)
 

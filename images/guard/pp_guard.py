@@ -17,8 +17,7 @@ Session lines, launcher -> guard: `own <id>` (a container the launcher created: 
 made after this guard started, answered `owned <id>` on stderr, so the engine's log of this container is the run's
 record of what is its own; else `refused <id> <why>` to the launcher), `detach` (the run is up and detached: the
 guard is its owner from now on, answered `detached`), `beat` (the launcher lives: with PP_GUARD_HEARTBEAT=S, S
-seconds without a line count as the end of the lifeline, for a link that was cut), `grace <seconds>` (the teardown's
-grace, from the run that takes a spare). Guard -> launcher: `ready` (or
+seconds without a line count as the end of the lifeline, for a link that was cut). Guard -> launcher: `ready` (or
 why not, then the session ends), `alive` four times a second (a guard that is paused or frozen falls silent), `down`
 (SIGUSR1: `pp-launch down`), `stopping` (SIGTERM: `docker stop`).
 
@@ -28,10 +27,6 @@ someone else, an engine that stops) ends the guard and touches nothing (SIGINT, 
 attach` passes on from its terminal, change nothing): its launcher, which notices within a
 second, puts a new guard in its place (or, if it cannot, ends the run). A detached run's guard also exits once none
 of its containers is left.
-
-A spare (PP_GUARD_SPARE=S): started ahead by a launcher for its user's next run on this engine, its run id chosen
-already; that run's launcher takes it with its session (no container to start: bring-up is faster), or it goes
-after S seconds, having owned nothing.
 """
 
 from __future__ import annotations
@@ -64,12 +59,8 @@ ALIVE = 0.25  # seconds between two `alive` lines to the launcher
 # seconds a new guard waits for its launcher's session; less for a guard put in another's place (its launcher opens
 # the session the moment the guard starts, and nothing else tears the run down if that launcher was killed meanwhile)
 SESSION_PATIENCE = float(os.environ.get("PP_GUARD_SESSION_PATIENCE") or 30)
-# > 0: a spare, started ahead for its user's next run (its id chosen already): it waits this long for that run's
-# launcher to take it, then goes (a spare, like any guard, owns nothing until its launcher names what is its own)
-SPARE = float(os.environ.get("PP_GUARD_SPARE", "0") or 0)
 POLL = 0.1
 ID = re.compile(r"[0-9a-f]{64}")
-GRACE_TEXT = re.compile(r"[0-9]{1,6}(\.[0-9]{1,3})?")
 
 
 def _unix(timeout: float | None) -> http.client.HTTPConnection:
@@ -173,20 +164,14 @@ class Guard:
     def serve_session(self, server: socket.socket) -> None:
         """The first connection is the run's session: its lines, until it ends. Any later one is refused. None within
         SESSION_PATIENCE: the launcher died before it came (the guard ends as if its lifeline had)."""
-        server.settimeout(SPARE or SESSION_PATIENCE)
+        server.settimeout(SESSION_PATIENCE)
         try:
             conn, _ = server.accept()
         except OSError:
-            if SPARE:
-                say(f"spare unclaimed: no run took this spare guard within {SPARE:g} s")
-            else:
-                say(f"no session within {SESSION_PATIENCE:g} s: the launcher is gone")
+            say(f"no session within {SESSION_PATIENCE:g} s: the launcher is gone")
             self.ended.set()
             return
-        if SPARE:
-            say("claimed: the run's launcher took this spare guard")
-        else:
-            say("session: the launcher holds this guard's lifeline")
+        say("session: the launcher holds this guard's lifeline")
         conn.settimeout(None)
         server.settimeout(None)
         with self.session_lock:
@@ -241,9 +226,6 @@ class Guard:
             say("detached")
             if RECORD:  # its launcher leaves now: the stages' lines are kept here, from now on
                 keep_stage_lines(self)
-        elif len(words) == 2 and words[0] == "grace" and GRACE_TEXT.fullmatch(words[1]):
-            global GRACE  # a spare was made with its maker's grace: the run that takes it says its own
-            GRACE = float(words[1])
 
     def not_ours(self, ref: str) -> str:
         """Why an id the session names is not a container of this run made after this guard started ("" when it
@@ -489,8 +471,6 @@ def serve() -> int:
         signal.signal(passed_on, signal.SIG_IGN)  # (^C, a closed terminal): someone looking, not stopping anything
     for ref in filter(None, os.environ.get("PP_GUARD_OWN", "").split(",")):  # a guard put in another's place: its
         guard.on_line(["own", ref])  # ids come with it, so that its launcher killed right now still leaves nothing
-    if SPARE:
-        say(f"spare: waiting up to {SPARE:g} s for a run to take it")  # not a run's guard until one does
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(LISTEN)
     os.chmod(LISTEN, 0o600)

@@ -50,9 +50,7 @@ start_real_work() {
   docker rm -f "$REAL_PLAIN" >/dev/null 2>&1 || true
   docker run -d --name "$REAL_PLAIN" --network none -e STUB_MODE=hold pp-launch/stub-worker:latest >/dev/null
   REAL_STATE=$(mktemp -d)  # the other owner's own state, removed with its run
-  # no spare guard (docs/chain.md, "The spare guard") beside it: the suite's leak check knows a launcher by its pid
-  # alone, and a spare left running by this launcher, whose pid a test's launcher may later get, would count as one
-  REAL_RUN=$(PP_LAUNCH_SPARE_GUARD=0 PP_LAUNCH_STATE_DIR="$REAL_STATE" "$VENV/bin/pp-launch" chain --stages 2 --gpus none --detach \
+  REAL_RUN=$(PP_LAUNCH_STATE_DIR="$REAL_STATE" "$VENV/bin/pp-launch" chain --stages 2 --gpus none --detach \
     --name pp-tests-real-work --env STUB_MODE=hold 2>/dev/null)
   say "real work beside the suite: run $REAL_RUN (detached, another owner) and container $REAL_PLAIN (no labels)"
 }

@@ -62,15 +62,11 @@ def test_attach_socket_on_a_real_engine_unwraps_to_a_plain_socket(engine, stub_i
         api.close()
 
 
-def test_an_image_replaced_while_in_use_goes_once_nothing_uses_it_and_never_if_tagged_again(
-    engine, stub_image, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_a_rebuild_removes_the_image_it_replaced_unless_in_use_or_tagged_again(
+    engine, stub_image, tmp_path: Path
 ) -> None:
-    """A rebuild while a container of the old image runs (a spare guard) keeps that image, recorded in the user's
-    state; the next build (or gc) removes it by its id once nothing uses it. One tagged again meanwhile is someone's
-    now: left, and forgotten."""
-    from pp_launch.adapters import images
-
-    monkeypatch.setenv("PP_LAUNCH_STATE_DIR", str(tmp_path / "state"))
+    """A rebuild removes the image it replaced by its id; one a container still uses (a detached run's guard of the
+    old image) stays, and so does one someone tagged again (theirs now). Nothing is kept in the user's state."""
     tag, other = f"pp-launch-test/replaced:{unique()}", f"pp-launch-test/theirs:{unique()}"
     (tmp_path / "ctx").mkdir()
     (tmp_path / "ctx" / "Dockerfile").write_text("FROM pp-launch/base:bookworm\nCOPY a /a\n")
@@ -80,8 +76,7 @@ def test_an_image_replaced_while_in_use_goes_once_nothing_uses_it_and_never_if_t
         (tmp_path / "ctx" / "a").write_text(f"{content} {tag}")  # another test's identical build shares its id
         old = engine.image_id(tag)
         engine.build(str(tmp_path / "ctx"), tag, {}, {}, lambda text: None)
-        if not engine.drop_replaced_image(old, tag) and old is not None:
-            images._replaced(engine, old)
+        engine.drop_replaced_image(old, tag)
         built.append(str(engine.image_id(tag)))
 
     user = ""
@@ -89,20 +84,19 @@ def test_an_image_replaced_while_in_use_goes_once_nothing_uses_it_and_never_if_t
         build("first")
         user = docker("run", "-d", "--rm", "--network", "none", built[0], "sleep", "120").stdout.strip()
         build("second")
-        assert engine.image_id(built[0]) is not None  # in use: kept, and recorded
-        assert images.drop_replaced(engine) == {built[0]: "in use"}
+        assert engine.image_id(built[0]) is not None  # in use: kept
         docker("rm", "-f", user)
-        assert images.drop_replaced(engine) == {built[0]: "gone"}  # nothing uses it now: removed by its id
-        assert engine.image_id(built[0]) is None and images.drop_replaced(engine) == {}
-        user = docker("run", "-d", "--rm", "--network", "none", built[1], "sleep", "120").stdout.strip()
+        user = ""
         build("third")
-        docker("rm", "-f", user)
-        docker("tag", built[1], other)  # someone tagged the replaced image: theirs now
-        assert images.drop_replaced(engine) == {built[1]: "tagged"}
-        assert engine.image_id(other) == built[1] and images.drop_replaced(engine) == {}
+        assert engine.image_id(built[1]) is None  # nothing used it: removed by its id
+        docker("tag", built[2], other)  # someone tagged the image about to be replaced: theirs
+        build("fourth")
+        assert engine.image_id(other) == built[2]
     finally:
         if user:
             docker("rm", "-f", user)
         for name in (tag, other):
             engine.remove_image(name)
+        for image_id in built:
+            engine.drop_untagged_image(image_id)
     assert all(engine.image_id(i) is None for i in built)

@@ -105,29 +105,6 @@ def test_a_record_entry_planted_as_a_link_is_never_followed(tmp_path: Path) -> N
     assert target.read_text() == "untouched"
 
 
-def test_a_spare_is_taken_once_and_a_planted_or_garbled_one_is_none(tmp_path: Path) -> None:
-    spares = host_state.Spares(tmp_path)
-    kept = {"run": "a" * 12, "guard": "b" * 64, "record": "pp-launch-record-x", "engine": "id|name|/var/lib/docker"}
-    spares.put("engine-1", kept)
-    assert spares.peek("engine-1") == kept
-    assert spares.take("engine-1") == kept
-    assert spares.take("engine-1") is None and spares.peek("engine-1") is None  # taken once: the file is gone
-    folder = tmp_path / "spares"
-    (folder / "engine-2").write_text("[1, 2]")
-    assert spares.take("engine-2") is None and not (folder / "engine-2").exists()
-    (tmp_path / "elsewhere").write_text(json.dumps(kept))
-    os.symlink(tmp_path / "elsewhere", folder / "engine-3")  # a link is never followed: no spare
-    assert spares.peek("engine-3") is None
-
-
-def test_a_spare_is_kept_per_engine_the_environment_names() -> None:
-    from pp_launch.adapters import guard
-
-    plain = guard.spare_key({})
-    assert plain == guard.spare_key({"HOME": "/x"})
-    assert len({plain, guard.spare_key({"DOCKER_HOST": "tcp://h:2375"}), guard.spare_key({"DOCKER_CONTEXT": "c"})}) == 3
-
-
 def test_a_users_ray_runs_are_listed_with_their_cluster_and_told_by_age(tmp_path: Path) -> None:
     """The detached runs a user launched on Ray: each with its cluster's head; listed by cluster and by age."""
     runs = host_state.RunRecords(tmp_path, folder=host_state.RunRecords.RAY)

@@ -262,9 +262,9 @@ def test_hosts_that_do_not_answer_are_each_said_and_the_command_goes_on() -> Non
     assert engines.close() is True
 
 
-def test_a_spare_guard_is_found_by_its_run_id_but_not_named_as_a_run() -> None:
-    """A spare guard (started ahead for its user's next run) carries a run id but is no run yet: `ps` does not list
-    it, and neither does the message for a run that is not there; `down` of its id still reaches it."""
+def test_a_run_still_placing_is_found_by_its_id_but_not_named_as_a_run() -> None:
+    """A run whose guard alone is up (still placing) carries a run id but has no stage yet: `ps` does not list it,
+    and neither does the message for a run that is not there; `down` of its id still reaches it."""
     from pp_launch.core import errors
 
     runs, shown = {"aaaa11112222", "5pare0000000"}, {"aaaa11112222"}

@@ -5,7 +5,6 @@ site; every step that was begun is ended, however the attempt ends; restarts res
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import signal
 import threading
@@ -88,21 +87,16 @@ class FakeSite:
         scripts: dict[int, StageScript],
         lost: bool = False,
         restartable: list[bool] | None = None,
-        ready: str = "",
     ):
         self.steps: list[str] = []
         self.scripts, self.lost = scripts, lost
         self.restartable = list(restartable or [])
         self.finished: list[Launched | None] = []
-        self.ready = ready  # a run it has ready (on one Docker engine: the spare guard it took)
         self.planner = FakePlanner(self.steps)
         self.swept: list[int] = []
 
     def places(self) -> list[str]:
         return ["here"]
-
-    def ready_run(self) -> str | None:
-        return self.ready or None
 
     def prepare(self, request: LaunchRequest, say: Callable[[str], None]) -> None:
         self.steps.append("prepare")
@@ -187,19 +181,6 @@ def test_a_restart_reserves_and_plans_again_on_the_same_site(monkeypatch: pytest
     assert [s for s in site.steps if s.startswith(("prepare", "reserve", "finish"))] == [
         "prepare", "reserve:1", "reserve:2", "finish"
     ]  # fmt: skip
-
-
-def test_a_run_the_site_has_ready_is_the_launchs_unless_the_request_names_one(monkeypatch: pytest.MonkeyPatch) -> None:
-    """On one Docker engine the site takes the spare guard its user's last run left: its run id is the run's. A
-    request that names its run keeps that name (the site then has none ready: docker_site.DockerSite.to_launch)."""
-    on(FakeSite(DONE, ready="5a7e5a7e5a7e"), monkeypatch)
-    assert launch.launch(request(), environ={}).plan.run_id == "5a7e5a7e5a7e"
-    on(FakeSite(DONE, ready="5a7e5a7e5a7e"), monkeypatch)
-    named = dataclasses.replace(request(), run_id="0123456789ab")
-    assert launch.launch(named, environ={}).plan.run_id == "0123456789ab"
-    on(FakeSite(DONE), monkeypatch)
-    fresh = launch.launch(request(), environ={}).plan.run_id
-    assert fresh and fresh != "5a7e5a7e5a7e"
 
 
 def test_a_dry_run_plans_on_the_site_and_finishes_it(monkeypatch: pytest.MonkeyPatch) -> None:

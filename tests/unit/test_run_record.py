@@ -11,7 +11,6 @@ import pytest
 
 from pp_launch.adapters import guard, host_state
 from pp_launch.adapters.docker_engine import VolumeInfo, engine_time
-from pp_launch.core import errors
 
 A, B, C = "a" * 64, "b" * 64, "c" * 64
 
@@ -77,72 +76,6 @@ def test_a_record_volume_is_named_for_its_run_and_labelled_as_a_record() -> None
     made = guard.record_labels("0123abcd", "detached")
     assert made["pp-launch.run"] == "0123abcd" and made["pp-launch.stage"] == "record"
     assert made["pp-launch.owner"] == "detached" and made["pp-launch.launcher"]
-
-
-def test_a_spare_no_run_took_is_idle_and_one_taken_is_its_runs_guard() -> None:
-    waiting = [b"spare: waiting up to 900 s for a run to take it"]
-    assert guard.read_record("g", "r", waiting).idle
-    taken = [*waiting, b"claimed: the run's launcher took this spare guard", b"owned " + b"a" * 64]
-    record = guard.read_record("g", "r", taken)
-    assert not record.idle and record.owned == ("a" * 64,)
-    assert not guard.read_record("g", "r", [b"owned " + b"b" * 64]).idle  # a guard started for its run
-
-
-class _Releasing:
-    """An engine that refuses to remove a record volume while its guard's removal is under way (`removing`, then
-    gone), as an engine answers right after `docker rm -f` of an auto-removed container; or one whose user runs."""
-
-    def __init__(self, refusals: int, user_state: dict[str, object]) -> None:
-        self.refusals, self.user_state, self.removed = refusals, user_state, False
-
-    def remove_volume(self, name: str) -> bool:
-        if self.refusals:
-            self.refusals -= 1
-            return False
-        self.removed = True
-        return True
-
-    def has_volume(self, name: str) -> bool:
-        return not self.removed
-
-    def volume_users(self, name: str) -> list[str]:
-        return [A]
-
-    def inspect(self, ref: str) -> dict[str, object] | None:
-        return {"Id": ref, "State": self.user_state}
-
-
-def test_a_spares_record_is_dropped_once_its_guard_being_removed_lets_go_and_kept_while_one_runs() -> None:
-    removing = _Releasing(3, {"Running": False, "Status": "removing"})
-    guard.drop_record(removing, "pp-launch-record-r1-0a0b0c0d", patience=5.0)  # type: ignore[arg-type]
-    assert removing.removed and removing.refusals == 0
-    running = _Releasing(3, {"Running": True, "Status": "running"})
-    guard.drop_record(running, "pp-launch-record-r1-0a0b0c0d", patience=5.0)  # type: ignore[arg-type]
-    assert not running.removed and running.refusals == 2  # asked once: a container that runs keeps it
-
-
-class _SlowRemoval(_Releasing):
-    """A spare's guard whose auto-remove outlasts `remove`'s patience on a busy engine (EngineError: still there,
-    removing), and holds the record a moment longer."""
-
-    def __init__(self) -> None:
-        super().__init__(3, {"Running": False, "Status": "removing"})
-        self.asked: list[str] = []
-
-    def inspect(self, ref: str) -> dict[str, object] | None:
-        return {**(super().inspect(ref) or {}), "Config": {"Labels": {"pp-launch.run": "r1"}}}
-
-    def remove(self, ref: str) -> None:
-        self.asked.append(ref)
-        raise errors.EngineError(f"container {ref[:12]} is still there (removing) after its removal was asked")
-
-
-def test_a_spares_record_is_dropped_when_its_guards_removal_outlasts_removes_patience() -> None:
-    """CI once left a gone spare's record: its guard's removal took longer than `remove` waits, and the record was
-    never asked for."""
-    engine = _SlowRemoval()
-    guard.drop_spare(engine, {"run": "r1", "guard": A, "record": "pp-launch-record-r1-0a0b0c0d"})  # type: ignore[arg-type]
-    assert engine.asked == [A] and engine.removed
 
 
 class _Records:

@@ -503,12 +503,11 @@ class Engine:
         except docker.errors.ImageNotFound:
             return None
 
-    def drop_replaced_image(self, old_id: str | None, tag: str) -> bool:
-        """After a rebuild under `tag`: the image it replaced goes too. False when it stays because a container
-        still uses it (a spare guard of the old image)."""
-        if old_id is None or old_id == self.image_id(tag):
-            return True
-        return self.drop_untagged_image(old_id) != "in use"
+    def drop_replaced_image(self, old_id: str | None, tag: str) -> None:
+        """After a rebuild under `tag`: the image it replaced goes too, unless a container still uses it (a detached
+        run's guard of the old image) or someone tagged it again."""
+        if old_id is not None and old_id != self.image_id(tag):
+            self.drop_untagged_image(old_id)
 
     def drop_untagged_image(self, image_id: str) -> str:
         """An image we replaced, removed by its id if it has no tag and no container uses it: "gone" (removed, or

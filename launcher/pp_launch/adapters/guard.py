@@ -25,14 +25,13 @@ when the guard is removed by someone else while its launcher dies.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import re
 import secrets
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -170,18 +169,15 @@ class RunGuard:
         grace: float,
         host: str | None = None,
         orphan: bool = False,
-        spare: Spare | None = None,
     ) -> RunGuard:
         """The guard on `engine`, running before any container of the run is created there. The watchdog comes
         first, and learns the guard's name before its create and its id before its start: a launcher killed in
         between leaves no guard that never started (nothing else would ever end it). orphan: the watchdog is not
-        this process's child (a Ray actor's children are killed with it). spare: the guard started ahead for this
-        run (take_spare), taken instead of starting one when it is there and well."""
+        this process's child (a Ray actor's children are killed with it)."""
         keeper = watchdog.spawn(run_id, grace, host=host, orphan=orphan)
         guard = cls(engine, run_id, owner, grace, keeper, host_state.RunIds())
         try:
-            if spare is None or spare.run != run_id or not guard._join(spare):
-                guard._bring_up()
+            guard._bring_up()
         except BaseException:
             _close(keeper)
             raise
@@ -254,40 +250,6 @@ class RunGuard:
 
     def _make_record(self, name: str) -> None:
         make_record(self.engine, name, self.run_id, self.owner)
-
-    def _join(self, spare: Spare) -> bool:
-        """The spare guard started ahead for this run (its id is the spare's) taken as the run's guard: the watchdog
-        learns its id first, then it must be running, of this run and of the guard's image, and say `ready` on the
-        session this process opens (a spare another session took, or one gone, says nothing). False: not taken (the
-        caller starts a guard as usual; a spare that was there is removed)."""
-        if self.engine.engine_id() != spare.engine:
-            return False  # the spare is on another engine than this run's (DOCKER_HOST's context changed)
-        self._tell_keeper(f"own {spare.guard}\n".encode())
-        if self.ids is not None:
-            with contextlib.suppress(errors.PpLaunchError):
-                self.ids.add(self.run_id, spare.guard)
-        info = self.engine.inspect(spare.guard) or {}
-        ours = (
-            ((info.get("Config") or {}).get("Labels") or {}).get(labels.RUN) == self.run_id
-            and _running(info)
-            and info.get("Image") == self.engine.image_id(GUARD_IMAGE)  # today's image
-        )
-        session = None
-        try:
-            if ours:
-                session = self.engine.session(spare.guard, SESSION)
-                if session.line(READY_PATIENCE) == b"ready":
-                    session.write(f"grace {self.grace:g}\n".encode())
-                    self.ref, self.session, self._heard = spare.guard, session, time.monotonic()
-                    self.record, self.since = spare.record, _started(self.engine, spare.guard)
-                    return True
-        except (errors.EngineError, OSError):
-            pass
-        if session is not None:
-            session.close()
-        with contextlib.suppress(errors.PpLaunchError):  # not taken (gone, stopped, of an older image, silent)
-            drop_spare(self.engine, {"run": spare.run, "guard": spare.guard, "record": spare.record})
-        return False
 
     # ------------------------------------------------------------------------------------------ the session
     def _listen(self) -> None:
@@ -543,7 +505,6 @@ class GuardRecord:
     ends: tuple[StageEnd, ...] = ()  # each owned container that ended, as the engine said it (its events)
     volume: str = ""  # read from the run's record volume: no running guard holds the run ("" : its guard's log)
     over: bool = False  # the guard recorded the run's end (torn down, or every container gone)
-    idle: bool = False  # a spare guard no run took (yet): no run's guard, and nothing of anyone's
 
 
 @dataclass(frozen=True)
@@ -591,7 +552,7 @@ def read_record(ref: str, run: str, lines: Iterable[bytes], volume: str = "") ->
     was detached, each owned container's end, whether the run's end was recorded. A line said twice (by a guard
     and the one put in its place) counts once."""
     owned: dict[str, None] = {}
-    detached = over = spare = claimed = False
+    detached = over = False
     ends: dict[str, StageEnd] = {}
     oom: set[str] = set()
     for line in lines:
@@ -606,11 +567,7 @@ def read_record(ref: str, run: str, lines: Iterable[bytes], volume: str = "") ->
             ends.setdefault(words[1], _end(words, words[1] in oom))
         elif words in (["torn", "down"], ["every", "container", "of", "the", "run", "is", "gone"]):
             over = True
-        elif words[:1] == ["spare:"]:
-            spare = True
-        elif words[:1] == ["claimed:"]:
-            claimed = True
-    return GuardRecord(ref, run, tuple(owned), detached, tuple(ends.values()), volume, over, spare and not claimed)
+    return GuardRecord(ref, run, tuple(owned), detached, tuple(ends.values()), volume, over)
 
 
 ID = re.compile(r"[0-9a-f]{64}")
@@ -822,98 +779,6 @@ def make_record(engine: Engine, name: str, run_id: str, owner: str) -> None:
         made_on = engine.engine_id()
     with contextlib.suppress(errors.PpLaunchError):  # a state directory that fails is no reason to stop the run
         host_state.RunRecords().add(name, note=made_on)
-
-
-def drop_record(engine: Engine, name: str, patience: float = 30.0) -> None:
-    """The record volume of a spare that no run took (it recorded nothing of anyone's), once nothing mounts it: its
-    guard, just removed, may hold it a moment longer (the engine lets go of a removed container's volumes after
-    it says the container is gone, and `docker rm -f` of an auto-removed one may answer while its removal is under
-    way), so a volume in use is asked again for `patience` seconds, while no container that runs uses it (one
-    that runs keeps it: left to `gc`; a record reader, anyone's `ps -a`, lets go in a moment). A busy engine took
-    over 10 s to let go of one (CI)."""
-    if not name.startswith(RECORD_PREFIX) or not release_record(engine, name, patience, ended_keeps=False):
-        return  # one that runs keeps it, a reader aside (a dead or removing one lets go: an auto-remove under way)
-    with contextlib.suppress(errors.PpLaunchError):
-        host_state.RunRecords().forget(name)
-
-
-# ---------------------------------------------------------------------------------------------- spare guards
-SPARE_ENV = "PP_LAUNCH_SPARE_GUARD"  # seconds a spare guard waits for its user's next run on its engine; 0: none
-SPARE_IDLE = 900.0
-
-
-@dataclass(frozen=True)
-class Spare:
-    """A guard started ahead, at the end of a run, for this user's next run on the same engine: that run takes its
-    id, and its guard is up already (docs/chain.md, "The spare guard")."""
-
-    run: str
-    guard: str
-    record: str
-    engine: str  # the engine's identity: a spare is taken only on the engine it runs on
-
-
-def spare_idle() -> float:
-    return host_state.seconds_setting(SPARE_ENV, SPARE_IDLE, "give seconds (0 turns spare guards off)")
-
-
-def spare_key(environ: Mapping[str, str]) -> str:
-    """Which engine a launch with no --host reaches, as far as its environment says (an engine's identity is
-    checked again when the spare is taken)."""
-    text = "|".join(environ.get(k, "") for k in ("DOCKER_HOST", "DOCKER_CONTEXT", "DOCKER_CONFIG"))
-    return "engine-" + hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def take_spare(environ: Mapping[str, str]) -> Spare | None:
-    """The spare guard kept for the engine this environment reaches, now this launch's alone (None: none kept,
-    spares are off, or another launch took it first)."""
-    if spare_idle() <= 0:
-        return None
-    key = spare_key(environ)
-    found = host_state.Spares().take(key)
-    if not found or not found.get("guard"):
-        return None
-    return Spare(found.get("run", ""), found["guard"], found.get("record", ""), found.get("engine", ""))
-
-
-def stock_spare(engine: Engine, owner: str, grace: float, environ: Mapping[str, str]) -> None:
-    """A spare guard for this user's next run on this engine, unless one is kept and running: a new run id, its
-    record volume, its guard started (not waited for) with PP_GUARD_SPARE, so that it goes by itself when no run
-    takes it in time. A spare kept before that is gone (unclaimed, or removed by someone) has its record dropped."""
-    idle = spare_idle()
-    if idle <= 0:
-        return
-    spares, key = host_state.Spares(), spare_key(environ)
-    kept = spares.peek(key)
-    if kept and kept.get("guard") and _running(engine.inspect(kept["guard"]) or {}):
-        return
-    if kept:
-        spares.forget(key)
-        with contextlib.suppress(errors.PpLaunchError):
-            drop_record(engine, kept.get("record", ""))
-    run = identity.new_run_id()
-    record = record_volume(run, secrets.token_hex(4))
-    make_record(engine, record, run, owner)
-    env = {**_guard_env(engine, run, grace, heartbeat(engine)), "PP_GUARD_SPARE": f"{idle:g}"}
-    binds = {socket_path(engine): INSIDE, record: RECORD_AT}
-    ref = engine.keep(guard_name(run), GUARD_IMAGE, guard_labels(run, owner), ENTRY, binds, env)
-    if ref is None:
-        drop_record(engine, record)
-        return
-    spares.put(key, {"run": run, "guard": ref, "record": record, "engine": engine.engine_id()})
-
-
-def drop_spare(engine: Engine, kept: Mapping[str, str]) -> None:
-    """A spare guard this user's state names (by the id the engine gave its maker), ended: removed when it is
-    still that run's, then its record (also when its removal outlasts remove's patience: an auto-remove under way
-    on a busy engine took longer, and left the record behind)."""
-    info = engine.inspect(kept.get("guard", "")) if kept.get("guard") else None
-    if info is not None:
-        if ((info.get("Config") or {}).get("Labels") or {}).get(labels.RUN) != kept.get("run"):
-            return  # not what this user made: never touched
-        with contextlib.suppress(errors.EngineError):  # its removal slower than remove's patience (a busy engine):
-            engine.remove(str(info.get("Id", "")))  # drop_record waits for it to let go of the record
-    drop_record(engine, kept.get("record", ""))
 
 
 def image_check(engine: Engine, where: str) -> None:

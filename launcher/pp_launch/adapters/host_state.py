@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import json
 import os
 import stat
@@ -318,41 +317,6 @@ class RunIds:
             d.remove(run_id)
 
 
-class ReplacedImages:
-    """Images of ours that a rebuild replaced while a container still used them (a spare guard of the old image):
-    `replaced-images/<engine>-<image id>` in this user's private state, empty files. The next `images build` (or
-    `gc`) on that engine removes each by its id once nothing uses it and nobody tagged it again."""
-
-    def __init__(self, directory: Path | None = None) -> None:
-        self.base = directory
-
-    def _dir(self) -> contextlib.AbstractContextManager[StateDir]:
-        return _folder(self.base, "replaced-images")
-
-    @staticmethod
-    def _name(engine: str, image_id: str) -> str:
-        return f"{hashlib.sha256(engine.encode()).hexdigest()[:16]}-{image_id.removeprefix('sha256:')}"
-
-    def add(self, engine: str, image_id: str) -> None:
-        with self._dir() as d:
-            name = self._name(engine, image_id)
-            try:
-                os.close(os.open(name, os.O_WRONLY | os.O_CREAT | NOFOLLOW, 0o600, dir_fd=d.fd))
-            except OSError as exc:
-                raise _fault(d.path / name, exc, "write") from None
-
-    def of(self, engine: str) -> list[str]:
-        """The image ids recorded for this engine (its identity)."""
-        prefix = self._name(engine, "")
-        with self._dir() as d:
-            found = [n.removeprefix(prefix) for n in d.names("") if n.startswith(prefix)]
-        return [f"sha256:{i}" for i in found if len(i) == 64 and all(c in "0123456789abcdef" for c in i)]
-
-    def forget(self, engine: str, image_id: str) -> None:
-        with self._dir() as d:
-            d.remove(self._name(engine, image_id))
-
-
 RECORD_KEEP_ENV = "PP_LAUNCH_RECORD_KEEP"  # seconds an ended run's record is kept before it may be removed
 RECORD_KEEP = 7 * 24 * 3600.0
 
@@ -411,52 +375,3 @@ class RunRecords:
     def forget(self, volume: str) -> None:
         with self._dir() as d:
             d.remove(volume)
-
-
-class Spares:
-    """The spare guard this user's launchers started ahead on each engine (`spares/<key>`, JSON: its run id, the
-    guard's id, its record volume, the engine's identity), one per engine: the next run on that engine takes it
-    (adapters/guard.py). Taken by renaming the file aside first, so two launches never take one spare."""
-
-    def __init__(self, directory: Path | None = None) -> None:
-        self.base = directory
-
-    def _dir(self) -> contextlib.AbstractContextManager[StateDir]:
-        return _folder(self.base, "spares")
-
-    def put(self, key: str, spare: dict[str, str]) -> None:
-        with self._dir() as d:
-            d.write(key, json.dumps(spare).encode())
-
-    def peek(self, key: str) -> dict[str, str] | None:
-        with self._dir() as d:
-            return _spare(d.read(key))
-
-    def take(self, key: str) -> dict[str, str] | None:
-        """The spare kept for `key`, now this process's alone (None: there is none, or another launch took it)."""
-        with self._dir() as d:
-            mine = f".taken-{key}-{os.getpid()}"
-            try:
-                os.rename(key, mine, src_dir_fd=d.fd, dst_dir_fd=d.fd)
-            except FileNotFoundError:
-                return None
-            except OSError as exc:
-                raise _fault(d.path / key, exc, "take") from None
-            try:
-                return _spare(d.read(mine))
-            finally:
-                d.remove(mine)
-
-    def forget(self, key: str) -> None:
-        with self._dir() as d:
-            d.remove(key)
-
-
-def _spare(data: bytes | None) -> dict[str, str] | None:
-    try:
-        found = json.loads(data or b"null")
-    except ValueError:
-        return None
-    if not isinstance(found, dict) or not all(isinstance(v, str) for v in found.values()):
-        return None
-    return found

@@ -60,7 +60,6 @@ class BuildLog:
     def __init__(self, echo: Progress | None = None) -> None:
         from collections import deque
 
-        from pp_launch.adapters import host_state
 
         self.echo = echo
         self.tail: deque[str] = deque(maxlen=TAIL)
@@ -207,37 +206,8 @@ def _build_on_base(
     progress(f"docker build on {base}")
     old = engine.image_id(image)
     engine.build(str(context), image, {"BASE": base}, {HASH_LABEL: digest}, log)
-    if not engine.drop_replaced_image(old, image) and old is not None:  # a rebuild leaves no untagged image behind:
-        _replaced(engine, old)  # one still in use goes at the next build (drop_replaced)
+    engine.drop_replaced_image(old, image)  # a rebuild leaves no untagged image behind (one in use stays)
     return BuildResult(image, True)
-
-
-def _replaced(engine: Engine, image_id: str) -> None:
-    with contextlib.suppress(errors.PpLaunchError):  # a state directory that fails: the image stays, as before
-        host_state.ReplacedImages().add(engine.engine_id(), image_id)
-
-
-def drop_replaced(engine: Engine, dry_run: bool = False) -> dict[str, str]:
-    """The images of ours a rebuild replaced while they were in use, removed now where nothing uses them and nobody
-    tagged them again: each recorded id and what became of it (Engine.drop_untagged_image; "would remove" in a dry
-    run). Only one still in use stays recorded. Nothing recorded: nothing asked (a look never makes the state
-    directory, nor asks the engine what it is)."""
-    if not (host_state.default_dir() / "replaced-images").is_dir():
-        return {}
-    try:
-        record = host_state.ReplacedImages()
-        engine_id = engine.engine_id()
-        recorded = record.of(engine_id)
-    except errors.PpLaunchError:
-        return {}
-    if dry_run:
-        return dict.fromkeys(recorded, "would remove")
-    done = {image_id: engine.drop_untagged_image(image_id) for image_id in recorded}
-    for image_id, what in done.items():
-        if what != "in use":
-            with contextlib.suppress(errors.PpLaunchError):
-                record.forget(engine_id, image_id)
-    return done
 
 
 @dataclass(frozen=True)
@@ -265,7 +235,6 @@ def build_all(
     BuildLog, shown when a build fails)."""
     own = log is None
     log = log or BuildLog()
-    drop_replaced(engine)
     try:
         steps: list[tuple[str, Callable[[Progress, Progress], BuildResult]]] = []
         if base is None:

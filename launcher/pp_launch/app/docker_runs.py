@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 import queue
 import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from pp_launch.adapters import guard, host_state, images, run_logs
+from pp_launch.adapters import guard, host_state, run_logs
 from pp_launch.adapters.docker_engine import RECORD_INSIDE, ContainerInfo, Engine, engine_time
 from pp_launch.adapters.guard import StageEnd
 from pp_launch.adapters.runtime import Nursery
@@ -202,9 +201,7 @@ class DockerRuns:
             ok = ok and removed
             loose = self._name_unrecorded(engine, name, on)
             stale = self._sweep_records(engine, on, dry_run)
-            spare = self._end_spare(engine, on, dry_run)
-            replaced = self._drop_replaced(engine, on, dry_run)
-            anything = anything or dead or loose or stale or spare or replaced
+            anything = anything or dead or loose or stale
         if not dry_run:
             housekeeping.forget_ended([e for _, e in self.reached])
         if not anything:
@@ -239,37 +236,6 @@ class DockerRuns:
                 f"not touched{on}: {housekeeping.describe(c)}: {why}; if it is yours, remove it with: {rm}"
             )
         return bool(loose)
-
-    def _end_spare(self, engine: Engine, on: str, dry_run: bool) -> bool:
-        """This user's spare guard on this engine, made ahead for their next run (docs/chain.md, "The spare
-        guard"), ended; whether there was one."""
-        if not (host_state.default_dir() / "spares").is_dir():
-            return False  # a look never makes the state directory
-        spares, key = host_state.Spares(), guard.spare_key(os.environ)
-        try:
-            kept = spares.peek(key)
-        except errors.PpLaunchError:
-            return False
-        if not kept or kept.get("engine") != engine.engine_id():
-            return False
-        what = f"this user's spare guard {kept.get('guard', '')[:12]}{on} (started ahead for their next run)"
-        self.voice.answer(f"{'would end' if dry_run else 'ending'} {what}")
-        taken = None if dry_run else spares.take(key)
-        if taken:
-            guard.drop_spare(engine, taken)
-        return True
-
-    def _drop_replaced(self, engine: Engine, on: str, dry_run: bool) -> bool:
-        """pp-launch's images that a rebuild replaced while a container still used them, removed now that nothing
-        does (recorded in this user's state at the rebuild); whether there were any."""
-        done = images.drop_replaced(engine, dry_run)
-        if not done:
-            return False
-        words = {"gone": "removed", "in use": "kept (a container still uses it)", "tagged": "left (tagged again since)"}
-        for image_id, what in done.items():
-            said = words.get(what, what)
-            self.voice.answer(f"{said}: pp-launch's replaced image {image_id.removeprefix('sha256:')[:12]}{on}")
-        return True
 
     def _sweep_records(self, engine: Engine, on: str, dry_run: bool) -> bool:
         """The record volumes of runs that are gone, once older than the keep (PP_LAUNCH_RECORD_KEEP); whether any."""

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import os
 import signal
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -59,8 +58,6 @@ class DockerSite:
         self.owns_engines = owns_engines  # closed with the site
         self.backend = backend
         self.guarding: _Guarding | None = None
-        self.spare: guard.Spare | None = None  # the spare guard this launch took (its run id is the run's)
-        self.stocks_spare = False  # at its end, a launch leaves a spare guard for its user's next run (to_launch)
 
     @classmethod
     def to_launch(
@@ -75,19 +72,12 @@ class DockerSite:
     ) -> Self:
         """The chain's engines: every --host reached and checked at once (exit 2 naming each that does not answer),
         or DOCKER_HOST's (a dry run tolerates none: a plan needs no engine; strict: but one that runs and refuses
-        this user is the error a launch would meet); or `engine`, one the caller reached (and closes). A chain's
-        launch on DOCKER_HOST's engine alone takes the spare guard its user's last run left there
-        (adapters/guard.py), and leaves one at its end. `planner`: what runs at each attempt (default: the chain's
-        stages, allocated); `backend`: the stages' own (tests)."""
+        this user is the error a launch would meet); or `engine`, one the caller reached (and closes). Nothing is
+        started ahead of a run, and nothing stays after it. `planner`: what runs at each attempt (default: the
+        chain's stages, allocated); `backend`: the stages' own (tests)."""
         if engine is not None:
             return cls([EnginePlace("", engine, engine.address)], planner, owns_engines=False, backend=backend)
-        site = cls(reach(request, dry_run, strict), planner, backend=backend)
-        plain = planner is None and request.run_id is None and not request.hosts and request.gpu_node is None
-        if plain and not dry_run:
-            with contextlib.suppress(errors.PpLaunchError):  # a state directory that fails: a guard of its own
-                site.spare = guard.take_spare(os.environ)
-            site.stocks_spare = True
-        return site
+        return cls(reach(request, dry_run, strict), planner, backend=backend)
 
     @property
     def planner(self) -> EnginePlanner:
@@ -95,10 +85,6 @@ class DockerSite:
 
     def places(self) -> list[EnginePlace]:
         return self._places
-
-    def ready_run(self) -> str | None:
-        """The run id of the spare guard this launch took (its run is the launch's), else None."""
-        return self.spare.run if self.spare is not None else None
 
     def close(self) -> None:
         for s in self._places if self.owns_engines else ():
@@ -117,8 +103,7 @@ class DockerSite:
             s.prepare(request.chain, say)
         if request.gpu_node is None:
             owner = request.owner or steps.owner_label(request.detach)
-            spare = self.spare if len(self._places) == 1 else None
-            self.guarding = _Guarding(self._places, request.run_id or "", owner, request.chain.grace, spare)
+            self.guarding = _Guarding(self._places, request.run_id or "", owner, request.chain.grace)
 
     def guards(self) -> Mapping[str, RunGuard]:
         return self.guarding.guards if self.guarding is not None else {}
@@ -155,8 +140,6 @@ class DockerSite:
         try:
             if self.guarding is not None:
                 self.guarding.finish(None if final is None else final.outcome)
-                if self.stocks_spare and self.guarding.taken:
-                    self._stock_spare(final, self.guarding.grace)
         finally:
             self.close()
 
@@ -166,17 +149,6 @@ class DockerSite:
             if s.engine is not None:
                 with contextlib.suppress(errors.PpLaunchError, OSError):
                     guard.sweep_own_records(s.engine)
-
-    def _stock_spare(self, final: Launched | None, grace: float) -> None:
-        """A spare guard for this user's next run on this engine (adapters/guard.py): its bring-up then takes a
-        running guard instead of starting one. Never on an engine this run lost; a spare that cannot be made is
-        no reason to fail a run that ended."""
-        (site,) = self._places
-        lost = final is not None and final.outcome is not None and final.outcome.reason == "place_lost"
-        if site.engine is None or lost:
-            return
-        with contextlib.suppress(errors.PpLaunchError, OSError):
-            guard.stock_spare(site.engine, steps.owner_label(False), grace, os.environ)
 
 
 # ------------------------------------------------------------------------------------------------ a launch
@@ -288,27 +260,24 @@ class _Stages:
 
 
 class _Guarding:
-    """The run's guards, started on every engine on a thread of their own while the launch plans (or the spare
-    guard taken, on one engine). `take()` hands them over (or raises why they could not start); `finish()` lets go
-    of them at the run's end."""
+    """The run's guards, started on every engine on a thread of their own while the launch plans. `take()` hands
+    them over (or raises why they could not start); `finish()` lets go of them at
+    the run's end."""
 
-    def __init__(
-        self, sites: Sequence[EnginePlace], run_id: str, owner: str, grace: float, spare: guard.Spare | None = None
-    ) -> None:
+    def __init__(self, sites: Sequence[EnginePlace], run_id: str, owner: str, grace: float) -> None:
         self.guards: dict[str, RunGuard] = {}
         self.errors: dict[str, BaseException] = {}
         self.order = [s.name for s in sites]
         self.taken = False
-        self.grace = grace
         self._threads = Nursery(f"run {run_id}'s guards")
         self._each: dict[str, threading.Thread] = {}
         for s in sites:  # each engine's at once: one engine's lock waits only for that engine's guard
-            args = (s, run_id, owner, grace, spare)
+            args = (s, run_id, owner, grace)
             self._each[s.name] = self._threads.start(self._start, *args, name=f"guard-{s.name or 'local'}")
 
-    def _start(self, s: EnginePlace, run_id: str, owner: str, grace: float, spare: guard.Spare | None) -> None:
+    def _start(self, s: EnginePlace, run_id: str, owner: str, grace: float) -> None:
         try:
-            self.guards[s.name] = RunGuard.start(engine_of(s), run_id, owner, grace, s.name or None, spare=spare)
+            self.guards[s.name] = RunGuard.start(engine_of(s), run_id, owner, grace, s.name or None)
         except BaseException as exc:  # handed to take(), on the launch's own thread
             self.errors[s.name] = exc
 

@@ -32,7 +32,6 @@ class Vouched:
     unrecorded: tuple[ContainerInfo, ...]
     guards: tuple[guard.GuardRecord, ...]
     guardless: tuple[guard.GuardRecord, ...] = ()  # runs whose guard is gone, vouched by their record volume
-    spares: frozenset[str] = frozenset()  # spare guards no run took (yet): no run's, never listed
 
 
 def vouch(engine: Engine, found: list[ContainerInfo], mine: dict[str, set[str]] | None = None) -> Vouched:
@@ -41,20 +40,19 @@ def vouch(engine: Engine, found: list[ContainerInfo], mine: dict[str, set[str]] 
     there is the run's when the record names its id and it mounts that very volume (which no one can add to a
     container after its create)."""
     runs = {c.labels.get(labels.RUN, "") for c in found}
-    every = tuple(guard.records(engine, among=runs))  # only the logs of these runs' guards are read
-    recs = tuple(r for r in every if not r.idle)  # a spare guard no run took is no run's (`down --all` passes it by)
-    live = {r.run for r in every}
+    recs = tuple(guard.records(engine, among=runs))  # only the logs of these runs' guards are read
+    live = {r.run for r in recs}
     lost = tuple(guard.dead_records(engine, among=runs - live, live=live, seen=found)) if runs - live else ()
     owned = _owned(recs, recorded_here() if mine is None else mine)
     by_volume = {(ref, r.volume): r.run for r in lost for ref in r.owned}
-    skip = {r.id for r in every}
+    skip = {r.id for r in recs}
     ours: list[ContainerInfo] = []
     other: list[ContainerInfo] = []
     for c in found:
         if c.id in skip or c.labels.get(labels.STAGE, "") == labels.STAGE_LOCK:
             continue  # a run's guard goes by itself once its run is down; a live GPU lock is never touched
         (ours if _vouched_for(c, owned, by_volume) else other).append(c)
-    return Vouched(tuple(ours), tuple(other), recs, lost, frozenset(r.id for r in every if r.idle))
+    return Vouched(tuple(ours), tuple(other), recs, lost)
 
 
 def _owned(recs: tuple[guard.GuardRecord, ...], mine: dict[str, set[str]]) -> dict[str, str]:
@@ -160,7 +158,7 @@ def safe(text: str) -> str:
 
 def resolve_run(wanted: str, runs: set[str], shown: set[str] | None = None) -> str:
     """A run id, or a unique prefix of one, among the runs the engine has; ConfigError (exit 2) naming the runs
-    there are otherwise (`shown`: those `ps` lists, when not all of them: a spare guard is no run yet)."""
+    there are otherwise (`shown`: those `ps` lists, when not all of them: a guard alone is no run yet)."""
     if wanted in runs:
         return wanted
     matches = sorted(r for r in runs if r.startswith(wanted)) if wanted else []
@@ -178,7 +176,7 @@ def is_stage(c: ContainerInfo) -> bool:
 
 
 def _with_stages(found: list[ContainerInfo]) -> set[str]:
-    """The runs among `found` that have a stage: those `ps` lists (a spare guard alone is no run yet)."""
+    """The runs among `found` that have a stage: those `ps` lists (a guard alone, still placing, is no run yet)."""
     return {c.labels.get(labels.RUN, "") for c in found if is_stage(c)}
 
 
@@ -319,7 +317,7 @@ def list_stages(
     rows: list[StageRow] = []
     for c in found:
         lock = c.id in guarded and c.name == LOCK_NAME  # a run's guard holding the engine's GPU lock (app/locks.py)
-        if (c.id in guarded or c.id in vouched.spares) and not lock:
+        if c.id in guarded and not lock:
             continue  # a run's guard is its machinery, as a hand-over was: `down` ends it with its run
         owner = c.labels.get(labels.OWNER, "")
         status = owner_status(owner)

@@ -47,8 +47,6 @@ def launch(
     testing kit bring their own (app/node.py, testing/kit.py)."""
     hooks = hooks or Hooks()
     site = place or _site(request, dry_run=False)
-    ready = None if request.run_id else site.ready_run()  # a run the site has ready (a spare guard's), if any
-    request = _named(request if ready is None else dataclasses.replace(request, run_id=ready))
     run = Run(request, site, hooks, environ)
     final: Launched | None = None
     try:

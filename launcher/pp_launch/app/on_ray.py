@@ -77,9 +77,6 @@ class RaySite:
     def close(self) -> bool:
         return True
 
-    def ready_run(self) -> str | None:
-        return None  # nothing is started ahead on a cluster
-
     # ------------------------------------------------------------------------------------------------ a launch
     def prepare(self, request: LaunchRequest, say: Callable[[str], None]) -> None:
         """Nothing before the first attempt: each node's agent checks the image on its node."""

@@ -137,11 +137,6 @@ class Launching(Protocol[P, H]):
         """What the planner plans over, as the site has it now: its engines, reached; a Ray cluster's nodes."""
         ...
 
-    def ready_run(self) -> str | None:
-        """A run the site has ready for a new launch (on one Docker engine, the spare guard it took): its id becomes
-        the run's. None: the run gets a new id."""
-        ...
-
     def prepare(self, request: LaunchRequest, say: Callable[[str], None]) -> None:
         """Before the first attempt: the stage image on every engine, the run's guards starting."""
         ...

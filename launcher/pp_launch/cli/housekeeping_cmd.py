@@ -257,7 +257,7 @@ def gc(dry_run: bool, host_names: tuple[str, ...], all_hosts: bool, ray_address:
     on ids your own runs recorded at create, whose launcher is gone or that no longer run; never on a detached run
     (its guard's, or `down`'s). A container that merely carries pp-launch's labels is named, with how to remove it.
     It also removes the records of runs gone for longer than PP_LAUNCH_RECORD_KEEP seconds (a week; the end of a
-    run removes its user's own too), this user's spare guard, and pp-launch's images a rebuild replaced.
+    run removes its user's own too).
 
     \b
     Example:
