@@ -46,6 +46,17 @@ def test_every_command_has_help_with_an_example(path: tuple[str, ...]) -> None:
     assert len(result.output.splitlines()) > 3
 
 
+def test_wait_help_and_the_docs_say_what_wait_does_as_docker_wait() -> None:
+    """`wait` exits 0 once every stage's code is known, whatever the codes (as `docker wait`): its help and the
+    command table say the same (tests/integration/test_record.py runs it on a stage that exited 3)."""
+    text = " ".join(run("wait", "--help").output.split())
+    assert "exits 0 once every code is known, whatever the codes are" in text, text
+    assert "1 when a stage failed" not in text
+    table = (Path(__file__).parents[2] / "docs" / "getting-started.md").read_text()
+    row = next(line for line in table.splitlines() if line.startswith("| <code>pp-launch wait RUN"))
+    assert "exit 0 once every code is known" in row
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -109,9 +109,10 @@ def wait(
 ) -> None:
     """Wait for a run: until every stage announced, or until every stage ended.
 
-    Exit 0 when the condition is met (for --until exit: when every stage exited 0), 1 when a stage failed,
-    ended before every stage announced, or the timeout passed; 2 when there is no such run. RUN_ID may be a unique
-    prefix.
+    --until exit (the default) prints each stage's exit code, as `docker wait` does, and exits 0 once every code
+    is known, whatever the codes are; 1 when a code cannot be told or the timeout passed. --until announced prints
+    each stage's address and exits 0 when every stage announced; 1 when one ended first or the timeout passed.
+    2 when there is no such run. RUN_ID may be a unique prefix.
 
     \b
     Examples:
