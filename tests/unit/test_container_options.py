@@ -195,6 +195,18 @@ def test_a_plan_gives_every_stage_its_options_and_the_caches() -> None:
     assert [len(s.options.mounts) for s in remote.stages] == [1, 1]  # no default cache on an engine over the network
 
 
+def test_a_chain_mounts_only_the_caches_its_user_asked_for() -> None:
+    """A chain's default ("asked"): no cache unless the environment names one; one named is made first, as you."""
+    request = ChainRequest(stages=2, caches="asked")
+    plan = build_plan(request, {"HOME": "/home/u"}, "me", [(), ()], [(), ()], "r" * 12)
+    assert [s.options.mounts for s in plan.stages] == [(), ()] and "PP_MODEL_CACHE_DIR" not in plan.stages[0].env
+    named = build_plan(request, {"HOME": "/home/u", "PP_CACHE_DIR": "/c"}, "me", [(), ()], [(), ()], "r" * 12)
+    assert [[(m.source, m.ensure) for m in s.options.mounts] for s in named.stages] == [
+        [("/c/stage-0", True)],
+        [("/c/stage-1", True)],
+    ]
+
+
 # ------------------------------------------------------------------------------------------------ the CLI
 @pytest.mark.parametrize(
     ("args", "line"),
@@ -237,8 +249,12 @@ def test_a_dry_run_shows_every_mount_and_option(tmp_path: Path) -> None:
     text = run(*args, "--user", "1000", env={"HOME": "/home/u"}).output
     assert f"--mount type=bind,source={tmp_path},target=/w,readonly" in text
     assert "--shm-size 2147483648" in text and "--ipc host" in text and "--user 1000" in text
+    assert "tinygrad" not in text and "pp-pipeline" not in text  # nothing mounted that was not asked for
+    text = run(*args, "--swactor-caches", env={"HOME": "/home/u"}).output
     assert "--mount type=bind,source=/home/u/.cache/tinygrad/stage-1,target=/root/.cache/tinygrad" in text
-    doc = json.loads(run(*args, "--json", env={"HOME": "/home/u"}).output)
+    named = run(*args, env={"HOME": "/home/u", "PP_MODEL_CACHE_DIR": str(tmp_path / "models")}).output
+    assert f"source={tmp_path}/models/stage-1,target=/root/.cache/pp-pipeline" in named and "tinygrad" not in named
+    doc = json.loads(run(*args, "--swactor-caches", "--json", env={"HOME": "/home/u"}).output)
     stage = doc["stages"][1]
     assert stage["mounts"][0] == {"type": "bind", "source": str(tmp_path), "target": "/w", "read_only": True}
     assert stage["mounts"][1]["created_by_pp_launch"] is True

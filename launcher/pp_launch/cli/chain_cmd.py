@@ -190,6 +190,14 @@ def _checked(ctx: click.Context, option: click.Option, item: object, where: str)
     "and 'PP_FIRST_PEER <id> <addrs>' lines on stdin later, so all stages load side by side.",
 )
 @click.option(
+    "--swactor-caches",
+    is_flag=True,
+    help="Mount swactor's pp-worker caches in every stage as docker-gpu-node.sh does: $PP_CACHE_DIR (default "
+    "~/.cache/tinygrad) at /root/.cache/tinygrad and $PP_MODEL_CACHE_DIR at /root/.cache/pp-pipeline, each in a "
+    "stage-K folder made first as you. Without it only a cache you name with those variables is mounted; nothing "
+    "else is ever mounted unasked. --dry-run lists the mounts.",
+)
+@click.option(
     "--bring-up",
     "bring_up",
     type=click.Choice(["parallel", "in-turn"]),
@@ -311,6 +319,7 @@ def _request(o: dict[str, Any]) -> LaunchRequest:
         handoff=o["handoff"],
         parallel=o["bring_up"] == "parallel",
         container=o["container"],
+        caches="all" if o["swactor_caches"] else "asked",
         lifeline=True,  # a detached run is its launcher's until it is up, then its guards' (adapters/guard.py)
     )
     return LaunchRequest(

@@ -502,16 +502,17 @@ MODEL_CACHE_MOUNT = "/root/.cache/pp-pipeline"  # and its per-stage model cache 
 
 
 def cache_mounts(
-    environ: Mapping[str, str], stage: int, home: str, cwd: str = "/", creatable: bool = True
+    environ: Mapping[str, str], stage: int, home: str, cwd: str = "/", creatable: bool = True, default: bool = True
 ) -> tuple[tuple[MountSpec, ...], dict[str, str]]:
     """The caches docker-gpu-node.sh gives a stage, and the variables set inside (docs/pp-gpu-node.md): PP_CACHE_DIR
     (default HOME/.cache/tinygrad) at CACHE_MOUNT and, when set, PP_MODEL_CACHE_DIR at MODEL_CACHE_MOUNT, each in a
     `stage-K` folder of its own (stages of one host run at once and would share an sqlite lock); a relative path is
     taken from `cwd`. `creatable`: the engine is on the machine that creates the container, so pp-launch creates the
     folders first with the user's ownership. Where it is not (an engine reached over the network) only a cache the
-    user named counts, and the engine creates its folders there, as `docker -H ENGINE run -v` would."""
+    user named counts, and the engine creates its folders there, as `docker -H ENGINE run -v` would. `default`:
+    PP_CACHE_DIR unset still mounts HOME/.cache/tinygrad (pp-gpu-node, drop-in; `chain --swactor-caches`)."""
     cache = posixpath.join(cwd, environ.get(CACHE_DIR_ENV) or "") if environ.get(CACHE_DIR_ENV) else ""
-    if not cache and creatable:
+    if not cache and creatable and default:
         cache = posixpath.join(home, ".cache", "tinygrad")
     model = posixpath.join(cwd, environ.get(MODEL_CACHE_DIR_ENV) or "") if environ.get(MODEL_CACHE_DIR_ENV) else ""
     mounts, env = [], {}

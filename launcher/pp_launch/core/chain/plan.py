@@ -133,8 +133,10 @@ class ChainRequest:
     parallel: bool = True  # every container at once; False: one after another (images without /bin/sh)
     attempt: int = 1  # which attempt of the run this plan is (core/chain/restarts.py)
     container: ContainerOptions = field(default_factory=ContainerOptions)  # docker run's options, every stage
-    # PP_CACHE_DIR and PP_MODEL_CACHE_DIR, mounted as pp-gpu-node mounts them: "all" (the default cache too),
-    # "named" (only the caches the environment names: a Compose file, written for wherever it runs), "none"
+    # PP_CACHE_DIR and PP_MODEL_CACHE_DIR, mounted as pp-gpu-node mounts them: "all" (the default cache too:
+    # pp-gpu-node, `chain --swactor-caches`), "asked" (only the caches the environment names, their folders made
+    # first: a chain's default), "named" (the same, folders left to the engine: a Compose file, written for wherever
+    # it runs), "none"
     caches: str = "all"
 
 
@@ -164,8 +166,8 @@ def build_plan(
         options, env = request.container.for_stage(k), _stage_env(request, base, k, gpus)
         if request.caches != "none":
             home = environ.get("HOME", "/")  # absolute paths: app/launch.py, launch_environ
-            creatable = host not in remote_hosts and request.caches == "all"
-            caches, inside = cache_mounts(environ, k, home, creatable=creatable)
+            creatable = host not in remote_hosts and request.caches in ("all", "asked")
+            caches, inside = cache_mounts(environ, k, home, creatable=creatable, default=request.caches == "all")
             options = options.with_mounts(*caches)
             env.update(inside)
         specs.append(
