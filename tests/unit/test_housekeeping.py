@@ -84,11 +84,17 @@ def box(name: str, run: str, stage: str, owner: str, gpus: str = "") -> Containe
     return ContainerInfo(id=ref, name=name, image="img", state="running", created=int(time.time()) - 5, labels=lab)
 
 
+def record_of(run: str) -> str:
+    """The run's record volume, which its guard keeps and its stages mount."""
+    return f"pp-launch-record-{run}-0a0b0c0d"
+
+
 def guarded(*containers: ContainerInfo, forged: tuple[ContainerInfo, ...] = (), detached: bool = False) -> FakeEngine:
     """An engine where each run of `containers` has its guard, which recorded them; `forged` carry the same
     labels but no guard recorded them (and one of them calls itself a guard, from another image)."""
     runs = sorted({c.labels[labels.RUN] for c in containers})
-    guards = [box(f"guard-{r}", r, labels.STAGE_GUARD, "x") for r in runs]
+    containers = tuple(dataclasses.replace(c, record=record_of(c.labels[labels.RUN])) for c in containers)
+    guards = [dataclasses.replace(box(f"guard-{r}", r, labels.STAGE_GUARD, "x"), keeps=record_of(r)) for r in runs]
     logs = {
         g.id: [f"owned {c.id}" for c in containers if c.labels[labels.RUN] == g.labels[labels.RUN]]
         + (["detached"] if detached else [])
@@ -139,6 +145,31 @@ def test_rows_say_whose_each_container_is_and_what_no_guard_vouches_for() -> Non
     assert sorted(c.name for c in vouched.ours) == ["a-0", "a-1"]  # what `down` acts on: never the forged one
     table = tables.render_ps(rows)
     assert "iiiiiiiiiiii  lock" in table  # a launch placing its stages: it holds the engine's GPU lock
+
+
+def test_a_guard_look_alike_is_never_a_runs_guard_only_one_a_launcher_recorded_is() -> None:
+    """A neighbour's container of the guard's image with the run's labels, even mounting a record volume under the
+    run's record name, is not the run's guard: `down` never signals it (it is not among `guards`), it is named as
+    unrecorded. The real guard is vouched by the record the run's stages mount, or, with no stage yet (a run still
+    placing), by this user's own record of the run's creates."""
+    me = identity.current_owner().label()
+    run = "aaaaaaaaaaaa"
+    engine = guarded(box("a-0", run, "0", me))
+    real = next(c for c in engine.items if c.name == f"guard-{run}")
+    forged = dataclasses.replace(
+        box("look-alike", run, labels.STAGE_GUARD, me), keeps=f"pp-launch-record-{run}-deadbeef"
+    )
+    engine.items.append(forged)
+    engine.images[forged.id] = GUARD_IMAGE_ID
+    engine.logs[forged.id] = [f"owned {c.id}" for c in engine.items]  # it claims everything
+    found = engine.containers([f"{labels.RUN}={run}"])
+    vouched = housekeeping.vouch(engine, found, mine={})  # type: ignore[arg-type]
+    assert [g.id for g in vouched.guards] == [real.id]
+    assert [c.name for c in vouched.unrecorded] == ["look-alike"] and [c.name for c in vouched.ours] == ["a-0"]
+    placing = [c for c in found if c.name != "a-0"]  # no stage yet: only the launcher's own record vouches
+    assert housekeeping.vouch(engine, placing, mine={}).guards == ()  # type: ignore[arg-type]
+    mine = {run: {real.id}}
+    assert [g.id for g in housekeeping.vouch(engine, placing, mine=mine).guards] == [real.id]  # type: ignore[arg-type]
 
 
 def test_a_run_whose_guard_is_gone_is_vouched_by_its_record_volume_for_what_mounts_it() -> None:

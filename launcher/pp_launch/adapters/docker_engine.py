@@ -355,6 +355,7 @@ class ContainerInfo:
     labels: Mapping[str, str]
     volumes: tuple[str, ...] = ()  # the named volumes it mounts (a run's record among them)
     record: str = ""  # the named volume it mounts where a stage sees its run's record (RECORD_INSIDE), if any
+    keeps: str = ""  # the named volume it mounts where a guard keeps its run's record (GUARD_RECORD_AT), if any
     image_id: str = ""  # the image's id as the engine lists it ("sha256:...")
 
 
@@ -582,14 +583,8 @@ class Engine:
                 labels=r.get("Labels") or {},
                 image_id=r.get("ImageID", "") or "",
                 volumes=tuple(m.get("Name", "") for m in r.get("Mounts") or () if m.get("Type") == "volume"),
-                record=next(
-                    (
-                        m.get("Name", "")
-                        for m in r.get("Mounts") or ()
-                        if m.get("Type") == "volume" and m.get("Destination") == RECORD_INSIDE
-                    ),
-                    "",
-                ),
+                record=_volume_at(r, RECORD_INSIDE),
+                keeps=_volume_at(r, GUARD_RECORD_AT),
             )
             for r in rows
         ]
@@ -1147,6 +1142,15 @@ def _refused(spec: StageSpec, engine: Engine, exc: BaseException) -> errors.PpLa
 
 
 RECORD_INSIDE = "/run/pp-launch-record"  # where a stage sees its run's record (read-only)
+GUARD_RECORD_AT = "/record"  # where a run's guard keeps its run's record (its volume, written)
+
+
+def _volume_at(row: Mapping[str, Any], destination: str) -> str:
+    """The named volume a listed container mounts at `destination` ("" : none)."""
+    for m in row.get("Mounts") or ():
+        if m.get("Type") == "volume" and m.get("Destination") == destination:
+            return str(m.get("Name", ""))
+    return ""
 
 
 class DockerStageBackend:

@@ -25,6 +25,7 @@ when the guard is removed by someone else while its launcher dies.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import re
 import secrets
@@ -37,6 +38,7 @@ from typing import Any
 
 from pp_launch.adapters import host_state, identity, watchdog
 from pp_launch.adapters.docker_engine import (
+    GUARD_RECORD_AT,
     RECORD_INSIDE,
     ContainerInfo,
     DockerStageBackend,
@@ -85,7 +87,7 @@ def heartbeat(engine: Engine) -> float:
 
 RECORD_PREFIX = "pp-launch-record-"
 READER = "pp-launch.reader"  # the one label of a helper that reads records (no run's: `ps` never lists it)
-RECORD_AT = "/record"  # where the guard keeps the run's record (its volume)
+RECORD_AT = GUARD_RECORD_AT  # where the guard keeps the run's record (its volume)
 
 
 def record_volume(run_id: str, token: str) -> str:
@@ -505,6 +507,7 @@ class GuardRecord:
     ends: tuple[StageEnd, ...] = ()  # each owned container that ended, as the engine said it (its events)
     volume: str = ""  # read from the run's record volume: no running guard holds the run ("" : its guard's log)
     over: bool = False  # the guard recorded the run's end (torn down, or every container gone)
+    keeps: str = ""  # the record volume this running guard mounts (a look-alike mounts none of its run's)
 
 
 @dataclass(frozen=True)
@@ -521,12 +524,14 @@ class StageEnd:
 
 
 def records(engine: Engine, run: str | None = None, among: set[str] | None = None) -> list[GuardRecord]:
-    """Every running guard of pp-launch's own image on this engine (or of `run`, or of the runs `among`), read back
-    from its output. A container that calls itself a guard from another image records nothing."""
+    """Every running guard of pp-launch's own image on this engine (or of `run`, or of the runs `among`) that keeps
+    a record of its run, read back from its output. A container that calls itself a guard from another image, or
+    that mounts no record volume of its run, records nothing; which guards a launcher made is `vouch`'s to say."""
     out = []
     for c in _guards(engine, run):
         if among is None or c.labels.get(labels.RUN, "") in among:
-            out.append(read_record(c.id, c.labels.get(labels.RUN, ""), engine.log_lines(c.id)))
+            found = read_record(c.id, c.labels.get(labels.RUN, ""), engine.log_lines(c.id))
+            out.append(dataclasses.replace(found, keeps=c.keeps))
     return out
 
 
@@ -544,7 +549,12 @@ def _guards(engine: Engine, run: str | None) -> list[ContainerInfo]:
         for c in engine.containers([*labels.run_selector(run), f"{labels.STAGE}={labels.STAGE_GUARD}"])
         if c.state == "running"
     ]
-    return [c for c in found if (c.image_id or (engine.inspect(c.id) or {}).get("Image")) == ours]
+    return [
+        c
+        for c in found
+        if is_record_of(c.keeps, c.labels.get(labels.RUN, ""))
+        and (c.image_id or (engine.inspect(c.id) or {}).get("Image")) == ours
+    ]
 
 
 def read_record(ref: str, run: str, lines: Iterable[bytes], volume: str = "") -> GuardRecord:

@@ -40,10 +40,12 @@ def vouch(engine: Engine, found: list[ContainerInfo], mine: dict[str, set[str]] 
     there is the run's when the record names its id and it mounts that very volume (which no one can add to a
     container after its create)."""
     runs = {c.labels.get(labels.RUN, "") for c in found}
-    recs = tuple(guard.records(engine, among=runs))  # only the logs of these runs' guards are read
+    mine = recorded_here() if mine is None else mine
+    kept = {(c.labels.get(labels.RUN, ""), c.record) for c in found if c.record}
+    recs = tuple(r for r in guard.records(engine, among=runs) if _made_by_a_launcher(r, mine, kept))
     live = {r.run for r in recs}
     lost = tuple(guard.dead_records(engine, among=runs - live, live=live, seen=found)) if runs - live else ()
-    owned = _owned(recs, recorded_here() if mine is None else mine)
+    owned = _owned(recs, mine)
     by_volume = {(ref, r.volume): r.run for r in lost for ref in r.owned}
     skip = {r.id for r in recs}
     ours: list[ContainerInfo] = []
@@ -53,6 +55,14 @@ def vouch(engine: Engine, found: list[ContainerInfo], mine: dict[str, set[str]] 
             continue  # a run's guard goes by itself once its run is down; a live GPU lock is never touched
         (ours if _vouched_for(c, owned, by_volume) else other).append(c)
     return Vouched(tuple(ours), tuple(other), recs, lost)
+
+
+def _made_by_a_launcher(rec: guard.GuardRecord, mine: Mapping[str, set[str]], kept: set[tuple[str, str]]) -> bool:
+    """A running guard is its run's only by an id a launcher of the run recorded: this user's own record of the
+    run's creates, or the run's record, which the guard keeps and the run's stages mount (no one can add a mount
+    to a container after its create). A look-alike (the guard's image and the run's labels) is neither: never
+    signalled, waited on or removed, but named (docs/chain.md, "Ours by id only")."""
+    return rec.id in mine.get(rec.run, ()) or (rec.run, rec.keeps) in kept
 
 
 def _owned(recs: tuple[guard.GuardRecord, ...], mine: dict[str, set[str]]) -> dict[str, str]:
