@@ -6,9 +6,16 @@ export PP_ENTRYPOINT="${PP_ENTRYPOINT:-/usr/local/bin/pp-worker}"
 if command -v pp-gpu-node >/dev/null 2>&1; then
   exec pp-gpu-node "$@"
 fi
-here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-if [ -x "$here/.venv/bin/pp-gpu-node" ]; then
-  exec "$here/.venv/bin/pp-gpu-node" "$@"
-fi
-echo "docker-gpu-node.sh: pp-gpu-node is not installed; run 'make setup' in $here or 'pip install -e $here'" >&2
+# not on PATH: the pp-gpu-node of the install this script came with (a checkout's .venv, or the venv whose
+# site-packages carry this copy), found by walking up from where the script lies
+dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+for _ in 1 2 3 4 5 6; do
+  dir=$(dirname "$dir")
+  for candidate in "$dir/.venv/bin/pp-gpu-node" "$dir/bin/pp-gpu-node"; do
+    if [ -x "$candidate" ]; then
+      exec "$candidate" "$@"
+    fi
+  done
+done
+echo "docker-gpu-node.sh: pp-gpu-node is not installed: 'pip install pp-launch' (or 'make setup' in a checkout)" >&2
 exit 2

@@ -60,6 +60,27 @@ def run(bin_dir: Path, side: SideEngine, *args: str, cwd: Path) -> subprocess.Co
                           timeout=300, check=False)  # fmt: skip
 
 
+def test_the_wheel_installs_pp_launch_alone_and_carries_the_old_entry_point(installed: Path, tmp_path: Path) -> None:
+    """No top-level package but `pp_launch` (the checkout's launcher/scripts is not one); `docker-gpu-node.sh` is in
+    the package, `pp-gpu-node --help` says where, and it runs the venv's pp-gpu-node with the venv not on PATH."""
+    import zipfile
+
+    (wheel,) = (installed.parents[1] / "dist").glob("pp_launch-*.whl")
+    tops = {name.split("/", 1)[0] for name in zipfile.ZipFile(wheel).namelist()}
+    assert {t for t in tops if not t.endswith(".dist-info")} == {"pp_launch"}, tops
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    said = subprocess.run([str(installed / "pp-gpu-node"), "--help"], capture_output=True, text=True, env=env,
+                          check=False)  # fmt: skip
+    assert said.returncode == 0, said.stderr
+    wrapper = Path(said.stdout.rsplit("(it runs pp-gpu-node): ", 1)[1].strip())
+    assert wrapper.name == "docker-gpu-node.sh" and installed.parent in wrapper.parents, said.stdout
+    old = subprocess.run(["bash", str(wrapper), "--help"], capture_output=True, text=True, env=env, check=False)
+    assert old.returncode == 0 and old.stdout.startswith("usage: pp-gpu-node"), old.stdout + old.stderr
+    shown = subprocess.run([str(installed / "pp-launch"), "gpus", "--gpu-inventory", "example:nvlink-8gpu", "--topo"],
+                           capture_output=True, text=True, env=env, cwd=tmp_path, check=False)  # fmt: skip
+    assert shown.returncode == 0 and "NV" in shown.stdout, shown.stdout + shown.stderr  # the docs' first commands
+
+
 def test_a_wheel_builds_the_images_on_a_bare_engine_and_runs_the_demo_from_a_mount(
     installed: Path, bare_engine: SideEngine, tmp_path: Path
 ) -> None:

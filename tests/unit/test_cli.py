@@ -339,6 +339,15 @@ def test_a_bad_inventory_file_says_what_is_wrong(doc: str, message: str, tmp_pat
     assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output
 
 
+def test_the_packaged_example_inventories_are_named_example_name_and_an_unknown_one_lists_them() -> None:
+    """What the docs' first commands read from a wheel too (no checkout's tests/data)."""
+    result = run("chain", "--dry-run", "--gpus", "auto", "--stages", "2", "--gpu-inventory", "example:nvlink-8gpu")
+    assert result.exit_code == 0 and "GPU-00000000-" in result.output, result.output
+    result = run("gpus", "--gpu-inventory", "example:nvlink8")
+    assert result.exit_code == 2 and "no example GPU inventory 'nvlink8'" in result.output
+    assert "example:nvlink-8gpu" in result.output and "example:mig-2gpu" in result.output
+
+
 def test_gpus_without_a_driver_suggests_cpu_stages() -> None:
     result = run("chain", "--dry-run", "--gpus", "2")
     assert result.exit_code == 2

@@ -27,7 +27,23 @@ def this_host(path: str | None = None) -> GpuInventory:
         return GpuInventory(note=str(exc))
 
 
+EXAMPLE = "example:"  # `--gpu-inventory example:NAME`: an inventory the package carries (pp_launch/examples)
+
+
+def examples() -> dict[str, Path]:
+    """The example inventories the package carries (a wheel too), by name: what the docs' commands use."""
+    folder = Path(__file__).resolve().parents[1] / "examples"
+    return {p.stem: p for p in sorted(folder.glob("*.json"))}
+
+
 def load(path: str | Path) -> GpuInventory:
+    if str(path).startswith(EXAMPLE):
+        name = str(path).removeprefix(EXAMPLE)
+        known = examples()
+        if name not in known:
+            names = ", ".join(f"{EXAMPLE}{n}" for n in known)
+            raise errors.ConfigError(f"no example GPU inventory {name!r}: the package carries {names}")
+        path = known[name]
     try:
         text = Path(path).read_text()
     except OSError as exc:

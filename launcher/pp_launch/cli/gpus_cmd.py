@@ -24,7 +24,8 @@ from pp_launch.core.gpu.inventory import GpuInventory
     "--gpu-inventory",
     type=click.Path(dir_okay=False),
     envvar=gpu_select.INVENTORY_ENV,
-    help="Read this inventory file instead of NVML.",
+    help="Read this inventory file instead of NVML; example:NAME is one the package carries (example:nvlink-8gpu, "
+    "example:pcie-2socket-4gpu, example:plain-4gpu, example:mig-2gpu).",
 )
 @click.option("--record", type=click.Path(dir_okay=False), metavar="FILE", help="Write the inventory to FILE.")
 @click.option("--topo", is_flag=True, help="Also the topology matrix, as nvidia-smi topo -m shows it.")

@@ -6,6 +6,7 @@ import contextlib
 import os
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import click
 
@@ -83,9 +84,24 @@ def _env_files(args: tuple[str, ...]) -> tuple[tuple[tuple[str, str], ...], tupl
     return tuple(assignments), tuple(rest)
 
 
+WRAPPER = "docker-gpu-node.sh"
+
+
+def wrapper_path() -> Path | None:
+    """The old entry point, `docker-gpu-node.sh`, as this install carries it: the wheel's copy (setup.py puts it in
+    the package), else the source tree's `wrappers/` (an editable install)."""
+    here = Path(__file__).resolve().parents[1]
+    for path in (here / "_wrappers" / WRAPPER, here.parents[1] / "wrappers" / WRAPPER):
+        if path.is_file():
+            return path
+    return None
+
+
 def _run_node(args: tuple[str, ...]) -> int:
     if args in (("--help",), ("-h",)):  # help, STAGE set or not; `-- --help` gives the container that argument
         click.echo(USAGE)
+        wrapper = wrapper_path()
+        click.echo(f"\n{WRAPPER}, the old entry point (it runs pp-gpu-node): {wrapper or 'not in this install'}")
         return 0
     signals.install()  # idempotent; also covers `pp-launch node` and direct calls
     with mapped_errors("pp-gpu-node"), as_docker_run():

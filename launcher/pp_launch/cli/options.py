@@ -96,7 +96,8 @@ def gpu_options(f: F) -> F:
             metavar="[HOST=]FILE",
             envvar=INVENTORY_ENV,
             help="Read the GPU inventory from this file (the format of 'pp-launch gpus --record'; "
-            "docs/formats.md) instead of NVML. HOST=FILE: for that --host only (repeatable), instead of its probe.",
+            "docs/formats.md) instead of NVML; example:NAME is one the package carries (example:nvlink-8gpu). "
+            "HOST=FILE: for that --host only (repeatable), instead of its probe.",
         ),
         click.option(
             "--gpu-attach",
