@@ -252,13 +252,13 @@ def test_ps_filter_and_format_and_down_of_two_runs_at_once(engine, stub_image, d
     as_json = next(answers)
     assert [json.loads(line)["run"] for line in as_json.stdout.splitlines()] == [second]
     bad = next(answers)
-    assert bad.returncode == 2 and "use KEY=VALUE with KEY one of docker's name, status, label" in bad.stderr
+    assert bad.returncode == 1 and "use KEY=VALUE with KEY one of docker's name, status, label" in bad.stderr
     for given, stages in filters:
         kept = next(answers)
         assert kept.returncode == 0, kept.stderr
         mine = [(r, int(k)) for r, k in (line.split() for line in kept.stdout.splitlines()) if r in (detached, second)]
         assert sorted(mine) == sorted(stages), (given, kept.stdout)
-    assert next(answers).returncode == 2
+    assert next(answers).returncode == 1  # as docker ps, whose engine refuses the filter
     # docker's habits: its field names, a prefix for the run, `table` with a header, `json`, errors for the rest
     docker_names = next(answers)
     assert docker_names.stdout.splitlines() == [
@@ -277,8 +277,8 @@ def test_ps_filter_and_format_and_down_of_two_runs_at_once(engine, stub_image, d
     assert label.stdout.splitlines() == ["0|"], label.stderr
     for _, said in wrong_formats:
         refused = next(answers)
-        # one code for any bad option, a template as a filter: pp-launch's usage error
-        assert refused.returncode == 2 and said in refused.stderr and refused.stdout == "", refused.stderr
+        # as docker ps: a template it cannot run is exit 1, and so is a filter
+        assert refused.returncode == 1 and said in refused.stderr and refused.stdout == "", refused.stderr
     both = cli("down", detached, second, "--grace", "1")
     assert both.returncode == 0, both.stderr
     assert run_containers(engine, detached) == [] and run_containers(engine, second) == []

@@ -102,7 +102,7 @@ def test_table_has_a_header_and_aligned_columns() -> None:
 def test_what_cannot_run_is_an_error_never_printed_as_is(template: str, said: str) -> None:
     with pytest.raises(TemplateError, match=None) as caught:
         Template(template, PS_FIELDS)
-    assert said in str(caught.value) and caught.value.exit_code == 2  # as a bad --filter: one code for a bad option
+    assert said in str(caught.value) and caught.value.exit_code == 1  # as docker ps, and as a bad --filter
 
 
 def test_durations_in_dockers_words() -> None:
@@ -115,3 +115,16 @@ def test_durations_in_dockers_words() -> None:
         "2 hours",
         "2 days",
     ]
+
+
+def test_ps_filters_as_docker_ps_takes_them_exited_included_and_a_bad_one_is_exit_1() -> None:
+    from pp_launch.cli import housekeeping_cmd as ps
+
+    wanted = ps._filters(("exited=3",))
+    ended = {**ROW, "state": "exited", "exit_code": 3}
+    assert ps._kept(ended, wanted) and not ps._kept({**ended, "exit_code": 0}, wanted)
+    assert not ps._kept({**ROW, "state": "running", "exit_code": None}, wanted)
+    for bad, said in (("exited=x", "exited takes an exit code"), ("colour=red", "use KEY=VALUE")):
+        with pytest.raises(TemplateError, match=said) as caught:
+            ps._filters((bad,))
+        assert caught.value.exit_code == 1

@@ -332,7 +332,8 @@ def test_a_pp_image_that_is_no_image_reference_is_exit_2_before_the_engine_is_as
 
 
 def test_pp_gpus_asking_for_more_than_the_host_has_is_said_as_a_chain_says_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    """PP_GPUS=99 on a 4-GPU host was the runtime's raw error; now "not enough GPUs", exit 2, before the engine."""
+    """PP_GPUS=99 on a 4-GPU host was the runtime's raw error; now "not enough GPUs", before the engine (the error's
+    own code is a configuration's; pp-gpu-node exits 125 with it, as docker run)."""
     from pathlib import Path
 
     from pp_launch.app.node import _check_count
@@ -344,3 +345,23 @@ def test_pp_gpus_asking_for_more_than_the_host_has_is_said_as_a_chain_says_it(mo
     _check_count("4")  # as many as there are: the engine's to attach
     _check_count("all")
     _check_count("device=0,2")
+    with pytest.raises(errors.NotEnoughGpus, match=r"PP_GPUS=device=2,9 names 9, which this host does not have"):
+        _check_count("device=2,9")
+
+
+@pytest.mark.parametrize("asked", ["99", "device=9", "device=GPU-nope"])
+def test_pp_gpu_node_says_gpus_it_cannot_attach_in_one_line_and_exits_125_as_docker_run(asked: str) -> None:
+    """`docker run --gpus 99` exits 125: so does its drop-in, for every PP_GPUS form, before the engine is asked."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    inventory = str(Path(__file__).parents[1] / "data" / "plain-4gpu.json")
+    env = {**os.environ, "STAGE": "0", "PP_GPUS": asked, "PP_LAUNCH_GPU_INVENTORY": inventory,
+           "DOCKER_HOST": "unix:///nonexistent/docker.sock"}  # fmt: skip
+    done = subprocess.run([sys.executable, "-m", "pp_launch", "node"], capture_output=True, text=True, env=env,
+                          timeout=60, check=False)  # fmt: skip
+    assert done.returncode == 125, done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("pp-gpu-node: error: ") and f"PP_GPUS={asked}" in lines[0], lines

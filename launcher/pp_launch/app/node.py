@@ -116,17 +116,28 @@ class NodePlanner(Planner[EnginePlace, GpuLocks]):
 
 
 def _check_count(value: str) -> None:
-    """PP_GPUS=N with fewer GPUs than N here (NVML, or the inventory file): said as a chain says it, before the
-    engine is asked (whose refusal would be a runtime's error text). A host NVML sees none on is the engine's to say."""
+    """PP_GPUS=N with fewer GPUs than N here, or device=LIST naming a GPU this host does not have (NVML, or the
+    inventory file): said in one line as a chain says it, before the engine is asked (whose refusal would be a
+    runtime's error text); exit 125 as `docker run --gpus` (cli/node_cmd.py). A host NVML sees none on is the
+    engine's to say."""
     asked = read_gpus(value, bare_lists=False) if value.strip() else None
-    if asked is None or asked.kind != "count":
+    if asked is None or asked.kind not in ("count", "list"):
         return
     inventory = gpu_select.load_inventory(None)
-    if inventory.gpus and asked.count > len(inventory.gpus):
+    if not inventory.gpus:
+        return
+    have = len(inventory.gpus)
+    if asked.kind == "count" and asked.count > have:
         raise errors.NotEnoughGpus(
             f"not enough GPUs: PP_GPUS={value.strip()} asks for {asked.count}, and this host has "
-            f"{len(inventory.gpus)} ('pp-launch gpus' lists them): ask for at most {len(inventory.gpus)}, or name "
-            "them (device=0,2)"
+            f"{have} ('pp-launch gpus' lists them): ask for at most {have}, or name them (device=0,2)"
+        )
+    known = {str(g.index) for g in inventory.gpus} | {g.uuid for g in inventory.gpus}
+    missing = [i for i in asked.ids if i not in known and not i.startswith("MIG-")]
+    if asked.kind == "list" and missing:
+        raise errors.NotEnoughGpus(
+            f"PP_GPUS={value.strip()} names {', '.join(missing)}, which this host does not have: its GPUs are "
+            f"0-{have - 1} ('pp-launch gpus' lists them with their UUIDs)"
         )
 
 

@@ -26,8 +26,9 @@ from typing import Any
 from pp_launch.core import errors
 
 
-class TemplateError(errors.ConfigError):
-    """A --format template pp-launch cannot run (exit 2, as a bad --filter or any bad option)."""
+class TemplateError(errors.PpLaunchError):
+    """A --format template or a --filter pp-launch cannot apply: exit 1, as `docker ps` exits for a template it
+    cannot run and a filter its engine refuses (docs/cli.md, "Exit codes")."""
 
 
 # docker's field names for what a ps row has, and the header docker prints for each

@@ -16,7 +16,7 @@ from pp_launch.cli import go_template, runs_cmd, tables
 from pp_launch.cli.engines import RAY_OPTION, host_choice, voice, where
 from pp_launch.cli.main import main
 from pp_launch.cli.options import Seconds
-from pp_launch.core import errors
+from pp_launch.core import errors, labels
 
 
 @main.command()
@@ -30,7 +30,7 @@ from pp_launch.core import errors
     metavar="KEY=VALUE",
     help="Only the rows docker ps --filter would keep: name=TEXT (a regular expression in the container's name), "
     "status=STATE (created, running, paused, restarting, removing, exited, dead), label=KEY or label=KEY=VALUE, "
-    "id=PREFIX, ancestor=IMAGE[:TAG]; or by any --json field of ours (run=PREFIX, stage, role, owner, owner_status, "
+    "id=PREFIX, ancestor=IMAGE[:TAG], exited=CODE (with -a); or by any --json field of ours (run=PREFIX, stage, role, owner, owner_status, "
     "host, ...). The same key repeated: any of its values; different keys: all of them.",
 )
 @click.option(
@@ -41,7 +41,7 @@ from pp_launch.core import errors
     '{{.Status}} {{.RunningFor}} {{.CreatedAt}} {{.Labels}} {{.Label "k"}}) or any --json field of ours '
     "({{.run}} {{.stage}} ...); {{json .}}, {{upper .X}}; 'table ...' adds a header and aligns \\t columns; 'json' "
     "prints one object per row with docker's field names (and ours where docker has none). A bad template, like a "
-    "bad --filter, is exit 2 before any engine is asked.",
+    "bad --filter, is exit 1 (as docker ps) before any engine is asked.",
 )
 @click.option(
     "--run",
@@ -135,32 +135,33 @@ PS_FIELDS = (
 
 
 # docker ps's own filter keys (as docker means them), beside our --json fields
-DOCKER_FILTERS = ("name", "status", "label", "id", "ancestor")
+DOCKER_FILTERS = ("name", "status", "label", "id", "ancestor", "exited")
 DOCKER_STATES = ("created", "restarting", "running", "removing", "paused", "exited", "dead")
 OUR_FILTERS = tuple(k for k in PS_FIELDS if k not in DOCKER_FILTERS and k != "labels")
 
 
 def _filters(values: tuple[str, ...]) -> dict[str, list[Any]]:
-    """--filter values by key, checked: a key or value docker or we would refuse is exit 2 naming it."""
+    """--filter values by key, checked: a key or value docker's engine or we would refuse is exit 1 naming it (as
+    docker ps: its engine refuses the filter)."""
     out: dict[str, list[Any]] = {}
     for value in values:
         key, sep, wanted = value.partition("=")
         key = key.strip().lower()
         if not sep or key not in (*DOCKER_FILTERS, *OUR_FILTERS):
-            raise click.BadParameter(
-                f"{value!r}: use KEY=VALUE with KEY one of docker's {', '.join(DOCKER_FILTERS)} or ours, "
-                f"{', '.join(OUR_FILTERS)}",
-                param_hint="--filter",
+            raise go_template.TemplateError(
+                f"--filter {value!r}: use KEY=VALUE with KEY one of docker's {', '.join(DOCKER_FILTERS)} or ours, "
+                f"{', '.join(OUR_FILTERS)}"
             )
         item: Any = wanted
         if key == "status" and wanted not in DOCKER_STATES:
-            raise click.BadParameter(f"{value!r}: a status is one of {', '.join(DOCKER_STATES)}", param_hint="--filter")
+            raise go_template.TemplateError(f"--filter {value!r}: a status is one of {', '.join(DOCKER_STATES)}")
+        if key == "exited" and labels.ascii_int(wanted) is None:
+            raise go_template.TemplateError(f"--filter {value!r}: exited takes an exit code (exited=0, exited=137)")
         if key == "name":
             try:
                 item = re.compile(wanted)
             except re.error as exc:
-                said = f"{value!r}: not a regular expression ({exc})"
-                raise click.BadParameter(said, param_hint="--filter") from None
+                raise go_template.TemplateError(f"--filter {value!r}: not a regular expression ({exc})") from None
         out.setdefault(key, []).append(item)
     return out
 
@@ -180,6 +181,8 @@ def _holds(row: dict[str, Any], key: str, wanted: Any) -> bool:
         name, sep, value = wanted.partition("=")
         found = row.get("labels") or {}
         return bool(name in found and (not sep or found[name] == value))
+    if key == "exited":
+        return row.get("state") == "exited" and row.get("exit_code") == labels.ascii_int(wanted)
     if key == "ancestor":
         image = str(row.get("image") or "")
         return image == wanted or (":" not in wanted.rsplit("/", 1)[-1] and image == f"{wanted}:latest")

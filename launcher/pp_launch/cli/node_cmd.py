@@ -120,14 +120,16 @@ DOCKER_RUN_REFUSED = 125  # `docker run`'s code when the engine refuses (126/127
 @contextlib.contextmanager
 def as_docker_run() -> Iterator[None]:
     """The drop-in for `exec docker run` exits as `docker run` does when the engine refuses: 125 for a missing
-    image, a name in use, an engine that does not answer or refuses, GPUs it cannot attach. Configuration that
-    pp-gpu-node itself reads (STAGE, PP_GPUS...) stays exit 2."""
+    image, a name in use, an engine that does not answer or refuses, GPUs it cannot attach (too many, one this
+    host does not have, none at all: any PP_GPUS form, as `docker run --gpus 99`). Configuration that pp-gpu-node
+    itself cannot read (STAGE missing, PP_GPUS not understood...) stays exit 2."""
     refused = (
         errors.ImageMissing,
         errors.NameInUse,
         errors.EngineError,
         errors.EngineUnavailable,
         errors.GpuAttachUnavailable,
+        errors.NotEnoughGpus,
         errors.HostPathMissing,
     )
     try:
