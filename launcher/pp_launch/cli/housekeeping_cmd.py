@@ -30,8 +30,8 @@ from pp_launch.core import errors, labels
     metavar="KEY=VALUE",
     help="Only the rows docker ps --filter would keep: name=TEXT (a regular expression in the container's name), "
     "status=STATE (created, running, paused, restarting, removing, exited, dead), label=KEY or label=KEY=VALUE, "
-    "id=PREFIX, ancestor=IMAGE[:TAG], exited=CODE (with -a); or by any --json field of ours (run=PREFIX, stage, role, owner, owner_status, "
-    "host, ...). The same key repeated: any of its values; different keys: all of them.",
+    "id=PREFIX, ancestor=IMAGE[:TAG], exited=CODE (with -a); or by any --json field of ours (run=PREFIX, stage, "
+    "role, owner, owner_status, host, ...). The same key repeated: any of its values; different keys: all of them.",
 )
 @click.option(
     "--format",
