@@ -760,9 +760,11 @@ def test_compose_takes_no_verbosity_flags_and_chain_takes_verbose_but_v_is_volum
 def test_chain_vv_says_v_is_volume_here_and_how_to_say_more() -> None:
     """`-vv` says more on every other command; on chain, -v is docker run's --volume: the error says so and names
     the flags that say more, and --help does not offer -vv there."""
-    said = run("chain", "-vv", "--dry-run", "--gpus", "none").output
-    assert "-v is docker run's --volume here: say more with --verbose, or 'pp-launch -vv chain ...'" in said
-    assert "-v is docker run's" not in run("chain", "-v", "x", "--dry-run").output  # a real mistake of a path
-    assert "-v is docker run's" not in run("compose", "-vv").output  # compose says no more or less
+    said = " ".join(run("chain", "-vv", "--dry-run", "--gpus", "none").output.split())
+    assert "-v after 'chain' is docker run's --volume (it took 'v' as its value): to say more, use --verbose" in said
+    said = " ".join(run("chain", "-v", "--stages", "2", "--dry-run").output.split())  # -v took the next flag
+    assert "-v after 'chain' is docker run's --volume (it took '--stages' as its value)" in said, said
+    assert "docker run's --volume" not in run("chain", "-v", "x", "--dry-run").output  # a real mistake of a path
+    assert "docker run's --volume" not in run("compose", "-vv").output  # compose says no more or less
     assert "-vv:" not in run("chain", "--help").output and "-vv:" in run("ps", "--help").output
     assert run("-vv", "chain", "--dry-run", "--gpus", "none").exit_code == 0

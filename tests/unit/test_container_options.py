@@ -283,3 +283,31 @@ def test_compose_writes_the_options_and_refuses_what_compose_cannot_do(tmp_path:
     for args, why in ((("--ipc", "host"), "--ipc: a Compose chain"), (("-v", "/anon"), "an anonymous volume")):
         result = run("compose", "--gpus", "none", *args)
         assert result.exit_code == 2 and why in result.output, result.output
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "said"),
+    [
+        ("-v", "/m/stage-{stgae}:/w", "{stgae} is not a field of a host path: did you mean {stage}?"),
+        ("-v", "/m/{Stage}:/w:ro", "{Stage} is not a field of a host path: did you mean {stage}?"),
+        ("--mount", "type=bind,src=/m/{model},dst=/w", "{model} is not a field of a host path: {stage}"),
+    ],
+)
+def test_an_unknown_field_in_a_host_path_is_a_typo_named_never_a_folder(
+    flag: str, value: str, said: str, tmp_path: Path
+) -> None:
+    """`-v $M/stage-{stgae}:/weights` was answered with `mkdir -p $M/stage-{stgae}`: now exit 2, a did-you-mean."""
+    result = run("chain", "--dry-run", "--gpus", "none", flag, value)
+    assert result.exit_code == 2 and said in " ".join(result.output.split()), result.output
+    assert "mkdir" not in result.output
+
+
+def test_the_kit_takes_the_chain_files_key_names_and_the_plural_ones_alike() -> None:
+    """`pp_chain(..., volume=[...])` (the chain file's key) was a TypeError; one text where the flag repeats is one."""
+    plural = c.ContainerOptions.from_keys(2, {"volumes": ["/m/{stage}:/w:ro"], "shm_size": "1g"})
+    assert c.ContainerOptions.from_keys(2, {"volume": ["/m/{stage}:/w:ro"], "shm-size": "1g"}) == plural
+    assert c.ContainerOptions.from_keys(2, {"volume": "/m/{stage}:/w:ro", "shm_size": "1g"}) == plural
+    labelled = c.ContainerOptions.from_keys(1, {"label": {"team": "llm"}, "cap-add": "IPC_LOCK", "ulimit": "nofile=8"})
+    assert labelled.labels == (("team", "llm"),) and labelled.cap_add == ("IPC_LOCK",)
+    with pytest.raises(c.OptionError, match="'volumez' is not one of docker run's options here"):
+        c.ContainerOptions.from_keys(1, {"volumez": ["/a:/b"]})

@@ -357,8 +357,12 @@ class DockerValue(click.ParamType):  # type: ignore[type-arg]
             self.parse(value)
         except container.OptionError as exc:
             hint = ""
-            if self.name == "volume" and value.strip("v") == "" and ctx is not None and ctx.info_name == "chain":
-                hint = ". -v is docker run's --volume here: say more with --verbose, or 'pp-launch -vv chain ...'"
+            misread = value.strip("v") == "" or value.startswith("-")  # `-vv`, or `-v --stages 2`: -v took a flag
+            if self.name == "volume" and misread and ctx is not None and ctx.info_name == "chain":
+                hint = (
+                    f". -v after 'chain' is docker run's --volume (it took {value!r} as its value): to say more, "
+                    "use --verbose, or 'pp-launch -v chain ...'"
+                )
             self.fail(f"{exc}{hint}", param, ctx)
         return value
 

@@ -202,6 +202,21 @@ class ContainerOptions:
             labels=tuple(parse_label(x) for x in every),
         )
 
+    @classmethod
+    def from_keys(cls, stages: int, given: Mapping[str, Any]) -> ContainerOptions:
+        """docker run's options under any name a user has for them: `parse`'s (volumes=[...]) or the flags' and a
+        chain file's (volume, stage-volume, mount, ulimit, device, label, cap-add, shm-size), a single text where
+        the flag repeats taken as one; an unknown name is an OptionError naming them all."""
+        names = {**{k: k for k in PARSE_KEYS}, **FLAG_KEYS}
+        out: dict[str, Any] = {}
+        for key, value in given.items():
+            name = names.get(key.replace("-", "_"))
+            if name is None:
+                raise OptionError(f"{key!r} is not one of docker run's options here: {', '.join(sorted(names))}")
+            many = name in MANY_KEYS and (isinstance(value, str) or not isinstance(value, Sequence | Mapping))
+            out[name] = (value,) if many else value
+        return cls.parse(stages, **out)
+
     def for_stage(self, k: int) -> ContainerOptions:
         """Stage k's: its own mounts and every stage's, {stage} replaced by k."""
         return replace(self, mounts=tuple(m.for_stage(k) for m in self.mounts if m.stage in (None, k)))
@@ -259,6 +274,15 @@ class ContainerOptions:
 
 
 # ------------------------------------------------------------------------------------------------ parsing
+PARSE_KEYS = (
+    "volumes", "stage_volumes", "mounts", "shm_size", "ipc", "ulimits", "devices", "cap_add", "user", "workdir",
+    "labels",
+)  # fmt: skip
+FLAG_KEYS = {"volume": "volumes", "stage_volume": "stage_volumes", "mount": "mounts", "ulimit": "ulimits",
+             "device": "devices", "label": "labels"}  # fmt: skip
+MANY_KEYS = frozenset({"volumes", "stage_volumes", "mounts", "ulimits", "devices", "cap_add", "labels"})
+
+
 def parse_volume(text: str, stage: int | None = None, flag: str = "--volume") -> MountSpec:
     """docker run -v: SRC:DST[:OPTS] (SRC a host path or a volume's name) or DST alone (an anonymous volume).
     OPTS: ro or rw, z or Z, nocopy, a propagation, comma-separated."""
@@ -275,6 +299,7 @@ def parse_volume(text: str, stage: int | None = None, flag: str = "--volume") ->
     mode = _volume_options(opts, flag, text)
     target = _target(target, flag, text)
     if source.startswith("/"):
+        _known_fields(source, flag, text)
         return MountSpec("bind", target, posixpath.normpath(source), stage=stage, flag=flag, **mode)
     if source.startswith((".", "~")):
         raise OptionError(
@@ -289,6 +314,24 @@ def parse_volume(text: str, stage: int | None = None, flag: str = "--volume") ->
     if mode.get("propagation") or mode.get("selinux"):
         raise OptionError(f"{flag} {text!r}: {opts} applies to a host path, not to the volume {source}")
     return MountSpec("volume", target, source, stage=stage, flag=flag, **mode)
+
+
+FIELD = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def _known_fields(path: str, flag: str, text: str) -> None:
+    """{stage} is the one field a host path takes: any other `{name}` is a typo (exit 2, with a did-you-mean),
+    never a folder made under that literal name."""
+    import difflib
+
+    for name in FIELD.findall(path):
+        if f"{{{name}}}" != STAGE_FIELD:
+            near = difflib.get_close_matches(name.lower(), [STAGE_FIELD.strip("{}")], n=1, cutoff=0.5)
+            hint = f"did you mean {STAGE_FIELD}? " if near else ""
+            raise OptionError(
+                f"{flag} {text!r}: {{{name}}} is not a field of a host path: {hint}{STAGE_FIELD} (the stage's "
+                "index) is the only one"
+            )
 
 
 def _volume_options(opts: str, flag: str, text: str) -> dict[str, Any]:
@@ -371,6 +414,7 @@ def _typed_mount(spec: MountSpec, fields: dict[str, str], text: str) -> MountSpe
     if kind == "bind":
         if not source.startswith("/"):
             raise OptionError(f"{flag} {text!r}: a bind's source must be an absolute host path")
+        _known_fields(source, flag, text)
         propagation = fields.get("propagation", "")
         if propagation and propagation not in PROPAGATIONS:
             raise OptionError(f"{flag} {text!r}: bind-propagation={propagation}: use one of {', '.join(PROPAGATIONS)}")

@@ -76,10 +76,10 @@ class StageContainer:
         name: str | None = None,
         **docker_run: Any,
     ) -> None:
-        """docker_run: docker run's options, as Chain takes them (volumes=[...], shm_size=..., ...); the stage gets
-        these mounts alone (no caches: the test describes its stage whole)."""
+        """docker_run: docker run's options, as Chain takes them (volume=[...] or volumes, shm_size=..., ...); the
+        stage gets these mounts alone (no caches: the test describes its stage whole)."""
         self.image, self.stage, self.num_stages, self.grace = image, stage, num_stages, grace
-        self.container = ContainerOptions.parse(num_stages, **docker_run)
+        self.container = ContainerOptions.from_keys(num_stages, docker_run)
         self.stage_env = dict(env or {})
         self.gpus, self.gpu_attach, self.stage_command = tuple(gpus), gpu_attach, tuple(command)
         self.name = name
@@ -346,9 +346,9 @@ def Chain(
     **docker_run: Any,
 ) -> Iterator[RunningChain]:
     """A chain for the length of a `with` block: yields once every stage announced; torn down at the end.
-    docker_run: docker run's options for every stage, as `pp-launch chain` takes them (docs/chain.md): volumes=[...],
-    stage_volumes, mounts, shm_size="2g", ipc="host", ulimits, devices, cap_add, user, workdir, labels; a value
-    docker would refuse raises ValueError naming it."""
+    docker_run: docker run's options for every stage, as `pp-launch chain` takes them (docs/chain.md), under the chain
+    file's names or the plural ones: volume=[...] (or volumes), stage_volume, mount, shm_size="2g", ipc="host",
+    ulimit, device, cap_add, user, workdir, label; a value docker would refuse raises ValueError naming it."""
     run_id = identity.new_run_id()
     request = launch.LaunchRequest(
         ChainRequest(
@@ -359,7 +359,7 @@ def Chain(
             addr_timeout=addr_timeout,
             handoff=handoff,
             parallel=bring_up == "parallel",
-            container=ContainerOptions.parse(stages, **docker_run),
+            container=ContainerOptions.from_keys(stages, docker_run),
         ),
         launch.GpuOptions(mode=gpus, per_stage=gpus_per_stage, attach=gpu_attach, inventory_path=gpu_inventory),
         run_id=run_id,
