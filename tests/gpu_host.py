@@ -25,7 +25,7 @@ from pp_launch.adapters import inventory_file
 from pp_launch.testing import fake_nvml, fake_toolkit
 
 from .engines import SideEngine
-from .helpers import drop_records
+from .helpers import drop_records, suite_engine
 
 DATA = Path(__file__).resolve().parent / "data"
 DOCKER26 = Path(os.environ.get("PP_DOCKER26_DIR", "/opt/pp-launch/docker26"))
@@ -34,6 +34,7 @@ DOCKER26 = Path(os.environ.get("PP_DOCKER26_DIR", "/opt/pp-launch/docker26"))
 class FakeGpuHost:
     def __init__(self, inventory: Path = DATA / "nvlink-8gpu.json", netns_of: SideEngine | None = None) -> None:
         self.root = Path(tempfile.mkdtemp(prefix="pp-gpu-host-"))
+        self.home_engine = suite_engine()  # the suite's engine, kept: its runs' records are removed there alone
         self.inventory_path = self.root / "inventory.json"
         shutil.copyfile(inventory, self.inventory_path)
         self.inventory = inventory_file.load(self.inventory_path)
@@ -110,7 +111,7 @@ class FakeGpuHost:
         for side in self.engines.values():
             side.close()
             left += side.leftovers()
-        drop_records(self.root)  # its runs' records on the suite's engine
+        drop_records(self.home_engine, self.root)  # its runs' records on the suite's engine
         shutil.rmtree(self.root, ignore_errors=True)
         if self.root.exists():
             left.append(f"folder {self.root}")

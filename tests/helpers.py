@@ -355,9 +355,15 @@ def records_made_under(*places: Path) -> list[str]:
     )
 
 
-def drop_records(*places: Path) -> None:
-    """A testbed's runs' record volumes, removed from the suite's engine before its folders go (on its own
-    engines they go with the engines)."""
+def suite_engine() -> str:
+    """The engine the suite's own runs use, as a testbed made now should name it (DOCKER_HOST, else the local
+    socket): a testbed keeps it, and acts on it alone, whatever the environment names later."""
+    return os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+
+
+def drop_records(host: str, *places: Path) -> None:
+    """A testbed's runs' record volumes, removed from the engine `host` (the suite's, as the testbed was given it)
+    before its folders go (on its own engines they go with the engines)."""
     names = records_made_under(*places)
     if names:
-        docker("volume", "rm", *names)
+        docker("-H", host, "volume", "rm", *names)

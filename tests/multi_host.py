@@ -131,6 +131,7 @@ class Sshd:
 class ThreeHosts:
     def __init__(self, images: tuple[str, ...]) -> None:
         self.root = Path(tempfile.mkdtemp(prefix="pp-hosts-"))
+        self.home_engine = helpers.suite_engine()  # the suite's engine, kept: its runs' records are removed there alone
         self.home = self.root / "home"
         self.docker_config = self.root / "docker-config"
         self.state_dir = self.root / "state"
@@ -203,7 +204,7 @@ class ThreeHosts:
         for gpu in (self.gpu_b, self.gpu_a):  # b lives in a's network namespace: it goes first
             if gpu is not None:
                 left += gpu.close()
-        helpers.drop_records(self.root)  # its runs' records on the suite's engine
+        helpers.drop_records(self.home_engine, self.root)  # its runs' records on the suite's engine
         shutil.rmtree(self.root, ignore_errors=True)
         if self.root.exists():
             left.append(f"folder {self.root}")

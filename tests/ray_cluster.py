@@ -30,7 +30,7 @@ from pathlib import Path
 from pp_launch.testing import fake_nvml
 
 from .gpu_host import DATA, FakeGpuHost
-from .helpers import drop_records
+from .helpers import drop_records, suite_engine
 
 PORT = 6379  # the namespace is the tests' own: nothing else listens there
 NODE_CPUS = 2  # each worker node's CPUs as Ray counts them: this machine's (8 made no difference to bring-up)
@@ -41,6 +41,7 @@ PP_LAUNCH = str(Path(sys.executable).with_name("pp-launch"))
 class RayCluster:
     def __init__(self, images: tuple[str, ...]) -> None:
         self.root = Path(tempfile.mkdtemp(prefix="ppr-", dir="/tmp"))  # short: Ray's socket paths must fit
+        self.home_engine = suite_engine()  # the suite's engine, kept: its runs' records are removed there alone
         self.hosts: dict[str, FakeGpuHost] = {}
         self.head_up = False  # whether a head was started and not killed since (Ray can be asked)
         self.nodes: dict[str, subprocess.Popen[bytes]] = {}
@@ -325,7 +326,7 @@ class RayCluster:
                 dirs_exist_ok=True,
                 ignore_dangling_symlinks=True,
             )
-        drop_records(self.root)  # its runs' records on the suite's engine
+        drop_records(self.home_engine, self.root)  # its runs' records on the suite's engine
         shutil.rmtree(self.root, ignore_errors=True)
         return left
 

@@ -117,3 +117,16 @@ def test_a_users_ray_runs_are_listed_with_their_cluster_and_told_by_age(tmp_path
     assert runs.every(older_than=3600) == ["bbbbbbbbbbbb"]
     assert runs.every(older_than=3600, note="10.0.0.1:6379") == []
     assert host_state.RunRecords(tmp_path).every() == []  # apart from the record volumes' list
+
+
+def test_records_past_keeping_are_those_past_the_keep_or_beyond_the_newest_count(tmp_path: Path) -> None:
+    runs = host_state.RunRecords(tmp_path)
+    for k in range(5):
+        runs.add(f"pp-launch-record-{k:012d}-0a0b0c0d")
+        then = time.time() - 100 * (5 - k)  # record 0 the oldest
+        os.utime(tmp_path / "records" / f"pp-launch-record-{k:012d}-0a0b0c0d", (then, then))
+    names = runs.every()
+    assert runs.past(keep=10_000, count=50) == []
+    assert runs.past(keep=10_000, count=3) == names[:2]  # beyond the newest three
+    assert runs.past(keep=250, count=50) == names[:3]  # 500, 400 and 300 s old
+    assert runs.past(keep=10_000, count=0) == names

@@ -52,6 +52,14 @@ def test_the_summary_says_what_happened_in_words_and_counts_right() -> None:
     plain = PlainReporter("r1", 0, out=io.StringIO(), err=err)
     plain.event(events.ChainStopped(reason=events.StopReason.STAGE_FAILED, exit_code=1, removed=("a",), orphans=()))
     assert err.getvalue() == "pp-launch: chain stopped (a stage failed), 1 container removed; nothing left behind\n"
+    err = io.StringIO()
+    plain = PlainReporter("r1", 0, out=io.StringIO(), err=err)
+    plain.record = "pp-launch-record-r1-…"  # a run on Docker engines keeps its record: the final line names it
+    plain.event(events.ChainStopped(reason=events.StopReason.COMPLETED, exit_code=0, removed=("a", "b"), orphans=()))
+    assert err.getvalue() == (
+        "pp-launch: chain stopped (completed), 2 containers removed; nothing left behind but its record "
+        "(pp-launch-record-r1-…, for 'wait' and 'ps -a')\n"
+    )
 
 
 class Clock:

@@ -256,3 +256,16 @@ def test_a_record_a_reader_mounts_a_moment_is_still_removed_and_one_a_run_mounts
     assert guard.sweep_own_records(engine) == [read]
     assert sorted(engine.vols) == sorted([live, crashed]) and sorted(runs.every()) == sorted([live, crashed])
     assert engine.calls.count(f"remove {read}") == 4  # refused while read (3 times), then removed
+
+
+def test_a_record_says_which_stage_ended_a_detached_run_as_one() -> None:
+    lines = [
+        b"owned " + A.encode(),
+        b"detached",
+        b"ended " + A.encode() + b" 1 1 3 1700000000 pp-r-1",
+        b"run ended by stage 1 (pp-r-1), which exited 3: its other containers are stopped",
+        b"torn down",
+    ]
+    record = guard.read_record("", "r", lines)
+    assert record.ended_by == "stage 1 (pp-r-1), which exited 3" and record.over
+    assert guard.read_record("", "r", lines[:3]).ended_by == ""

@@ -498,6 +498,18 @@ class Engine:
         with contextlib.suppress(docker.errors.NotFound):
             self.api.remove_image(name, force=True)
 
+    def untag_image(self, name: str) -> bool:
+        """`docker rmi NAME` (no force): False when a container uses it, so the engine keeps it."""
+        try:
+            self.api.remove_image(name, force=False)
+        except docker.errors.ImageNotFound:
+            return True
+        except docker.errors.APIError as exc:
+            if getattr(exc, "status_code", None) == 409:
+                return False
+            raise errors.EngineError(f"the engine at {self.address} could not remove {name}: {_reason(exc)}") from None
+        return True
+
     def image_id(self, name: str) -> str | None:
         try:
             return str(self.api.inspect_image(name).get("Id", "")) or None

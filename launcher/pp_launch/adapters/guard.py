@@ -508,6 +508,7 @@ class GuardRecord:
     volume: str = ""  # read from the run's record volume: no running guard holds the run ("" : its guard's log)
     over: bool = False  # the guard recorded the run's end (torn down, or every container gone)
     keeps: str = ""  # the record volume this running guard mounts (a look-alike mounts none of its run's)
+    ended_by: str = ""  # a detached run its guard ended as one: which stage ended it and how ("stage K (NAME), ...")
 
 
 @dataclass(frozen=True)
@@ -563,6 +564,7 @@ def read_record(ref: str, run: str, lines: Iterable[bytes], volume: str = "") ->
     and the one put in its place) counts once."""
     owned: dict[str, None] = {}
     detached = over = False
+    ended_by = ""
     ends: dict[str, StageEnd] = {}
     oom: set[str] = set()
     for line in lines:
@@ -577,7 +579,9 @@ def read_record(ref: str, run: str, lines: Iterable[bytes], volume: str = "") ->
             ends.setdefault(words[1], _end(words, words[1] in oom))
         elif words in (["torn", "down"], ["every", "container", "of", "the", "run", "is", "gone"]):
             over = True
-    return GuardRecord(ref, run, tuple(owned), detached, tuple(ends.values()), volume, over)
+        elif words[:3] == ["run", "ended", "by"] and not ended_by:
+            ended_by = " ".join(words[3:]).split(":", 1)[0]
+    return GuardRecord(ref, run, tuple(owned), detached, tuple(ends.values()), volume, over, ended_by=ended_by)
 
 
 ID = re.compile(r"[0-9a-f]{64}")
@@ -732,16 +736,16 @@ def release_record(engine: Engine, name: str, patience: float, ended_keeps: bool
 
 
 def sweep_own_records(engine: Engine) -> list[str]:
-    """At the end of a run: the records this user's runs made that are past the keep (PP_LAUNCH_RECORD_KEEP) and
-    whose runs are gone, removed from the engine and from the user's list, as `gc` removes them, so that daily use
-    piles none up; and the user's entries of this engine whose volumes it no longer has, forgotten. Asks the engine
-    nothing while the user's list holds none that old."""
+    """At the end of a run: the records this user's runs made that are past the keep (PP_LAUNCH_RECORD_KEEP, a week;
+    or older than the newest PP_LAUNCH_RECORD_COUNT, 50) and whose runs are gone, removed from the engine and from
+    the user's list, as `gc` removes them, so that daily use piles none up; and the user's entries of this engine
+    whose volumes it no longer has, forgotten. Asks the engine nothing while the user's list holds none past it."""
     keep, runs = host_state.record_keep(), host_state.RunRecords()
-    old = set(runs.every(older_than=keep))
+    old = set(runs.past(keep, host_state.record_count()))
     if not old:
         return []
     listed = record_volumes(engine)
-    gone = [v.name for v in stale_records(engine, keep, listed, only=old) if release_record(engine, v.name, 5.0)]
+    gone = [v.name for v in stale_records(engine, 0.0, listed, only=old) if release_record(engine, v.name, 5.0)]
     for name in gone:
         runs.forget(name)
     forget_lost_records(engine, runs, keep, listed)

@@ -321,8 +321,22 @@ RECORD_KEEP_ENV = "PP_LAUNCH_RECORD_KEEP"  # seconds an ended run's record is ke
 RECORD_KEEP = 7 * 24 * 3600.0
 
 
+RECORD_COUNT_ENV = "PP_LAUNCH_RECORD_COUNT"  # how many of this user's newest records are kept, whatever their age
+RECORD_COUNT = 50  # as many as the run logs keep (adapters/run_logs.py)
+
+
 def record_keep() -> float:
     return seconds_setting(RECORD_KEEP_ENV, RECORD_KEEP, "give seconds")
+
+
+def record_count() -> int:
+    """How many of this user's records a run's end and `gc` keep at most (the newest), besides the keep in time."""
+    configured = os.environ.get(RECORD_COUNT_ENV, "").strip()
+    if not configured:
+        return RECORD_COUNT
+    if not (configured.isascii() and configured.isdigit()):
+        raise errors.ConfigError(f"{RECORD_COUNT_ENV}={configured!r}: give a count (0 or more)")
+    return int(configured)
 
 
 def seconds_setting(name: str, default: float, fix: str) -> float:
@@ -372,6 +386,28 @@ class RunRecords:
                 names = [n for n in names if time.time() - d.mtime(n) >= older_than]
             return names if note is None else [n for n in names if (d.read(n) or b"") == note.encode()]
 
+    def past(self, keep: float, count: int) -> list[str]:
+        """What is past keeping: recorded at least `keep` seconds ago, or older than the newest `count`."""
+        with self._dir() as d:
+            ages = {n: time.time() - d.mtime(n) for n in d.names("") if not n.startswith(".")}
+        newest = sorted(ages, key=lambda n: ages[n])
+        return sorted({n for n in newest if ages[n] >= keep} | set(newest[count:]))
+
     def forget(self, volume: str) -> None:
         with self._dir() as d:
             d.remove(volume)
+
+
+def remove_all(dry_run: bool = False) -> tuple[str, str]:
+    """This user's whole state directory, removed (`pp-launch uninstall`): its path, and "removed", "would remove"
+    or "none there". A directory that is not private to this user is refused (StateUnsafe), never walked."""
+    import shutil
+
+    path = default_dir()
+    if not path.is_dir():
+        return str(path), "none there"
+    StateDir.open(path).close()
+    if dry_run:
+        return str(path), "would remove"
+    shutil.rmtree(path)
+    return str(path), "removed"

@@ -239,14 +239,23 @@ class DockerRuns:
 
     def _sweep_records(self, engine: Engine, on: str, dry_run: bool) -> bool:
         """The record volumes of runs that are gone, once older than the keep (PP_LAUNCH_RECORD_KEEP); whether any."""
-        keep = host_state.record_keep()
+        keep, count = host_state.record_keep(), host_state.record_count()
         listed = guard.record_volumes(engine)
-        stale = guard.stale_records(engine, keep, listed)
+        past: set[str] = set()
+        if host_state.RunRecords().listed():
+            with contextlib.suppress(errors.PpLaunchError):
+                past = set(host_state.RunRecords().past(keep, count))  # this user's own beyond the newest `count`
+        aged = {v.name for v in listed if time.time() - v.created >= keep}
+        stale = guard.stale_records(engine, 0.0, listed, only=aged | past)
         for v in stale:
+            why = (
+                f"its record older than {keep:g} s ({host_state.RECORD_KEEP_ENV})"
+                if v.name in aged
+                else f"this user keeps the newest {count} records ({host_state.RECORD_COUNT_ENV})"
+            )
             self.voice.answer(
                 f"{'would remove' if dry_run else 'removing'} the record of run "
-                f"{housekeeping.safe(v.labels.get(labels.RUN, '?'))}{on}: the run is gone, its record older than "
-                f"{keep:g} s ({host_state.RECORD_KEEP_ENV})"
+                f"{housekeeping.safe(v.labels.get(labels.RUN, '?'))}{on}: the run is gone, {why}"
             )
             if not dry_run and guard.release_record(engine, v.name, 5.0):  # False: a container mounted it meanwhile
                 with contextlib.suppress(errors.PpLaunchError):
@@ -314,12 +323,24 @@ class DockerRuns:
             name, codes = over
             for k, (container, code) in sorted(codes.items()):
                 self.voice.answer(f"stage {k} {container} exited {'with an unknown code' if code is None else code}")
+            self._say_ended_by(name)
             return 0 if all(code is not None for _, code in codes.values()) else errors.EXIT_FAILURE
         found = [(e, c) for e, c in every if housekeeping.is_stage(c)]  # not its lock or guard
         deadline = None if timeout is None else time.monotonic() + timeout
         if until == "announced":
             return _wait_announced(name, found, deadline, self.voice, lambda: _recorded_ends(name, every))
-        return _wait_exit(name, found, deadline, self.voice, _recorded_ends(name, every))
+        code = _wait_exit(name, found, deadline, self.voice, _recorded_ends(name, every))
+        self._say_ended_by(name)
+        return code
+
+    def _say_ended_by(self, run: str) -> None:
+        """A detached run its guard ended as one (a stage ended): which stage, and how, from the run's record."""
+        for _, engine in self.reached:
+            with contextlib.suppress(errors.PpLaunchError):
+                for r in guard.dead_records(engine, run=run, live=set()):
+                    if r.run == run and r.ended_by:
+                        self.voice.note(f"pp-launch: run {run} was ended as one by {r.ended_by}")
+                        return
 
     def _ended_codes(self, run: str) -> tuple[str, dict[int, tuple[str, int | None]]] | None:
         """An ended run's stages and codes: as its launcher kept them (this user's), each code it could not keep (it

@@ -346,7 +346,7 @@ def _run(request: LaunchRequest, verbosity: int, as_json: bool) -> None:
     reporters: list[Any] = []
 
     def reporter(plan: ChainPlan) -> Any:
-        reporters.append(_reporter(plan, verbosity, as_json, request.detach))
+        reporters.append(_reporter(plan, verbosity, as_json, request.detach, request.ray is None))
         return reporters[0]
 
     signals.install()  # already done by the console entry; here for programs that call main() directly
@@ -361,9 +361,17 @@ def _run(request: LaunchRequest, verbosity: int, as_json: bool) -> None:
     _finish(done.outcome, done.plan.run_id, as_json, said, quiet=verbosity < 0)
 
 
-def _reporter(plan: ChainPlan, verbosity: int, as_json: bool, detach: bool) -> Any:
+def _reporter(plan: ChainPlan, verbosity: int, as_json: bool, detach: bool, records: bool = True) -> Any:
     """--json: events on stdout; --detach: stdout is the run id alone (RUN=$(pp-launch chain --detach)), so
-    everything else goes to stderr; a terminal: the live table; else plain lines."""
+    everything else goes to stderr; a terminal: the live table; else plain lines. records: the run keeps a record
+    volume on its engines (docs/chain.md, "The record"), named in the final line."""
+    reporter = _made_reporter(plan, verbosity, as_json, detach)
+    if records and hasattr(reporter, "record"):
+        reporter.record = f"pp-launch-record-{plan.run_id}-…"
+    return reporter
+
+
+def _made_reporter(plan: ChainPlan, verbosity: int, as_json: bool, detach: bool) -> Any:
     from pp_launch.cli.report import JsonReporter, LiveReporter, PlainReporter
 
     run_id, stages = plan.run_id, len(plan.stages)

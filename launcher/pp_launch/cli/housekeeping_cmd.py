@@ -271,3 +271,42 @@ def gc(dry_run: bool, host_names: tuple[str, ...], all_hosts: bool, ray_address:
     """
     if not runs.gc(where(host_names, all_hosts, ray_address), dry_run, voice()):
         sys.exit(errors.EXIT_FAILURE)
+
+
+@main.command()
+@click.option("-n", "--dry-run", is_flag=True, help="Say what would be removed, and remove nothing.")
+@click.option("-y", "--yes", is_flag=True, help="Do not ask first (needed where there is no terminal to ask on).")
+@click.option(
+    "--host",
+    "host_names",
+    multiple=True,
+    metavar="CTX",
+    help="On this Docker engine (a context name or an URL) instead of DOCKER_HOST's; repeat for several.",
+)
+def uninstall(dry_run: bool, yes: bool, host_names: tuple[str, ...]) -> None:
+    """Remove everything of yours that pp-launch made, before 'pip uninstall pp-launch': on each engine, the
+    records your runs made and pp-launch's images (pp-launch/stub-worker, pp-launch/guard, pp-launch/base); then
+    your state directory (run logs, the ids your runs created). A run of yours that still lives stops it (end it
+    with 'pp-launch down RUN' first); an image another user's run still uses is kept, and said. The images are
+    every pp-launch user's of that engine: any of them rebuilds them with 'pp-launch images build'.
+
+    \b
+    Example:
+      pp-launch uninstall --dry-run
+      pp-launch uninstall --yes && pip uninstall pp-launch
+      pp-launch uninstall --host gpu2 --host gpu3
+    """
+    from pp_launch.app.uninstall import uninstall as remove
+
+    if not dry_run and not yes:
+        if not sys.stdin.isatty():
+            raise errors.ConfigError("uninstall removes your records, pp-launch's images and your state: add --yes")
+        click.confirm("pp-launch: remove your records, pp-launch's images and your state?", abort=True, err=True)
+    done = remove(host_names, dry_run, say=lambda text: click.echo(f"pp-launch: {text}", err=True))
+    for r in done:
+        where = f" on {r.where}" if r.kind != "state" else ""
+        click.echo(f"{r.kind} {r.name}{where}: {r.done}")
+    if not dry_run:
+        click.echo("then: pip uninstall pp-launch", err=True)
+    if any(r.done.startswith("kept: a container") for r in done):
+        sys.exit(errors.EXIT_FAILURE)

@@ -28,6 +28,7 @@ COMMANDS = {
     "logs": ("runs_cmd", "Print a run's output, each line prefixed with its stage."),
     "node": ("node_cmd", "Run one stage container in the foreground (pp-gpu-node)."),
     "ps": ("housekeeping_cmd", "List runs and their stages."),
+    "uninstall": ("housekeeping_cmd", "Remove everything of yours pp-launch made: records, images, state."),
     "wait": ("runs_cmd", "Wait until a run is up, or until it ended."),
     "worker": ("worker_cmd", "Drive and check GPU workers over the worker wire."),
 }

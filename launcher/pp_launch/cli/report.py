@@ -74,6 +74,7 @@ class PlainReporter:
         self.out = out or sys.stdout
         self.err = err or sys.stderr
         self._lock = threading.Lock()
+        self.record = ""  # the run's record on its engine, kept on purpose: named in the final line (set by the CLI)
 
     def _say(self, text: str) -> None:
         with self._lock:
@@ -102,7 +103,8 @@ class PlainReporter:
             if event.message:  # the cause first, then what the teardown did
                 self._say(f"error: {event.message}")
                 self.said = event.message
-            tail = f"; LEFT BEHIND: {', '.join(event.orphans)}" if event.orphans else "; nothing left behind"
+            kept = f" but its record ({self.record}, for 'wait' and 'ps -a')" if self.record else ""
+            tail = f"; LEFT BEHIND: {', '.join(event.orphans)}" if event.orphans else f"; nothing left behind{kept}"
             why = STOP_WORDS.get(event.reason, event.reason.value)
             self._say(f"chain stopped ({why}), {count(len(event.removed), 'container')} removed{tail}")
 
