@@ -311,3 +311,41 @@ def test_the_kit_takes_the_chain_files_key_names_and_the_plural_ones_alike() -> 
     assert labelled.labels == (("team", "llm"),) and labelled.cap_add == ("IPC_LOCK",)
     with pytest.raises(c.OptionError, match="'volumez' is not one of docker run's options here"):
         c.ContainerOptions.from_keys(1, {"volumez": ["/a:/b"]})
+
+
+def test_a_command_and_env_values_take_stage_stages_and_first_peer() -> None:
+    """docker run's COMMAND ARG...: {stage} and {stages} filled when planned; {first_peer} once stage 0 announced
+    (empty on stage 0); other braces left as written."""
+    from pp_launch.core.announce import StageAnnouncement
+
+    command = ("serve", "--rank={stage}", "of {stages}", "{x}", "--m={first_peer}")
+    env, last = (("WHO", "{stage}@{first_peer}"),), ((2, "LAST", "{stage}/{stages}"),)
+    request = ChainRequest(stages=3, command=command, env=env, stage_env=last)
+    plan = build_plan(request, {"HOME": "/h"}, "me", [()] * 3, [()] * 3, "r" * 12)
+    assert [s.command for s in plan.stages] == [
+        ("serve", f"--rank={k}", "of 3", "{x}", "--m={first_peer}") for k in range(3)
+    ]
+    assert plan.stages[2].env["LAST"] == "2/3" and plan.stages[1].env["WHO"] == "1@{first_peer}"
+    assert plan.stages[1].env["PP_HANDOFF_FILLS"] == "WHO" and plan.stages[1].env["PP_HANDOFF_ARGS"] == "1"
+    first = StageAnnouncement(node_id_hex="ab" * 32, direct="127.0.0.1:4000,10.0.0.1:4000")
+    one = plan.stages[1].with_first_peer(first)
+    assert one.command == ("serve", "--rank=1", "of 3", "{x}", "--m=127.0.0.1:4000")
+    assert one.env["WHO"] == "1@127.0.0.1:4000"
+    assert plan.stages[0].with_first_peer(first).command[-1] == "--m="  # stage 0 is the first peer
+    assert plan.stages[1].first_peer_env(first) == {"WHO": "1@127.0.0.1:4000"}
+    plain = build_plan(ChainRequest(stages=1), {"HOME": "/h"}, "me", [()], [()], "r" * 12).stages[0]
+    assert plain.command is None and "PP_HANDOFF_FILLS" not in plain.env and "PP_HANDOFF_ARGS" not in plain.env
+
+
+def test_the_command_after_dashes_or_a_chain_files_command_and_first_peer_with_a_late_handoff(tmp_path: Path) -> None:
+    shown = run("chain", "--dry-run", "--gpus", "none", "--stages", "2", "--", "serve", "--rank", "{stage}").output
+    assert "command: serve --rank 0" in shown and "command: serve --rank 1" in shown, shown
+    chain_file = tmp_path / "chain.toml"
+    chain_file.write_text('stages = 2\ngpus = "none"\ncommand = "serve --world {stages}"\n')
+    assert "command: serve --world 2" in run("chain", "-f", str(chain_file), "--dry-run").output
+    chain_file.write_text('command = ["serve", "--world", "{stages}"]\n')
+    assert "command: serve --world 2" in run("chain", "-f", str(chain_file), "--dry-run", "--gpus", "none").output
+    chain_file.write_text("command = 3\n")
+    assert "command is a list of arguments" in run("chain", "-f", str(chain_file), "--dry-run").output
+    late = run("chain", "--dry-run", "--gpus", "none", "--handoff", "stdin", "--", "serve", "{first_peer}")
+    assert late.exit_code == 2 and "{first_peer} and --handoff stdin do not go together" in late.output

@@ -12,6 +12,7 @@ from typing import Protocol
 from pp_launch.app import chain as steps
 from pp_launch.app import gpus as gpu_select
 from pp_launch.core import errors, hosts
+from pp_launch.core.chain import fields
 from pp_launch.core.chain.plan import ChainPlan, ChainRequest
 from pp_launch.core.chain.scope import ChainOutcome, QuietReporter, Reporter
 from pp_launch.core.container import ContainerOptions
@@ -84,6 +85,7 @@ def _problems(r: LaunchRequest) -> list[str]:
         if gpu.attach not in gpu_select.ATTACH_MODES else "",
         *_inventory_problems(r),
         *_restart_problems(r),
+        *_field_problems(r),
     ]  # fmt: skip
 
 
@@ -99,6 +101,8 @@ def _gpu_node_problems(r: LaunchRequest) -> list[str]:
         "child mounts its caches alone (PP_CACHE_DIR, PP_MODEL_CACHE_DIR)"
         if r.chain.container != ContainerOptions() else "",
         "--host and --gpu-node do not go together: child processes run on this machine" if r.hosts else "",
+        "a command (chain ... -- COMMAND) and --gpu-node do not go together: each pp-gpu-node child runs its "
+        "image's own (PP_ENTRYPOINT sets the entrypoint)" if r.chain.command is not None else "",
     ]  # fmt: skip
 
 
@@ -110,6 +114,17 @@ def _inventory_problems(r: LaunchRequest) -> list[str]:
     if r.hosts:
         return [f"--gpu-inventory {unknown[0]}=FILE: {unknown[0]} is not one of the hosts ({', '.join(r.hosts)})"]
     return [f"--gpu-inventory {unknown[0]}=FILE names a host, but this chain has no --host"]
+
+
+def _field_problems(r: LaunchRequest) -> list[str]:
+    """{first_peer} is filled once stage 0 announced: a worker started at once (--handoff stdin) cannot have it."""
+    c = r.chain
+    texts = [*(c.command or ()), *(v for _, v in c.env), *(v for _, _, v in c.stage_env)]
+    late = c.handoff == "stdin" and c.parallel and fields.wants_first_peer(texts)
+    return [
+        "{first_peer} and --handoff stdin do not go together: the worker starts before stage 0 announced; use "
+        "--handoff env (the default) or read PP_FIRST_PEER on stdin" if late else "",
+    ]
 
 
 def _restart_problems(r: LaunchRequest) -> list[str]:

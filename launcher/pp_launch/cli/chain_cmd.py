@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -78,15 +79,37 @@ def load_chain_file(ctx: click.Context, param: click.Parameter, value: str | Non
     for raw_key, item in doc.items():
         key = keys.get(raw_key.replace("_", "-"))
         where = f"chain file {value}, line {_line_of(text, raw_key)}: {raw_key}"
+        if raw_key == "command":
+            ctx.meta[CHAIN_FILE_COMMAND] = _command_value(item, where)
+            continue
         if key is None:
             raise errors.ConfigError(
-                f"{where}: unknown key{_did_you_mean(raw_key, keys)}; keys: {', '.join(sorted(keys))}"
+                f"{where}: unknown key{_did_you_mean(raw_key, {**keys, 'command': ''})}; keys: "
+                f"{', '.join(sorted([*keys, 'command']))}"
             )
         defaults[key] = (
             _env_value(item, where) if key in ("env", "stage_env") else _checked(ctx, options[key], item, where)
         )
     ctx.default_map = {**(ctx.default_map or {}), **defaults}
     return value
+
+
+CHAIN_FILE_COMMAND = "pp_launch.chain_file_command"  # where a chain file's `command` waits for the command
+
+
+def _command_value(item: object, where: str) -> list[str]:
+    """`command` is a list of arguments (["python", "serve.py", "--rank", "{stage}"]), or one line split as a shell
+    splits it."""
+    import shlex
+
+    if isinstance(item, str):
+        try:
+            return shlex.split(item)
+        except ValueError as exc:
+            raise errors.ConfigError(f"{where}: cannot split it as a shell would ({exc})") from None
+    if not isinstance(item, list) or not all(isinstance(a, str) for a in item) or not item:
+        raise errors.ConfigError(f'{where}: command is a list of arguments (["python", "serve.py"]) or one line')
+    return list(item)
 
 
 def _env_value(item: object, where: str) -> list[str]:
@@ -271,6 +294,7 @@ def _checked(ctx: click.Context, option: click.Option, item: object, where: str)
     help="Run each stage as the child process PATH (pp-gpu-node, or wrappers/docker-gpu-node.sh) instead of "
     "creating its container directly.",
 )
+@click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="[-- COMMAND [ARG]...]")
 @click.pass_context
 def chain(ctx: click.Context, /, **options: Any) -> None:
     """Start STAGES stages at once and supervise them until they end.
@@ -279,6 +303,10 @@ def chain(ctx: click.Context, /, **options: Any) -> None:
     together. Stage k >= 1 receives stage k-1's announcement (PEER_*) and stage 0's (FIRST_PEER_*) as soon as
     they are known (--handoff). Exit: 0 when every stage exits 0, 1 when one
     fails, 2 on bad configuration, 128+N after signal N. Nothing is left behind either way.
+
+    COMMAND and ARGs after `--` are each stage's command, as `docker run IMAGE COMMAND ARG...` (the chain file's
+    `command`); in them and in --env values {stage} is the stage's index, {stages} how many there are, and
+    {first_peer} stage 0's announced host:port (empty on stage 0).
 
     \b
     Examples:
@@ -289,6 +317,7 @@ def chain(ctx: click.Context, /, **options: Any) -> None:
       pp-launch chain --stages 8 --ray 10.0.0.1:6379 --gpus-per-stage 2      (a Ray cluster)
       pp-launch chain --stages 4 --max-restarts 3 --restart-backoff 2       (recover from failures)
       pp-launch chain --stages 2 --image my/model:1 -v /models/m/stage-{stage}:/weights:ro --ipc host
+      pp-launch chain --stages 4 --image my/model:1 -- python serve.py --rank {stage} --world {stages}
     """
     verbosity, o = ctx.obj["verbosity"], options
     request = _request(o)
@@ -300,6 +329,15 @@ def chain(ctx: click.Context, /, **options: Any) -> None:
         _print_plan(plan_launch(request), o["as_json"], request.gpu.inventory_path)
         return
     _run(request, verbosity, o["as_json"])
+
+
+def _command(o: dict[str, Any]) -> tuple[str, ...] | None:
+    """The stages' command: the arguments after `--`, else the chain file's `command`, else the image's own."""
+    if o["command"]:
+        return tuple(o["command"])
+    ctx = click.get_current_context()
+    given = ctx.meta.get(CHAIN_FILE_COMMAND)
+    return tuple(given) if given is not None else None
 
 
 def _request(o: dict[str, Any]) -> LaunchRequest:
@@ -316,6 +354,7 @@ def _request(o: dict[str, Any]) -> LaunchRequest:
         addr_timeout=o["addr_timeout"],
         grace=o["grace"],
         entrypoint=(o["entrypoint"],) if o["entrypoint"] else None,
+        command=_command(o),
         handoff=o["handoff"],
         parallel=o["bring_up"] == "parallel",
         container=o["container"],
@@ -465,4 +504,6 @@ def _container_lines(spec: StageSpec) -> list[str]:
     lines += [f"--cap-add {c}" for c in o.cap_add] + [f"--label {k}={v}" for k, v in o.labels]
     lines += [f"--user {o.user}"] if o.user is not None else []
     lines += [f"--workdir {o.workdir}"] if o.workdir is not None else []
+    lines += [f"--entrypoint {shlex.join(spec.entrypoint)}"] if spec.entrypoint is not None else []
+    lines += [f"command: {shlex.join(spec.command)}"] if spec.command is not None else []
     return lines

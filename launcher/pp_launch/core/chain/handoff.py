@@ -17,6 +17,8 @@ no PEER_*; once the peers are known, stage k >= 1 reads these two lines on stdin
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from pp_launch.core import stage_env
 from pp_launch.core.announce import StageAnnouncement
 
@@ -25,28 +27,50 @@ DONE = "PP_HANDOFF_DONE"
 PEER = "PP_PEER"
 FIRST_PEER = "PP_FIRST_PEER"
 
+FILLS_ENV = "PP_HANDOFF_FILLS"  # the variables whose values carry {first_peer}: the hand-off sends them filled
+ARGS_ENV = "PP_HANDOFF_ARGS"  # 1: the command's arguments carry {first_peer}, filled here from FIRST_PEER_DIRECT
+
 ENTRY = f"""\
 ok=
 while IFS= read -r line; do
   case $line in
     {DONE}) ok=1; break ;;
     PEER_NODE_ID=*|PEER_DIRECT=*|FIRST_PEER_NODE_ID=*|FIRST_PEER_DIRECT=*) export "$line" ;;
+    *=*) case " ${{{FILLS_ENV}-}} " in *" ${{line%%=*}} "*) export "$line" ;; esac ;;
   esac
 done
 if [ -z "$ok" ]; then
   echo "pp-handoff: stdin ended before the hand-off (the launcher is gone): not starting" >&2
   exit 1
 fi
+if [ -n "${{{ARGS_ENV}-}}" ]; then
+  peer=${{FIRST_PEER_DIRECT%%,*}}
+  for a do
+    shift
+    while :; do
+      case $a in
+        *"{{first_peer}}"*) a="${{a%%"{{first_peer}}"*}}$peer${{a#*"{{first_peer}}"}}" ;;
+        *) break ;;
+      esac
+    done
+    set -- "$@" "$a"
+  done
+fi
 exec "$@"
 """
 ENTRYPOINT = ("/bin/sh", "-c", ENTRY, "pp-handoff")
 
 
-def env_lines(prev: StageAnnouncement | None, first: StageAnnouncement | None) -> bytes:
-    """What stage k's entry reads in `env` mode: its PEER_*/FIRST_PEER_* (none for stage 0), then DONE."""
+def env_lines(
+    prev: StageAnnouncement | None, first: StageAnnouncement | None, filled: Mapping[str, str] | None = None
+) -> bytes:
+    """What stage k's entry reads in `env` mode: its PEER_*/FIRST_PEER_* (none for stage 0), the variables whose
+    `{first_peer}` is filled now (`filled`: their names are in the stage's FILLS_ENV), then DONE. A value with a
+    line break cannot be one line: it is left as it was planned."""
     lines = []
     if prev is not None and first is not None:
         lines = [f"{k}={v}" for k, v in stage_env.peer_env(prev, first).items()]
+    lines += [f"{k}={v}" for k, v in (filled or {}).items() if "\n" not in v and "\r" not in v]
     return "".join(f"{line}\n" for line in [*lines, DONE]).encode()
 
 

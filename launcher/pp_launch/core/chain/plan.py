@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from pp_launch.core import labels, stage_env
 from pp_launch.core.announce import StageAnnouncement
-from pp_launch.core.chain import handoff
+from pp_launch.core.chain import fields, handoff
 from pp_launch.core.container import ContainerOptions, cache_mounts
 from pp_launch.core.hosts import HOST_LEVEL
 
@@ -38,6 +38,19 @@ class StageSpec:
     def where(self) -> str:
         """How messages name the stage: its container, and its host when the chain spans several."""
         return f"{self.name} on host {self.host}" if self.host else self.name
+
+    def with_first_peer(self, first: StageAnnouncement | None) -> StageSpec:
+        """The stage with `{first_peer}` filled in its command and environment (empty on stage 0): what a stage
+        created once stage 0 announced runs (core/chain/fields.py)."""
+        values = fields.first_peer(first.direct if first is not None and self.index > 0 else None)
+        env = {k: fields.fill(v, values) for k, v in self.env.items()}
+        command = tuple(fields.fill(a, values) for a in self.command) if self.command is not None else None
+        return replace(self, env=env, command=command)
+
+    def first_peer_env(self, first: StageAnnouncement | None) -> dict[str, str]:
+        """The variables whose values carry `{first_peer}`, filled: what the hand-off entry exports with the peers."""
+        filled = self.with_first_peer(first).env
+        return {k: filled[k] for k, v in self.env.items() if fields.FIRST_PEER in v}
 
     def launch_env(self, prev: StageAnnouncement | None, first: StageAnnouncement | None) -> dict[str, str]:
         env = dict(self.env)
@@ -81,6 +94,7 @@ class ChainPlan:
                     "labels": {**dict(s.options.labels), **dict(s.labels)},
                     "network": s.network,
                     "entrypoint": list(s.entrypoint) if s.entrypoint is not None else None,
+                    "command": list(s.command) if s.command is not None else None,
                     "init": True,
                     "auto_remove": True,
                     **s.options.to_json(),
@@ -129,6 +143,7 @@ class ChainRequest:
     grace: float = 5.0
     lifeline: bool = True
     entrypoint: tuple[str, ...] | None = None  # None: the image's own
+    command: tuple[str, ...] | None = None  # None: the image's own (CMD); fields as core/chain/fields.py says
     handoff: str = "env"  # env | stdin (core/chain/handoff.py)
     parallel: bool = True  # every container at once; False: one after another (images without /bin/sh)
     attempt: int = 1  # which attempt of the run this plan is (core/chain/restarts.py)
@@ -164,6 +179,7 @@ def build_plan(
     for k in range(request.stages):
         gpus, host = stage_gpus[k], stage_hosts[k] if stage_hosts else ""
         options, env = request.container.for_stage(k), _stage_env(request, base, k, gpus)
+        command = _stage_command(request, k, env)
         if request.caches != "none":
             home = environ.get("HOME", "/")  # absolute paths: app/launch.py, launch_environ
             creatable = host not in remote_hosts and request.caches in ("all", "asked")
@@ -181,6 +197,7 @@ def build_plan(
                 device_requests=device_requests[k],
                 network=request.network,
                 entrypoint=request.entrypoint,
+                command=command,
                 options=options,
                 host=host,
             )
@@ -197,6 +214,28 @@ def build_plan(
         hosts=every_host,
         attempt=request.attempt,
     )
+
+
+def _stage_command(request: ChainRequest, k: int, env: dict[str, str]) -> tuple[str, ...] | None:
+    """Stage k's command with the fields known when planned filled (core/chain/fields.py), its --env values too;
+    what the hand-off entry fills later is named in `env`."""
+    known = fields.planned(k, request.stages)
+    for name in {n for n, _ in request.env} | {n for s, n, _ in request.stage_env if s == k}:
+        env[name] = fields.fill(env[name], known)
+    command = tuple(fields.fill(a, known) for a in request.command) if request.command is not None else None
+    if request.handoff == "env" and request.parallel:
+        _hand_off_fields(env, command)
+    return command
+
+
+def _hand_off_fields(env: dict[str, str], command: tuple[str, ...] | None) -> None:
+    """What the hand-off entry fills once stage 0 announced (core/chain/handoff.py): the variables whose values carry
+    `{first_peer}` (their names in PP_HANDOFF_FILLS), and the command's arguments (PP_HANDOFF_ARGS=1)."""
+    names = sorted(k for k, v in env.items() if fields.FIRST_PEER in v)
+    if names:
+        env[handoff.FILLS_ENV] = " ".join(names)
+    if command is not None and fields.wants_first_peer(command):
+        env[handoff.ARGS_ENV] = "1"
 
 
 def _base_env(request: ChainRequest, environ: Mapping[str, str]) -> dict[str, str]:

@@ -376,7 +376,7 @@ class ChainScope:
         first: StageAnnouncement | None = None
         prev: StageAnnouncement | None = None
         if waiting:
-            end = self._deliver(self.stages[0], handoff.env_lines(None, None))
+            end = self._deliver(self.stages[0], handoff.env_lines(None, None, self.stages[0].spec.first_peer_env(None)))
             if end is not None:
                 return end
         for k, st in enumerate(self.stages):
@@ -388,7 +388,12 @@ class ChainScope:
             prev = st.announcement
             first = first or prev
             if k + 1 < len(self.stages):
-                data = handoff.env_lines(prev, first) if waiting else handoff.peer_lines(prev, first)
+                after = self.stages[k + 1].spec
+                data = (
+                    handoff.env_lines(prev, first, after.first_peer_env(first))
+                    if waiting
+                    else handoff.peer_lines(prev, first)
+                )
                 end = self._deliver(self.stages[k + 1], data, restart_clock=waiting)
                 if end is not None:
                     return end
@@ -425,7 +430,7 @@ class ChainScope:
         return end
 
     def _start_stage(self, st: _Stage, prev: StageAnnouncement | None, first: StageAnnouncement | None) -> _End | None:
-        spec, k = st.spec, st.spec.index
+        spec, k = st.spec.with_first_peer(first), st.spec.index  # in turn: stage 0's address is known at create
         self._move(st, events.StageInput.CREATE)
         env = spec.launch_env(prev, first)
         try:
