@@ -162,3 +162,23 @@ def test_a_restart_starts_a_fresh_table_titled_with_the_attempt_and_says_the_las
     assert "chain stopped (a stage failed), 2 containers removed" in said_before_attempt_2  # not held to the end
     live.close()
     assert "pp-launch run r1, attempt 2 of 3" in out.getvalue()
+
+
+def test_attach_shows_only_those_stages_lines_and_every_word_of_pp_launch() -> None:
+    out, err = io.StringIO(), io.StringIO()
+    plain = PlainReporter("r1", 0, out=out, err=err)
+    plain.attach = frozenset({1})
+    for k in range(3):
+        plain.stage_line(k, "stdout", f"line of {k}")
+    plain.event(events.ChainStopped(reason=events.StopReason.COMPLETED, exit_code=0, removed=("a",), orphans=()))
+    assert out.getvalue() == "[stage 1] line of 1\n" and "chain stopped (completed)" in err.getvalue()
+
+
+def test_attach_names_a_stage_the_chain_has() -> None:
+    from click.testing import CliRunner
+
+    from pp_launch.cli.main import load_all, main
+
+    load_all()
+    result = CliRunner().invoke(main, ["chain", "--stages", "2", "--gpus", "none", "--attach", "2"])
+    assert result.exit_code == 2 and "--attach 2: the chain has stages 0-1" in result.output

@@ -294,6 +294,15 @@ def _checked(ctx: click.Context, option: click.Option, item: object, where: str)
     help="Run each stage as the child process PATH (pp-gpu-node, or wrappers/docker-gpu-node.sh) instead of "
     "creating its container directly.",
 )
+@click.option(
+    "-a",
+    "--attach",
+    "attach",
+    multiple=True,
+    type=click.IntRange(min=0),
+    metavar="K",
+    help="Show only stage K's own lines (repeatable), as 'docker compose up --attach'; pp-launch's own lines stay.",
+)
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="[-- COMMAND [ARG]...]")
 @click.pass_context
 def chain(ctx: click.Context, /, **options: Any) -> None:
@@ -328,7 +337,9 @@ def chain(ctx: click.Context, /, **options: Any) -> None:
 
         _print_plan(plan_launch(request), o["as_json"], request.gpu.inventory_path)
         return
-    _run(request, verbosity, o["as_json"])
+    if any(k >= request.chain.stages for k in o["attach"]):
+        raise errors.UsageError(f"--attach {max(o['attach'])}: the chain has stages 0-{request.chain.stages - 1}")
+    _run(request, verbosity, o["as_json"], tuple(o["attach"]))
 
 
 def _command(o: dict[str, Any]) -> tuple[str, ...] | None:
@@ -376,7 +387,7 @@ def _request(o: dict[str, Any]) -> LaunchRequest:
     )
 
 
-def _run(request: LaunchRequest, verbosity: int, as_json: bool) -> None:
+def _run(request: LaunchRequest, verbosity: int, as_json: bool, attach: tuple[int, ...] = ()) -> None:
     """Launch, with the CLI's hooks: words on stderr, a reporter once the run id exists, stop signals routed to
     the chain (and held while planning); then the result line, last."""
     from pp_launch.app.launch import Hooks, launch
@@ -385,7 +396,7 @@ def _run(request: LaunchRequest, verbosity: int, as_json: bool) -> None:
     reporters: list[Any] = []
 
     def reporter(plan: ChainPlan) -> Any:
-        reporters.append(_reporter(plan, verbosity, as_json, request.detach, request.ray is None))
+        reporters.append(_reporter(plan, verbosity, as_json, request.detach, request.ray is None, attach))
         return reporters[0]
 
     signals.install()  # already done by the console entry; here for programs that call main() directly
@@ -400,13 +411,16 @@ def _run(request: LaunchRequest, verbosity: int, as_json: bool) -> None:
     _finish(done.outcome, done.plan.run_id, as_json, said, quiet=verbosity < 0)
 
 
-def _reporter(plan: ChainPlan, verbosity: int, as_json: bool, detach: bool, records: bool = True) -> Any:
+def _reporter(
+    plan: ChainPlan, verbosity: int, as_json: bool, detach: bool, records: bool = True, attach: tuple[int, ...] = ()
+) -> Any:
     """--json: events on stdout; --detach: stdout is the run id alone (RUN=$(pp-launch chain --detach)), so
     everything else goes to stderr; a terminal: the live table; else plain lines. records: the run keeps a record
     volume on its engines (docs/chain.md, "The record"), named in the final line."""
     reporter = _made_reporter(plan, verbosity, as_json, detach)
     if records and hasattr(reporter, "record"):
         reporter.record = f"pp-launch-record-{plan.run_id}-…"
+    reporter.attach = frozenset(attach)
     return reporter
 
 

@@ -132,7 +132,12 @@ class Commands(click.Group):
                 ),
             ]
             if name != "ps":  # ps -q is docker's: run ids only
-                quiet = "Only errors and the result; no stage lines."
+                quiet = (
+                    "Only errors and the result: the stages' own output is hidden, your program's result lines too "
+                    "(--attach K shows one stage's)."
+                    if name in VOLUME_COMMANDS
+                    else "Only errors and the result; no stage lines."
+                )
                 cmd.params.append(
                     click.Option(["-q", "--quiet"], is_flag=True, expose_value=False, callback=_verbosity, help=quiet)
                 )

@@ -44,6 +44,7 @@ class JsonReporter:
         self.err = err or sys.stderr
         self._lock = threading.Lock()
         self.said = ""  # the cause of a failed chain, once said (before the teardown summary)
+        self.attach: frozenset[int] = frozenset()  # --attach: only these stages' lines (none given: every stage's)
 
     def event(self, event: events.Event) -> None:
         doc = events.to_json(event, self.run_id, rfc3339_now())
@@ -52,7 +53,7 @@ class JsonReporter:
             self.out.flush()
 
     def stage_line(self, stage: int, stream: str, text: str) -> None:
-        if self.verbosity < 0:
+        if self.verbosity < 0 or (self.attach and stage not in self.attach):
             return
         with self._lock:
             self.err.write(stage_prefix(stage) + text + "\n")
@@ -75,6 +76,7 @@ class PlainReporter:
         self.err = err or sys.stderr
         self._lock = threading.Lock()
         self.record = ""  # the run's record on its engine, kept on purpose: named in the final line (set by the CLI)
+        self.attach: frozenset[int] = frozenset()  # --attach: only these stages' lines (none given: every stage's)
 
     def _say(self, text: str) -> None:
         with self._lock:
@@ -109,7 +111,7 @@ class PlainReporter:
             self._say(f"chain stopped ({why}), {count(len(event.removed), 'container')} removed{tail}")
 
     def stage_line(self, stage: int, stream: str, text: str) -> None:
-        if self.verbosity < 0:
+        if self.verbosity < 0 or (self.attach and stage not in self.attach):
             return
         with self._lock:
             self.out.write(stage_prefix(stage) + text + "\n")
@@ -217,7 +219,7 @@ class LiveReporter(PlainReporter):
         self._print(f"pp-launch: {text}")
 
     def stage_line(self, stage: int, stream: str, text: str) -> None:
-        if self.verbosity >= 0:
+        if self.verbosity >= 0 and (not self.attach or stage in self.attach):
             self._print(stage_prefix(stage) + text)
 
     def stage_state(self, stage: int, state: events.StageState, detail: str = "") -> None:
