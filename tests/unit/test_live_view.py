@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 
+import pytest
 from rich.console import Console
 
 from pp_launch.cli.report import LiveReporter, PlainReporter
@@ -182,3 +183,30 @@ def test_attach_names_a_stage_the_chain_has() -> None:
     load_all()
     result = CliRunner().invoke(main, ["chain", "--stages", "2", "--gpus", "none", "--attach", "2"])
     assert result.exit_code == 2 and "--attach 2: the chain has stages 0-1" in result.output
+
+
+@pytest.mark.parametrize("stages", [32, 64])
+def test_the_live_table_shows_what_is_awaited_first_and_fits_an_80x24_terminal(stages: int) -> None:
+    """Every stage but one announced, one stopped: the frame fits 24 lines, the summary is on top and names the
+    awaited stage, the stopped and the awaited rows are shown, the announced that do not fit are one counted line."""
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=80, height=24, color_system="standard", highlight=False)
+    live = LiveReporter("r1", stages, console=console, addr_timeout=60.0, handoff="stdin", clock=Clock())
+    awaited, stopped = stages - 7, 3
+    for k in range(stages):
+        live.event(events.StageStarted(stage=k, container=f"c{k}", image="i", gpus=()))
+        if k not in (awaited, stopped):
+            live.event(events.StageAnnounced(stage=k, node_id_hex="ab" * 32, direct=f"127.0.0.1:{4000 + k}",
+                                             elapsed_s=0.1))  # fmt: skip
+            live.stage_state(k, events.StageState.ANNOUNCED)
+    live.stage_state(stopped, events.StageState.STOPPING)
+    live.live.stop()
+    out.truncate(0)
+    out.seek(0)
+    console.print(live._table())
+    frame = [line for line in out.getvalue().splitlines() if line.strip()]
+    assert len(frame) <= 24, "\n".join(frame)
+    assert frame[0].startswith(f"{stages - 2}/{stages} stages announced; waiting for stage {awaited}"), frame[0]
+    cells = [[c.strip() for c in line.split("│")[1:3]] for line in frame if line.startswith("│")]
+    assert cells[:2] == [[str(stopped), "stopping"], [str(awaited), "starting"]], cells  # the failed, the awaited
+    assert "more stages (" in frame[-1] and frame[-1].endswith("announced"), frame[-1]

@@ -182,7 +182,18 @@ class LiveReporter(PlainReporter):
         waited = self.clock() - self.since[k]
         return f"{waited:.0f} s" + (f" / {self.addr_timeout:g} s" if self.addr_timeout else "")
 
+    FRAME_LINES = 7  # what a frame has besides its rows: the summary, the title, the table's four rules, the fold
+
+    def _rank(self, k: int, state: str) -> int:
+        """Which rows a frame shows first: a stage on its way out (failed, stopping, gone), then one still
+        awaited, then the announced (folded into a count when the terminal is too short for every row)."""
+        if state in ("stopping", "gone", "removed"):
+            return 0
+        return 2 if k in self.addresses else 1
+
     def _table(self) -> Any:
+        """The summary on top, then as many rows as the terminal has room for: what is waited for or failed
+        first; the announced stages that do not fit are one line, counted."""
         from rich.console import Group
         from rich.table import Table
         from rich.text import Text
@@ -192,8 +203,10 @@ class LiveReporter(PlainReporter):
         for col in ("stage", "state", "waiting for", "waited", "address", "detail"):
             table.add_column(col)
         with self._lock:
-            rows = sorted(self.rows.items())
-            for k, (state, detail) in rows:
+            rows = sorted(self.rows.items(), key=lambda item: (self._rank(item[0], item[1][0]), item[0]))
+            room = max(1, self.console.size.height - self.FRAME_LINES)
+            shown, folded = rows[:room], rows[room:]
+            for k, (state, detail) in shown:
                 address = self.addresses.get(k, "")
                 if address and detail.startswith(address):  # its column shows it: the detail says the rest
                     detail = detail[len(address) :].strip()
@@ -207,7 +220,17 @@ class LiveReporter(PlainReporter):
                     Text(detail),
                 )
             done = len(self.addresses)
-        return Group(table, Text(f"{done}/{len(rows)} stages announced"))
+            awaited = [k for k, (state, _) in rows if self._rank(k, state) == 1]
+        summary = f"{done}/{len(rows)} stages announced"
+        if awaited and done < len(rows):
+            more = f" and {len(awaited) - 1} more" if len(awaited) > 1 else ""
+            summary += f"; waiting for stage {awaited[0]}{more}"
+        parts: list[Any] = [Text(summary), table]
+        if folded:
+            ks = [k for k, _ in folded]
+            what = ", announced" if all(k in self.addresses for k in ks) else ""
+            parts.append(Text(f"... and {count(len(ks), 'more stage')} ({_ranges(ks)}){what}"))
+        return Group(*parts)
 
     def _print(self, text: str) -> None:
         """Whole, as it came: never wrapped at the terminal's width nor cut (soft wrap), never read as markup."""
@@ -264,3 +287,14 @@ class LiveReporter(PlainReporter):
         for text in self.held:
             for line in text.splitlines():
                 self._print(line)
+
+
+def _ranges(stages: list[int]) -> str:
+    """0, 2-5, 9: stage numbers as ranges."""
+    out: list[str] = []
+    for k in sorted(stages):
+        if out and out[-1].split("-")[-1] == str(k - 1):
+            out[-1] = f"{out[-1].split('-')[0]}-{k}"
+        else:
+            out.append(str(k))
+    return ", ".join(out)
