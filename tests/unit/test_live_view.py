@@ -190,7 +190,7 @@ def test_the_live_table_shows_what_is_awaited_first_and_fits_an_80x24_terminal(s
     """Every stage but one announced, one stopped: the frame fits 24 lines, the summary is on top and names the
     awaited stage, the stopped and the awaited rows are shown, the announced that do not fit are one counted line."""
     out = io.StringIO()
-    console = Console(file=out, force_terminal=True, width=80, height=24, color_system="standard", highlight=False)
+    console = Console(file=out, force_terminal=True, width=80, height=24, color_system=None, highlight=False)
     live = LiveReporter("r1", stages, console=console, addr_timeout=60.0, handoff="stdin", clock=Clock())
     awaited, stopped = stages - 7, 3
     for k in range(stages):
