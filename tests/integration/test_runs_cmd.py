@@ -126,6 +126,11 @@ def test_wait_until_announced_prints_each_address_and_until_exit_each_code(engin
     assert wait_until(lambda: guard_of(engine, run) == [], 30)
     after = cli("wait", run)
     assert after.returncode == 0 and sorted(after.stdout.splitlines()) == lines, after
+    gone = cli("down", run)  # an ended run: nothing to stop, said as such (not "no run here")
+    assert gone.returncode == 0 and f"run {run} has ended: nothing of it is left to stop" in gone.stderr, gone
+    shown = cli("ps", "-a", "--filter", f"run={run}", "--format", "json")
+    rows = [__import__("json").loads(line) for line in shown.stdout.splitlines()]
+    assert len(rows) == 2 and all(len(r["ID"]) == 12 for r in rows), rows  # each container's id, from the record
     assert wait_until(lambda: guard_of(engine, run) == [], 30)  # its guard ends once the run's last stage is gone
 
 

@@ -108,7 +108,16 @@ class DockerRuns:
     # ---------------------------------------------------------------------------------------------------- down
     def down(self, run: str | None, grace: float, confirm: Confirm | None) -> bool:
         if not self.several:
-            return self._down_on(self.reached[0][1], run, grace, confirm, None)[1]
+            try:
+                return self._down_on(self.reached[0][1], run, grace, confirm, None)[1]
+            except errors.ConfigError:
+                if run is None or (over := self._ended_codes(run)) is None:
+                    raise
+                self.voice.note(
+                    f"pp-launch: run {over[0]} has ended: nothing of it is left to stop ('pp-launch wait "
+                    f"{over[0]}' gives its stages' exit codes, 'pp-launch ps -a' lists them)"
+                )
+                return True
         found_any, ok = False, True
         for name, engine in self.reached:
             try:
@@ -573,14 +582,18 @@ def ended_rows(present: set[str], run: str | None, asked: set[str | None]) -> li
 
 def with_recorded_codes(kept: list[StageRow], recorded: list[StageRow]) -> list[StageRow]:
     """The rows this user's launchers kept, each code they could not keep (the launcher left before its stage ended:
-    a detached run) taken from the engine's record of the same run and stage, its last end there."""
+    a detached run) taken from the engine's record of the same run and stage, its last end there; and each
+    container's id, which a launcher keeps no copy of, from the record's end of that very container."""
     ends = {(r.run, r.stage): r for r in recorded if r.exit_code is not None}
-    return [
-        dataclasses.replace(row, status=end.status, exit_code=end.exit_code)
-        if row.exit_code is None and (end := ends.get((row.run, row.stage))) is not None
-        else row
-        for row in kept
-    ]
+    ids = {(r.run, r.stage, r.container): r.id for r in recorded if r.id}
+    out = []
+    for row in kept:
+        if row.exit_code is None and (end := ends.get((row.run, row.stage))) is not None:
+            row = dataclasses.replace(row, status=end.status, exit_code=end.exit_code)
+        if not row.id and (ref := ids.get((row.run, row.stage, row.container))):
+            row = dataclasses.replace(row, id=ref)
+        out.append(row)
+    return out
 
 
 def _own_records() -> set[str]:

@@ -228,6 +228,13 @@ def _up(r: StageRow) -> str:
     return "-" if r.age_s is None else f"{r.age_s}s old"
 
 
+def _owner_is(r: StageRow) -> str:
+    """Whether the owner lives, in words; a detached run's owner is its guard (the owner column says `detached`)."""
+    if r.owner_status == "detached" and r.owner == "detached":
+        return "its guard"
+    return OWNER_STATUS_SAID.get(r.owner_status, r.owner_status)
+
+
 def _ps_cells(r: StageRow, restarted: bool, hosts: bool) -> tuple[str, ...]:
     """One row of `ps`'s table, as it is shown (not escaped yet)."""
     return (
@@ -240,7 +247,7 @@ def _ps_cells(r: StageRow, restarted: bool, hosts: bool) -> tuple[str, ...]:
         _gpus_cell(r),
         r.address or "-",
         r.owner,
-        OWNER_STATUS_SAID.get(r.owner_status, r.owner_status),
+        _owner_is(r),
         r.status or r.state,
         _up(r),
     )
