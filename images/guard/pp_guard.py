@@ -110,18 +110,38 @@ def exists(ref: str) -> bool:
 RECORD = os.environ.get("PP_GUARD_RECORD", "")  # the run's record on its volume: outlives this container
 
 
+FAULTS: list[str] = []  # why the record could not be appended to (the first time): told to the launcher once
+TELL: list = []  # the guard's way to its launcher's session, once it has one (serve sets it)
+
+
 def say(text: str) -> None:
     """The record, on stderr (the engine's log of this container; stdout stays empty), and appended to the run's
     record volume, which the run's stages mount too: no prune removes it while any of them is there, and it is
-    there to read once this container is gone (a guard that someone else removed, an ended run)."""
+    there to read once this container is gone (a guard that someone else removed, an ended run). A record that
+    cannot be appended to is said in the log (`record-fault: WHY`, read by `ps`, `wait` and `logs` while this
+    guard lives) and to the launcher, once: a record that fails is never silent."""
     sys.stderr.write(text + "\n")
     sys.stderr.flush()
     if RECORD:
-        try:
-            with open(RECORD, "a", encoding="ascii", errors="replace") as record:
-                record.write(text + "\n")
-        except OSError as exc:
-            sys.stderr.write(f"cannot append to the run's record {RECORD}: {exc}\n")
+        why = append_record(text)
+        if why and not FAULTS:
+            FAULTS.append(why)
+            sys.stderr.write(f"record-fault: {why}\n")
+            sys.stderr.flush()
+            for tell in TELL:
+                tell(f"record-fault {why}")
+
+
+def append_record(text: str) -> str:
+    """"" once `text` is in the record, else why not (a full disk, a volume made read-only)."""
+    try:
+        with open(RECORD, "a", encoding="ascii", errors="replace") as record:
+            record.write(text + "\n")
+            record.flush()
+            os.fsync(record.fileno())
+    except OSError as exc:
+        return f"cannot append to the run's record {RECORD}: {exc.strerror or exc}"
+    return ""
 
 
 def when(text: str) -> float:
@@ -180,6 +200,8 @@ class Guard:
         threading.Thread(target=self.refuse_others, args=(server,), daemon=True).start()
         threading.Thread(target=self.beats, daemon=True).start()
         self.tell("ready")
+        for why in FAULTS:  # the record failed before this session came: its launcher hears it now
+            self.tell(f"record-fault {why}")
         pending = b""
         while True:
             try:
@@ -426,6 +448,10 @@ def ready() -> str:
     if expected and found != expected:
         return (f"{SOCKET} is another engine ({found}, not {expected}): set PP_LAUNCH_GUARD_SOCKET to the engine's "
                 "own socket on its machine")  # fmt: skip
+    if RECORD:  # before any stage exists: a record that cannot be written is the launch's error, nothing started
+        why = append_record(f"guard: keeping run {RUN}'s record")
+        if why:
+            return f"record: {why}"
     return ""
 
 
@@ -453,6 +479,7 @@ def serve() -> int:
             conn.close()
         return 3
     guard = Guard()
+    TELL.append(guard.tell)
     me = inspect(socket.gethostname()) or {}
     # what this guard may own: the run's containers made since its first guard started (a guard put in the place
     # of one another client ended takes over the ids its launcher holds, made before it)

@@ -66,3 +66,30 @@ def test_each_frame_is_kept_as_time_stream_text_however_the_stream_is_cut(pp_gua
 def test_a_frame_the_stream_ends_in_is_not_kept_half(pp_guard: ModuleType) -> None:
     cut_short = STREAM + frame(1, b"2026-12-07T09:00:00.5Z never whole\n")[:-5]
     assert b"".join(pp_guard.frames(Response(cut_short, 4096).read)) == KEPT
+
+
+def test_a_record_that_cannot_be_appended_to_is_said_once_to_the_log_and_the_launcher(
+    pp_guard: ModuleType, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """/dev/full: every append fails with "No space left on device", as a record on a full disk does. The guard's
+    start refuses (the launch's error, nothing started); later, the first failure is said in the log (what `ps`,
+    `wait` and `logs` read) and to the launcher's session, once."""
+    told: list[str] = []
+    monkeypatch.setattr(pp_guard, "RECORD", "/dev/full")
+    monkeypatch.setattr(pp_guard, "FAULTS", [])
+    monkeypatch.setattr(pp_guard, "TELL", [told.append])
+    assert "No space left on device" in pp_guard.append_record("a line")
+    pp_guard.say("owned " + "a" * 64)
+    pp_guard.say("owned " + "b" * 64)
+    log = capsys.readouterr().err.splitlines()
+    faults = [line for line in log if line.startswith("record-fault: ")]
+    assert len(faults) == 1 and "No space left on device" in faults[0], log
+    assert told == [f"record-fault {faults[0].removeprefix('record-fault: ')}"]
+
+
+def test_a_guards_record_fault_is_read_back_from_its_log() -> None:
+    from pp_launch.adapters import guard
+
+    lines = [b"owned " + b"a" * 64, b"record-fault: cannot append to the run's record /record/log: No space left"]
+    assert guard.read_record("g", "r", lines).fault == "cannot append to the run's record /record/log: No space left"
+    assert guard.read_record("g", "r", lines[:1]).fault == ""

@@ -241,6 +241,12 @@ class RunGuard:
             if not state.get("Running"):
                 raise errors.EngineError(self.engine.why_not_running(f"the run's guard {name}", GUARD_IMAGE, state))
             text = (said or b"").decode("utf-8", "backslashreplace") or f"nothing within {READY_PATIENCE:g} s"
+            if text.startswith("record: "):  # the run's record cannot be written: a fault of the engine's disk
+                raise errors.EngineError(
+                    f"the run's record on the engine at {self.engine.address} cannot be written "
+                    f"({text.removeprefix('record: ')}): nothing was started; free space on the engine's disk "
+                    "('docker system df' there), then launch again"
+                )
             raise errors.ConfigError(f"the run's guard on the engine at {self.engine.address} is not ready: {text}")
         assert session is not None  # said ready
         self.ref, self.session, self._heard = ref, session, time.monotonic()
@@ -279,6 +285,12 @@ class RunGuard:
                 self._stopping = self.ref  # said by the guard itself on SIGTERM: `docker stop`
             if line.startswith(b"refused "):
                 self._say(f"the run's guard refused to own {line.decode('ascii', 'replace')[8:]}")
+            if line.startswith(b"record-fault "):
+                why = line.decode("utf-8", "replace").removeprefix("record-fault ")
+                self._say(
+                    f"warning: the run's record on the engine at {self.engine.address} cannot be written ({why}): "
+                    "once the run ends, 'wait', 'ps -a' and 'logs' cannot tell how its stages ended"
+                )
 
     def _lost(self, ended: bool = True) -> bool:
         """The guard fell silent (`ended`: its session ended). Someone else ended it (stopped, killed, removed,
@@ -509,6 +521,7 @@ class GuardRecord:
     over: bool = False  # the guard recorded the run's end (torn down, or every container gone)
     keeps: str = ""  # the record volume this running guard mounts (a look-alike mounts none of its run's)
     ended_by: str = ""  # a detached run its guard ended as one: which stage ended it and how ("stage K (NAME), ...")
+    fault: str = ""  # why the guard could not append to the run's record (its log says `record-fault: WHY`)
 
 
 @dataclass(frozen=True)
@@ -564,7 +577,7 @@ def read_record(ref: str, run: str, lines: Iterable[bytes], volume: str = "") ->
     and the one put in its place) counts once."""
     owned: dict[str, None] = {}
     detached = over = False
-    ended_by = ""
+    ended_by = fault = ""
     ends: dict[str, StageEnd] = {}
     oom: set[str] = set()
     for line in lines:
@@ -581,7 +594,11 @@ def read_record(ref: str, run: str, lines: Iterable[bytes], volume: str = "") ->
             over = True
         elif words[:3] == ["run", "ended", "by"] and not ended_by:
             ended_by = " ".join(words[3:]).split(":", 1)[0]
-    return GuardRecord(ref, run, tuple(owned), detached, tuple(ends.values()), volume, over, ended_by=ended_by)
+        elif words[:1] == ["record-fault:"] and not fault:
+            fault = " ".join(words[1:])
+    return GuardRecord(
+        ref, run, tuple(owned), detached, tuple(ends.values()), volume, over, ended_by=ended_by, fault=fault
+    )
 
 
 ID = re.compile(r"[0-9a-f]{64}")

@@ -85,6 +85,7 @@ class DockerRuns:
             gpus = housekeeping.local_inventory() if name is None else None  # NVML here: only this engine's GPUs
             where = (name or "local") if self.several else None
             rows += housekeeping.list_stages(engine, found, details=details, gpus=gpus, host=where)
+            self._say_record_faults(engine, found)
         if ended_too:
             rows += self._ended({r.run for r in rows}, run)
         if run is not None and not rows:
@@ -275,6 +276,16 @@ class DockerRuns:
         return bool(stale)
 
     # ---------------------------------------------------------------------------------------------------- logs
+    def _say_record_faults(self, engine: Engine, run: str | None) -> None:
+        """A live run whose guard could not append to its record: said, so that nobody trusts a silent record."""
+        with contextlib.suppress(errors.PpLaunchError):
+            for r in guard.records(engine, run):
+                if r.fault:
+                    self.voice.note(
+                        f"pp-launch: warning: run {r.run}'s record is incomplete ({r.fault}): once it ends, "
+                        "'wait', 'ps -a' and 'logs' cannot tell how its stages ended"
+                    )
+
     def logs(self, run: str, view: LogView) -> None:
         try:
             name, found = self.find_run(run)
@@ -283,6 +294,8 @@ class DockerRuns:
                 self._not_kept_here(run)
                 raise
             return
+        for engine in {id(e): e for e, _ in found}.values():
+            self._say_record_faults(engine, name)
         found = [(e, c) for e, c in found if housekeeping.is_stage(c)]  # not its lock or guard
         gone = _gone_stages(found)
         if view.stages:
@@ -335,6 +348,8 @@ class DockerRuns:
             self._say_ended_by(name)
             return 0 if all(code is not None for _, code in codes.values()) else errors.EXIT_FAILURE
         found = [(e, c) for e, c in every if housekeeping.is_stage(c)]  # not its lock or guard
+        for engine in {id(e): e for e, _ in every}.values():
+            self._say_record_faults(engine, name)
         deadline = None if timeout is None else time.monotonic() + timeout
         if until == "announced":
             return _wait_announced(name, found, deadline, self.voice, lambda: _recorded_ends(name, every))
