@@ -275,6 +275,12 @@ class Guard:
         if event.get("Action") == "oom":
             say(f"oom {ref}")
             return
+        if str(event.get("Action", "")).startswith("health_status"):
+            if self.detached and str(event.get("Action")).endswith("unhealthy") and not self.ended.is_set():
+                # its launcher has left: a stage that turned unhealthy ends the run as one that exited would
+                say(f"unhealthy {ref}: its health check failed; it is stopped, and the run with it")
+                call("POST", f"/containers/{ref}/kill?signal=SIGKILL")
+            return
         stage, attempt = attrs.get("pp-launch.stage", "?"), attrs.get("pp-launch.attempt", "1")
         code, name = attrs.get("exitCode", "?"), attrs.get("name", "?")
         say(f"ended {ref} {stage} {attempt} {code} {event.get('time', 0)} {name}")
@@ -320,7 +326,9 @@ def watch_ends(guard: Guard) -> None:
     """Every end of a container it owns, as the engine says it (exit code, OOM, time), into the record: `ended <id>
     <stage> <attempt> <exit code> <time> <name>` (`oom <id>` first when the kernel killed it for memory). `wait` and
     `ps` read them while the run lives, however early a stage ended and was removed."""
-    filters = json.dumps({"type": ["container"], "event": ["die", "oom"], "label": [f"pp-launch.run={RUN}"]})
+    filters = json.dumps(
+        {"type": ["container"], "event": ["die", "oom", "health_status"], "label": [f"pp-launch.run={RUN}"]}
+    )
     path = "/events?filters=" + urllib.parse.quote(filters)
     while not guard.ended.is_set():
         conn = _unix(None)

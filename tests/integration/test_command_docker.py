@@ -42,3 +42,31 @@ def test_a_command_runs_in_every_stage_with_its_fields_filled(engine, stub_image
     finally:
         chain.signal(signal.SIGINT)
         assert chain.wait(60) == 130, chain.stderr_text()
+
+
+def test_an_image_without_a_shell_is_refused_in_one_line_before_any_stage_starts(engine, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """--handoff env runs /bin/sh before the stage's command: an image without it is named, with what to use
+    instead, before anything starts; nothing is left. In turn (no hand-off entry) it is created as it is."""
+    import subprocess
+    import tarfile
+
+    from ..helpers import unique
+
+    (tmp_path / "hello").write_text("no shell here\n")
+    with tarfile.open(tmp_path / "rootfs.tar", "w") as tar:
+        tar.add(tmp_path / "hello", arcname="hello")
+    image = f"pp-launch-test/no-shell:{unique()}"
+    imported = subprocess.run(["docker", "import", str(tmp_path / "rootfs.tar"), image], capture_output=True,
+                              text=True, check=False)  # fmt: skip
+    assert imported.returncode == 0, imported.stderr
+    try:
+        chain = Launcher("chain", "--stages", "2", "--gpus", "none", "--grace", "1", "--image", image,
+                         "--entrypoint", "/hello")  # fmt: skip
+        code = chain.wait(60)
+        said = chain.stderr_text()
+        assert code != 0 and f"image {image} has no /bin/sh" in said and "--bring-up in-turn" in said, said
+        assert not any(f"stage {k} started" in said for k in (0, 1)), said  # no stage was started
+        left = docker("ps", "-aq", "--filter", f"ancestor={image}").stdout.split()
+        assert left == [], left
+    finally:
+        docker("rmi", "-f", image)

@@ -349,3 +349,28 @@ def test_the_command_after_dashes_or_a_chain_files_command_and_first_peer_with_a
     assert "command is a list of arguments" in run("chain", "-f", str(chain_file), "--dry-run").output
     late = run("chain", "--dry-run", "--gpus", "none", "--handoff", "stdin", "--", "serve", "{first_peer}")
     assert late.exit_code == 2 and "{first_peer} and --handoff stdin do not go together" in late.output
+
+
+def test_health_options_are_docker_runs_and_reach_the_engine_as_its_healthcheck() -> None:
+    o = c.ContainerOptions.parse(2, health_cmd="test -e /ok", health_interval="1m30s", health_timeout="500ms",
+                                 health_retries="2", health_start_period="10s")  # fmt: skip
+    assert o.config()["Healthcheck"] == {
+        "Test": ["CMD-SHELL", "test -e /ok"], "Interval": 90 * 10**9, "Timeout": 5 * 10**8,
+        "StartPeriod": 10 * 10**9, "Retries": 2,
+    }  # fmt: skip
+    assert c.ContainerOptions.parse(1, no_healthcheck=True).config() == {"Healthcheck": {"Test": ["NONE"]}}
+    assert c.ContainerOptions.parse(1, health_interval="2s").config() == {"Healthcheck": {"Interval": 2 * 10**9}}
+    assert c.ContainerOptions.parse(1).config() == {}  # the image's own HEALTHCHECK, if any
+    for bad, said in (
+        ({"health_interval": "2x"}, "give a duration as docker does"),
+        ({"health_retries": "0"}, "give a count of 1 or more"),
+        ({"health_cmd": " "}, "give the command that checks a stage"),
+        ({"health_cmd": "true", "no_healthcheck": True}, "do not go together"),
+    ):
+        with pytest.raises(c.OptionError, match=said):
+            c.ContainerOptions.parse(1, **bad)
+
+
+def test_compose_refuses_health_options_its_own_healthcheck_is_the_announcement() -> None:
+    result = run("compose", "--stages", "2", "--gpus", "none", "--health-cmd", "true")
+    assert result.exit_code == 2 and "--health-* and --no-healthcheck are chain's" in result.output

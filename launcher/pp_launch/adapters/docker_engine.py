@@ -620,6 +620,17 @@ class Engine:
             VolumeInfo(r.get("Name", ""), r.get("Labels") or {}, int(engine_time(r.get("CreatedAt", "")))) for r in rows
         ]
 
+    def has_path(self, ref: str, path: str) -> bool:
+        """Whether a container (started or not) has `path` in its filesystem, as `docker cp` would find it (a HEAD of
+        its archive: nothing is read)."""
+        try:
+            res = self.api.head(self.api._url("/containers/{0}/archive", ref), params={"path": path})
+        except OSError as exc:
+            raise errors.EngineError(f"cannot look for {path} in {ref[:12]}: {exc}") from None
+        if res.status_code not in (200, 404):
+            raise errors.EngineError(f"cannot look for {path} in {ref[:12]}: the engine answered {res.status_code}")
+        return bool(res.status_code == 200)
+
     def read_file(self, ref: str, path: str, limit: int = 16 * 1024 * 1024) -> bytes | None:
         """A file of a container (running or not), as `docker cp` reads it; None when it has none there (or it is
         gone, or the file is larger than `limit`)."""
@@ -1201,6 +1212,10 @@ class DockerStageBackend:
         self._tearing_down = threading.Event()
         self._threads = Nursery(f"the stages on {engine.address}")  # every reader and wait, joined by close()
         self._image_configs: dict[str, Mapping[str, Any] | None] = {}  # one inspect per image, not per stage
+        self._has_shell: dict[str, bool] = {}  # per image: whether the hand-off entry's /bin/sh is there
+        self._unhealthy: dict[str, str] = {}  # a stage its health check failed, and how: said with its end
+        self._health: Any = None  # the engine's event stream of the run's health, once a stage has a check
+        self._health_lock = threading.Lock()
         self._record = record
         self._expect = expect  # told each name before its create: a create whose answer never came back is found
         self.created: list[str] = []  # every id the engine returned for our creates: what is ours, and only that
@@ -1254,11 +1269,63 @@ class DockerStageBackend:
             self._made += 1
             if self._made >= self._expected:
                 self._all_created()
+            if self._checks_health(spec):
+                self._watch_health(spec.labels.get(labels.RUN, ""))
         except BaseException:
             with contextlib.suppress(Exception):
                 self.engine.remove(ref)  # ours by id, never started
             raise
         return ref
+
+    # ------------------------------------------------------------------------------------------ health
+    def _checks_health(self, spec: StageSpec) -> bool:
+        """Whether the stage has a health check: docker run's --health-cmd, else the image's HEALTHCHECK."""
+        check = spec.options.healthcheck
+        if check is not None:
+            return not check.disabled and (bool(check.test) or self._image_checks(spec.image))
+        return self._image_checks(spec.image)
+
+    def _image_checks(self, image: str) -> bool:
+        if image not in self._image_configs:
+            self._image_configs[image] = self.engine.image_config(image)
+        test = ((self._image_configs[image] or {}).get("Healthcheck") or {}).get("Test") or []
+        return bool(test) and test[0] != "NONE"
+
+    def _watch_health(self, run: str) -> None:
+        """One event stream for the run's health on this engine, read on a thread of its own until close()."""
+        with self._health_lock:
+            if self._health is not None or not run:
+                return
+            filters = {"type": ["container"], "label": [f"{labels.RUN}={run}"], "event": ["health_status"]}
+            try:
+                self._health = self.api.events(filters=filters, decode=True)
+            except docker.errors.APIError as exc:
+                raise errors.EngineError(f"cannot follow the stages' health: {_reason(exc)}") from None
+        self._threads.start(self._on_health, self._health, name="stages-health")
+
+    def _on_health(self, stream: Any) -> None:
+        """A stage of ours that turns unhealthy is killed, its end said with the check's last output: it fails the
+        chain as a stage that exited does (docker itself only marks it)."""
+        with contextlib.suppress(Exception):  # the stream ends when close() closes it, or the engine goes
+            for event in stream:
+                ref = str((event.get("Actor") or {}).get("ID") or event.get("id") or "")
+                if not str(event.get("Action") or event.get("status") or "").endswith("unhealthy"):
+                    continue
+                if ref not in self._reading or ref in self._unhealthy or self._tearing_down.is_set():
+                    continue
+                self._unhealthy[ref] = self._health_said(ref)
+                with contextlib.suppress(docker.errors.APIError):
+                    self.api.kill(ref, "SIGKILL")
+
+    def _health_said(self, ref: str) -> str:
+        """How the check failed, in one line: how many times in a row, and its last output."""
+        with contextlib.suppress(docker.errors.APIError):
+            health = (self.api.inspect_container(ref).get("State") or {}).get("Health") or {}
+            log = health.get("Log") or [{}]
+            last = " ".join(str(log[-1].get("Output") or "").split())[:200] or "nothing"
+            streak = health.get("FailingStreak", "?")
+            return f"unhealthy: its health check failed {streak} times in a row; last output: {last}"
+        return "unhealthy: its health check failed"
 
     def _options_host_config(self, spec: StageSpec) -> dict[str, Any]:
         """docker run's options of the stage (core/container.py). The folders pp-launch makes for a stage (its caches)
@@ -1304,7 +1371,7 @@ class DockerStageBackend:
             self._end_stdin(ref)
             raise errors.EngineError(f"cannot attach to {ref[:12]}: {_reason(exc)}") from None
         reader = self._threads.start(self._pump_output, ref, sock, raw, stage, sink, name=f"stage-{stage}-output")
-        self._threads.start(self._wait_removed, wait, reader, stage, sink, name=f"stage-{stage}-wait")
+        self._threads.start(self._wait_removed, wait, reader, stage, sink, ref, name=f"stage-{stage}-wait")
         self._reading[ref] = (raw, wait)
         try:
             self.api.start(ref)
@@ -1359,13 +1426,13 @@ class DockerStageBackend:
             with contextlib.suppress(Exception):
                 part.close()
 
-    def _wait_removed(self, response: Any, reader: threading.Thread, stage: int, sink: Sink) -> None:
+    def _wait_removed(self, response: Any, reader: threading.Thread, stage: int, sink: Sink, ref: str = "") -> None:
         try:
             body = json.loads(response.content or b"{}")
             code = body.get("StatusCode")
             error = body.get("Error")
             detail = str(error.get("Message", "")) if isinstance(error, dict) else ""
-            gone = StageGone(stage, None if code is None else int(code), detail)
+            gone = StageGone(stage, None if code is None else int(code), self._unhealthy.get(ref) or detail)
         except Exception as exc:  # the wait broke (engine restart...): report it; teardown confirms by label
             gone = StageGone(stage, None, f"lost the engine's wait: {exc}")
         # The stage's last lines must reach the inbox before its exit does (while stopping, they need not): the
@@ -1387,7 +1454,18 @@ class DockerStageBackend:
         default_cmd = [] if spec.entrypoint is not None else list(config.get("Cmd") or [])
         command = list(spec.command) if spec.command else default_cmd
         argv = tuple(handoff.wrapped_command(entry, command))
-        return self.create(dataclasses.replace(spec, entrypoint=handoff.ENTRYPOINT, command=argv), env)
+        ref = self.create(dataclasses.replace(spec, entrypoint=handoff.ENTRYPOINT, command=argv), env)
+        if spec.image not in self._has_shell:  # asked of the first container of each image, before any starts
+            self._has_shell[spec.image] = self.engine.has_path(ref, handoff.ENTRYPOINT[0])
+        if not self._has_shell[spec.image]:
+            with contextlib.suppress(errors.EngineError):  # never started: removed here (its guard owns it too)
+                self.engine.remove(ref)
+            raise errors.ConfigError(
+                f"image {spec.image} has no {handoff.ENTRYPOINT[0]}, which the hand-off of --handoff env runs before "
+                "the stage's own command: use --bring-up in-turn (each stage created once its peers are known) or "
+                "--handoff stdin"
+            )
+        return ref
 
     def deliver(self, ref: str, data: bytes) -> None:
         if ref not in self._stdin:
@@ -1426,6 +1504,10 @@ class DockerStageBackend:
         """Every thread of this backend ended: the handed-over stages let go first (a detached run's), then each
         joined, at most `timeout` seconds in all."""
         deadline = time.monotonic() + timeout
+        with self._health_lock:
+            if self._health is not None:
+                with contextlib.suppress(Exception):
+                    self._health.close()
         for ref in self._handed:
             self._copied(ref, deadline)
             self._let_go(ref)

@@ -86,6 +86,11 @@ def compose(
         raise click.BadParameter(
             "use lowercase letters, digits, '-' and '_', starting with a letter or digit", param_hint="--project"
         )
+    if container.healthcheck is not None:
+        raise click.UsageError(
+            "--health-* and --no-healthcheck are chain's: a Compose file's healthcheck tells Compose when each "
+            "service has announced its address"
+        )
     request = launch.LaunchRequest(
         ChainRequest(
             stages=stages,

@@ -462,6 +462,20 @@ def container_options(f: F) -> F:
             metavar="KEY=VALUE",
             help="A label on every stage's container, as docker run (pp-launch.* are pp-launch's own).",
         ),
+        click.option(
+            "--health-cmd",
+            metavar="CMD",
+            help="A health check in every stage, as docker run (run by /bin/sh in the stage; exit 0: healthy). A stage "
+            "that turns unhealthy fails the chain as one that exited (restarted under --max-restarts), said with the "
+            "check's last output. The image's own HEALTHCHECK counts too, unless --no-healthcheck.",
+        ),
+        click.option("--health-interval", metavar="DURATION", help="Time between two checks (30s, 1m; docker's 30s)."),
+        click.option("--health-timeout", metavar="DURATION", help="Time a check may take (docker's 30s)."),
+        click.option("--health-retries", metavar="N", help="Checks failed in a row that make a stage unhealthy (3)."),
+        click.option(
+            "--health-start-period", metavar="DURATION", help="Time a stage has to start before failures count (0s)."
+        ),
+        click.option("--no-healthcheck", is_flag=True, default=None, help="No health check, the image's own neither."),
         *[
             click.option(*flags, is_flag=True, hidden=True, expose_value=False, callback=_ours)
             for flags in (("--rm",), ("--init",), ("-i", "--interactive"), ("-t", "--tty"))
@@ -497,6 +511,12 @@ CONTAINER_KEYS = {
     "user": "user",
     "workdir": "workdir",
     "user_labels": "labels",
+    "health_cmd": "health_cmd",
+    "health_interval": "health_interval",
+    "health_timeout": "health_timeout",
+    "health_retries": "health_retries",
+    "health_start_period": "health_start_period",
+    "no_healthcheck": "no_healthcheck",
 }
 
 

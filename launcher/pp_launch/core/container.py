@@ -153,6 +153,76 @@ class Device:
 
 
 @dataclass(frozen=True)
+class Healthcheck:
+    """docker run's --health-* (the Engine API's Healthcheck): `test` empty with `disabled` is --no-healthcheck;
+    durations in seconds, 0 for the engine's default (30 s, 30 s, 3 retries, 0 s)."""
+
+    test: tuple[str, ...] = ()  # ("CMD-SHELL", cmd) for --health-cmd; () keeps the image's test
+    interval: float = 0.0
+    timeout: float = 0.0
+    retries: int = 0
+    start_period: float = 0.0
+    disabled: bool = False
+
+    def engine_json(self) -> dict[str, Any]:
+        if self.disabled:
+            return {"Test": ["NONE"]}
+        out: dict[str, Any] = {"Test": list(self.test)} if self.test else {}
+        durations = (("Interval", self.interval), ("Timeout", self.timeout), ("StartPeriod", self.start_period))
+        for key, seconds in durations:
+            if seconds:
+                out[key] = int(seconds * 1e9)
+        if self.retries:
+            out["Retries"] = self.retries
+        return out
+
+
+DURATION = re.compile(r"(?:(\d+(?:\.\d+)?)(h|ms|m|s|us|µs|ns))+")
+UNITS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+
+
+def parse_duration(text: str, flag: str) -> float:
+    """A Go duration, as docker takes it (30s, 1m30s, 500ms): seconds."""
+    text = text.strip()
+    if not DURATION.fullmatch(text):
+        raise OptionError(f"{flag} {text!r}: give a duration as docker does (30s, 1m30s, 500ms)")
+    return sum(float(n) * UNITS[u] for n, u in re.findall(r"(\d+(?:\.\d+)?)(h|ms|m|s|us|µs|ns)", text))
+
+
+def parse_health(
+    cmd: str | None,
+    interval: str | None,
+    timeout: str | None,
+    retries: int | str | None,
+    start_period: str | None,
+    disabled: bool,
+) -> Healthcheck | None:
+    """docker run's --health-* and --no-healthcheck; None when none is given (the image's own check applies)."""
+    given = [x for x in (cmd, interval, timeout, retries, start_period) if x is not None]
+    if disabled:
+        if given:
+            raise OptionError("--no-healthcheck and --health-* do not go together: give one or the other")
+        return Healthcheck(disabled=True)
+    if not given:
+        return None
+    if cmd is not None and not cmd.strip():
+        raise OptionError("--health-cmd '': give the command that checks a stage (exit 0: healthy)")
+    count = str(retries).strip() if retries is not None else ""
+    if count and not (count.isascii() and count.isdigit() and int(count) > 0):
+        raise OptionError(f"--health-retries {retries!r}: give a count of 1 or more")
+    def seconds(value: str | None, flag: str) -> float:
+        return parse_duration(value, flag) if value is not None else 0.0
+
+    return Healthcheck(
+        test=("CMD-SHELL", cmd) if cmd is not None else (),
+        interval=seconds(interval, "--health-interval"),
+        timeout=seconds(timeout, "--health-timeout"),
+        retries=int(count) if count else 0,
+        start_period=seconds(start_period, "--health-start-period"),
+    )
+
+
+@dataclass(frozen=True)
 class ContainerOptions:
     """docker run's options for every stage (a mount may be one stage's alone)."""
 
@@ -165,6 +235,7 @@ class ContainerOptions:
     user: str | None = None
     workdir: str | None = None
     labels: tuple[tuple[str, str], ...] = ()
+    healthcheck: Healthcheck | None = None  # docker run's --health-*; None: the image's own HEALTHCHECK, if any
     extra: Mapping[str, Any] = field(default_factory=dict)  # nothing yet: room for a site's own additions
 
     @classmethod
@@ -183,9 +254,18 @@ class ContainerOptions:
         user: str | None = None,
         workdir: str | None = None,
         labels: Sequence[str] | Mapping[str, str] = (),
+        health_cmd: str | None = None,
+        health_interval: str | None = None,
+        health_timeout: str | None = None,
+        health_retries: int | str | None = None,
+        health_start_period: str | None = None,
+        no_healthcheck: bool = False,
     ) -> ContainerOptions:
         """docker run's options as docker run takes them (text, each checked; OptionError names the first wrong)."""
         every = [f"{k}={v}" for k, v in labels.items()] if isinstance(labels, Mapping) else list(labels)
+        health = parse_health(
+            health_cmd, health_interval, health_timeout, health_retries, health_start_period, no_healthcheck
+        )
         return cls(
             mounts=(
                 *(parse_volume(v) for v in volumes),
@@ -200,6 +280,7 @@ class ContainerOptions:
             user=parse_user(user) if user is not None else None,
             workdir=parse_workdir(workdir) if workdir is not None else None,
             labels=tuple(parse_label(x) for x in every),
+            healthcheck=health,
         )
 
     @classmethod
@@ -250,6 +331,8 @@ class ContainerOptions:
             out["User"] = self.user
         if self.workdir is not None:
             out["WorkingDir"] = self.workdir
+        if self.healthcheck is not None:
+            out["Healthcheck"] = self.healthcheck.engine_json()
         return out
 
     def to_json(self) -> dict[str, Any]:
@@ -263,6 +346,7 @@ class ContainerOptions:
             ("cap_add", list(self.cap_add)),
             ("user", self.user),
             ("workdir", self.workdir),
+            ("healthcheck", self.healthcheck.engine_json() if self.healthcheck is not None else None),
         ):
             if value:
                 out[key] = value
@@ -276,7 +360,8 @@ class ContainerOptions:
 # ------------------------------------------------------------------------------------------------ parsing
 PARSE_KEYS = (
     "volumes", "stage_volumes", "mounts", "shm_size", "ipc", "ulimits", "devices", "cap_add", "user", "workdir",
-    "labels",
+    "labels", "health_cmd", "health_interval", "health_timeout", "health_retries", "health_start_period",
+    "no_healthcheck",
 )  # fmt: skip
 FLAG_KEYS = {"volume": "volumes", "stage_volume": "stage_volumes", "mount": "mounts", "ulimit": "ulimits",
              "device": "devices", "label": "labels"}  # fmt: skip
