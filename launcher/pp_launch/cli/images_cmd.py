@@ -42,7 +42,8 @@ def images_build(ctx: click.Context, base: str | None, host_names: tuple[str, ..
 
     One line per image; the tools' own output only with -v, or when a build fails (its last lines and the log's
     path). Each image records a hash of its inputs: a second call with unchanged inputs says "up to date" and
-    rebuilds nothing. A first build took 50 s on a 2-core machine (debootstrap downloads about 60 MB); a second, 0.2 s.
+    rebuilds nothing. A first build takes one to two minutes on a 2-core machine (64 s measured; debootstrap downloads
+    about 60 MB); a second, under a second.
 
     \b
     Examples:
