@@ -26,8 +26,8 @@ seconds, SIGKILL, removal confirmed by the engine), then the guard exits. SIGTER
 someone else, an engine that stops) ends the guard and touches nothing (SIGINT, SIGHUP and SIGQUIT, which `docker
 attach` passes on from its terminal, change nothing): its launcher, which notices within a
 second, puts a new guard in its place (or, if it cannot, ends the run). A detached run's guard also exits once none
-of its containers is left, and ends the whole run when one of its stages ends (a pipeline ends as one, as in the
-foreground): `run ended by stage K (NAME), which exited CODE`, then the teardown.
+of its containers is left, and ends the whole run when one of its stages fails (exits non-zero: a pipeline ends as
+one, as in the foreground): `run ended by stage K (NAME), which exited CODE`, then the teardown.
 """
 
 from __future__ import annotations
@@ -284,8 +284,9 @@ class Guard:
         stage, attempt = attrs.get("pp-launch.stage", "?"), attrs.get("pp-launch.attempt", "1")
         code, name = attrs.get("exitCode", "?"), attrs.get("name", "?")
         say(f"ended {ref} {stage} {attempt} {code} {event.get('time', 0)} {name}")
-        if self.detached and stage.isdigit() and not self.ended.is_set():
-            # a pipeline is only as alive as its weakest stage: a detached run ends as one, as in the foreground
+        if self.detached and stage.isdigit() and code != "0" and not self.ended.is_set():
+            # a pipeline is only as alive as its weakest stage: a detached run whose stage failed ends as one, as a
+            # foreground chain does (a stage that exits 0 after announcing is done, and the others go on)
             say(f"run ended by stage {stage} ({name}), which exited {code}: its other containers are stopped")
             self.ended.set()
 

@@ -317,7 +317,7 @@ def restart_options(f: F) -> F:
             "chain down and bring it up again as the next attempt of the same run, up to N times; a GPU that faulted "
             "is not used again. A stop signal, 'pp-launch down' or a configuration error never restarts. The exit "
             "code is the last attempt's. A foreground feature: a --detach run restarts only while it comes up; once "
-            "it is up, a stage that ends ends the whole run (its guard tears it down) and nothing restarts it.",
+            "it is up, a stage that fails ends the whole run (its guard tears it down) and nothing restarts it.",
         ),
         click.option(
             "--restart-backoff",
