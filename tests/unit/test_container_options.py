@@ -374,3 +374,24 @@ def test_health_options_are_docker_runs_and_reach_the_engine_as_its_healthcheck(
 def test_compose_refuses_health_options_its_own_healthcheck_is_the_announcement() -> None:
     result = run("compose", "--stages", "2", "--gpus", "none", "--health-cmd", "true")
     assert result.exit_code == 2 and "--health-* and --no-healthcheck are chain's" in result.output
+
+
+def test_a_torch_rendezvous_gives_each_stage_torchruns_variables() -> None:
+    from pp_launch.core.chain import rendezvous
+
+    request = ChainRequest(stages=3, rendezvous="torch", env=(("MASTER_PORT", "29400"),))
+    plan = build_plan(request, {"HOME": "/h"}, "me", [()] * 3, [()] * 3, "r" * 12)
+    one = plan.stages[1].env
+    assert (one["RANK"], one["WORLD_SIZE"], one["LOCAL_RANK"], one["LOCAL_WORLD_SIZE"]) == ("1", "3", "1", "3")
+    assert (one["MASTER_ADDR"], one["MASTER_PORT"]) == ("127.0.0.1", "29400") and plan.rendezvous == "torch"
+    hosts = ("tcp://10.0.0.2:2375", "tcp://10.0.0.2:2375", "ssh://me@gpu3")
+    across = build_plan(request, {"HOME": "/h"}, "me", [()] * 3, [()] * 3, "r" * 12, stage_hosts=hosts)
+    last = across.stages[2].env
+    assert (last["MASTER_ADDR"], last["LOCAL_RANK"], last["LOCAL_WORLD_SIZE"], last["GROUP_RANK"]) == (
+        "10.0.0.2", "0", "1", "1"
+    )  # fmt: skip
+    assert rendezvous.master_host(("ssh://me@gpu3:22",)) == "gpu3" and rendezvous.master_host(("ctx",)) == "ctx"
+    met = rendezvous.announced("a" * 64, one)
+    assert met.direct == "127.0.0.1:29400" and len(met.node_id_hex) == 64
+    plain = build_plan(ChainRequest(stages=1), {"HOME": "/h"}, "me", [()], [()], "r" * 12).stages[0].env
+    assert "RANK" not in plain and "MASTER_ADDR" not in plain

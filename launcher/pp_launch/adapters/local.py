@@ -39,3 +39,12 @@ _LIFELINE = Nursery("a pp-gpu-node child's lifeline")
 def ensure_dirs(paths: Iterable[str]) -> None:
     for path in paths:
         os.makedirs(path, exist_ok=True)
+
+
+def free_port() -> int:
+    """A TCP port no socket of this machine listens on now (the kernel's pick): for a rendezvous's master."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

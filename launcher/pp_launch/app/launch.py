@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from pp_launch.adapters import identity
+from pp_launch.adapters import identity, local
 from pp_launch.adapters.inbox import QueueInbox
 from pp_launch.adapters.runtime import Nursery, ThreadRuntime
 from pp_launch.app import attempts
@@ -293,9 +293,14 @@ def launch_environ(environ: Mapping[str, str]) -> dict[str, str]:
 
 
 def _named(request: LaunchRequest) -> LaunchRequest:
-    """The request with its run id (a new one) and its containers' owner (this process, or a detached run's)."""
+    """The request with its run id (a new one) and its containers' owner (this process, or a detached run's); with
+    --rendezvous torch, its MASTER_PORT (a port free on this machine, unless --env names one)."""
     run_id = request.run_id or identity.new_run_id()
-    return dataclasses.replace(request, run_id=run_id, owner=request.owner or steps.owner_label(request.detach))
+    chain = request.chain
+    if chain.rendezvous == "torch" and not any(name == "MASTER_PORT" for name, _ in chain.env):
+        chain = dataclasses.replace(chain, env=(*chain.env, ("MASTER_PORT", str(local.free_port()))))
+    owner = request.owner or steps.owner_label(request.detach)
+    return dataclasses.replace(request, chain=chain, run_id=run_id, owner=owner)
 
 
 def _site(request: LaunchRequest, dry_run: bool, strict: bool = False) -> AnySite:

@@ -86,6 +86,7 @@ def _problems(r: LaunchRequest) -> list[str]:
         *_inventory_problems(r),
         *_restart_problems(r),
         *_field_problems(r),
+        *_rendezvous_problems(r),
     ]  # fmt: skip
 
 
@@ -114,6 +115,17 @@ def _inventory_problems(r: LaunchRequest) -> list[str]:
     if r.hosts:
         return [f"--gpu-inventory {unknown[0]}=FILE: {unknown[0]} is not one of the hosts ({', '.join(r.hosts)})"]
     return [f"--gpu-inventory {unknown[0]}=FILE names a host, but this chain has no --host"]
+
+
+def _rendezvous_problems(r: LaunchRequest) -> list[str]:
+    """--rendezvous torch needs the master's address where a launch can tell it (one engine, or --host engines)."""
+    if not r.chain.rendezvous:
+        return []
+    return [
+        "--rendezvous torch and --ray do not go together yet: use --host engines" if r.ray is not None else "",
+        "--rendezvous torch and --gpu-node do not go together: pp-gpu-node children set their own environment"
+        if r.gpu_node else "",
+    ]  # fmt: skip
 
 
 def _field_problems(r: LaunchRequest) -> list[str]:

@@ -213,6 +213,14 @@ def _checked(ctx: click.Context, option: click.Option, item: object, where: str)
     "and 'PP_FIRST_PEER <id> <addrs>' lines on stdin later, so all stages load side by side.",
 )
 @click.option(
+    "--rendezvous",
+    type=click.Choice(["torch"]),
+    help="torch: every stage gets torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, "
+    "MASTER_PORT; the master on stage 0's place, at a port free here unless --env MASTER_PORT=...), all start at "
+    "once, and no stage has to announce: an unmodified init_process_group(init_method='env://') program runs as a "
+    "chain. Not on --ray yet.",
+)
+@click.option(
     "--swactor-caches",
     is_flag=True,
     help="Mount swactor's pp-worker caches in every stage as docker-gpu-node.sh does: $PP_CACHE_DIR (default "
@@ -370,6 +378,7 @@ def _request(o: dict[str, Any]) -> LaunchRequest:
         parallel=o["bring_up"] == "parallel",
         container=o["container"],
         caches="all" if o["swactor_caches"] else "asked",
+        rendezvous=o["rendezvous"] or "",
         lifeline=True,  # a detached run is its launcher's until it is up, then its guards' (adapters/guard.py)
     )
     return LaunchRequest(

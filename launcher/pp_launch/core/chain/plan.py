@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from pp_launch.core import labels, stage_env
 from pp_launch.core.announce import StageAnnouncement
-from pp_launch.core.chain import fields, handoff
+from pp_launch.core.chain import fields, handoff, rendezvous
 from pp_launch.core.container import ContainerOptions, cache_mounts
 from pp_launch.core.hosts import HOST_LEVEL
 
@@ -73,6 +73,7 @@ class ChainPlan:
     parallel: bool = True  # bring-up: every container at once, or one after another
     hosts: tuple[str, ...] = ()  # the engines of a chain across hosts, in ring order; () for the one engine
     attempt: int = 1  # which attempt of its run (core/chain/restarts.py)
+    rendezvous: str = ""  # "torch": the stages meet by torch's variables, no announcement (core/chain/rendezvous.py)
 
     def to_json(self) -> dict[str, Any]:
         """The dry-run document (docs/getting-started.md)."""
@@ -103,6 +104,8 @@ class ChainPlan:
             )
         doc: dict[str, Any] = {"run": self.run_id, "addr_timeout": self.addr_timeout, "grace": self.grace}
         doc["handoff"] = self.handoff
+        if self.rendezvous:
+            doc["rendezvous"] = self.rendezvous
         if self.hosts:
             doc["hosts"] = list(self.hosts)
         doc["stages"] = stages
@@ -144,6 +147,7 @@ class ChainRequest:
     lifeline: bool = True
     entrypoint: tuple[str, ...] | None = None  # None: the image's own
     command: tuple[str, ...] | None = None  # None: the image's own (CMD); fields as core/chain/fields.py says
+    rendezvous: str = ""  # "torch": RANK, WORLD_SIZE, MASTER_ADDR... set, no announcement (core/chain/rendezvous.py)
     handoff: str = "env"  # env | stdin (core/chain/handoff.py)
     parallel: bool = True  # every container at once; False: one after another (images without /bin/sh)
     attempt: int = 1  # which attempt of the run this plan is (core/chain/restarts.py)
@@ -178,7 +182,7 @@ def build_plan(
     specs = []
     for k in range(request.stages):
         gpus, host = stage_gpus[k], stage_hosts[k] if stage_hosts else ""
-        options, env = request.container.for_stage(k), _stage_env(request, base, k, gpus)
+        options, env = request.container.for_stage(k), _stage_env(request, base, k, gpus, stage_hosts)
         command = _stage_command(request, k, env)
         if request.caches != "none":
             home = environ.get("HOME", "/")  # absolute paths: app/launch.py, launch_environ
@@ -213,6 +217,7 @@ def build_plan(
         parallel=request.parallel,
         hosts=every_host,
         attempt=request.attempt,
+        rendezvous=request.rendezvous,
     )
 
 
@@ -249,9 +254,14 @@ def _base_env(request: ChainRequest, environ: Mapping[str, str]) -> dict[str, st
     return base
 
 
-def _stage_env(request: ChainRequest, base: Mapping[str, str], k: int, gpus: tuple[str, ...]) -> dict[str, str]:
-    """Stage k's environment: the base, its --stage-env, and what the launcher alone sets (docs/formats.md)."""
+def _stage_env(
+    request: ChainRequest, base: Mapping[str, str], k: int, gpus: tuple[str, ...], stage_hosts: tuple[str, ...] = ()
+) -> dict[str, str]:
+    """Stage k's environment: the base, its --stage-env, and what the launcher alone sets (docs/formats.md); with
+    --rendezvous torch, torchrun's variables (core/chain/rendezvous.py)."""
     env = dict(base)
+    if request.rendezvous == "torch":
+        env.update(rendezvous.torch_env(k, request.stages, stage_hosts, dict(request.env)))
     env.update({name: value for (stage, name, value) in request.stage_env if stage == k})
     env[stage_env.STAGE] = str(k)
     env[stage_env.NUM_STAGES] = str(request.stages)

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from pp_launch.core import errors, events, stage_env
 from pp_launch.core.announce import PREFIX, AnnouncementError, StageAnnouncement, parse_line
-from pp_launch.core.chain import handoff
+from pp_launch.core.chain import handoff, rendezvous
 from pp_launch.core.chain.phases import Happening, Phase, Row, decide
 from pp_launch.core.chain.phases import exit_code as concrete
 from pp_launch.core.chain.plan import ChainPlan, StageSpec
@@ -342,6 +342,9 @@ class ChainScope:
         end = self._all_at_once(events.StageInput.CREATED, self.stages, create)
         if end is None:
             end = self._all_at_once(events.StageInput.START, [st for st in self.stages if st.ref is not None], start)
+        if end is None:
+            for st in self.stages:
+                self._meet(st)
         return end or self._hand_off_as_they_announce(waiting)
 
     def _all_at_once(self, done: events.StageInput, todo: list[_Stage], step: Callable[[_Stage], Any]) -> _End | None:
@@ -442,6 +445,7 @@ class ChainScope:
         except errors.PpLaunchError as exc:
             return self._not_started(st, exc)
         self.reporter.event(events.StageStarted(stage=k, container=spec.name, image=spec.image, gpus=spec.gpus))
+        self._meet(st)
         deadline = st.started_at + self.plan.addr_timeout
         end = self._pump(lambda: st.announcement is not None, deadline)
         if end is not None:
@@ -558,18 +562,27 @@ class ChainScope:
             k = st.spec.index
             return self._end(Happening.BAD_ANNOUNCEMENT, f"stage {k} ({st.spec.where()}): {exc}", k)
         if announcement is not None:
-            st.announcement = announcement
-            elapsed = round(self.clock() - st.started_at, 3)
-            self.reporter.event(
-                events.StageAnnounced(
-                    stage=st.spec.index,
-                    node_id_hex=announcement.node_id_hex,
-                    direct=announcement.direct,
-                    elapsed_s=elapsed,
-                )
-            )
-            self._move(st, events.StageInput.ANNOUNCE, f"{announcement.direct} in {elapsed:.2f} s")
+            self._announced_as(st, announcement)
         return None
+
+    def _announced_as(self, st: _Stage, announcement: StageAnnouncement) -> None:
+        st.announcement = announcement
+        elapsed = round(self.clock() - st.started_at, 3)
+        self.reporter.event(
+            events.StageAnnounced(
+                stage=st.spec.index,
+                node_id_hex=announcement.node_id_hex,
+                direct=announcement.direct,
+                elapsed_s=elapsed,
+            )
+        )
+        self._move(st, events.StageInput.ANNOUNCE, f"{announcement.direct} in {elapsed:.2f} s")
+
+    def _meet(self, st: _Stage) -> None:
+        """--rendezvous torch: a started stage needs no announcement; it is taken as announced at the master's
+        address (core/chain/rendezvous.py), so the roster is the running stages."""
+        if self.plan.rendezvous and st.ref is not None and st.announcement is None and not st.gone:
+            self._announced_as(st, rendezvous.announced(st.ref, st.spec.env))
 
     def _on_gone(self, st: _Stage, event: StageGone) -> _End | None:
         if st.gone:
