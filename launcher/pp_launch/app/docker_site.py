@@ -144,7 +144,10 @@ class DockerSite:
             self.close()
 
     def sweep_records(self) -> None:
-        """The user's record volumes past the keep, from each engine (adapters/guard.py)."""
+        """The user's record volumes past the keep, from each engine (adapters/guard.py); none where this run
+        guarded nothing (a backend given: it made no record there either)."""
+        if self.guarding is None:
+            return
         for s in self._places:
             if s.engine is not None:
                 with contextlib.suppress(errors.PpLaunchError, OSError):
