@@ -21,6 +21,7 @@ BENCHES = [
     "bench_restart.py",
     "bench_ray.py",
     "bench_ways_in.py",
+    "bench_torch_pipeline.py",
 ]
 
 

@@ -51,3 +51,19 @@ def test_nothing_is_left_on_the_engine_after_any_end_of_a_run(side_engine, tmp_p
     down = Launcher("down", run, "--grace", "1", env={"DOCKER_HOST": side_engine.host})
     assert down.wait(60) == 0, down.stderr_text()
     assert _ours(side_engine) == [], f"after down {run}: {down.stderr_text()}"
+
+
+def test_a_run_the_engine_refused_to_start_is_in_ps_a_and_logs_with_the_engines_reason(side_engine, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """An entrypoint the engine cannot start: nothing is left, and the run is not lost from sight: `ps -a` lists its
+    stages as not started, `logs RUN` says why, in the engine's words."""
+    chain = _chain(side_engine, "--stages", "2", "--json", "--entrypoint", "/no/such/program")
+    assert chain.wait(120) == 1, chain.stderr_text()
+    run = chain.events_named("chain_stopped")[-1]["run"]
+    env = {"DOCKER_HOST": side_engine.host}
+    shown = Launcher("ps", "-a", "--filter", f"run={run}", "--format", "{{.Names}} {{.Status}}", env=env)
+    assert shown.wait(60) == 0, shown.stderr_text()
+    assert shown.stdout_lines == [f"pp-{run}-0 Not started", f"pp-{run}-1 Not started"], shown.stdout_lines
+    logs = Launcher("logs", run, env=env)
+    assert logs.wait(60) == 0, logs.stderr_text()
+    said = "\n".join(logs.stdout_lines)
+    assert "pp-launch: not started: stage " in said and "no/such/program" in said, said

@@ -169,6 +169,7 @@ class StageFacts:
     image: str = "-"
     exit_code: int | None = None
     ended_at: str = ""
+    refused: str = ""  # why it never started (the engine refused it, or the chain stopped first)
 
 
 def _kept_facts(run_id: str, root: str | Path | None) -> bytes:
@@ -193,7 +194,8 @@ def facts(run_id: str, root: str | Path | None = None) -> dict[int, StageFacts]:
             continue  # a line cut short by a launcher that died while writing it
         was = out.get(k, StageFacts(k))
         if "container" in item:  # a new attempt's stage: what it had before no longer counts
-            was = StageFacts(k, str(item["container"]), str(item.get("image", "-")))
+            refused = str(item.get("refused", ""))
+            was = StageFacts(k, str(item["container"]), str(item.get("image", "-")), refused=refused)
         if "exit_code" in item:
             code = item["exit_code"]
             was = StageFacts(k, was.container, was.image, code if isinstance(code, int) else None, str(item["at"]))

@@ -181,7 +181,7 @@ class _RunOutput:
         if self._reporter is None:
             self.kept = _keep_logs(self.request, plan, self.hooks.say)
             inner = self.hooks.reporter(plan)
-            self._reporter = inner if self.kept is None else _Kept(inner, self.kept)
+            self._reporter = inner if self.kept is None else _Kept(inner, self.kept, plan)
         return self._reporter
 
     def event(self, event: events.Event) -> None:
@@ -211,16 +211,23 @@ def _keep_logs(request: LaunchRequest, plan: ChainPlan, say: Callable[[str], Non
 
 
 class _Kept:
-    """The caller's reporter, and every stage line kept beside it."""
+    """The caller's reporter, and every stage line kept beside it. A chain that stopped before a stage of it
+    started (the engine refused it) keeps that too, with the reason: `ps -a` and `logs` show it."""
 
-    def __init__(self, inner: Reporter, kept: run_logs.RunLog) -> None:
-        self.inner, self.kept = inner, kept
+    def __init__(self, inner: Reporter, kept: run_logs.RunLog, plan: ChainPlan) -> None:
+        self.inner, self.kept, self.plan = inner, kept, plan
+        self.started: set[int] = set()
 
     def event(self, event: events.Event) -> None:
         if isinstance(event, events.StageStarted):
+            self.started.add(event.stage)
             self.kept.stage(event.stage, container=event.container, image=event.image)
         elif isinstance(event, events.StageExited):
             self.kept.stage(event.stage, exit_code=event.exit_code)
+        elif isinstance(event, events.ChainStopped) and event.message and not self.started:
+            for s in self.plan.stages:
+                self.kept.stage(s.index, container=s.name, image=s.image, refused=event.message)
+                self.kept.line(s.index, "stderr", f"pp-launch: not started: {event.message}")
         self.inner.event(event)
 
     def stage_line(self, stage: int, stream: str, text: str) -> None:

@@ -591,7 +591,8 @@ def ended_rows(present: set[str], run: str | None, asked: set[str | None]) -> li
         kept = run_logs.facts(ended)
         for k in sorted(set(stages) | set(kept)):
             fact = kept.get(k, run_logs.StageFacts(k))
-            rows.append(StageRow.exited(ended, k, fact.container, "", fact.exit_code, now - last, image=fact.image))
+            row = StageRow.exited(ended, k, fact.container, "", fact.exit_code, now - last, image=fact.image)
+            rows.append(dataclasses.replace(row, state="created", status="Not started") if fact.refused else row)
     return rows
 
 
