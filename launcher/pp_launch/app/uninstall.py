@@ -18,8 +18,9 @@ from pp_launch.app import housekeeping
 from pp_launch.core import errors, labels
 from pp_launch.core.chain.plan import BUILTIN_IMAGE, GUARD_IMAGE
 
-IMAGES = (BUILTIN_IMAGE, GUARD_IMAGE, BASE_IMAGE)  # what `pp-launch images build` makes (the base last: the others
-# are built on it)
+EXAMPLE_IMAGES = ("pp-launch-example/torch-pipeline:latest",)  # examples/*/build.sh's, built on the base
+IMAGES = (*EXAMPLE_IMAGES, BUILTIN_IMAGE, GUARD_IMAGE, BASE_IMAGE)  # what `pp-launch images build` makes, and the
+# examples' (the base last: the others are built on it)
 
 
 @dataclass(frozen=True)
