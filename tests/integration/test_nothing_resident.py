@@ -35,7 +35,8 @@ def test_nothing_is_left_on_the_engine_after_any_end_of_a_run(side_engine, tmp_p
                             "--stage-env", "1:STUB_EXIT_CODE=3"), 1),
         ("a missing host path", ("--stages", "2", "-v", f"{tmp_path}/nowhere:/w"), 2),
         ("a missing image", ("--stages", "2", "--image", "pp-launch-test/never-built:none"), 2),
-        ("an entrypoint the engine cannot start", ("--stages", "2", "--entrypoint", "/no/such/program"), 1),
+        ("an entrypoint that is not there", ("--stages", "2", "--entrypoint", "/no/such/program"), 1),
+        ("a device the engine refuses", ("--stages", "2", "--device", "/dev/pp-tests-no-such-device"), 1),
     ]  # fmt: skip
     for what, args, code in cases:
         chain = _chain(side_engine, *args)
@@ -54,9 +55,9 @@ def test_nothing_is_left_on_the_engine_after_any_end_of_a_run(side_engine, tmp_p
 
 
 def test_a_run_the_engine_refused_to_start_is_in_ps_a_and_logs_with_the_engines_reason(side_engine, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """An entrypoint the engine cannot start: nothing is left, and the run is not lost from sight: `ps -a` lists its
-    stages as not started, `logs RUN` says why, in the engine's words."""
-    chain = _chain(side_engine, "--stages", "2", "--json", "--entrypoint", "/no/such/program")
+    """A device the engine cannot give the stage (it refuses the start): nothing is left, and the run is not lost
+    from sight: `ps -a` lists its stages as not started, `logs RUN` says why, in the engine's words."""
+    chain = _chain(side_engine, "--stages", "2", "--json", "--device", "/dev/pp-tests-no-such-device")
     assert chain.wait(120) == 1, chain.stderr_text()
     run = chain.events_named("chain_stopped")[-1]["run"]
     env = {"DOCKER_HOST": side_engine.host}
@@ -66,4 +67,4 @@ def test_a_run_the_engine_refused_to_start_is_in_ps_a_and_logs_with_the_engines_
     logs = Launcher("logs", run, env=env)
     assert logs.wait(60) == 0, logs.stderr_text()
     said = "\n".join(logs.stdout_lines)
-    assert "pp-launch: not started: stage " in said and "no/such/program" in said, said
+    assert "pp-launch: not started: stage " in said and "pp-tests-no-such-device" in said, said

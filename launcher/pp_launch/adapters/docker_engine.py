@@ -1216,6 +1216,9 @@ class DockerStageBackend:
         self._unhealthy: dict[str, str] = {}  # a stage its health check failed, and how: said with its end
         self._health: Any = None  # the engine's event stream of the run's health, once a stage has a check
         self._health_lock = threading.Lock()
+        self._checked: dict[str, float] = {}  # a stage with a health check: how long it may go unchecked (paused)
+        self._paused: set[str] = set()
+        self._unwatched = threading.Event()  # teardown or close(): no stage is watched for its health any more
         self._record = record
         self._expect = expect  # told each name before its create: a create whose answer never came back is found
         self.created: list[str] = []  # every id the engine returned for our creates: what is ours, and only that
@@ -1270,6 +1273,7 @@ class DockerStageBackend:
             if self._made >= self._expected:
                 self._all_created()
             if self._checks_health(spec):
+                self._checked[ref] = self._unchecked_for(spec)
                 self._watch_health(spec.labels.get(labels.RUN, ""))
         except BaseException:
             with contextlib.suppress(Exception):
@@ -1291,12 +1295,24 @@ class DockerStageBackend:
         test = ((self._image_configs[image] or {}).get("Healthcheck") or {}).get("Test") or []
         return bool(test) and test[0] != "NONE"
 
+    def _unchecked_for(self, spec: StageSpec) -> float:
+        """How long the stage's checks may fail before it is unhealthy (interval x retries + timeout, docker's
+        defaults where neither the flags nor the image say): a stage paused that long, which docker runs no check
+        in, counts as unhealthy."""
+        image = ((self._image_configs.get(spec.image) or {}).get("Healthcheck")) or {}
+        given = spec.options.healthcheck
+        interval = (given.interval if given else 0.0) or image.get("Interval", 0) / 1e9 or 30.0
+        timeout = (given.timeout if given else 0.0) or image.get("Timeout", 0) / 1e9 or 30.0
+        retries = (given.retries if given else 0) or image.get("Retries", 0) or 3
+        return float(interval * retries + timeout)
+
     def _watch_health(self, run: str) -> None:
         """One event stream for the run's health on this engine, read on a thread of its own until close()."""
         with self._health_lock:
             if self._health is not None or not run:
                 return
-            filters = {"type": ["container"], "label": [f"{labels.RUN}={run}"], "event": ["health_status"]}
+            events = ["health_status", "pause", "unpause"]
+            filters = {"type": ["container"], "label": [f"{labels.RUN}={run}"], "event": events}
             try:
                 self._health = self.api.events(filters=filters, decode=True)
             except docker.errors.APIError as exc:
@@ -1309,13 +1325,29 @@ class DockerStageBackend:
         with contextlib.suppress(Exception):  # the stream ends when close() closes it, or the engine goes
             for event in stream:
                 ref = str((event.get("Actor") or {}).get("ID") or event.get("id") or "")
-                if not str(event.get("Action") or event.get("status") or "").endswith("unhealthy"):
-                    continue
-                if ref not in self._reading or ref in self._unhealthy or self._tearing_down.is_set():
-                    continue
-                self._unhealthy[ref] = self._health_said(ref)
-                with contextlib.suppress(docker.errors.APIError):
-                    self.api.kill(ref, "SIGKILL")
+                action = str(event.get("Action") or event.get("status") or "")
+                if action == "pause" and ref in self._checked:
+                    self._paused.add(ref)
+                    self._threads.start(self._paused_too_long, ref, name="stage-paused")
+                elif action == "unpause":
+                    self._paused.discard(ref)
+                elif action.endswith("unhealthy"):
+                    self._ill(ref, self._health_said(ref))
+
+    def _ill(self, ref: str, said: str) -> None:
+        if ref not in self._reading or ref in self._unhealthy or self._tearing_down.is_set():
+            return
+        self._unhealthy[ref] = said
+        with contextlib.suppress(docker.errors.APIError):
+            self.api.kill(ref, "SIGKILL")
+
+    def _paused_too_long(self, ref: str) -> None:
+        """Docker runs no health check in a paused container: paused for as long as its checks may fail, the stage
+        is unhealthy all the same (a frozen rank is a hung one)."""
+        limit = self._checked.get(ref, 0.0)
+        if self._unwatched.wait(limit) or ref not in self._paused:
+            return
+        self._ill(ref, f"unhealthy: paused for {limit:g} s, its health check could not run")
 
     def _health_said(self, ref: str) -> str:
         """How the check failed, in one line: how many times in a row, and its last output."""
@@ -1497,6 +1529,7 @@ class DockerStageBackend:
 
     def tearing_down(self) -> None:
         self._tearing_down.set()
+        self._unwatched.set()
         with contextlib.suppress(errors.PpLaunchError):
             self._all_created()
 
@@ -1504,6 +1537,7 @@ class DockerStageBackend:
         """Every thread of this backend ended: the handed-over stages let go first (a detached run's), then each
         joined, at most `timeout` seconds in all."""
         deadline = time.monotonic() + timeout
+        self._unwatched.set()
         with self._health_lock:
             if self._health is not None:
                 with contextlib.suppress(Exception):
