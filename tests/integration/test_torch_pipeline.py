@@ -32,7 +32,8 @@ def shards(torch_image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     """The model's four shards, written by the example itself (a one-stage chain, as its docs say)."""
     folder = tmp_path_factory.mktemp("torch-weights")
     made = Launcher("chain", "--stages", "1", "--gpus", "none", "--image", torch_image, "--rendezvous", "torch",
-                    "--user", f"{os.getuid()}:{os.getgid()}", "-v", f"{folder}:/w", "--", "write-weights", "/w", "4")  # fmt: skip
+                    "--user", f"{os.getuid()}:{os.getgid()}", "-v", f"{folder}:/w",
+                    "--", "write-weights", "/w", "4")  # fmt: skip
     assert made.wait(300) == 0, made.stderr_text()
     yield folder
 
