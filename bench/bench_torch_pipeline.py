@@ -42,6 +42,7 @@ def main() -> int:
     pp = [sys.executable, "-m", "pp_launch"]
     with tempfile.TemporaryDirectory(prefix="pp-bench-torch-") as scratch:
         for world in (1, 4):
+            Path(scratch, str(world)).mkdir()
             subprocess.run([*pp, "chain", "--stages", "1", "--gpus", "none", "-q", "--image", image, "--rendezvous",
                             "torch", "-v", f"{scratch}/{world}:/w", "--", "write-weights", "/w", str(world)],
                            check=True)  # fmt: skip
