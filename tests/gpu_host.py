@@ -18,6 +18,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -35,6 +36,7 @@ class FakeGpuHost:
     def __init__(self, inventory: Path = DATA / "nvlink-8gpu.json", netns_of: SideEngine | None = None) -> None:
         self.root = Path(tempfile.mkdtemp(prefix="pp-gpu-host-"))
         self.home_engine = suite_engine()  # the suite's engine, kept: its runs' records are removed there alone
+        self._starting = threading.Lock()
         self.inventory_path = self.root / "inventory.json"
         shutil.copyfile(inventory, self.inventory_path)
         self.inventory = inventory_file.load(self.inventory_path)
@@ -52,9 +54,13 @@ class FakeGpuHost:
 
     # ------------------------------------------------------------------------------------------ engines
     def engine(self, mode: str) -> SideEngine:
-        if mode not in self.engines:
-            self.engines[mode] = self._start(mode)
-        return self.engines[mode]
+        """The GPU engine of `mode`, started on first use: one per mode, also when two threads ask at once (two
+        chains started together on a fresh host: each got an engine of its own, both the same GPUs, and the one
+        not kept was left running)."""
+        with self._starting:
+            if mode not in self.engines:
+                self.engines[mode] = self._start(mode)
+            return self.engines[mode]
 
     def _start(self, mode: str) -> SideEngine:
         runtime = str(self.bin / fake_toolkit.RUNTIME)

@@ -114,6 +114,14 @@ def test_no_import_reaches_up_or_out_of_its_floor(module: str, path: Path) -> No
 ENGINE_ADAPTERS = ("pp_launch.adapters.docker_engine", "pp_launch.adapters.docker_client")
 
 
+@pytest.mark.parametrize(("module", "path"), [m for m in modules() if m[0].startswith(("cli.", "testing."))])
+def test_the_cli_and_the_kit_go_through_the_use_cases_alone(module: str, path: Path) -> None:
+    """The CLI and the testing kit are users of pp-launch: every piece of I/O they need is a use case's (app/),
+    never an adapter reached around it."""
+    reached = [t for t in imports(path) if t.startswith("pp_launch.adapters")]
+    assert reached == [], f"{module} reaches an adapter itself: {reached}"
+
+
 @pytest.mark.parametrize(("module", "path"), [m for m in modules() if m[0].startswith("testing.")])
 def test_the_testing_kit_reaches_engines_only_through_the_use_cases(module: str, path: Path) -> None:
     """The kit is a user of pp-launch like the CLI: an engine is the app's to reach (app.hosts.engine_here), so

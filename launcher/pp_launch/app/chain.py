@@ -160,6 +160,19 @@ def _held(name: str, info: dict[str, Any], host: str | None) -> str:
     )
 
 
+BuildLog = images.BuildLog  # every line a build's tools print, shown when it fails (the CLI's `images build`)
+
+
+def new_run_id() -> str:
+    """A new run's id (the testing kit names its runs as a launch does)."""
+    return identity.new_run_id()
+
+
+def this_host() -> str:
+    """This machine's name as a run's owner label carries it."""
+    return identity.here().host
+
+
 def owner_label(detach: bool) -> str:
     """Whose the run's containers are: this launcher's user and process, or no process's once it is detached."""
     return labels.OWNER_DETACHED if detach else identity.current_owner().label()

@@ -34,6 +34,16 @@ ATTACH_MODES = gpu_requests.ATTACH_MODES
 INVENTORY_ENV = inventory_file.INVENTORY_ENV
 
 
+def read_inventory_file(path: str) -> GpuInventory:
+    """An inventory file (docs/formats.md), or an example the package carries (`example:NAME`)."""
+    return inventory_file.load(path)
+
+
+def save_inventory(inventory: GpuInventory, path: str) -> None:
+    """`gpus --record FILE`: the inventory written in the file's format."""
+    inventory_file.save(inventory, path)
+
+
 def load_inventory(path: str | None) -> GpuInventory:
     """From the file when one is named (flag or PP_LAUNCH_GPU_INVENTORY), else from NVML. No driver: empty,
     with the reason in `note`."""

@@ -25,6 +25,14 @@ from pp_launch.app.site import Where as Where
 from pp_launch.core import errors
 
 
+def ray_log() -> tuple[int, str]:
+    """Where Ray's own driver lines are set aside (without -v): an open file of this user's state, and its path."""
+    from pp_launch.adapters import host_state
+
+    fd, path = host_state.ray_log()
+    return fd, str(path)
+
+
 def site(where: Where, run: str | None, voice: Voice) -> Site:
     """The place `where` names, opened (for --all-hosts, the hosts recorded for `run` too)."""
     from pp_launch.app import sites

@@ -9,7 +9,6 @@ from typing import Any
 
 import click
 
-from pp_launch.adapters import identity, inventory_file
 from pp_launch.app import gpus as gpu_select
 from pp_launch.app import hosts as across
 from pp_launch.cli.main import main
@@ -94,7 +93,9 @@ def gpus(
         _watch(gpu_inventory, interval, frames)
         return
     host_name = hosts.parse_hosts([host])[0] if host is not None else None
-    probe = (identity.current_owner().label(), identity.new_run_id()) if host_name else ("", "")  # --host's probe
+    from pp_launch.app import chain as steps
+
+    probe = (steps.owner_label(False), steps.new_run_id()) if host_name else ("", "")  # --host's probe
     seen = across.gpus_seen(host_name, gpu_inventory, image, gpu_attach, *probe)
     inventory = seen.inventory
     held = holders_by_uuid(seen.holders or [])
@@ -103,7 +104,7 @@ def gpus(
     if record:
         if not inventory.gpus and inventory.note:
             raise errors.ConfigError(f"nothing recorded to {record}: {inventory.note}")
-        inventory_file.save(inventory, record)
+        gpu_select.save_inventory(inventory, record)
     if inventory.note:
         click.echo(inventory.note, err=True)
     if as_json:  # JSON lines, as every --json; an inventory file as it is, with who holds what beside it

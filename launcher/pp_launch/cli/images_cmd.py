@@ -51,12 +51,11 @@ def images_build(ctx: click.Context, base: str | None, host_names: tuple[str, ..
       pp-launch -v images build                 # with debootstrap's and docker build's own lines
       pp-launch images build --host ssh://gpu2  # another engine (nothing is pulled there either)
     """
-    from pp_launch.adapters import images
     from pp_launch.core.hosts import parse_hosts
 
     verbosity = ctx.obj["verbosity"]
     view = StepView(quiet=verbosity < 0)
-    log = images.BuildLog(echo=view.raw if verbosity > 0 else None)
+    log = steps.BuildLog(echo=view.raw if verbosity > 0 else None)
     try:
         steps.build_images(view, base, parse_hosts(host_names), log)
     finally:

@@ -79,14 +79,14 @@ def set_aside_ray_output(verbosity: int | None = None) -> str:
 
     if importlib.util.find_spec("ray") is None:  # no Ray here: the command says so; nothing of Ray's to set aside
         return ""
-    from pp_launch.adapters import host_state
+    from pp_launch.app import runs
 
     try:
         sys.stderr.flush()
         terminal = os.dup(2)
     except (OSError, ValueError):
         return ""
-    fd, path = host_state.ray_log()
+    fd, path = runs.ray_log()
     os.dup2(fd, 2)  # fd 2 itself: C++ code writes there, whatever Python's sys.stderr is
     kept = open(fd, "w", buffering=1, encoding="utf-8", errors="backslashreplace")  # noqa: SIM115 (for the process)
     ours = open(terminal, "w", buffering=1, encoding="utf-8", errors="backslashreplace")  # noqa: SIM115

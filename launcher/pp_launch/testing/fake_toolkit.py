@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pp_launch.adapters import inventory_file
+from pp_launch.app import gpus as gpu_select
 from pp_launch.core.gpu.inventory import GpuInventory
 from pp_launch.testing import fake_nvml
 
@@ -113,7 +113,7 @@ def hook_main(bin_dir: str, argv: Sequence[str]) -> int:
     config = json.loads((bundle / "config.json").read_text())
     env = dict(e.split("=", 1) for e in config.get("process", {}).get("env", []) if "=" in e)
     value = env.get("NVIDIA_VISIBLE_DEVICES")
-    inv = inventory_file.load(settings["inventory"])
+    inv = gpu_select.read_inventory_file(settings["inventory"])
     entry: dict[str, Any] = {"id": state.get("id"), "NVIDIA_VISIBLE_DEVICES": value}
     if delay := float(settings.get("delay", 0) or 0):
         time.sleep(delay)  # a stand-in for the real toolkit's per-container work

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from pp_launch.adapters import inventory_file
+from pp_launch.app import gpus as gpu_select
 from pp_launch.testing import kit
 
 TESTCONTAINERS_SESSION = "org.testcontainers.session-id"
@@ -46,10 +46,10 @@ def _session_id() -> str | None:
 def _containers(engine: Any) -> dict[str, dict[str, Any]]:
     """Containers this session made: pp-launch's (owner: this process or a process it started) and
     testcontainers' (this session's id). Per process, so per pytest-xdist worker."""
-    from pp_launch.adapters import identity
+    from pp_launch.app import chain as steps
     from pp_launch.core import labels
 
-    me, host = os.getpid(), identity.here().host
+    me, host = os.getpid(), steps.this_host()
     found: dict[str, dict[str, Any]] = {}
     for c in engine.containers([labels.RUN]):
         owner = labels.Owner.parse(c.labels.get(labels.OWNER, ""))
@@ -272,5 +272,5 @@ def pp_gpu_inventory(tmp_path_factory: pytest.TempPathFactory) -> Path:
         inv, gpus=tuple(dataclasses.replace(g, processes=(), memory_used_mib=512) for g in inv.gpus)
     )
     path = tmp_path_factory.mktemp("pp-gpus") / "inventory.json"
-    inventory_file.save(inv, path)
+    gpu_select.save_inventory(inv, str(path))
     return path

@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from pp_launch.adapters import identity
+from pp_launch.app import chain as steps
 from pp_launch.app import launch, worker_check
 from pp_launch.app.docker_site import DockerSite
 from pp_launch.app.hosts import engine_here
@@ -138,7 +138,7 @@ class StageContainer:
             caches="none",
         )
         gpus = [self.gpus if k == self.stage else () for k in range(self.num_stages)]
-        owner, run_id = identity.current_owner().label(), identity.new_run_id()
+        owner, run_id = steps.owner_label(False), steps.new_run_id()
         plan = build_plan(request, {}, owner, gpus, [device_requests(g, self.gpu_attach) for g in gpus], run_id)
         spec = plan.stages[self.stage]
         if self.stage_command:
@@ -349,7 +349,7 @@ def Chain(
     docker_run: docker run's options for every stage, as `pp-launch chain` takes them (docs/chain.md), under the chain
     file's names or the plural ones: volume=[...] (or volumes), stage_volume, mount, shm_size="2g", ipc="host",
     ulimit, device, cap_add, user, workdir, label; a value docker would refuse raises ValueError naming it."""
-    run_id = identity.new_run_id()
+    run_id = steps.new_run_id()
     request = launch.LaunchRequest(
         ChainRequest(
             stages=stages,
