@@ -1,7 +1,7 @@
 """Leaving cleanly (docs/getting-started.md, "Uninstall"): `pp-launch uninstall` removes everything of the user's
 that pp-launch made on an engine (the records its runs made, pp-launch's images) and the user's state, with a dry
-run that changes nothing; a live run of the user stops it; a neighbour's record is never touched. On an engine of
-its own (its images go)."""
+run that changes nothing; a live run of the user stops it; a neighbour's record is never touched. On the side
+engine, whose images are loaded again after it."""
 
 from __future__ import annotations
 
@@ -21,14 +21,10 @@ NEIGHBOUR = "pp-launch-record-aaaaaaaaaaaa-0a0b0c0d"
 
 
 @pytest.fixture
-def own_engine(our_images) -> Iterator[SideEngine]:  # type: ignore[no-untyped-def]
-    side = SideEngine("uninstall")
-    try:
-        side.start()
-        side.load(*our_images)
-        yield side
-    finally:
-        side.close()
+def own_engine(side_engine, our_images) -> Iterator[SideEngine]:  # type: ignore[no-untyped-def]
+    """The side engine, with pp-launch's images loaded again once the test removed them (other tests need them)."""
+    yield side_engine
+    side_engine.load(*our_images)
 
 
 def test_uninstall_removes_the_users_records_images_and_state_and_nothing_else(
@@ -42,8 +38,10 @@ def test_uninstall_removes_the_users_records_images_and_state_and_nothing_else(
         return subprocess.run([sys.executable, "-m", "pp_launch", *args], capture_output=True, text=True, env=full,
                               timeout=120, check=False)  # fmt: skip
 
+    others = set(own_engine.docker("volume", "ls", "-q").stdout.split())  # other tests' (the engine is shared)
+
     def ours() -> tuple[list[str], list[str]]:
-        volumes = own_engine.docker("volume", "ls", "-q").stdout.split()
+        volumes = set(own_engine.docker("volume", "ls", "-q").stdout.split()) - others
         images = own_engine.docker("image", "ls", "--format", "{{.Repository}}:{{.Tag}}", "pp-launch/*").stdout.split()
         return sorted(volumes), sorted(images)
 
