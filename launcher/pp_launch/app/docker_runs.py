@@ -84,8 +84,9 @@ class DockerRuns:
                 continue
             gpus = housekeeping.local_inventory() if name is None else None  # NVML here: only this engine's GPUs
             where = (name or "local") if self.several else None
-            rows += housekeeping.list_stages(engine, found, details=details, gpus=gpus, host=where)
-            self._say_record_faults(engine, found)
+            rows += housekeeping.list_stages(
+                engine, found, details=details, gpus=gpus, host=where, faults=self._say_record_fault
+            )
         if ended_too:
             rows += self._ended({r.run for r in rows}, run)
         if run is not None and not rows:
@@ -281,10 +282,13 @@ class DockerRuns:
         with contextlib.suppress(errors.PpLaunchError):
             for r in guard.records(engine, run):
                 if r.fault:
-                    self.voice.note(
-                        f"pp-launch: warning: run {r.run}'s record is incomplete ({r.fault}): once it ends, "
-                        "'wait', 'ps -a' and 'logs' cannot tell how its stages ended"
-                    )
+                    self._say_record_fault(r)
+
+    def _say_record_fault(self, r: guard.GuardRecord) -> None:
+        self.voice.note(
+            f"pp-launch: warning: run {r.run}'s record is incomplete ({r.fault}): once it ends, 'wait', 'ps -a' "
+            "and 'logs' cannot tell how its stages ended"
+        )
 
     def logs(self, run: str, view: LogView) -> None:
         try:

@@ -314,13 +314,18 @@ def list_stages(
     details: bool = False,
     gpus: GpuInventory | None = None,
     host: str | None = None,
+    faults: Callable[[guard.GuardRecord], None] = lambda record: None,
 ) -> list[StageRow]:
     """Every stage container of every run (or of `run`). details: also each running stage's announced address
-    and uptime (a look at each container); gpus: each GPU's index, memory and utilisation from that inventory."""
+    and uptime (a look at each container); gpus: each GPU's index, memory and utilisation from that inventory;
+    faults: told each run's guard that could not append to its record (read with the rest, once)."""
     now = time.time()
     by_uuid = {g.uuid: g for g in (gpus.gpus if gpus is not None else ())}
     found = engine.containers(labels.run_selector(run) if run else labels.run_selector())
     vouched = vouch(engine, found)
+    for record in vouched.guards:
+        if record.fault:
+            faults(record)
     guarded = {r.id for r in vouched.guards}
     loose = {c.id for c in vouched.unrecorded}
     guardless = {r.run for r in vouched.guardless}
