@@ -39,6 +39,9 @@ def test_a_command_runs_in_every_stage_with_its_fields_filled(engine, stub_image
         run = roster["run"]
         shown = docker("inspect", "-f", "{{json .Config.Cmd}}", f"pp-{run}-1").stdout
         assert "args {stage}" not in shown and re.search(r"args 1/3", shown), shown  # the model's command, filled
+        # docker ps's COMMAND: stage 0 (no peers to wait for) runs the model's command itself, whichever the bring-up
+        listed = docker("ps", "--no-trunc", "--format", "{{.Command}}", "--filter", f"name=^pp-{run}-0$").stdout
+        assert listed.strip().startswith('"sh -c'), listed
     finally:
         chain.signal(signal.SIGINT)
         assert chain.wait(60) == 130, chain.stderr_text()

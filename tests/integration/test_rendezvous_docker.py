@@ -1,7 +1,8 @@
 """--rendezvous torch (docs/chain.md, "torch.distributed, as torchrun runs it"): each stage gets torchrun's variables
 and the stages meet at MASTER_ADDR:MASTER_PORT with no announcement, as an `env://` program does (here a small
 TCP all-reduce in the standard library, the way torch's TCPStore rendezvous meets: rank 0 listens, the others
-connect). The chain completes once every rank exited 0; a killed rank fails it."""
+connect). The chain completes once every rank exited 0; a killed rank fails it. No stage runs under the hand-off
+entry: each container's command is the program's own."""
 
 from __future__ import annotations
 
@@ -31,7 +32,8 @@ else:
             time.sleep(0.1)
     conn.sendall(f"{rank}\\n".encode())
     total = int(conn.makefile().readline())
-print(f"rank {rank}/{world} local {os.environ['LOCAL_RANK']} sum {total}", flush=True)
+init = open("/proc/1/cmdline").read().split("\\0")  # tini: docker-init -- PATH ARGS..., PATH as docker ps shows it
+print(f"rank {rank}/{world} local {os.environ['LOCAL_RANK']} sum {total} as {init[init.index('--') + 1]}", flush=True)
 """
 
 
@@ -41,7 +43,7 @@ def test_an_env_rendezvous_program_runs_unmodified_as_a_chain(engine, stub_image
     assert chain.wait(90) == 0, chain.stderr_text()
     said = chain.stderr_text()
     for k in range(4):
-        assert f"[stage {k}] rank {k}/4 local {k} sum 6" in said, said
+        assert f"[stage {k}] rank {k}/4 local {k} sum 6 as python3" in said, said  # its own command: no hand-off entry
     assert chain.events_named("chain_stopped")[-1]["reason"] == "completed"
 
 

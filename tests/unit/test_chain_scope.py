@@ -343,13 +343,29 @@ def test_env_handoff_creates_and_starts_every_stage_before_any_handoff(n: int) -
     scope.run()
     kinds = [c[0] for c in backend.calls]
     first_deliver = kinds.index("deliver")
-    assert kinds[:first_deliver].count("create_waiting") == n and kinds[:first_deliver].count("start") == n
-    assert [c[1] for c in backend.calls if c[0] == "deliver"] == list(range(n))  # each once its peer is known
-    assert backend.delivered[0] == ["PP_HANDOFF_DONE"]
+    assert kinds[:first_deliver].count("create_waiting") == n - 1 and kinds[:first_deliver].count("start") == n
+    assert kinds[:first_deliver].count("create") == 1  # stage 0 has no peers: its own command, no hand-off entry
+    assert [c[1] for c in backend.calls if c[0] == "deliver"] == list(range(1, n))  # each once its peer is known
+    assert 0 not in backend.delivered
     for k in range(1, n):
         env = backend.envs[k]
         assert env["PEER_NODE_ID"] == node_id(k - 1) and env["FIRST_PEER_DIRECT"] == "127.0.0.1:7000"
     assert [e["stage_index"] for e in reporter.named("pp_stage_roster")[0]["stages"]] == list(range(n))
+    assert backend.existing == {}
+
+
+@pytest.mark.parametrize("handoff", ["env", "stdin"])
+def test_a_rendezvous_run_starts_every_stage_with_its_own_command_and_hands_nothing_off(handoff: str) -> None:
+    """--rendezvous torch: no stage waits under the hand-off entry (docker ps shows each stage's own command), none
+    is sent peer lines on its stdin, and the roster is every running stage at the master's address."""
+    scripts = {k: StageScript(announce=False) for k in range(3)}
+    scope, backend, reporter, _ = make_parallel(3, scripts, rendezvous="torch", handoff=handoff)
+    scope.inbox.at(2000.0, StopRequested(signal.SIGTERM))
+    scope.run()
+    assert [c[0] for c in backend.calls if c[0].startswith("create")] == ["create"] * 3
+    assert "deliver" not in [c[0] for c in backend.calls] and backend.delivered == {}
+    roster = reporter.named("pp_stage_roster")[0]["stages"]
+    assert [e["stage_index"] for e in roster] == [0, 1, 2]
     assert backend.existing == {}
 
 
@@ -380,7 +396,7 @@ def test_a_waiting_stage_that_never_gets_its_handoff_is_stopped_with_the_rest() 
     scope, backend, _, _ = make_parallel(3, {0: StageScript(announce=False)})
     outcome = scope.run()
     assert outcome.exit_code == 1 and "stage 0" in outcome.message and "did not announce" in outcome.message
-    assert [c[1] for c in backend.calls if c[0] == "deliver"] == [0]  # stages 1 and 2 still waiting
+    assert [c[1] for c in backend.calls if c[0] == "deliver"] == []  # stages 1 and 2 still waiting
     assert backend.existing == {}
 
 

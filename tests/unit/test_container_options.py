@@ -323,9 +323,10 @@ def test_a_command_and_env_values_take_stage_stages_and_first_peer() -> None:
     request = ChainRequest(stages=3, command=command, env=env, stage_env=last)
     plan = build_plan(request, {"HOME": "/h"}, "me", [()] * 3, [()] * 3, "r" * 12)
     assert [s.command for s in plan.stages] == [
-        ("serve", f"--rank={k}", "of 3", "{x}", "--m={first_peer}") for k in range(3)
+        ("serve", f"--rank={k}", "of 3", "{x}", "--m=" if k == 0 else "--m={first_peer}") for k in range(3)
     ]
     assert plan.stages[2].env["LAST"] == "2/3" and plan.stages[1].env["WHO"] == "1@{first_peer}"
+    assert plan.stages[0].env["WHO"] == "0@" and "PP_HANDOFF_FILLS" not in plan.stages[0].env  # stage 0: no peer
     assert plan.stages[1].env["PP_HANDOFF_FILLS"] == "WHO" and plan.stages[1].env["PP_HANDOFF_ARGS"] == "1"
     first = StageAnnouncement(node_id_hex="ab" * 32, direct="127.0.0.1:4000,10.0.0.1:4000")
     one = plan.stages[1].with_first_peer(first)

@@ -212,7 +212,8 @@ def test_one_scope_runs_each_stage_on_its_own_host_and_tears_all_down() -> None:
     scope, fakes, backend = across(4)
     scope.inbox.at(2000.0, StopRequested(signal.SIGTERM))
     outcome = scope.run()
-    assert [c[1] for c in fakes["a"].calls if c[0] == "create_waiting"] == [0, 1]
+    assert [c[1] for c in fakes["a"].calls if c[0] in ("create", "create_waiting")] == [0, 1]
+    assert [c[1] for c in fakes["a"].calls if c[0] == "create_waiting"] == [1]  # stage 0 runs its own command
     assert [c[1] for c in fakes["b"].calls if c[0] == "create_waiting"] == [2, 3]
     assert fakes["b"].envs[2]["PEER_DIRECT"] == "127.0.0.1:7001"  # stage 1's announcement, from host a
     assert outcome.exit_code == 128 + signal.SIGTERM and not outcome.orphans

@@ -1,7 +1,8 @@
 """The hand-off of a chain brought up in parallel: every container is created and started at once;
 what a stage learns from the stages before it reaches it later, on the stdin that is already its lifeline.
 
-`env` (the default; swactor's contract): the stage runs under ENTRY, a POSIX sh entry that reads
+`env` (the default; swactor's contract): stage k >= 1 runs under ENTRY (stage 0 has no peers and runs its own
+command, as every stage of a --rendezvous run does), a POSIX sh entry that reads
 `NAME=value` lines of the hand-off (PEER_*/FIRST_PEER_* only, values already validated by the launcher) up to
 DONE, exports them and execs the image's own entrypoint and command: the worker starts with exactly the
 environment a sequential start gives it. If stdin ends first (the launcher is gone), it exits 1; a signal

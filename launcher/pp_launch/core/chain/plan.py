@@ -225,10 +225,12 @@ def _stage_command(request: ChainRequest, k: int, env: dict[str, str]) -> tuple[
     """Stage k's command with the fields known when planned filled (core/chain/fields.py), its --env values too;
     what the hand-off entry fills later is named in `env`."""
     known = fields.planned(k, request.stages)
+    if k == 0 or request.rendezvous:  # stage 0 is the first peer; a rendezvous run's first peer is its master
+        known.update(fields.first_peer(rendezvous.master(env) if request.rendezvous else None))
     for name in {n for n, _ in request.env} | {n for s, n, _ in request.stage_env if s == k}:
         env[name] = fields.fill(env[name], known)
     command = tuple(fields.fill(a, known) for a in request.command) if request.command is not None else None
-    if request.handoff == "env" and request.parallel:
+    if request.handoff == "env" and request.parallel and fields.FIRST_PEER not in known:
         _hand_off_fields(env, command)
     return command
 

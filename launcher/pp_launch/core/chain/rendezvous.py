@@ -49,6 +49,9 @@ def torch_env(k: int, stages: int, stage_hosts: tuple[str, ...], given: Mapping[
 def announced(ref: str, env: Mapping[str, str]) -> StageAnnouncement:
     """What a stage of a rendezvous run is taken to have announced as it starts: a node id from its container's
     id, and the master's address (the one address every rank meets at)."""
-    node = hashlib.sha256(ref.encode()).hexdigest()
-    port = env.get(MASTER_PORT) or "29500"
-    return StageAnnouncement(node_id_hex=node, direct=f"{env.get(MASTER_ADDR) or LOCAL}:{port}")
+    return StageAnnouncement(node_id_hex=hashlib.sha256(ref.encode()).hexdigest(), direct=master(env))
+
+
+def master(env: Mapping[str, str]) -> str:
+    """host:port where every rank meets the master (torch's default port when none is set)."""
+    return f"{env.get(MASTER_ADDR) or LOCAL}:{env.get(MASTER_PORT) or '29500'}"

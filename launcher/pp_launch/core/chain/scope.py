@@ -322,17 +322,20 @@ class ChainScope:
 
     def _bring_up_parallel(self) -> _End | None:
         """Create and start every stage at once; then hand each stage its peers the moment they are known:
-        `env`, stage k's entry gets PEER_*/FIRST_PEER_* once stage k-1 announced and execs the worker;
+        `env`, stage k >= 1's entry gets PEER_*/FIRST_PEER_* once stage k-1 announced and execs the worker (stage 0
+        has no peers: it runs its own command from the start, as every stage of a --rendezvous run does);
         `stdin`, the workers run from the start and stage k >= 1 reads PP_PEER/PP_FIRST_PEER lines."""
         backend = self.backend
         assert isinstance(backend, HandoffBackend)
-        waiting = self.plan.handoff == "env"
+        waiting = self.plan.handoff == "env" and not self.plan.rendezvous
         for st in self.stages:
             self._move(st, events.StageInput.CREATE)
 
         def create(st: _Stage) -> str:
             env = dict(st.spec.env)
-            return backend.create_waiting(st.spec, env) if waiting else backend.create(st.spec, env)
+            if waiting and st.spec.index > 0:
+                return backend.create_waiting(st.spec, env)
+            return backend.create(st.spec, env)
 
         def start(st: _Stage) -> None:
             assert st.ref is not None
@@ -378,10 +381,6 @@ class ChainScope:
         """Stage by stage: wait for its announcement (its own --addr-timeout), hand it to the next stage."""
         first: StageAnnouncement | None = None
         prev: StageAnnouncement | None = None
-        if waiting:
-            end = self._deliver(self.stages[0], handoff.env_lines(None, None, self.stages[0].spec.first_peer_env(None)))
-            if end is not None:
-                return end
         for k, st in enumerate(self.stages):
             end = self._pump(self._announced(st), st.started_at + self.plan.addr_timeout)
             if end is not None:
@@ -390,7 +389,7 @@ class ChainScope:
                 return self._not_announced(st)
             prev = st.announcement
             first = first or prev
-            if k + 1 < len(self.stages):
+            if k + 1 < len(self.stages) and not self.plan.rendezvous:  # a rendezvous run's stages need no peers
                 after = self.stages[k + 1].spec
                 data = (
                     handoff.env_lines(prev, first, after.first_peer_env(first))
