@@ -793,3 +793,18 @@ def test_the_head_lost_mid_run_ends_in_our_teardown_and_one_line(cluster) -> Non
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_torch_rendezvous_runs_across_two_nodes_with_the_master_on_stage_0s(cluster) -> None:  # type: ignore[no-untyped-def]
+    """--rendezvous torch on Ray: stage 0's node is the master (its address as Ray knows it, a port its agent found
+    free), every rank meets there with no announcement, each counts its LOCAL_RANK on its own node."""
+    from .test_rendezvous_docker import PROGRAM
+
+    r = cluster.run(PP, "chain", "--ray", cluster.address, "--stages", "3", "--gpus", "none", "--stages-per-host",
+                    "2", "--rendezvous", "torch", "--grace", "1", "--entrypoint", "python3",
+                    "--", "-c", PROGRAM)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "a: stages 0, 1; b: stages 2" in r.stderr, r.stderr
+    for k, local in ((0, 0), (1, 1), (2, 0)):
+        assert f"[stage {k}] rank {k}/3 local {local} sum 3 as python3" in r.stdout, r.stdout
+    assert "nothing left behind" in r.stderr

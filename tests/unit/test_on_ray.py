@@ -331,3 +331,42 @@ def test_ray_is_shut_down_only_once_no_pump_of_the_run_is_inside_it(
     outcome = None if told is None else ChainOutcome(told, "completed" if told == 0 else "failed", "the run's own")
     site.finish(None if outcome is None else Launched(None, "", outcome))  # type: ignore[arg-type]
     assert cluster.ended == [ended] and pumps.asked == asked
+
+
+class FakeGrant:
+    """What a Ray attempt holds, without a cluster: each block's agent reports a port free on its node."""
+
+    def __init__(self) -> None:
+        self.served: list[StageHandle] = []
+
+    def grant(
+        self, request: LaunchRequest, blocks: list[tuple[RayNode, int]], per_stage: int
+    ) -> list[list[StageHandle]]:
+        return [
+            [StageHandle(None, n, {"gpus": [], "port": 40000 + i}) for _ in range(k)]
+            for i, (n, k) in enumerate(blocks)
+        ]
+
+    def serve(self, handles: list[StageHandle]) -> None:
+        self.served = handles
+
+
+def test_a_rendezvous_on_ray_meets_on_stage_0s_node_at_a_port_its_agent_picked() -> None:
+    """--rendezvous torch on Ray: MASTER_ADDR is stage 0's node as Ray knows it, MASTER_PORT one its agent found free
+    there; LOCAL_RANK and GROUP_RANK count per node; --env wins; a dry run names the node and leaves the port to the
+    launch."""
+    nodes = [dataclasses.replace(node(n, 0), address=a) for n, a in (("a", "10.0.0.1"), ("b", "10.9.9.9"))]
+    chain = ChainRequest(stages=4, rendezvous="torch")
+    req = LaunchRequest(chain, GpuOptions(mode="none"), ray="HEAD:6379", stages_per_host=2, run_id="r" * 12)
+    plan, _ = planning.Granted().plan(req, nodes, {"HOME": "/h"}, FakeGrant())
+    envs = [s.env for s in plan.stages]
+    assert {(e["MASTER_ADDR"], e["MASTER_PORT"]) for e in envs} == {("10.0.0.1", "40000")}
+    assert [(e["RANK"], e["LOCAL_RANK"], e["GROUP_RANK"]) for e in envs] == [
+        ("0", "0", "0"), ("1", "1", "0"), ("2", "0", "1"), ("3", "1", "1")
+    ]  # fmt: skip
+    given = dataclasses.replace(req, chain=dataclasses.replace(chain, env=(("MASTER_PORT", "29400"),)))
+    assert planning.Granted().plan(given, nodes, {}, FakeGrant())[0].stages[3].env["MASTER_PORT"] == "29400"
+    dry = planning.Granted().dry_plan(dataclasses.replace(req, placement="spread"), nodes[::-1], {}, False).plan
+    assert dry.stages[0].env["MASTER_ADDR"] == "10.9.9.9" and "MASTER_PORT" not in dry.stages[0].env
+    plain = planning.Granted().plan(dataclasses.replace(req, chain=ChainRequest(stages=2)), nodes, {}, FakeGrant())
+    assert "MASTER_ADDR" not in plain[0].stages[0].env

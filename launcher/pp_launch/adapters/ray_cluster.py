@@ -89,6 +89,7 @@ class RayNode:
     cpus: float
     engine: str  # its pp-launch.docker-host label ("" : its DOCKER_HOST)
     head: bool = False  # the head's own node: it goes with the head
+    address: str = ""  # its IP address as Ray knows it (NodeManagerAddress)
 
 
 def connect(address: str) -> Cluster:
@@ -228,7 +229,8 @@ class Cluster:
             gpus = int(res.get("GPU", 0))
             left = int(free[node_id].get("GPU", 0)) if node_id in free else gpus  # none left: Ray omits the key
             cpus, engine, head = float(res.get("CPU", 0)), lab.get(ENGINE_LABEL, ""), HEAD_RESOURCE in res
-            out.append(RayNode(node_id, name, gpus, left, cpus, engine, head))
+            address = str(n.get("NodeManagerAddress", ""))
+            out.append(RayNode(node_id, name, gpus, left, cpus, engine, head, address))
         return sorted(out, key=lambda n: n.name)
 
     def reserve(
@@ -464,7 +466,10 @@ class NodeAgent:
 
             self.gpu_watch = GpuWatch(uuids, self._on_xid).start()
         node_id = ray.get_runtime_context().get_node_id()
+        from pp_launch.adapters.local import free_port
+
         return {
+            "port": free_port(),  # a port free on this node now: a rendezvous's MASTER_PORT when its stage 0 is here
             "gpus": uuids,
             "watch": self.gpu_watch.note if self.gpu_watch is not None else "",  # why some GPUs are not watched
             "inventory": inventory.to_json(),

@@ -294,10 +294,11 @@ def launch_environ(environ: Mapping[str, str]) -> dict[str, str]:
 
 def _named(request: LaunchRequest) -> LaunchRequest:
     """The request with its run id (a new one) and its containers' owner (this process, or a detached run's); with
-    --rendezvous torch, its MASTER_PORT (a port free on this machine, unless --env names one)."""
+    --rendezvous torch, its MASTER_PORT (a port free on this machine, unless --env names one; on Ray, stage 0's
+    node picks it: app/planning.py)."""
     run_id = request.run_id or identity.new_run_id()
     chain = request.chain
-    if chain.rendezvous == "torch" and not any(name == "MASTER_PORT" for name, _ in chain.env):
+    if chain.rendezvous == "torch" and request.ray is None and not any(name == "MASTER_PORT" for name, _ in chain.env):
         chain = dataclasses.replace(chain, env=(*chain.env, ("MASTER_PORT", str(local.free_port()))))
     owner = request.owner or steps.owner_label(request.detach)
     return dataclasses.replace(request, chain=chain, run_id=run_id, owner=owner)

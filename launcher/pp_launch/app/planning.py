@@ -6,6 +6,7 @@ only through their own methods (app/places.py), so one engine and many are plann
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -188,6 +189,7 @@ class Granted(Planner["RayNode", Grant]):
         per_stage = gpus_per_stage(request)
         ordered, hops = ring_order(held.grant(request, node_blocks(request, places, per_stage), per_stage), per_stage)
         held.serve(ordered)
+        request = met_at(request, ordered[0].node.address, str(ordered[0].facts.get("port", "")))
         return _on_nodes(request, environ, [h.gpus for h in ordered], hops, [h.node.name for h in ordered]), ""
 
     def dry_plan(
@@ -202,6 +204,7 @@ class Granted(Planner["RayNode", Grant]):
             hops += [None] * (k - 1) + ([HOST_LEVEL] if len(blocks) > 1 else [None])
         stages = sum(k for _, k in blocks)
         nodes = [n.name for n, k in blocks for _ in range(k)]
+        request = met_at(request, blocks[0][0].address, "")  # the port: picked on stage 0's node at launch
         built = _on_nodes(request, environ, [()] * stages, tuple(hops) if per_stage and stages > 1 else (), nodes)
         free = "; ".join(f"{n.name}: {n.free_gpus} of {count(n.gpus, 'GPU')} free" for n in places)
         wanted = "; ".join(f"{n.name}: {count(k * per_stage, 'GPU')}" for n, k in blocks) if per_stage else ""
@@ -237,6 +240,17 @@ def _on_nodes(
         tuple(nodes),
         steps.launcher_label(owner),
     )
+
+
+def met_at(request: LaunchRequest, address: str, port: str) -> LaunchRequest:
+    """--rendezvous torch on Ray: the master on stage 0's node, at its address as Ray knows it and a port free
+    there (MASTER_ADDR and MASTER_PORT in --env win)."""
+    chain = request.chain
+    if not chain.rendezvous:
+        return request
+    given = {name for name, _ in chain.env}
+    more = tuple((k, v) for k, v in (("MASTER_ADDR", address), ("MASTER_PORT", port)) if v and k not in given)
+    return dataclasses.replace(request, chain=dataclasses.replace(chain, env=(*chain.env, *more)))
 
 
 def gpus_per_stage(request: LaunchRequest) -> int:

@@ -118,11 +118,10 @@ def _inventory_problems(r: LaunchRequest) -> list[str]:
 
 
 def _rendezvous_problems(r: LaunchRequest) -> list[str]:
-    """--rendezvous torch needs the master's address where a launch can tell it (one engine, or --host engines)."""
+    """--rendezvous torch needs the master's address where a launch can tell it (one engine, --host engines, Ray)."""
     if not r.chain.rendezvous:
         return []
     return [
-        "--rendezvous torch and --ray do not go together yet: use --host engines" if r.ray is not None else "",
         "--rendezvous torch and --gpu-node do not go together: pp-gpu-node children set their own environment"
         if r.gpu_node else "",
     ]  # fmt: skip

@@ -216,9 +216,9 @@ def _checked(ctx: click.Context, option: click.Option, item: object, where: str)
     "--rendezvous",
     type=click.Choice(["torch"]),
     help="torch: every stage gets torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, "
-    "MASTER_PORT; the master on stage 0's place, at a port free here unless --env MASTER_PORT=...), all start at "
-    "once, and no stage has to announce: an unmodified init_process_group(init_method='env://') program runs as a "
-    "chain. Not on --ray yet.",
+    "MASTER_PORT; the master on stage 0's place, at a port free here, or on stage 0's Ray node, unless --env "
+    "MASTER_PORT=...), all start at once, and no stage has to announce: an unmodified "
+    "init_process_group(init_method='env://') program runs as a chain.",
 )
 @click.option(
     "--swactor-caches",
