@@ -611,6 +611,14 @@ def test_unhealthy_gpus_ray_grants_are_passed_over_or_refused_naming_them(cluste
                           "--stages-per-host", "2")  # fmt: skip
         allowed = cluster.run(PP, "chain", "--ray", "auto", "--stages", "4", "--gpus-per-stage", "1",
                               "--stages-per-host", "2", "--allow-unhealthy")  # fmt: skip
+        dry_two = cluster.run(PP, "chain", "--ray", "auto", "--stages", "4", "--gpus-per-stage", "1",
+                              "--stages-per-host", "2", "--dry-run")  # fmt: skip
+        dry_one = cluster.run(PP, "chain", "--ray", "auto", "--stages", "2", "--gpus-per-stage", "1",
+                              "--placement", "spread", "--dry-run")  # fmt: skip
+    # the dry run is the plan the launch makes: the same refusal, and what one stage on node b passes over
+    assert dry_two.returncode == 2 and "uncorrected ECC error" in dry_two.stderr, dry_two.stderr
+    assert all(u in dry_two.stderr for u in sick) and "--allow-unhealthy" in dry_two.stderr, dry_two.stderr
+    assert dry_one.returncode == 0 and "passed over as a launch would" in dry_one.stdout + dry_one.stderr, dry_one
     assert two.returncode == 2, two.stderr
     said = [line for line in two.stderr.splitlines() if line.startswith("pp-launch: error: ")]
     assert said and "not enough GPUs on Ray node b" in said[0], two.stderr

@@ -370,3 +370,27 @@ def test_a_rendezvous_on_ray_meets_on_stage_0s_node_at_a_port_its_agent_picked()
     assert dry.stages[0].env["MASTER_ADDR"] == "10.9.9.9" and "MASTER_PORT" not in dry.stages[0].env
     plain = planning.Granted().plan(dataclasses.replace(req, chain=ChainRequest(stages=2)), nodes, {}, FakeGrant())
     assert "MASTER_ADDR" not in plain[0].stages[0].env
+
+
+def test_a_dry_run_on_ray_passes_over_unhealthy_gpus_as_the_launch_does() -> None:
+    """The dry run plans with each node's GPU health, read on the node as its agent reads it at a launch: of node b's
+    4 GPUs, 3 with uncorrected ECC errors. One stage there fits (the plan names what it passes over); two are
+    refused as the launch refuses them, naming each GPU and --allow-unhealthy; --allow-unhealthy plans them."""
+    four = inventory_file.load(DATA / "plain-4gpu.json")
+    sick = dataclasses.replace(
+        four, gpus=tuple(dataclasses.replace(g, ecc_uncorrected=2) if i < 3 else g for i, g in enumerate(four.gpus))
+    )
+    nodes = [dataclasses.replace(node("a", 4), inventory=four), dataclasses.replace(node("b", 4), inventory=sick)]
+    spread = request(2, placement="spread")
+    one = planning.Granted().dry_plan(spread, nodes, {}, True)
+    assert [s.host for s in one.plan.stages] == ["a", "b"]
+    assert f"passed over as a launch would: {sick.gpus[0].uuid} on node b (unhealthy: " in one.note
+    two = request(4, stages_per_host=2)
+    with pytest.raises(errors.NotEnoughGpus) as refused:
+        planning.Granted().dry_plan(two, nodes, {}, True)
+    said = str(refused.value)
+    assert "do not fit" in said and "uncorrected ECC error" in said and "--allow-unhealthy" in said, said
+    allowed = dataclasses.replace(two, gpu=GpuOptions(allow_unhealthy=True))
+    assert len(planning.Granted().dry_plan(allowed, nodes, {}, True).plan.stages) == 4
+    unread = [dataclasses.replace(n, inventory=None) for n in nodes]  # a node that did not answer: Ray's count
+    assert len(planning.Granted().dry_plan(two, unread, {}, True).plan.stages) == 4

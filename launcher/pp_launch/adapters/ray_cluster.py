@@ -90,6 +90,7 @@ class RayNode:
     engine: str  # its pp-launch.docker-host label ("" : its DOCKER_HOST)
     head: bool = False  # the head's own node: it goes with the head
     address: str = ""  # its IP address as Ray knows it (NodeManagerAddress)
+    inventory: GpuInventory | None = None  # its GPUs as its NVML (or file) says, where asked (a dry run): health
 
 
 def connect(address: str) -> Cluster:
@@ -216,6 +217,25 @@ class Cluster:
             os._exit(exit_code)
 
         atexit.register(end_here)  # the first to run at exit (last registered): nothing of Ray's is finalised
+
+    def with_inventories(self, nodes: Sequence[RayNode], timeout: float = 30.0) -> list[RayNode]:
+        """Each node with GPUs, with its inventory read on it (a task pinned there, no resources): the GPUs' health
+        a dry run plans with, as each agent reads it at a launch. A node that does not answer in `timeout` is left
+        without (its GPUs are then taken as healthy, as Ray counts them)."""
+        tasks = {
+            n.node_id: ray.remote(_node_inventory)
+            .options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(n.node_id, soft=False))
+            .remote()
+            for n in nodes
+            if n.gpus
+        }
+        ready, _ = ray.wait(list(tasks.values()), num_returns=len(tasks), timeout=timeout) if tasks else ([], [])
+        found: dict[str, GpuInventory] = {}
+        for node_id, ref in tasks.items():
+            if ref in ready:
+                with contextlib.suppress(Exception):
+                    found[node_id] = GpuInventory.from_json(ray.get(ref), f"node {node_id[:8]}")
+        return [replace(n, inventory=found.get(n.node_id)) for n in nodes]
 
     def nodes(self) -> list[RayNode]:
         """Every live node, by name."""
@@ -871,6 +891,13 @@ class RayStageBackend:
         (else the process ends as after a lost head, with its own code)."""
         deadline = time.monotonic() + timeout
         return [name for pumps in self._pumps.values() for name in pumps.join(max(0.0, deadline - time.monotonic()))]
+
+
+def _node_inventory() -> dict[str, Any]:
+    """The GPUs of the node this task runs on, as its agent would read them (its file, else its NVML)."""
+    from pp_launch.adapters import inventory_file
+
+    return inventory_file.this_host().to_json()
 
 
 def _sweep_node(run_id: str, engine: str) -> list[str]:

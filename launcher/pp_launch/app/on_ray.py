@@ -60,6 +60,7 @@ class RaySite:
         where.quiet_ray()
         self.cluster: ray_cluster.Cluster | None = None  # a launch's connection
         self.attempts: list[_Stages] = []  # each attempt's stages: their pumps are settled before Ray closes
+        self.dry = False  # opened for a dry run: the nodes come with their GPUs' health (each agent reads it at launch)
 
     @classmethod
     def for_runs(cls, where: Where, run: str | None, voice: Voice) -> RaySite:
@@ -72,6 +73,7 @@ class RaySite:
         assert request.ray is not None
         place = cls(Where(ray=request.ray), Voice(lambda text: None, lambda text: None))
         place.cluster = ray_cluster.connect(request.ray)
+        place.dry = dry_run
         return place
 
     def close(self) -> bool:
@@ -96,7 +98,8 @@ class RaySite:
                 placed.release()
 
     def places(self) -> list[ray_cluster.RayNode]:
-        return self._cluster().nodes()
+        nodes = self._cluster().nodes()
+        return self._cluster().with_inventories(nodes) if self.dry else nodes
 
     def place_stages(
         self, request: LaunchRequest, plan: ChainPlan, held: _Placed, say: Callable[[str], None]

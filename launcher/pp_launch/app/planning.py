@@ -19,7 +19,7 @@ from pp_launch.app.places import EnginePlace, hosts_of, is_local
 from pp_launch.app.request import Launched, LaunchRequest
 from pp_launch.core import errors, hosts
 from pp_launch.core.chain.plan import ChainPlan, StageSpec, build_plan
-from pp_launch.core.gpu.allocator import HOST_LEVEL, order_groups
+from pp_launch.core.gpu.allocator import HOST_LEVEL, order_groups, passed_over
 from pp_launch.core.gpu.inventory import GpuInventory
 from pp_launch.core.gpu.requests import device_requests
 from pp_launch.core.lines import count
@@ -198,7 +198,17 @@ class Granted(Planner["RayNode", Grant]):
         """Which node takes which stages, from what the cluster says is free now; nothing is reserved or started
         (Ray says which GPUs it grants a node only with the grant)."""
         per_stage = gpus_per_stage(request)
-        blocks = node_blocks(request, places, per_stage)
+        sick = {n.name: _unhealthy(request, n) for n in places} if per_stage else {}
+        passing = "; ".join(f"{u} on node {name} ({why})" for name, no in sick.items() for u, why in no.items())
+        try:  # as the launch plans: a node's unhealthy GPUs passed over (its agent's rule), unless allowed
+            blocks = node_blocks(request, [_less(n, len(sick.get(n.name, {}))) for n in places], per_stage)
+        except errors.NotEnoughGpus as exc:
+            if not passing:
+                raise
+            raise errors.NotEnoughGpus(
+                f"{exc}; passed over as a launch would: {passing}. Use unhealthy GPUs anyway (--allow-unhealthy; "
+                "docs/recovery.md)"
+            ) from None
         hops: list[int | None] = []
         for _, k in blocks:
             hops += [None] * (k - 1) + ([HOST_LEVEL] if len(blocks) > 1 else [None])
@@ -214,8 +224,23 @@ class Granted(Planner["RayNode", Grant]):
             f"{free}" + ("" if fits else f"; not free now: a launch would wait up to {request.ray_timeout:g} s")
             if per_stage
             else "nothing reserved: CPU stages"
-        )
+        ) + (f"; passed over as a launch would: {passing}" if passing else "")
         return Launched(built, note)
+
+
+def _unhealthy(request: LaunchRequest, node: RayNode) -> dict[str, str]:
+    """The GPUs of a node a launch's agent would pass over for their health (UUID -> why); none where the node's
+    GPUs were not read, or with --allow-unhealthy."""
+    if node.inventory is None:
+        return {}
+    uuids = [g.uuid for g in node.inventory.gpus]
+    return passed_over(node.inventory, uuids, (), request.gpu.allow_unhealthy)
+
+
+def _less(node: RayNode, sick: int) -> RayNode:
+    """The node as a launch can use it: its unhealthy GPUs out of its count, and out of its free ones at most."""
+    gpus = max(node.gpus - sick, 0)
+    return dataclasses.replace(node, gpus=gpus, free_gpus=min(node.free_gpus, gpus))
 
 
 def _on_nodes(
