@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 from pathlib import Path
@@ -130,14 +131,26 @@ def test_a_launch_waits_for_the_engines_gpu_lock_says_on_whom_and_never_gets_a_h
         assert ps.wait(30) == 0 and any(line.startswith(f"{first.run_id}  lock ") for line in ps.stdout_lines)
         third = Launcher("chain", "--stages", "2", *GPU_ARGS, env=other)
         assert wait_until(lambda: "waiting for the GPU lock" in third.stderr_text(), 30), third.stderr_text()
-        third.signal(signal.SIGINT)  # Ctrl-C ends a wait for the lock at once, nothing started
+        third.signal(signal.SIGINT)  # Ctrl-C ends a wait for the lock at once: what it started (its guard) goes
         assert third.wait(10) == 130 and not third.events_named("stage_started")
+        said = [line for line in third.stderr_text().splitlines() if "stopped by signal" in line]
+        third_run = re.fullmatch(
+            r"pp-launch: stopped by signal 2 while placing run ([0-9a-f]{12}), before any stage was created: the "
+            r"run's guard on \S+ was removed; nothing else was touched",
+            said[0] if len(said) == 1 else "",
+        )
+        assert third_run is not None, third.stderr_text()
+        stopped = third.events_named("chain_stopped")
+        assert [(e["reason"], e["exit_code"], e["run"]) for e in stopped] == [("signal", 130, third_run[1])], stopped
+        assert run_containers(engine, third_run[1]) == []  # its guard is gone by the time it says so
         prefix = unique("node")  # pp-gpu-node (PP_GPUS=auto) waits on the same lock, and a stop ends it there too
         node_env = {"STAGE": "0", "PP_GPUS": "auto", "PP_CONTAINER_PREFIX": prefix, "PP_IMAGE": stub_image}
         node = Launcher("node", env={**other, **node_env})
         assert wait_until(lambda: "waiting for the GPU lock" in node.stderr_text(), 30), node.stderr_text()
         node.signal(signal.SIGTERM)
-        assert node.wait(10) == 143 and "nothing was started" in node.stderr_text(), node.stderr_text()
+        assert node.wait(10) == 143, node.stderr_text()
+        assert "stopped by signal 15 while placing run " in node.stderr_text(), node.stderr_text()
+        assert "before any stage was created: the run's guard on " in node.stderr_text(), node.stderr_text()
         assert engine.inspect(f"{prefix}-0") is None  # nothing of it was started
         assert wait_until(lambda: watchdogs(PP_CONTAINER_PREFIX=prefix) == [], 20)  # its guard's watchdog is done
         first.wait_event("pp_stage_roster", timeout=60)

@@ -816,3 +816,30 @@ def test_a_torch_rendezvous_runs_across_two_nodes_with_the_master_on_stage_0s(cl
     for k, local in ((0, 0), (1, 1), (2, 0)):
         assert f"[stage {k}] rank {k}/3 local {local} sum 3 as python3" in r.stdout, r.stdout
     assert "nothing left behind" in r.stderr
+
+
+def test_a_signal_while_waiting_for_rays_grant_ends_it_at_once_saying_what_it_removed(cluster, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A launch waiting for GPUs another run holds is stopped at once by SIGTERM (not at --ray-timeout): the line
+    and --json's chain_stopped say what it had started (its placement group, removed), and no group of it is left."""
+    holder = _hold(cluster, "--gpus-per-stage", "2")  # every GPU of the cluster
+    try:
+        out, err = tmp_path / "out", tmp_path / "err"
+        with out.open("w") as o, err.open("w") as e:
+            waiting = cluster.popen(PP, "chain", "--ray", "auto", "--stages", "1", "--json", "--ray-timeout", "120",
+                                    stdout=o, stderr=e)  # fmt: skip
+        assert wait_for(lambda: "asking the Ray cluster" in err.read_text(), 60), err.read_text()
+        t0 = time.monotonic()
+        waiting.send_signal(signal.SIGTERM)
+        assert waiting.wait(30) == 143, err.read_text()
+        assert time.monotonic() - t0 < 10
+        said = [line for line in err.read_text().splitlines() if "stopped by signal" in line]
+        assert len(said) == 1 and said[0].startswith("pp-launch: stopped by signal 15 while placing run "), said
+        assert said[0].endswith(
+            "before any stage was created: its placement group on the Ray cluster was removed; nothing else was touched"
+        ), said
+        stopped = [json.loads(line) for line in out.read_text().splitlines() if '"chain_stopped"' in line]
+        assert [(e["reason"], e["exit_code"]) for e in stopped] == [("signal", 143)], out.read_text()
+        assert cluster.python(LIVE_GROUPS).stdout.strip() == "1"  # the holder's only
+    finally:
+        holder.send_signal(signal.SIGTERM)
+        holder.communicate(timeout=120)

@@ -78,7 +78,8 @@ def test_every_error_type_through_a_command_is_one_plain_line_and_its_exit_code(
     result = CliRunner().invoke(main, ["ps"], catch_exceptions=False)
     assert result.exit_code == error.exit_code
     hint = "pp-launch: hint: 'pp-launch ps --help' lists its options\n" if isinstance(error, errors.UsageError) else ""
-    assert result.output == f"pp-launch: error: {error}\n{hint}"
+    said = "" if isinstance(error, errors.Interrupted) else "error: "  # a stop the user asked for is no error
+    assert result.output == f"pp-launch: {said}{error}\n{hint}"
 
 
 @pytest.mark.parametrize(

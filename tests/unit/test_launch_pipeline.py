@@ -35,6 +35,9 @@ class Held:
     def check_and_release(self) -> None:
         self.steps.append("release")
 
+    def made(self) -> list[str]:
+        return ["the run's guard on here"]
+
 
 class Staged:
     def __init__(self, site: FakeSite, backend: FakeBackend) -> None:
@@ -161,9 +164,12 @@ def test_a_scope_that_raises_still_ends_its_stages_unreserves_and_finishes(monke
 
 def test_a_stop_while_planning_starts_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     site = on(FakeSite(DONE), monkeypatch)
-    with pytest.raises(errors.Interrupted):
+    with pytest.raises(errors.Interrupted) as stopped:
         launch.launch(request(), Hooks(stop_pending=lambda: signal.SIGTERM), environ={})
     assert "place" not in site.steps and site.steps[-2:] == ["unreserve", "finish"]
+    said = str(stopped.value)  # what the attempt had started, in the hold's words; the run it stopped
+    assert said.startswith("stopped by signal 15 while placing run ") and stopped.value.run_id in said, said
+    assert said.endswith("before any stage was created: the run's guard on here was removed; nothing else was touched")
 
 
 def test_what_is_held_taken_away_before_placing_starts_nothing(monkeypatch: pytest.MonkeyPatch) -> None:

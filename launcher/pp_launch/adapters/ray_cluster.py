@@ -93,6 +93,9 @@ class RayNode:
     inventory: GpuInventory | None = None  # its GPUs as its NVML (or file) says, where asked (a dry run): health
 
 
+GRANT_POLL = 0.5  # s: how often a wait for Ray's grant looks for a stop signal
+
+
 def connect(address: str) -> Cluster:
     """The cluster at `address` (HOST:PORT of its GCS, ray://HOST:PORT, or auto: RAY_ADDRESS or this machine's);
     EngineUnavailable (exit 2) when it does not answer."""
@@ -261,10 +264,12 @@ class Cluster:
         detached: bool,
         timeout: float,
         extra: Sequence[int] = (),
+        stop: Callable[[], int | None] = lambda: None,
     ) -> PlacementGroup:
         """One placement group for the run: a bundle per block, pinned to its node, with `extra[b]` GPUs more than
         its stages need (to pass over GPUs it must not use). NotEnoughGpus (exit 2) when Ray cannot grant it within
-        `timeout` seconds (others hold the GPUs, or a node left)."""
+        `timeout` seconds (others hold the GPUs, or a node left); Interrupted, the group removed, as soon as `stop`
+        names a signal while it waits."""
         more = list(extra) or [0] * len(blocks)
         bundles = [
             {"GPU": float(per_stage * k + more[b])} if per_stage else {"CPU": CPU_SHARE * k}
@@ -277,7 +282,14 @@ class Cluster:
             lifetime="detached" if detached else None,
             bundle_label_selector=[{NODE_ID: node.node_id} for node, _ in blocks],
         )
-        if pg.wait(timeout_seconds=max(timeout, 0.1)):
+        deadline = time.monotonic() + max(timeout, 0.1)
+        while not pg.wait(timeout_seconds=max(min(GRANT_POLL, deadline - time.monotonic()), 0.01)):
+            if (signum := stop()) is not None:
+                remove_placement_group(pg)
+                raise errors.Interrupted(signum)
+            if time.monotonic() >= deadline:
+                break
+        else:
             return pg
         remove_placement_group(pg)
         want = "; ".join(f"{node.name}: {count(per_stage * k, 'GPU')}" for node, k in blocks) if per_stage else ""

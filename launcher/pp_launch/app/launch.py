@@ -93,11 +93,14 @@ class Run:
 def _attempt(request: LaunchRequest, hooks: Hooks, *, place: AnySite, environ: Mapping[str, str]) -> Launched:
     """One attempt of the run, on any site: reserved, planned, its stages run under one scope to their end."""
     with place.reserve(request, hooks) as held:
-        plan, note = place.planner.plan(request, place.places(), environ, held)
-        if request.chain.attempt == 1:
-            steps.say_plan(plan, note, hooks.say)
-        if (signum := hooks.stop_pending()) is not None:
-            raise errors.Interrupted(signum)  # stopped while planning: nothing was started
+        try:
+            plan, note = place.planner.plan(request, place.places(), environ, held)
+            if request.chain.attempt == 1:
+                steps.say_plan(plan, note, hooks.say)
+            if (signum := hooks.stop_pending()) is not None:
+                raise errors.Interrupted(signum)  # stopped while planning: no stage was created
+        except errors.Interrupted as exc:
+            raise _stopped_placing(exc, request, held.made()) from None
         held.check()  # what is held still holds: no one else can be placing on these GPUs
         reporter = hooks.reporter(plan)  # the run's one reporter, its output kept beside it (app/attempts.py)
         staged = place.place_stages(request, plan, held, hooks.say)
@@ -121,6 +124,18 @@ def _attempt(request: LaunchRequest, hooks: Hooks, *, place: AnySite, environ: M
     assert ended is not None  # scope.run() returned, or its exception went up
     told, restartable, faults = ended
     return Launched(plan, note, told, restartable=restartable, faults=faults)
+
+
+def _stopped_placing(exc: errors.Interrupted, request: LaunchRequest, made: list[str]) -> errors.Interrupted:
+    """A signal while the attempt was placed, in words that say what it had started (removed by the time they are
+    read: the hold is let go as the attempt ends, the guards as the run does)."""
+    run, attempt = request.run_id or "", request.chain.attempt
+    which = f"run {run}" + (f" (attempt {attempt})" if attempt > 1 else "")
+    started = f"{', '.join(made)} {'was' if len(made) == 1 else 'were'} removed" if made else "nothing was started"
+    return errors.Interrupted(
+        exc.signum, f"stopped by signal {exc.signum} while placing {which}, before any stage was created: {started}; "
+        "nothing else was touched", run
+    )  # fmt: skip
 
 
 class Background:

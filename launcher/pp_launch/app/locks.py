@@ -156,11 +156,13 @@ class GpuLocks:
         self.stop_requested = stop_requested
         self.timeout = float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT)) if timeout is None else timeout
         self.held: dict[str, Holder] = {}
+        self.taken: list[str] = []  # the engines whose lock this attempt took (held or let go since)
 
     def acquire(self) -> None:
         try:
             for site in self.sites:
                 self.held[site.name] = self._take(site, time.monotonic() + self.timeout)
+                self.taken.append(site.name)
         except BaseException:
             self.release()
             raise
@@ -229,6 +231,11 @@ class GpuLocks:
                     "client while this launch placed its stages: another launch may be taking the same GPUs, so "
                     "this one stops before any stage starts. Nothing else was touched; run it again"
                 )
+
+    def made(self) -> list[str]:
+        """The run's guards (started while the launch plans, one per engine) and the GPU locks taken, in words."""
+        guards = [f"the run's guard on {s.name or 'this engine'}" for s in self.sites if s.guard is not None]
+        return guards + [f"the GPU lock on {name or 'this engine'}" for name in self.taken]
 
     def check_and_release(self) -> None:
         """Once every stage exists: the locks are checked, then let go (their labels now hold the GPUs). Let go

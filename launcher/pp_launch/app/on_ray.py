@@ -90,7 +90,7 @@ class RaySite:
     def reserve(self, request: LaunchRequest, hooks: Hooks) -> Iterator[_Placed]:
         """The attempt's placement group and node agents (made by `plan`), released when the attempt is over unless
         the run was handed over (detached) or the head was lost (nothing to ask: they went with it)."""
-        placed = _Placed(self._cluster(), hooks.say)
+        placed = _Placed(self._cluster(), hooks.say, hooks.stop_pending)
         try:
             yield placed
         finally:
@@ -307,9 +307,12 @@ class _Placed:
     """An attempt's placement group and node agents (its hold on the cluster's GPUs), held until released: what a
     `Held` is on Ray. Nothing else can take what Ray granted, so there is nothing to check."""
 
-    def __init__(self, cluster: ray_cluster.Cluster, say: Callable[[str], None]) -> None:
-        self.cluster, self.say = cluster, say
+    def __init__(
+        self, cluster: ray_cluster.Cluster, say: Callable[[str], None], stop: Callable[[], int | None] = lambda: None
+    ) -> None:
+        self.cluster, self.say, self.stop = cluster, say, stop
         self.pg: Any = None  # Ray's PlacementGroup
+        self.asked = False  # a placement group was asked for (made, and removed again if the grant never came)
         self.handles: list[ray_cluster.StageHandle] = []
         self.run_id = ""
         self.keep = False  # a detached run's: its node agents hold it now
@@ -319,6 +322,12 @@ class _Placed:
 
     def check_and_release(self) -> None:
         """Nothing to let go of early: the group is the run's until it ends."""
+
+    def made(self) -> list[str]:
+        """The attempt's placement group and node agents, in words, once made."""
+        agents = sorted({h.node.name for h in self.handles})
+        made = ["its placement group on the Ray cluster"] if self.asked else []
+        return made + ([f"its node agents on {', '.join(agents)}"] if agents else [])
 
     def grant(
         self, request: LaunchRequest, blocks: list[tuple[ray_cluster.RayNode, int]], per_stage: int
@@ -350,7 +359,10 @@ class _Placed:
         run_id, avoid, allowed = request.run_id or "", request.avoid_gpus, request.gpu.allow_unhealthy
         extra = [0] * len(blocks)
         while True:
-            self.pg = self.cluster.reserve(run_id, blocks, per_stage, request.detach, request.ray_timeout, extra)
+            self.asked = True
+            self.pg = self.cluster.reserve(
+                run_id, blocks, per_stage, request.detach, request.ray_timeout, extra, stop=self.stop
+            )
             try:
                 handles = self.cluster.node_agents(
                     self.pg, blocks, per_stage, run_id, request.chain.grace, request.chain.image, request.detach,

@@ -198,17 +198,7 @@ class Granted(Planner["RayNode", Grant]):
         """Which node takes which stages, from what the cluster says is free now; nothing is reserved or started
         (Ray says which GPUs it grants a node only with the grant)."""
         per_stage = gpus_per_stage(request)
-        sick = {n.name: _unhealthy(request, n) for n in places} if per_stage else {}
-        passing = "; ".join(f"{u} on node {name} ({why})" for name, no in sick.items() for u, why in no.items())
-        try:  # as the launch plans: a node's unhealthy GPUs passed over (its agent's rule), unless allowed
-            blocks = node_blocks(request, [_less(n, len(sick.get(n.name, {}))) for n in places], per_stage)
-        except errors.NotEnoughGpus as exc:
-            if not passing:
-                raise
-            raise errors.NotEnoughGpus(
-                f"{exc}; passed over as a launch would: {passing}. Use unhealthy GPUs anyway (--allow-unhealthy; "
-                "docs/recovery.md)"
-            ) from None
+        blocks, passing = _healthy_blocks(request, places, per_stage)
         hops: list[int | None] = []
         for _, k in blocks:
             hops += [None] * (k - 1) + ([HOST_LEVEL] if len(blocks) > 1 else [None])
@@ -226,6 +216,24 @@ class Granted(Planner["RayNode", Grant]):
             else "nothing reserved: CPU stages"
         ) + (f"; passed over as a launch would: {passing}" if passing else "")
         return Launched(built, note)
+
+
+def _healthy_blocks(
+    request: LaunchRequest, places: Sequence[RayNode], per_stage: int
+) -> tuple[list[tuple[RayNode, int]], str]:
+    """The blocks as the launch plans them, each node's unhealthy GPUs passed over (its agent's rule) unless allowed,
+    and what was passed over, in words; the launch's refusal (NotEnoughGpus) naming them when it does not fit."""
+    sick = {n.name: _unhealthy(request, n) for n in places} if per_stage else {}
+    passing = "; ".join(f"{u} on node {name} ({why})" for name, no in sick.items() for u, why in no.items())
+    try:
+        return node_blocks(request, [_less(n, len(sick.get(n.name, {}))) for n in places], per_stage), passing
+    except errors.NotEnoughGpus as exc:
+        if not passing:
+            raise
+        raise errors.NotEnoughGpus(
+            f"{exc}; passed over as a launch would: {passing}. Use unhealthy GPUs anyway (--allow-unhealthy; "
+            "docs/recovery.md)"
+        ) from None
 
 
 def _unhealthy(request: LaunchRequest, node: RayNode) -> dict[str, str]:

@@ -101,6 +101,11 @@ class Held(Protocol):
         """Once every stage exists: checked a last time, then let go (the stages' labels now say what they hold)."""
         ...
 
+    def made(self) -> list[str]:
+        """What the attempt started on the site so far, in words ("the run's guard on gpu1"): said when a signal
+        stops it before any stage, once all of it is removed."""
+        ...
+
 
 H = TypeVar("H", bound=Held)  # what a kind of site holds per attempt: its own type, never downcast
 P = TypeVar("P")  # what a kind of site plans over: its engines (app/places.py), or a Ray cluster's nodes

@@ -13,8 +13,9 @@ from pp_launch.core import errors
 
 
 def message(exc: errors.PpLaunchError, prog: str = "pp-launch") -> str:
-    """The one way a library error reaches a user: one plain line, prefixed by the program."""
-    return f"{prog}: error: {exc}"
+    """The one way a library error reaches a user: one plain line, prefixed by the program (a stop the user asked
+    for is no error: said as a chain's own stop is)."""
+    return f"{prog}: {exc}" if isinstance(exc, errors.Interrupted) else f"{prog}: error: {exc}"
 
 
 @contextlib.contextmanager

@@ -412,12 +412,26 @@ def _run(request: LaunchRequest, verbosity: int, as_json: bool, attach: tuple[in
     hooks = Hooks(say, reporter, lambda scope: signals.route_to(scope.request_stop), signals.pending)
     try:
         done = launch(request, hooks)
+    except errors.Interrupted as exc:
+        if as_json and exc.run_id:  # stopped while placing, before any reporter: the run's end as an event too
+            _stopped_placing_event(exc)
+        raise
     finally:
         for r in reporters:
             r.close()
     assert done.outcome is not None
     said = getattr(reporters[0], "said", "") if reporters else ""
     _finish(done.outcome, done.plan.run_id, as_json, said, quiet=verbosity < 0)
+
+
+def _stopped_placing_event(exc: errors.Interrupted) -> None:
+    from pp_launch.cli.report import JsonReporter
+    from pp_launch.core import events
+
+    stopped = events.ChainStopped(
+        reason=events.StopReason.SIGNAL, exit_code=exc.exit_code, removed=(), orphans=(), message=str(exc)
+    )
+    JsonReporter(exc.run_id).event(stopped)
 
 
 def _reporter(

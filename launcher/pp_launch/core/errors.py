@@ -84,11 +84,13 @@ class LockTimeout(ConfigError):
 
 
 class Interrupted(PpLaunchError):
-    """A stop signal arrived while waiting (for a lock) before anything started: exit 128+N, nothing to undo."""
+    """A stop signal arrived while an attempt was placed (waiting for a lock, or planning), before any stage was
+    created: exit 128+N; the message says what the attempt had started and was removed."""
 
-    def __init__(self, signum: int) -> None:
-        super().__init__(f"stopped by signal {signum} while waiting; nothing was started")
+    def __init__(self, signum: int, message: str = "", run_id: str = "") -> None:
+        super().__init__(message or f"stopped by signal {signum} while waiting; nothing was started")
         self.signum = signum
+        self.run_id = run_id  # the run it stopped, once it has one (--json says it as a chain_stopped event)
         self.exit_code = exit_code_for_signal(signum)
 
 
