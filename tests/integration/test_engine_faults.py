@@ -60,14 +60,23 @@ def plain_failure(launcher: Launcher, side, run: str) -> None:  # type: ignore[n
     assert f"pp-launch down {run}" in text, text
 
 
+def ours_said(launcher: Launcher) -> list[str]:
+    """Every line the launcher said of its own (stage lines aside), in order: the whole story of the fault."""
+    return [line for line in launcher.stderr_text().splitlines() if line.startswith("pp-launch: ")]
+
+
 @pytest.mark.parametrize("knobs", [[], ["--env", "STUB_IGNORE_LIFELINE=1", "--env", "STUB_IGNORE_SIGTERM=1"]])
 def test_engine_killed_under_a_chain(broken_engine, knobs: list[str]) -> None:
     side = broken_engine
     launcher = Launcher("chain", "--stages", "2", *HOLD, *knobs, env=on(side.host))
     run = launcher.wait_event("pp_stage_roster", timeout=60)["run"]
+    before = ours_said(launcher)
     side.kill()  # kill -9 dockerd: the containers live on under their shims
     assert launcher.wait(60) == 1
     plain_failure(launcher, side, run)
+    said = ours_said(launcher)[len(before) :]  # the one line, nothing false before it
+    assert len(said) == 1 and said[0].startswith("pp-launch: error: "), said
+    assert launcher.wait_event("chain_stopped")["reason"] == "place_lost"
     side.ensure_running()  # the engine comes back; the run's watchdog was waiting for it
     assert wait_until(lambda: run_left(side, run) == [], 60), side.docker("ps", "-a").stdout
     gone_or_removable(side, run)
@@ -87,12 +96,15 @@ def test_engine_frozen_under_a_chain_then_ctrl_c(broken_engine) -> None:
         env=on(side.host),
     )
     run = launcher.wait_event("pp_stage_roster", timeout=60)["run"]
+    before = ours_said(launcher)
     side.freeze()  # SIGSTOP dockerd
     t0 = time.monotonic()
     launcher.signal(signal.SIGINT)
     assert launcher.wait(60) == 1
     assert time.monotonic() - t0 < 5 + 5  # one engine call's timeout, then it asks a lost engine nothing more
     plain_failure(launcher, side, run)
+    said = ours_said(launcher)[len(before) :]  # the one line, nothing false before it
+    assert len(said) == 1 and said[0].startswith("pp-launch: stopped by SIGINT; then the Docker engine at "), said
     # the watchdog must outlast tries that fail while the engine is frozen: thaw only once it has spent more
     # than one engine timeout (5 s) trying, and is still there
     watchdog = int(
@@ -106,17 +118,23 @@ def test_engine_frozen_under_a_chain_then_ctrl_c(broken_engine) -> None:
     gone_or_removable(side, run)
 
 
-def test_engine_stopped_gracefully_under_a_chain(broken_engine) -> None:
+@pytest.mark.parametrize("how", ["stop", "restart"])
+def test_engine_stopped_gracefully_or_restarted_under_a_chain(broken_engine, how: str) -> None:
+    """`systemctl stop docker` (or `restart`): the engine stops the stages and the guard, then itself. The launcher
+    says one thing, the documented line (exit 1, `place_lost`): no "completed", no guard said replaced (there was
+    no engine to replace it on)."""
     side = broken_engine
     launcher = Launcher("chain", "--stages", "2", *HOLD, env=on(side.host))
     run = launcher.wait_event("pp_stage_roster", timeout=60)["run"]
-    side.stop()  # the engine stops its containers, then itself
+    before = ours_said(launcher)
+    getattr(side, how)()  # the engine stops its containers, then itself (and, restarted, comes back)
     assert launcher.wait(60) == 1
-    text = launcher.stderr_text()
-    assert "Traceback" not in text, text
+    said = ours_said(launcher)[len(before) :]
+    assert len(said) == 1 and said[0].startswith("pp-launch: error: "), said
+    assert f"the Docker engine at {side.host} stopped" in said[0] and f"pp-launch down {run}" in said[0], said
+    assert "Traceback" not in launcher.stderr_text()
     stopped = launcher.wait_event("chain_stopped")
-    assert stopped["exit_code"] == 1
-    assert "stopped" in text
+    assert (stopped["exit_code"], stopped["reason"]) == (1, "place_lost"), stopped
     side.ensure_running()
     assert wait_until(lambda: run_left(side, run) == [], 60)
     gone_or_removable(side, run)

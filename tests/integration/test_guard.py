@@ -7,6 +7,7 @@ nothing); when no new guard can be had, the run ends with the one teardown, exit
 from __future__ import annotations
 
 import os
+import re
 import select
 import signal
 import subprocess
@@ -96,11 +97,14 @@ def test_a_guard_another_client_ends_is_replaced_within_a_second_and_said(
     try:
         began = time.monotonic()
         assert docker(*how, guard).returncode == 0
-        line = (
-            f"(container {guard[:12]}) was {said} by another client: a new guard takes its place, holding the run's 2"
+        line = re.compile(
+            rf"\(container {guard[:12]}\) was {re.escape(said)} by another client: a new guard \(container "
+            r"([0-9a-f]{12})\) holds the run's 2 containers"
         )
-        assert wait_until(lambda: line in chain.stderr_text(), LOST_WINDOW), (line, chain.stderr_text())
+        assert wait_until(lambda: line.search(chain.stderr_text()), LOST_WINDOW), (line, chain.stderr_text())
         assert time.monotonic() - began < LOST_WINDOW  # said within the second (and the slack)
+        new = line.search(chain.stderr_text())
+        assert new is not None and running(new[1]), chain.stderr_text()  # said once the new guard runs, not before
         assert wait_until(lambda: [g for g in guard_of(engine, run) if g != guard and running(g)], 30)
         assert not running(guard) and chain.proc.poll() is None and len(run_containers(engine, run)) == 2
     finally:

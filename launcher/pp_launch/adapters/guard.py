@@ -316,18 +316,18 @@ class RunGuard:
             if self.session is not None:
                 self.session.close()
             where = f"the run's guard on the engine at {self.engine.address} (container {old[:12]})"
-            self._say(f"{where} was {what} by another client: a new guard takes its place, holding the run's "
-                      f"{len(self.owned)} containers")  # fmt: skip
             try:
                 self._bring_up()
             except (errors.EngineLost, errors.HostLost):
                 self.session = None
-                return False  # the engine went meanwhile: the run's own to see and say
+                return False  # the engine went meanwhile (a stopping engine stops its guard first): the run's to say
             except errors.PpLaunchError as exc:
                 self._gone = f"{where} was {what} by another client, and no new guard could be started ({exc})"
                 self.session = None
-            else:
+            else:  # said once the new guard holds the run's ids and the lifeline, never before
                 self.replaced += 1
+                self._say(f"{where} was {what} by another client: a new guard (container {self.ref[:12]}) holds "
+                          f"the run's {len(self.owned)} containers")  # fmt: skip
                 return True
         self._on_gone(self._gone)
         return False

@@ -298,7 +298,7 @@ class NodeConfig:
 def _exit_code(outcome: ChainOutcome, say: Callable[[str], None]) -> int:
     """The container's exit code (or 128+N). A foreground stage fails only when the engine could not say how it
     ended: EngineLost (125, as `docker run` whose engine goes away). What else went wrong is said, with exit 1."""
-    if outcome.reason == "stage_failed":
+    if outcome.reason in ("stage_failed", "place_lost"):
         raise errors.EngineLost(outcome.message)
     if (
         outcome.orphans

@@ -253,19 +253,29 @@ class ChainScope:
         if end.reason == "detached":
             return ChainOutcome(0, "detached", end.message, roster=tuple(self._roster))
         removed, orphans, exit_code = self._teardown(end.reason, end.exit_code, end.message)
-        message = end.message
-        if self._td.lost is not None:
-            run = self.plan.run_id
-            message += (
-                f"; then {self._td.lost}. Its containers of run {run} may still be there: this run's watchdog removes "
-                f"them when the engine is back (it keeps trying for a while), or run 'pp-launch down {run}' "
-                "(or 'pp-launch gc') then"
-            )
-        elif self._td.errors:
+        message = self._with_lost(end.message)
+        if self._td.lost is None and self._td.errors:
             message += "; teardown errors: " + "; ".join(map(str, self._td.errors))
         if dropped := self.dropped_note():
             message += f"; {dropped}"
-        return ChainOutcome(exit_code, end.reason, message, end.stage, removed, orphans, tuple(self._roster))
+        reason = self._lost_place(end.reason)
+        return ChainOutcome(exit_code, reason, message, end.stage, removed, orphans, tuple(self._roster))
+
+    def _lost_place(self, reason: str) -> str:
+        """A chain whose engine the teardown found gone lost its place (`place_lost`), however its stages ended: an
+        engine that stops (systemctl stop, restart) stops them first, each exiting as it does on SIGTERM."""
+        return "place_lost" if self._td.lost is not None and reason in ("completed", "stage_failed") else reason
+
+    def _with_lost(self, message: str) -> str:
+        """The chain's end, and the engine the teardown found gone, with what may be left and who removes it."""
+        if self._td.lost is None:
+            return message
+        run = self.plan.run_id
+        return (
+            f"{message}; then {self._td.lost}. Its containers of run {run} may still be there: this run's watchdog "
+            f"removes them when the engine is back (it keeps trying for a while), or run 'pp-launch down {run}' "
+            "(or 'pp-launch gc') then"
+        )
 
     # -------------------------------------------------------------------------------- bring-up
     def _bring_up_foreground(self) -> None:
@@ -674,6 +684,8 @@ class ChainScope:
         # waits never end by themselves: they are not waited for (daemons, they end with the process)
         self.backend.close(0.0 if self._td.lost is not None else 5.0)
         self._drain_output()
+        if (lost := self._lost_place(reason)) != reason:
+            reason, message = lost, self._with_lost(message)
         self.reporter.event(
             events.ChainStopped(
                 reason=events.StopReason(reason),
@@ -682,7 +694,7 @@ class ChainScope:
                 orphans=tuple(orphans),
                 output_dropped_bytes=self.inbox.dropped_bytes if self.inbox.dropped_lines else None,
                 output_dropped_lines=self.inbox.dropped_lines or None,
-                message=message if message and reason in ("stage_failed", "error") else None,
+                message=message if message and reason in ("stage_failed", "error", "place_lost") else None,
             )
         )
         return removed, tuple(orphans), exit_code
