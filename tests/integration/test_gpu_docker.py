@@ -305,3 +305,42 @@ def test_a_lock_removed_while_its_launch_places_stops_that_launch_and_no_gpu_is_
             if launcher is not None and launcher.proc.poll() is None:
                 launcher.signal(signal.SIGINT)
                 launcher.wait(30)
+
+
+@pytest.mark.parametrize("how", ["run", "all"])
+def test_down_of_a_run_still_placing_is_said_as_down_by_both_sides(engine, stub_image, state_dir, how: str) -> None:
+    """A launch waiting for the GPU lock another run holds has a guard and no stage. `down RUN2` (or `down --all
+    --yes`, which stops the run coming up too) stops it through that guard: the launcher says one line, that
+    `pp-launch down` stopped it while placing (not a lock removed by another client), exit 143 and chain_stopped
+    `down`; `down` counts the run it stopped that had no stage yet."""
+    first = Launcher("chain", "--stages", "2", *GPU_ARGS, "--bring-up", "in-turn",
+                     "--env", "STUB_ANNOUNCE_DELAY=8", env=state_dir)  # fmt: skip
+    second = None
+    try:
+        first.wait_event("stage_started", stage=0, timeout=60)
+        other = {**state_dir, "PP_LAUNCH_STATE_DIR": state_dir["PP_LAUNCH_STATE_DIR"] + "-machine-2"}
+        second = Launcher("chain", "--stages", "2", *GPU_ARGS, env=other)
+        assert wait_until(lambda: "waiting for the GPU lock" in second.stderr_text(), 30), second.stderr_text()
+        placing = {c.labels["pp-launch.run"] for c in engine.containers(["pp-launch.stage=guard"])} - {first.run_id}
+        assert len(placing) == 1, placing
+        run2 = placing.pop()
+        down = Launcher("down", *([run2] if how == "run" else ["--all", "--yes"]), "--grace", "1", env=other)
+        assert down.wait(60) == 0, down.stderr_text()
+        assert second.wait(30) == 143, second.stderr_text()
+        said = [line for line in second.stderr_text().splitlines() if line.startswith("pp-launch: ")][1:]
+        assert said == [
+            f"pp-launch: stopped by 'pp-launch down' (told to the run's guard) while placing run {run2}, before any "
+            "stage was created: its guard and GPU lock went with it; nothing else was touched"
+        ], second.stderr_text()
+        assert [(e["reason"], e["exit_code"]) for e in second.events_named("chain_stopped")] == [("down", 143)]
+        summary = down.stderr_text()
+        assert f"stopped 1 run still placing ({run2})" in summary, summary
+        if how == "all":
+            assert "stopped and removed 1 container of 1 run" in summary, summary
+            assert first.wait(30) == 143, first.stderr_text()
+        assert run_containers(engine, run2) == []
+    finally:
+        for launcher in (first, second):
+            if launcher is not None and launcher.proc.poll() is None:
+                launcher.signal(signal.SIGINT)
+                launcher.wait(60)

@@ -155,8 +155,8 @@ class DockerRuns:
                 return True, False
             say(f"pp-launch: nothing to stop{on}: no run with a running guard here")
             return False, True
-        names = ", ".join(sorted(c.name for c in targets)) or "none yet (still placing)"
-        say(f"pp-launch: stopping {count(len(targets), 'container')}{on}: {names}")
+        stopping, stopped = _down_words(targets, vouched.guards, on)
+        say(f"pp-launch: {stopping}")
         outcomes = housekeeping.stop_runs(engine, targets, grace, guards=vouched.guards)
         left = [ref for o in outcomes for ref in o.orphans]
         problems = [o.message for o in outcomes if o.exit_code != 0]
@@ -166,7 +166,7 @@ class DockerRuns:
             tail = f"; still present: {still}" if still else ""
             say(f"pp-launch: error{on}: {'; '.join(problems)}{tail}")
             return True, False
-        say(f"pp-launch: stopped and removed {count(len(targets), 'container')}{on}")
+        say(f"pp-launch: {stopped}")
         housekeeping.forget_ended([engine])
         return True, True
 
@@ -781,3 +781,16 @@ def _wait_exit(
         if code is None:
             worst = errors.EXIT_FAILURE
     return worst
+
+
+def _down_words(targets: list[ContainerInfo], guards: tuple[guard.GuardRecord, ...], on: str) -> tuple[str, str]:
+    """What `down` says it is stopping, and what it stopped: the containers, of how many runs, and the runs still
+    placing (a guard and no stage yet), stopped through their guards."""
+    names = ", ".join(sorted(c.name for c in targets)) or "none yet (still placing)"
+    staged = {c.labels.get(labels.RUN, "") for c in targets}
+    placing = sorted({g.run for g in guards} - staged)
+    told = f"; and {count(len(placing), 'run')} still placing, through its guard: {', '.join(placing)}"
+    stopping = f"stopping {count(len(targets), 'container')}{on}: {names}" + (told if placing and targets else "")
+    runs = f" of {count(len(staged), 'run')}" if targets else ""
+    placed = f"; stopped {count(len(placing), 'run')} still placing ({', '.join(placing)})" if placing else ""
+    return stopping, f"stopped and removed {count(len(targets), 'container')}{runs}{on}{placed}"

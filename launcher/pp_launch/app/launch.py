@@ -34,6 +34,8 @@ from pp_launch.core import errors, events
 from pp_launch.core.chain.scope import ChainOutcome, ChainScope, QuietReporter
 from pp_launch.core.container import CACHE_DIR_ENV, MODEL_CACHE_DIR_ENV
 
+DOWN_HEARD_WITHIN = 1.0  # s: how long a lost GPU lock waits for the run's guard to say it was told `down`
+
 
 def launch(
     request: LaunchRequest,
@@ -52,6 +54,8 @@ def launch(
     try:
         final = attempts.run(run.request, hooks, run.attempt, run.place.guards())
         return final
+    except errors.LockLost as exc:
+        raise _downed(exc, run) from None
     finally:
         run.finish(final)
 
@@ -124,6 +128,25 @@ def _attempt(request: LaunchRequest, hooks: Hooks, *, place: AnySite, environ: M
     assert ended is not None  # scope.run() returned, or its exception went up
     told, restartable, faults = ended
     return Launched(plan, note, told, restartable=restartable, faults=faults)
+
+
+def _downed(exc: errors.LockLost, run: Run) -> errors.PpLaunchError:
+    """A GPU lock lost while placing because `pp-launch down` told the run's guard (which held it) to stop: said as
+    that stop, not as another client's removal (the guard's `down` line may come a moment after the lock went)."""
+    guards = list(run.place.guards().values())
+    deadline = time.monotonic() + DOWN_HEARD_WITHIN
+    while guards and not any(g.down_heard for g in guards) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if not any(g.down_heard for g in guards):
+        return exc
+    run_id = run.request.run_id or ""
+    return errors.Interrupted(
+        signal.SIGTERM,
+        f"stopped by 'pp-launch down' (told to the run's guard) while placing run {run_id}, before any stage was "
+        "created: its guard and GPU lock went with it; nothing else was touched",
+        run_id,
+        reason="down",
+    )
 
 
 def _stopped_placing(exc: errors.Interrupted, request: LaunchRequest, made: list[str]) -> errors.Interrupted:

@@ -429,7 +429,7 @@ def _stopped_placing_event(exc: errors.Interrupted) -> None:
     from pp_launch.core import events
 
     stopped = events.ChainStopped(
-        reason=events.StopReason.SIGNAL, exit_code=exc.exit_code, removed=(), orphans=(), message=str(exc)
+        reason=events.StopReason(exc.reason), exit_code=exc.exit_code, removed=(), orphans=(), message=str(exc)
     )
     JsonReporter(exc.run_id).event(stopped)
 

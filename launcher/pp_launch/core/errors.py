@@ -87,10 +87,11 @@ class Interrupted(PpLaunchError):
     """A stop signal arrived while an attempt was placed (waiting for a lock, or planning), before any stage was
     created: exit 128+N; the message says what the attempt had started and was removed."""
 
-    def __init__(self, signum: int, message: str = "", run_id: str = "") -> None:
+    def __init__(self, signum: int, message: str = "", run_id: str = "", reason: str = "signal") -> None:
         super().__init__(message or f"stopped by signal {signum} while waiting; nothing was started")
         self.signum = signum
         self.run_id = run_id  # the run it stopped, once it has one (--json says it as a chain_stopped event)
+        self.reason = reason  # chain_stopped's: "signal", or "down" (told to the run's guard)
         self.exit_code = exit_code_for_signal(signum)
 
 
