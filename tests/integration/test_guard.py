@@ -151,6 +151,27 @@ def test_a_launcher_and_watchdog_killed_after_the_guard_was_removed_leave_nothin
     assert gone and time.monotonic() - began < 15, (run_containers(engine, run), chain.stderr_text())
 
 
+@pytest.mark.parametrize("how", [["kill"], ["rm", "-f"], ["pause"], ["stop", "-t", "1"]])
+def test_a_launcher_and_watchdog_killed_the_moment_a_guard_is_said_replaced_leave_nothing(
+    engine, stub_image, how: list[str]
+) -> None:
+    """The line comes after the guarding: once the launcher says a new guard holds the run's containers, SIGKILL of
+    the launcher and its watchdog at that very moment leaves nothing (stages deaf to SIGTERM and end of input: only
+    the new guard can remove them), whatever another client did to the old guard."""
+    chain, run, guard = held(*DEAF)
+    said = re.compile(r"a new guard \(container ([0-9a-f]{12})\) holds the run's 2 containers")
+    assert docker(*how, guard).returncode == 0
+    assert wait_until(lambda: said.search(chain.stderr_text()), 10, interval=0.01), chain.stderr_text()
+    os.kill(_watchdog_of(run), signal.SIGKILL)
+    chain.signal(signal.SIGKILL)
+    began = time.monotonic()
+    chain.wait(10)
+    if how == ["pause"]:
+        docker("unpause", guard)  # the old guard, paused: the launcher removed it by id (nothing to unpause then)
+    gone = wait_until(lambda: run_containers(engine, run) == [] and guard_of(engine, run) == [], 15)
+    assert gone and time.monotonic() - began < 15, (run_containers(engine, run), chain.stderr_text())
+
+
 def test_with_no_new_guard_to_be_had_the_run_ends_exit_1_naming_why(broken_engine) -> None:
     """The guard image untagged on the engine (a neighbour's `docker rmi -f`), then the guard removed: no new one
     can start, so the run is ended by the chain's one teardown, exit 1, `place_lost`, never "completed"."""
