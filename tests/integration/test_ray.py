@@ -647,7 +647,7 @@ def test_node_lost_mid_run(cluster) -> None:  # type: ignore[no-untyped-def]
         said = [line for line in err.splitlines() if line.startswith("pp-launch: error: ")]
         assert len(said) == 1 and said[0].startswith("pp-launch: error: Ray node b was lost"), err
         stopped = [json.loads(line) for line in out.splitlines() if '"chain_stopped"' in line]
-        assert [e["exit_code"] for e in stopped] == [1], out
+        assert [(e["reason"], e["exit_code"]) for e in stopped] == [("place_lost", 1)], out  # as a lost head, an engine
         assert wait_for(lambda: not any(cluster.ours().values()), 60), cluster.ours()
         print(f"node b lost -> chain failed after {failed_after:.2f} s")
     finally:
@@ -730,7 +730,7 @@ def test_a_frozen_agent_fails_the_chain_within_5_s_and_its_stages_still_go(clust
         assert proc.returncode == 1, err
         assert failed is not None and failed < 5.0, (failed, err)
         assert "Ray node b was lost (its agent did not answer for 4 s)" in err, err
-        assert re.search(r"stage [23] \(pp-", err) and "did not answer for 4 s (frozen, or its node cut" in err, err
+        assert "chain stopped (place_lost)" in err, err  # the node is the cause, said first and once
         assert wait_for(lambda: not stages_on(cluster, "b") and not stages_on(cluster, "a"), 30), cluster.ours()
         print(f"agent frozen -> chain failed after {failed:.2f} s")
     finally:
@@ -773,36 +773,6 @@ def test_chain_runs_as_a_ray_job_entrypoint_from_ray_address(cluster) -> None:  
 
 
 # ------------------------------------------------------------------------------------------------ last: the head lost
-def test_the_head_lost_mid_run_ends_in_our_teardown_and_one_line(cluster) -> None:  # type: ignore[no-untyped-def]
-    """The head's GCS killed while it also runs a stage (a head with CPUs, CPU stages spread over it and both
-    nodes): the launcher's own look at the head sees it within seconds, its own node's stage is counted gone with
-    it (its agent is never asked: Ray would wait 60 s), the rest is torn down through the node agents (they answer
-    without the head); one `pp-launch:` line says so, `chain_stopped` carries the process's own exit code 1, nothing
-    is left on any engine (guards included); Ray's own log lines stay off the terminal."""
-    cluster.restart(head_cpus=2)  # the module's last test: the cluster ends with it (no restart after)
-    proc = _hold(cluster, "--json", "--gpus", "none", stages=3)  # one stage on each node, the head's too
-    try:
-        t0 = time.monotonic()
-        cluster.kill_head()
-        out, err = proc.communicate(timeout=120)
-        ended = time.monotonic() - t0
-        assert proc.returncode == 1, err
-        said = [line for line in err.splitlines() if line.startswith("pp-launch: error: ")]
-        assert len(said) == 1 and "the Ray head at 127.0.0.1:" in said[0] and "stopped answering" in said[0], err
-        assert "the head's own node" in said[0], err  # its stage went with it, said
-        stopped = [json.loads(line) for line in out.splitlines() if '"chain_stopped"' in line]
-        assert [e["exit_code"] for e in stopped] == [1], out
-        assert ended < 10, f"ended {ended:.1f} s after the head was lost: {err}"
-        assert wait_for(lambda: not any(cluster.ours().values()), 15), cluster.ours()  # its stage's guard too
-        theirs = [line for line in err.splitlines() if line.strip() and not line.startswith(("pp-launch", "["))]
-        assert theirs == [], err  # nothing of Ray's own logging on the terminal without -v
-        print(f"head lost -> chain torn down and ended after {ended:.2f} s")
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-
-
 def test_a_torch_rendezvous_runs_across_two_nodes_with_the_master_on_stage_0s(cluster) -> None:  # type: ignore[no-untyped-def]
     """--rendezvous torch on Ray: stage 0's node is the master (its address as Ray knows it, a port its agent found
     free), every rank meets there with no announcement, each counts its LOCAL_RANK on its own node."""
@@ -843,3 +813,55 @@ def test_a_signal_while_waiting_for_rays_grant_ends_it_at_once_saying_what_it_re
     finally:
         holder.send_signal(signal.SIGTERM)
         holder.communicate(timeout=120)
+
+
+def test_a_nodes_engine_stopped_gracefully_ends_the_chain_naming_the_node(cluster) -> None:  # type: ignore[no-untyped-def]
+    """`systemctl stop docker` on node b: the engine stops b's stages (each exits 0) and goes. Those stages have not
+    done their work: the chain ends at once, one line naming node b and its engine first, `chain_stopped`
+    `place_lost`, exit 1; the other node's stages are torn down and nothing is left once the engine is back."""
+    proc = _hold(cluster, "--json")
+    side = cluster.hosts["b"].engine("request")
+    t0 = time.monotonic()
+    try:
+        side.stop()
+        out, err = proc.communicate(timeout=120)
+        took = time.monotonic() - t0
+        assert proc.returncode == 1, err
+        said = [line for line in err.splitlines() if line.startswith("pp-launch: error: ")]
+        assert len(said) == 1 and said[0].startswith("pp-launch: error: Ray node b was lost (its Docker engine"), err
+        stopped = [json.loads(line) for line in out.splitlines() if '"chain_stopped"' in line]
+        assert [(e["reason"], e["exit_code"]) for e in stopped] == [("place_lost", 1)], out
+        assert took < 20, took
+    finally:
+        side.ensure_running()
+    assert wait_for(lambda: not any(cluster.ours().values()), 60), cluster.ours()
+
+
+def test_the_head_lost_mid_run_ends_in_our_teardown_and_one_line(cluster) -> None:  # type: ignore[no-untyped-def]
+    """The head's GCS killed while it also runs a stage (a head with CPUs, CPU stages spread over it and both
+    nodes): the launcher's own look at the head sees it within seconds, its own node's stage is counted gone with
+    it (its agent is never asked: Ray would wait 60 s), the rest is torn down through the node agents (they answer
+    without the head); one `pp-launch:` line says so, `chain_stopped` carries the process's own exit code 1, nothing
+    is left on any engine (guards included); Ray's own log lines stay off the terminal."""
+    cluster.restart(head_cpus=2)  # the module's last test: the cluster ends with it (no restart after)
+    proc = _hold(cluster, "--json", "--gpus", "none", stages=3)  # one stage on each node, the head's too
+    try:
+        t0 = time.monotonic()
+        cluster.kill_head()
+        out, err = proc.communicate(timeout=120)
+        ended = time.monotonic() - t0
+        assert proc.returncode == 1, err
+        said = [line for line in err.splitlines() if line.startswith("pp-launch: error: ")]
+        assert len(said) == 1 and "the Ray head at 127.0.0.1:" in said[0] and "stopped answering" in said[0], err
+        assert "the head's own node" in said[0], err  # its stage went with it, said
+        stopped = [json.loads(line) for line in out.splitlines() if '"chain_stopped"' in line]
+        assert [e["exit_code"] for e in stopped] == [1], out
+        assert ended < 10, f"ended {ended:.1f} s after the head was lost: {err}"
+        assert wait_for(lambda: not any(cluster.ours().values()), 15), cluster.ours()  # its stage's guard too
+        theirs = [line for line in err.splitlines() if line.strip() and not line.startswith(("pp-launch", "["))]
+        assert theirs == [], err  # nothing of Ray's own logging on the terminal without -v
+        print(f"head lost -> chain torn down and ended after {ended:.2f} s")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -26,7 +26,7 @@ from pp_launch.adapters.docker_engine import DockerStageBackend
 from pp_launch.adapters.runtime import Nursery, map_all
 from pp_launch.core import errors
 from pp_launch.core.chain.plan import StageSpec
-from pp_launch.core.chain.ports import Sink, StageGone
+from pp_launch.core.chain.ports import PlaceLost, Sink, StageGone
 
 HostLost = errors.HostLost
 
@@ -110,6 +110,7 @@ class MultiHostBackend:
                     event = StageGone(event.stage, None, f"lost the connection to host {host}{why}")
                 elif not self._stopping.is_set() and (reason := self._check(host)) is not None:
                     self._mark_lost(host, reason)
+                    sink(PlaceLost(lost_host(host, reason)))  # the cause first: its engine stopped the stage
                     event = StageGone(event.stage, None, f"lost the connection to host {host} ({reason})")
             sink(event)
 
@@ -120,13 +121,18 @@ class MultiHostBackend:
             self.lost.setdefault(host, errors.EngineLost(why))
 
     def _end_host(self, host: str, why: str) -> None:
-        """The host is lost: each of its stages not yet gone ends now, as far as the chain knows."""
+        """The host is lost: each of its stages not yet gone ends now, as far as the chain knows (the loss said
+        first, through the first of them)."""
         self._mark_lost(host, why)
+        told = False
         for ref, (stage, sink) in list(self._sinks.items()):
             with self._lock:
                 if self._host_of.get(ref) != host or ref in self._gone:
                     continue
                 self._gone.add(ref)
+            if not told:
+                sink(PlaceLost(lost_host(host, why)))
+                told = True
             sink(StageGone(stage, None, f"lost the connection to host {host} ({why})"))
 
     def _beat(self) -> None:
@@ -203,3 +209,8 @@ class MultiHostBackend:
 
     def where(self, ref: str) -> str:
         return self._host_of.get(ref, "?")
+
+
+def lost_host(host: str, why: str) -> str:
+    """How a lost host is first said (app/docker_site.py adds what may be left there and what to run)."""
+    return f"host {host} could not be reached ({why})"

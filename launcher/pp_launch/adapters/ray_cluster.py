@@ -33,7 +33,7 @@ from typing import Any
 from pp_launch.adapters.runtime import Nursery
 from pp_launch.core import errors, labels
 from pp_launch.core.chain.plan import StageSpec
-from pp_launch.core.chain.ports import ChainEvent, Sink, StageGone, StageOutput
+from pp_launch.core.chain.ports import ChainEvent, PlaceLost, Sink, StageGone, StageOutput
 from pp_launch.core.gpu.inventory import GpuInventory
 from pp_launch.core.lines import count
 
@@ -536,6 +536,9 @@ class NodeAgent:
             elif isinstance(event, StageGone):
                 self.exits[stage] = event.exit_code
                 self._maybe_done()
+                if not self._stopping.is_set() and (lost := self._engine_lost()):
+                    event = PlaceLost(lost)  # the node's engine stopped its stages: the place is lost, not done
+                    self.exits[stage] = None
             while not self.handed_over.is_set():
                 try:
                     events.put(event, timeout=0.5)
@@ -545,6 +548,12 @@ class NodeAgent:
                         return  # stopping: nothing holds the stage back; its last lines are in the tail
 
         return put
+
+    def _engine_lost(self) -> str:
+        """Why this node's engine is gone ("" when it answers a connection made now): a stage that ends as its engine
+        stops (`systemctl stop docker` stops every container first) has not ended its work."""
+        why = self.engine.answers_anew(timeout=5.0)
+        return f"its Docker engine ({self.engine.address}) stopped: {why}" if why else ""
 
     def start(self, ref: str, stage: int) -> None:
         self.backend.start(ref, stage, self._sink(stage))
@@ -749,8 +758,7 @@ class RayStageBackend:
         except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
             why = _why(exc)
             if isinstance(exc, ray.exceptions.GetTimeoutError) or self.head_gone or not _node_alive(h.node.node_id):
-                with self._lock:  # the node, not only this actor: its other stages are not asked again
-                    self.lost.setdefault(h.node.name, why)
+                self._lose(h.node.name, why)  # the node, not only this actor: its other stages are not asked again
             raise errors.HostLost(f"the agent of Ray node {h.node.name} (stage {stage}) is gone ({why})") from None
 
     def _quietly(self, stage: int, what: str, method: str, *args: Any) -> None:
@@ -789,8 +797,7 @@ class RayStageBackend:
                 batch = ray.get(h.actor.poll.remote(stage, POLL), timeout=SILENCE)
             except ray.exceptions.GetTimeoutError:  # frozen, or its node cut off: Ray alone would wait without end
                 why = f"its agent did not answer for {SILENCE:g} s"
-                with self._lock:
-                    self.lost.setdefault(h.node.name, why)
+                self._lose(h.node.name, why)
                 if not self.head_gone:  # without the head Ray cannot end an actor (and would wait for it)
                     with contextlib.suppress(Exception):
                         ray.kill(h.actor, no_restart=True)  # its end closes its stages' lifelines and its guard's
@@ -801,8 +808,7 @@ class RayStageBackend:
                 why = _why(exc)
                 gone = StageGone(stage, None, f"its node's agent on Ray node {h.node.name} ended ({why})")
                 if not self._stopping.is_set() and (self.head_gone or not _node_alive(h.node.node_id)):
-                    with self._lock:
-                        self.lost.setdefault(h.node.name, why)
+                    self._lose(h.node.name, why)
                 self._ended(ref, sink, gone)
                 return
             for event in batch:
@@ -812,6 +818,10 @@ class RayStageBackend:
                     continue
                 if isinstance(event, StageGone):
                     self._ended(ref, sink, event)
+                    return
+                if isinstance(event, PlaceLost):  # the node's engine stopped under the stage: the node is lost
+                    self._lose(h.node.name, event.message)
+                    self._ended(ref, sink, StageGone(stage, None, f"ended as {event.message}"))
                     return
                 sink(event)
 
@@ -869,7 +879,7 @@ class RayStageBackend:
             self.lost.setdefault(node.name, f"its agent does not answer and the head is lost ({self.head_gone})")
             return None
         if not _node_alive(node.node_id):
-            self.lost.setdefault(node.name, "the node left the cluster")
+            self._lose(node.name, "the node left the cluster")
             return None
         try:
             task = ray.remote(_sweep_node).options(
@@ -877,8 +887,23 @@ class RayStageBackend:
             )
             return list(ray.get(task.remote(run_id, node.engine), timeout=60.0))
         except Exception as exc:
-            self.lost.setdefault(node.name, _why(exc))
+            self._lose(node.name, _why(exc))
             return None
+
+    def _lose(self, node: str, why: str) -> None:
+        """The node is lost (the first reason stands): its other stages are asked nothing more, and the chain is told
+        once, as PlaceLost through a sink of that node's stages (a lost head's own loss is said as the head's)."""
+        with self._lock:
+            if node in self.lost:
+                return
+            self.lost[node] = why
+            sinks = [
+                self._sinks[r]
+                for r, k in self._stage_of.items()
+                if r in self._sinks and self.handles[k].node.name == node
+            ]
+        if sinks and not self.head_gone:
+            sinks[0](PlaceLost(f"Ray node {node} was lost ({why})"))
 
     def where(self, ref: str) -> str:
         k = self._stage_of.get(ref)

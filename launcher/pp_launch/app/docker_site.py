@@ -23,7 +23,7 @@ from typing import Any, Self
 from pp_launch.adapters import guard, host_state, identity
 from pp_launch.adapters.docker_engine import Engine
 from pp_launch.adapters.guard import RunGuard
-from pp_launch.adapters.multi_host import MultiHostBackend
+from pp_launch.adapters.multi_host import MultiHostBackend, lost_host
 from pp_launch.adapters.process_backend import ProcessStageBackend
 from pp_launch.adapters.runtime import Nursery, ThreadRuntime, run_all
 from pp_launch.app import chain as steps
@@ -337,8 +337,13 @@ def _with_lost_hosts(outcome: ChainOutcome, run: str, backend: MultiHostBackend 
     for host, why in backend.lost.items():
         left = [ref[:12] for ref in outcome.orphans if backend.where(ref) == host]
         maybe = f"containers {', '.join(left)} of run {run} may still be there" if left else "none known left"
-        said.append(
-            f"host {host} could not be reached ({why}): {maybe}; this run's watchdog for that host removes them "
-            f"if it comes back soon, else run 'pp-launch down {run} --host {host}' when it is back"
+        head = lost_host(host, str(why))
+        line = (
+            f"{head}: {maybe}; this run's watchdog for that host removes them if it comes back soon, else run "
+            f"'pp-launch down {run} --host {host}' when it is back"
         )
+        if outcome.message.startswith(head):  # the chain's end said it first (PlaceLost): completed in place
+            outcome = dataclasses.replace(outcome, message=line + outcome.message[len(head) :])
+        else:
+            said.append(line)
     return steps.with_places_lost(outcome, said)

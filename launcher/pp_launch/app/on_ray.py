@@ -415,11 +415,15 @@ def _more(
 def _with_lost_nodes(outcome: ChainOutcome, run: str, lost: Mapping[str, str]) -> ChainOutcome:
     """A node lost on the way is named, with what to run there when it is back."""
     said = [f"Ray node {node} was lost ({why})" for node, why in lost.items()]
+    said = [line for line in said if line not in outcome.message]  # the chain's end said it already (PlaceLost)
+    after = (
+        f"its stages' lifelines ended with their actors; if that node comes back with containers of run {run}, "
+        "'pp-launch gc' there removes them"
+    )
     if said:
-        said[-1] += (
-            f": its stages' lifelines ended with their actors; if that node comes back with containers of run {run}, "
-            "'pp-launch gc' there removes them"
-        )
+        said[-1] += f": {after}"
+    elif lost:
+        outcome = dataclasses.replace(outcome, message=f"{outcome.message}; {after}")
     return steps.with_places_lost(outcome, said)
 
 

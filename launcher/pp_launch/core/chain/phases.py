@@ -27,7 +27,7 @@ class Phase(Enum):
 class Happening(Enum):
     STOP = "a stop was asked (a signal, or down through the guard)"
     GPU_FAULT = "a stage's GPU had a critical Xid"
-    PLACE_LOST = "something the run cannot go on without was lost (its guard, and no new one could be had)"
+    PLACE_LOST = "something the run cannot go on without was lost (its guard, and no new one; an engine; a Ray node)"
     EXIT_FAILED = "a stage exited non-zero (or its exit code is unknown)"
     EXIT_EARLY = "a stage exited 0 before announcing its address"
     EXIT_DONE = "a stage exited 0 after announcing"

@@ -188,6 +188,7 @@ class ChainScope:
         self._phase = Phase.STARTING  # changed only by the table (core/chain/phases.py)
         self._roster: list[RosterEntry] = []
         self._td = Teardown(backend, runtime, plan.grace, kill_wait)  # its errors gathered, typed
+        self._places_lost: list[str] = []  # what the backend said the run lost (PlaceLost), while running or stopping
         self.passthrough = passthrough
         self._signum: int = signal.SIGTERM  # what the teardown sends: a foreground stage gets the stop's own signal
 
@@ -264,7 +265,8 @@ class ChainScope:
     def _lost_place(self, reason: str) -> str:
         """A chain whose engine the teardown found gone lost its place (`place_lost`), however its stages ended: an
         engine that stops (systemctl stop, restart) stops them first, each exiting as it does on SIGTERM."""
-        return "place_lost" if self._td.lost is not None and reason in ("completed", "stage_failed") else reason
+        lost = self._td.lost is not None or bool(self._places_lost)
+        return "place_lost" if lost and reason in ("completed", "stage_failed") else reason
 
     def _with_lost(self, message: str) -> str:
         """The chain's end, and the engine the teardown found gone, with what may be left and who removes it."""
@@ -532,6 +534,7 @@ class ChainScope:
         if isinstance(event, StageFault):  # the stage failed by its GPU: the chain ends as when a stage fails
             return self._end(Happening.GPU_FAULT, event.message, event.stage)
         if isinstance(event, PlaceLost):
+            self._places_lost.append(event.message)
             return self._end(Happening.PLACE_LOST, event.message)
         st = self._by_index[event.stage]
         if isinstance(event, StageOutput):
@@ -643,6 +646,8 @@ class ChainScope:
         while (event := self.inbox.get(0)) is not None:
             if isinstance(event, StageOutput):
                 self._on_output(self._by_index[event.stage], event)
+            elif isinstance(event, PlaceLost):  # found while stopping (a Ray node gone): the chain lost a place
+                self._places_lost.append(event.message)
 
     def dropped_note(self) -> str:
         """What the bound on waiting output dropped while stopping, in words ('' when nothing was)."""
