@@ -167,6 +167,29 @@ def test_a_lost_place_ends_the_chain_exit_1_with_its_own_words_never_completed()
     assert backend.existing == {}
 
 
+def test_a_place_found_lost_while_stopping_makes_a_failed_chain_place_lost_but_never_a_signal() -> None:
+    """A stage failed (exit 3); while the chain stops, its backend finds the place gone (a Ray node left the cluster)
+    and says so: chain_stopped is place_lost, exit 1. A stop the user asked for stays a stop (128+N)."""
+    def losing(scope: ChainScope, backend: FakeBackend) -> None:
+        asked = backend.leftovers
+
+        def leftovers(run_id: str) -> list[str]:  # as the Ray backend finds a node gone when asked what is left
+            scope.inbox.put(PlaceLost("Ray node b was lost (the node left the cluster)"))
+            return asked(run_id)
+
+        backend.leftovers = leftovers  # type: ignore[method-assign]
+
+    scope, backend, reporter, _ = make(3, {1: StageScript(exit_at=(1500.0, 3))})
+    losing(scope, backend)
+    outcome = scope.run()
+    assert (outcome.exit_code, outcome.reason) == (1, "place_lost"), outcome
+    assert [e["reason"] for e in reporter.named("chain_stopped")] == ["place_lost"]
+    stopped, backend2, reporter2, _ = make(3)
+    losing(stopped, backend2)
+    stopped.inbox.at(1100.0, StopRequested(signal.SIGTERM))
+    assert (stopped.run().exit_code, reporter2.named("chain_stopped")[0]["reason"]) == (143, "signal")
+
+
 def test_teardown_kills_sigterm_ignorers_after_one_shared_grace() -> None:
     scripts = {k: StageScript(ignore_sigterm=True) for k in range(6)}
     scope, backend, reporter, clock = make(6, scripts)
