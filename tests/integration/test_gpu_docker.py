@@ -307,12 +307,11 @@ def test_a_lock_removed_while_its_launch_places_stops_that_launch_and_no_gpu_is_
                 launcher.wait(30)
 
 
-@pytest.mark.parametrize("how", ["run", "all"])
-def test_down_of_a_run_still_placing_is_said_as_down_by_both_sides(engine, stub_image, state_dir, how: str) -> None:
-    """A launch waiting for the GPU lock another run holds has a guard and no stage. `down RUN2` (or `down --all
-    --yes`, which stops the run coming up too) stops it through that guard: the launcher says one line, that
-    `pp-launch down` stopped it while placing (not a lock removed by another client), exit 143 and chain_stopped
-    `down`; `down` counts the run it stopped that had no stage yet."""
+def test_down_of_a_run_still_placing_is_said_as_down_by_both_sides(engine, stub_image, state_dir) -> None:
+    """A launch waiting for the GPU lock another run holds has a guard and no stage. `down RUN2` stops it through
+    that guard: the launcher says one line, that `pp-launch down` stopped it while placing (not a lock removed by
+    another client), exit 143 and chain_stopped `down`; `down` counts the run it stopped that had no stage yet.
+    (`down --all` says the same of such a run; it is not run here: the suite's engine has other owners' runs.)"""
     first = Launcher("chain", "--stages", "2", *GPU_ARGS, "--bring-up", "in-turn",
                      "--env", "STUB_ANNOUNCE_DELAY=8", env=state_dir)  # fmt: skip
     second = None
@@ -326,7 +325,7 @@ def test_down_of_a_run_still_placing_is_said_as_down_by_both_sides(engine, stub_
         placing = {c.labels["pp-launch.run"] for c in every} - staged - {first.run_id}
         assert len(placing) == 1, placing
         run2 = placing.pop()
-        down = Launcher("down", *([run2] if how == "run" else ["--all", "--yes"]), "--grace", "1", env=other)
+        down = Launcher("down", run2, "--grace", "1", env=other)
         assert down.wait(60) == 0, down.stderr_text()
         assert second.wait(30) == 143, second.stderr_text()
         said = [line for line in second.stderr_text().splitlines() if line.startswith("pp-launch: ")][1:]
@@ -337,10 +336,7 @@ def test_down_of_a_run_still_placing_is_said_as_down_by_both_sides(engine, stub_
         assert [(e["reason"], e["exit_code"]) for e in second.events_named("chain_stopped")] == [("down", 143)]
         summary = down.stderr_text()
         assert f"stopped 1 run still placing ({run2})" in summary, summary
-        if how == "all":
-            assert "stopped and removed 1 container of 1 run" in summary, summary
-            assert first.wait(30) == 143, first.stderr_text()
-        assert run_containers(engine, run2) == []
+        assert run_containers(engine, run2) == [] and first.proc.poll() is None  # the run coming up: untouched
     finally:
         for launcher in (first, second):
             if launcher is not None and launcher.proc.poll() is None:

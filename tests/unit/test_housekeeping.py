@@ -305,3 +305,24 @@ def test_a_run_still_placing_is_found_by_its_id_but_not_named_as_a_run() -> None
     assert str(exc.value) == "no run 'typo' here; runs: aaaa11112222 ('pp-launch ps' lists them)"
     with pytest.raises(errors.ConfigError, match="runs: none"):
         housekeeping.resolve_run("typo", {"5pare0000000"}, set())
+
+
+def test_down_says_the_runs_it_stopped_and_those_still_placing() -> None:
+    """`down --all` over a run with stages and a run still placing (its guard alone): both counted, the placing one
+    named, not "stopped and removed N containers" alone."""
+    from pp_launch.adapters.guard import GuardRecord
+    from pp_launch.app.docker_runs import _down_words
+
+    stages = [
+        ContainerInfo(f"id{k}", f"pp-aaa-{k}", "img", "running", 0, {"pp-launch.run": "aaa", "pp-launch.stage": str(k)})
+        for k in range(2)
+    ]
+    guards = (GuardRecord("g1", "aaa", ("id0", "id1"), False), GuardRecord("g2", "bbb", (), False))
+    stopping, stopped = _down_words(stages, guards, "")
+    assert stopping == "stopping 2 containers: pp-aaa-0, pp-aaa-1; and 1 run still placing, through its guard: bbb"
+    assert stopped == "stopped and removed 2 containers of 1 run; stopped 1 run still placing (bbb)"
+    only_placing = _down_words([], guards[1:], " on host h")
+    assert only_placing == (
+        "stopping 0 containers on host h: none yet (still placing)",
+        "stopped and removed 0 containers on host h; stopped 1 run still placing (bbb)",
+    )
