@@ -903,7 +903,7 @@ class RayStageBackend:
                 if r in self._sinks and self.handles[k].node.name == node
             ]
         if sinks and not self.head_gone:
-            sinks[0](PlaceLost(f"Ray node {node} was lost ({why})"))
+            sinks[0](PlaceLost(lost_node(node, why)))
 
     def where(self, ref: str) -> str:
         k = self._stage_of.get(ref)
@@ -928,6 +928,11 @@ class RayStageBackend:
         (else the process ends as after a lost head, with its own code)."""
         deadline = time.monotonic() + timeout
         return [name for pumps in self._pumps.values() for name in pumps.join(max(0.0, deadline - time.monotonic()))]
+
+
+def lost_node(node: str, why: str) -> str:
+    """How a lost node is first said, by the chain's end (PlaceLost) or after it (app/on_ray.py): one wording."""
+    return f"Ray node {node} was lost ({why})"
 
 
 def _node_inventory() -> dict[str, Any]:

@@ -414,7 +414,7 @@ def _more(
 
 def _with_lost_nodes(outcome: ChainOutcome, run: str, lost: Mapping[str, str]) -> ChainOutcome:
     """A node lost on the way is named, with what to run there when it is back."""
-    said = [f"Ray node {node} was lost ({why})" for node, why in lost.items()]
+    said = [ray_cluster.lost_node(node, why) for node, why in lost.items()]
     said = [line for line in said if line not in outcome.message]  # the chain's end said it already (PlaceLost)
     after = (
         f"its stages' lifelines ended with their actors; if that node comes back with containers of run {run}, "
